@@ -1,0 +1,129 @@
+// posenc — Rotary position embedding (RoPE) core: frequencies, cos/sin tables
+// and the rotation of q/k in either channel layout.
+//
+// Source: Su et al., "RoFormer: Enhanced Transformer with Rotary Position
+// Embedding" (2021), eq. 13-15. Numerics match Hugging Face transformers
+// (modeling_rope_utils.py: inv_freq in float32; LlamaRotaryEmbedding.forward:
+// angle = position * inv_freq in float32, cos/sin in float32 multiplied by
+// attention_scaling; apply_rotary_pos_emb with rotate_half) and llama2.c
+// (run.c forward(): interleaved pairs).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace posenc {
+
+/// How the channels of a head are paired for rotation. There is no default:
+/// every call site names the layout of the weights it works with.
+///  - half:        channel i pairs with i + rotary_dim/2 (GPT-NeoX, Hugging
+///                 Face rotate_half, Llama/Qwen/Mistral in HF format).
+///  - interleaved: channel 2i pairs with 2i+1 (GPT-J, RoFormer, Meta's complex
+///                 form, llama2.c checkpoints).
+enum class RopeLayout { half, interleaved };
+
+/// How the rotation angle `position * inv_freq` and its cos/sin are formed.
+///  - float32: position cast to float, product and cos/sin in float32, as the
+///             reference implementations do. Reproduces them (and what the
+///             models were trained with) to the last float32 ulp of cos/sin.
+///  - exact:   angle formed in double (exact for |position| < 2^29 since
+///             inv_freq is a float32), cos/sin in double, then cast to float.
+///             Use for very large positions, where float32 angles are off by
+///             up to ~1e-2 at position 1e6.
+enum class AnglePrecision { float32, exact };
+
+/// Direction of the rotation: forward rotates by +angle, inverse by -angle
+/// (the transpose; undoes a forward rotation and is RoPE's backward).
+enum class RopeDirection { forward, inverse };
+
+std::string_view to_string(RopeLayout layout);
+std::string_view to_string(AnglePrecision precision);
+/// Parses "half" or "interleaved". Throws ConfigError naming `field` and the value.
+RopeLayout parse_rope_layout(std::string_view text, std::string_view field = "rope_layout");
+/// Parses "float32" or "exact". Throws ConfigError naming `field` and the value.
+AnglePrecision parse_angle_precision(std::string_view text,
+                                     std::string_view field = "angle_precision");
+
+/// The one value every RoPE scaling method produces (see scaling.hpp).
+///  - inv_freq: [rotary_dim/2] float32, radians per position for channel pair i.
+///  - attention_factor: multiplies cos and sin (Hugging Face's
+///    attention_scaling), hence q·k by attention_factor^2. 1 for plain RoPE.
+///  - rotary_dim: even, 2 <= rotary_dim <= head_dim; channels at and above
+///    rotary_dim pass through unchanged (partial rotary).
+///  - rope_type: provenance only ("default", "linear", ...); kernels ignore it.
+struct RopeFrequencies {
+  int head_dim = 0;
+  int rotary_dim = 0;
+  std::vector<float> inv_freq;
+  double attention_factor = 1.0;
+  std::string rope_type = "default";
+
+  int n_pairs() const { return rotary_dim / 2; }
+  /// Throws InvalidArgument if rotary_dim is odd, exceeds head_dim, does not
+  /// match inv_freq's size, or if inv_freq/attention_factor are non-finite.
+  void validate() const;
+  bool operator==(const RopeFrequencies&) const = default;
+};
+
+/// Plain RoPE frequencies: inv_freq[i] = 1 / rope_theta^(2i/rotary_dim), with
+/// the power and the reciprocal in float32 as in Hugging Face's
+/// `_compute_default_rope_parameters`. Throws InvalidArgument for an odd or
+/// non-positive rotary_dim, rotary_dim > head_dim or rope_theta <= 0/non-finite.
+RopeFrequencies default_rope_frequencies(int head_dim, int rotary_dim, double rope_theta);
+
+/// cos/sin of `position_ids[t] * inv_freq[i]` for t in [0, n), i in [0, n_pairs),
+/// each multiplied by attention_factor. Row-major [n_positions, n_pairs] float32.
+class RopeTable {
+ public:
+  RopeTable() = default;
+  RopeTable(const RopeFrequencies& freqs, std::span<const int64_t> position_ids,
+            AnglePrecision precision);
+
+  int64_t n_positions() const { return n_positions_; }
+  int n_pairs() const { return n_pairs_; }
+  int rotary_dim() const { return 2 * n_pairs_; }
+  AnglePrecision precision() const { return precision_; }
+  const float* cos_row(int64_t t) const { return cos_.data() + t * n_pairs_; }
+  const float* sin_row(int64_t t) const { return sin_.data() + t * n_pairs_; }
+  std::span<const float> cos() const { return cos_; }
+  std::span<const float> sin() const { return sin_; }
+
+ private:
+  int64_t n_positions_ = 0;
+  int n_pairs_ = 0;
+  AnglePrecision precision_ = AnglePrecision::float32;
+  std::vector<float> cos_, sin_;
+};
+
+/// Fills cos/sin ([n, n_pairs] float32, row-major) for the given positions.
+/// The low-level routine behind RopeTable. Throws InvalidArgument on bad sizes.
+void rope_cos_sin(const RopeFrequencies& freqs, std::span<const int64_t> position_ids,
+                  AnglePrecision precision, std::span<float> cos, std::span<float> sin);
+
+/// Rotates x in place. x: [tokens, heads, head_dim] float32, row-major, where
+/// consecutive tokens are `token_stride` floats apart (0 means heads*head_dim).
+/// Row t of `table` holds the angles of token t, so table.n_positions() must
+/// be >= tokens. Only the first table.rotary_dim() channels of each head rotate.
+/// Arithmetic per pair (x0, x1), with c, s from the table:
+///   forward: (x0*c - x1*s, x1*c + x0*s); inverse: (x0*c + x1*s, x1*c - x0*s),
+/// in float32 without fused multiply-add, as the reference does.
+/// Throws InvalidArgument if rotary_dim > head_dim or the table is too short.
+void apply_rope(float* x, int64_t tokens, int heads, int head_dim, const RopeTable& table,
+                RopeLayout layout, RopeDirection direction = RopeDirection::forward,
+                int64_t token_stride = 0);
+
+/// Out-of-place form: reads `in`, writes `out` (same shape, contiguous, may alias).
+void apply_rope(const float* in, float* out, int64_t tokens, int heads, int head_dim,
+                const RopeTable& table, RopeLayout layout,
+                RopeDirection direction = RopeDirection::forward);
+
+/// Convenience: builds the table for `position_ids` ([tokens]) and rotates
+/// x ([tokens, heads, freqs.head_dim]) in place.
+void apply_rope(float* x, int64_t tokens, int heads, const RopeFrequencies& freqs,
+                std::span<const int64_t> position_ids, RopeLayout layout,
+                AnglePrecision precision, RopeDirection direction = RopeDirection::forward);
+
+}  // namespace posenc

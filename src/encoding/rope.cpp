@@ -1,0 +1,205 @@
+#include "posenc/rope.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "posenc/error.hpp"
+
+namespace posenc {
+
+std::string_view to_string(RopeLayout layout) {
+  return layout == RopeLayout::half ? "half" : "interleaved";
+}
+
+std::string_view to_string(AnglePrecision precision) {
+  return precision == AnglePrecision::float32 ? "float32" : "exact";
+}
+
+RopeLayout parse_rope_layout(std::string_view text, std::string_view field) {
+  if (text == "half") return RopeLayout::half;
+  if (text == "interleaved") return RopeLayout::interleaved;
+  throw ConfigError(fmt::format(
+      "{}: unknown RoPE layout '{}' (expected 'half' = rotate_half/GPT-NeoX or "
+      "'interleaved' = GPT-J/RoFormer/llama2.c)",
+      field, text));
+}
+
+AnglePrecision parse_angle_precision(std::string_view text, std::string_view field) {
+  if (text == "float32") return AnglePrecision::float32;
+  if (text == "exact") return AnglePrecision::exact;
+  throw ConfigError(
+      fmt::format("{}: unknown angle precision '{}' (expected 'float32' or 'exact')", field, text));
+}
+
+void RopeFrequencies::validate() const {
+  if (head_dim <= 0) fail_field<InvalidArgument>("head_dim", "must be positive", head_dim);
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0)
+    fail_field<InvalidArgument>("rotary_dim", "must be a positive even number", rotary_dim);
+  if (rotary_dim > head_dim)
+    throw InvalidArgument(
+        fmt::format("rotary_dim: must not exceed head_dim {} (got {})", head_dim, rotary_dim));
+  if (static_cast<int>(inv_freq.size()) != rotary_dim / 2)
+    throw InvalidArgument(fmt::format("inv_freq: expected rotary_dim/2 = {} entries (got {})",
+                                      rotary_dim / 2, inv_freq.size()));
+  for (std::size_t i = 0; i < inv_freq.size(); ++i)
+    if (!std::isfinite(inv_freq[i]))
+      throw InvalidArgument(fmt::format("inv_freq[{}]: must be finite (got {})", i, inv_freq[i]));
+  if (!std::isfinite(attention_factor) || attention_factor <= 0)
+    fail_field<InvalidArgument>("attention_factor", "must be finite and positive",
+                                attention_factor);
+}
+
+RopeFrequencies default_rope_frequencies(int head_dim, int rotary_dim, double rope_theta) {
+  if (!std::isfinite(rope_theta) || rope_theta <= 0)
+    fail_field<InvalidArgument>("rope_theta", "must be finite and positive", rope_theta);
+  RopeFrequencies f;
+  f.head_dim = head_dim;
+  f.rotary_dim = rotary_dim;
+  if (rotary_dim <= 0 || rotary_dim % 2 != 0)
+    fail_field<InvalidArgument>("rotary_dim", "must be a positive even number", rotary_dim);
+  if (rotary_dim > head_dim)
+    throw InvalidArgument(
+        fmt::format("rotary_dim: must not exceed head_dim {} (got {})", head_dim, rotary_dim));
+  f.inv_freq.resize(static_cast<std::size_t>(rotary_dim / 2));
+  const float base = static_cast<float>(rope_theta);
+  for (int i = 0; i < rotary_dim / 2; ++i) {
+    // HF: 1.0 / (base ** (arange(0, dim, 2).float() / dim)), all float32.
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(rotary_dim);
+    f.inv_freq[static_cast<std::size_t>(i)] = 1.0f / std::pow(base, exponent);
+  }
+  f.validate();
+  return f;
+}
+
+void rope_cos_sin(const RopeFrequencies& freqs, std::span<const int64_t> position_ids,
+                  AnglePrecision precision, std::span<float> cos, std::span<float> sin) {
+  const std::size_t n_pairs = freqs.inv_freq.size();
+  const std::size_t need = position_ids.size() * n_pairs;
+  if (cos.size() < need || sin.size() < need)
+    throw InvalidArgument(fmt::format("rope_cos_sin: output holds {} values, need {}",
+                                      std::min(cos.size(), sin.size()), need));
+  const float af = static_cast<float>(freqs.attention_factor);
+  const bool scale = freqs.attention_factor != 1.0;
+  for (std::size_t t = 0; t < position_ids.size(); ++t) {
+    float* c = cos.data() + t * n_pairs;
+    float* s = sin.data() + t * n_pairs;
+    if (precision == AnglePrecision::float32) {
+      const float p = static_cast<float>(position_ids[t]);
+      for (std::size_t i = 0; i < n_pairs; ++i) {
+        const float angle = p * freqs.inv_freq[i];
+        c[i] = std::cos(angle);
+        s[i] = std::sin(angle);
+      }
+    } else {
+      const double p = static_cast<double>(position_ids[t]);
+      for (std::size_t i = 0; i < n_pairs; ++i) {
+        const double angle = p * static_cast<double>(freqs.inv_freq[i]);
+        c[i] = static_cast<float>(std::cos(angle));
+        s[i] = static_cast<float>(std::sin(angle));
+      }
+    }
+    if (scale) {
+      for (std::size_t i = 0; i < n_pairs; ++i) {
+        c[i] *= af;
+        s[i] *= af;
+      }
+    }
+  }
+}
+
+RopeTable::RopeTable(const RopeFrequencies& freqs, std::span<const int64_t> position_ids,
+                     AnglePrecision precision)
+    : n_positions_(static_cast<int64_t>(position_ids.size())),
+      n_pairs_(freqs.n_pairs()),
+      precision_(precision) {
+  freqs.validate();
+  cos_.resize(position_ids.size() * static_cast<std::size_t>(n_pairs_));
+  sin_.resize(cos_.size());
+  rope_cos_sin(freqs, position_ids, precision, cos_, sin_);
+}
+
+namespace {
+
+template <RopeLayout L, RopeDirection D>
+void rotate_head(float* __restrict x, const float* __restrict c, const float* __restrict s,
+                 int n_pairs) {
+  for (int i = 0; i < n_pairs; ++i) {
+    float* p0;
+    float* p1;
+    if constexpr (L == RopeLayout::interleaved) {
+      p0 = x + 2 * i;
+      p1 = x + 2 * i + 1;
+    } else {
+      p0 = x + i;
+      p1 = x + i + n_pairs;
+    }
+    const float x0 = *p0, x1 = *p1;
+    if constexpr (D == RopeDirection::forward) {
+      *p0 = x0 * c[i] - x1 * s[i];
+      *p1 = x1 * c[i] + x0 * s[i];
+    } else {
+      *p0 = x0 * c[i] + x1 * s[i];
+      *p1 = x1 * c[i] - x0 * s[i];
+    }
+  }
+}
+
+template <RopeLayout L, RopeDirection D>
+void rotate_all(float* x, int64_t tokens, int heads, int head_dim, int64_t token_stride,
+                const RopeTable& table) {
+  const int n_pairs = table.n_pairs();
+#pragma omp parallel for schedule(static) if (tokens * heads * head_dim > (1 << 16))
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* c = table.cos_row(t);
+    const float* s = table.sin_row(t);
+    float* row = x + t * token_stride;
+    for (int h = 0; h < heads; ++h) rotate_head<L, D>(row + h * head_dim, c, s, n_pairs);
+  }
+}
+
+}  // namespace
+
+void apply_rope(float* x, int64_t tokens, int heads, int head_dim, const RopeTable& table,
+                RopeLayout layout, RopeDirection direction, int64_t token_stride) {
+  if (table.rotary_dim() > head_dim)
+    throw InvalidArgument(fmt::format("apply_rope: rotary_dim {} exceeds head_dim {}",
+                                      table.rotary_dim(), head_dim));
+  if (table.n_positions() < tokens)
+    throw InvalidArgument(fmt::format("apply_rope: table holds {} positions for {} tokens",
+                                      table.n_positions(), tokens));
+  if (tokens < 0 || heads <= 0 || head_dim <= 0)
+    throw InvalidArgument(fmt::format("apply_rope: bad shape [{}, {}, {}]", tokens, heads, head_dim));
+  if (token_stride == 0) token_stride = static_cast<int64_t>(heads) * head_dim;
+  if (token_stride < static_cast<int64_t>(heads) * head_dim)
+    throw InvalidArgument(fmt::format("apply_rope: token_stride {} < heads*head_dim {}",
+                                      token_stride, heads * head_dim));
+  const bool fwd = direction == RopeDirection::forward;
+  if (layout == RopeLayout::half) {
+    fwd ? rotate_all<RopeLayout::half, RopeDirection::forward>(x, tokens, heads, head_dim, token_stride, table)
+        : rotate_all<RopeLayout::half, RopeDirection::inverse>(x, tokens, heads, head_dim, token_stride, table);
+  } else {
+    fwd ? rotate_all<RopeLayout::interleaved, RopeDirection::forward>(x, tokens, heads, head_dim, token_stride, table)
+        : rotate_all<RopeLayout::interleaved, RopeDirection::inverse>(x, tokens, heads, head_dim, token_stride, table);
+  }
+}
+
+void apply_rope(const float* in, float* out, int64_t tokens, int heads, int head_dim,
+                const RopeTable& table, RopeLayout layout, RopeDirection direction) {
+  const std::size_t n = static_cast<std::size_t>(tokens) * static_cast<std::size_t>(heads) *
+                        static_cast<std::size_t>(head_dim);
+  if (in != out) std::copy(in, in + n, out);
+  apply_rope(out, tokens, heads, head_dim, table, layout, direction);
+}
+
+void apply_rope(float* x, int64_t tokens, int heads, const RopeFrequencies& freqs,
+                std::span<const int64_t> position_ids, RopeLayout layout,
+                AnglePrecision precision, RopeDirection direction) {
+  if (static_cast<int64_t>(position_ids.size()) != tokens)
+    throw InvalidArgument(fmt::format("apply_rope: position_ids has {} entries for {} tokens",
+                                      position_ids.size(), tokens));
+  RopeTable table(freqs, position_ids, precision);
+  apply_rope(x, tokens, heads, freqs.head_dim, table, layout, direction);
+}
+
+}  // namespace posenc

@@ -1,0 +1,19 @@
+#include <cmath>
+
+#include "encoding/scaling/methods.hpp"
+
+namespace posenc::detail {
+
+// Static NTK-aware scaling (bloc97, 2023; YaRN paper arXiv:2309.00071 eq. 16):
+// the base becomes theta * s^(d/(d-2)) with d = rotary_dim, so the lowest
+// frequency is interpolated by s while the highest is kept. HF has no rope_type
+// for it (its "dynamic" applies the same rule with s derived from the length).
+RopeFrequencies rope_ntk(const RopeParams& p, std::optional<int64_t>) {
+  const double factor = require_factor(p);
+  const int d = p.effective_rotary_dim();
+  if (d <= 2) fail_field<ConfigError>("rotary_dim", "ntk needs rotary_dim > 2", d);
+  const double base = p.rope_theta * std::pow(factor, static_cast<double>(d) / (d - 2));
+  return default_rope_frequencies(p.head_dim, d, base);
+}
+
+}  // namespace posenc::detail

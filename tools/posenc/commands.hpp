@@ -1,0 +1,12 @@
+// The `posenc` CLI: one add_*_command per subcommand (one .cpp each). The CLI
+// is thin: it parses flags into the library's typed values and calls it.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace posenc::cli {
+
+// Each registers its subcommand on `app`; the subcommand's callback does the work
+// and throws posenc::Error (printed by main, exit 1) on bad input.
+
+}  // namespace posenc::cli

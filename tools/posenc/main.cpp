@@ -1,0 +1,32 @@
+#include <cstdio>
+#include <exception>
+#include <new>
+
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "posenc/error.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"posenc: positional encodings of Transformer attention, measured"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const posenc::Error& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "posenc: error: {}\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    fmt::print(stderr, "posenc: error: out of memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fflush(stdout);
+    fmt::print(stderr, "posenc: error: {}\n", e.what());
+    return 1;
+  }
+  return 0;
+}
