@@ -1,0 +1,142 @@
+// posenc — a paged KV cache that keeps position semantics intact.
+//
+// Keys are stored after rotation (RoPE) together with each entry's position
+// id; attention masks are evaluated on those position ids, never on slot
+// indices, so forks, evictions and shifts cannot renumber anything by accident.
+// Layout (vLLM-style paging): fixed-size blocks from a pool; each sequence owns
+// a block table; a block holds, for every layer, k and v
+// [block_size, num_key_value_heads, head_dim] float32 plus the block's
+// position ids [block_size] (-1 = empty slot). Blocks are reference counted:
+// fork() shares a sequence's blocks, and a shared block is copied before it is
+// written (copy-on-write).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "posenc/attention.hpp"
+#include "posenc/rope.hpp"
+
+namespace posenc {
+
+class KvCache {
+ public:
+  using SeqId = int32_t;
+
+  struct Config {
+    int n_layers = 0;
+    int kv_heads = 0;   ///< num_key_value_heads
+    int head_dim = 0;
+    int block_size = 16;     ///< tokens per block
+    int64_t max_blocks = 0;  ///< pool capacity; 0 = grow on demand
+  };
+
+  /// Where one token's k/v live.
+  struct Slot {
+    int32_t block = -1;
+    int32_t offset = -1;
+  };
+
+  /// The rotation cached keys of a sequence carry (for RoPE models). Keys
+  /// rotated with one set of frequencies must never meet queries rotated with
+  /// another (dynamic NTK changes theta with the length).
+  struct RopeState {
+    RopeFrequencies freqs;
+    RopeLayout layout = RopeLayout::half;
+    AnglePrecision precision = AnglePrecision::float32;
+    bool operator==(const RopeState&) const = default;
+  };
+
+  /// Throws InvalidArgument for non-positive sizes.
+  explicit KvCache(const Config& config);
+  ~KvCache();
+  KvCache(KvCache&&) noexcept;
+  KvCache& operator=(KvCache&&) noexcept;
+
+  const Config& config() const { return config_; }
+
+  /// A new empty sequence.
+  SeqId create();
+  /// A new sequence sharing every block of `parent` (prefix reuse); blocks are
+  /// copied only when one side writes into a shared block. Throws InvalidArgument
+  /// for an unknown sequence.
+  SeqId fork(SeqId parent);
+  /// Releases the sequence and its references to blocks.
+  void free(SeqId seq);
+  bool contains(SeqId seq) const;
+
+  /// Tokens currently stored (evicted ones excluded).
+  int64_t size(SeqId seq) const;
+  /// One past the largest position id ever appended (0 when empty): the
+  /// position the next token of a continuing sequence takes.
+  int64_t next_position(SeqId seq) const;
+  /// Position ids of the stored tokens, in slot order.
+  std::vector<int64_t> positions(SeqId seq) const;
+
+  /// Reserves one slot per position id (appended at the end of the sequence's
+  /// block table), records the position ids and returns the slots; the caller
+  /// then writes k/v for every layer with key()/value(). Copy-on-write happens
+  /// here. Throws InvalidArgument for a negative position id, CacheError when
+  /// the pool is exhausted (max_blocks).
+  std::vector<Slot> append(SeqId seq, std::span<const int64_t> position_ids);
+
+  /// k or v of one slot at one layer: [kv_heads, head_dim] float32.
+  float* key(int layer, Slot slot);
+  float* value(int layer, Slot slot);
+  const float* key(int layer, Slot slot) const;
+  const float* value(int layer, Slot slot) const;
+
+  /// The sequence's keys/values at `layer` as attention inputs (one KvBlock per
+  /// cache block, empty slots carry position -1). Appends to `out`.
+  void blocks(int layer, SeqId seq, std::vector<KvBlock>& out) const;
+
+  /// Empties every slot whose position id p satisfies begin <= p < end
+  /// (positions of the other tokens are unchanged). Blocks left without tokens
+  /// are released. Returns the number of tokens removed.
+  int64_t evict(SeqId seq, int64_t begin, int64_t end);
+
+  /// Sliding window with attention sinks (StreamingLLM): keeps the first
+  /// `sinks` tokens (by position) and the tokens with position >=
+  /// next_position - window; evicts the rest. Returns tokens removed.
+  int64_t keep_window(SeqId seq, int64_t window, int64_t sinks = 0);
+
+  /// Context shift: adds `delta` to the position id of every stored token with
+  /// position >= from, and re-rotates their cached keys by delta with the
+  /// sequence's RopeState (q·k depends only on position differences, so every
+  /// logit between shifted tokens is preserved). Without a RopeState (ALiBi,
+  /// T5, NoPE models) only the ids change. Throws CacheError if a shifted id
+  /// would become negative or collide with an unshifted one.
+  void shift(SeqId seq, int64_t delta, int64_t from = 0);
+
+  /// The rotation of this sequence's cached keys (std::nullopt: none yet / not RoPE).
+  const std::optional<RopeState>& rope_state(SeqId seq) const;
+  /// Declares the rotation of keys about to be appended. If the sequence already
+  /// holds keys rotated differently: with rerotate = true every cached key is
+  /// rotated back and forward again with the new frequencies (copy-on-write for
+  /// shared blocks); with rerotate = false a CacheError is thrown. Never mixes.
+  void set_rope_state(SeqId seq, const RopeState& state, bool rerotate);
+
+  /// Blocks in use / allocated in the pool.
+  int64_t blocks_in_use() const;
+  int64_t blocks_allocated() const;
+
+ private:
+  struct Block;
+  struct Sequence;
+  Sequence& seq_ref(SeqId seq);
+  const Sequence& seq_ref(SeqId seq) const;
+  int32_t allocate_block();
+  void release_block(int32_t block);
+  int32_t make_writable(Sequence& s, std::size_t table_index);
+  void drop_empty_blocks(Sequence& s);
+
+  Config config_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<int32_t> free_blocks_;
+  std::vector<std::unique_ptr<Sequence>> seqs_;
+};
+
+}  // namespace posenc

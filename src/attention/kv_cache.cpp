@@ -1,0 +1,340 @@
+#include "posenc/kv_cache.hpp"
+
+#include <algorithm>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "posenc/error.hpp"
+
+namespace posenc {
+
+struct KvCache::Block {
+  std::vector<float> data;   // [n_layers][2 (k, v)][block_size][kv_heads * head_dim]
+  std::vector<int64_t> pos;  // [block_size], -1 = empty
+  int32_t used = 0;          // slots handed out so far; slots >= used are free
+  int32_t refs = 0;
+};
+
+struct KvCache::Sequence {
+  std::vector<int32_t> table;
+  int64_t next_pos = 0;
+  int64_t n_tokens = 0;
+  std::optional<RopeState> rope;
+};
+
+KvCache::KvCache(const Config& config) : config_(config) {
+  if (config.n_layers <= 0) fail_field<InvalidArgument>("n_layers", "must be positive", config.n_layers);
+  if (config.kv_heads <= 0)
+    fail_field<InvalidArgument>("num_key_value_heads", "must be positive", config.kv_heads);
+  if (config.head_dim <= 0) fail_field<InvalidArgument>("head_dim", "must be positive", config.head_dim);
+  if (config.block_size <= 0)
+    fail_field<InvalidArgument>("block_size", "must be positive", config.block_size);
+  if (config.max_blocks < 0)
+    fail_field<InvalidArgument>("max_blocks", "must be >= 0", config.max_blocks);
+}
+
+KvCache::~KvCache() = default;
+KvCache::KvCache(KvCache&&) noexcept = default;
+KvCache& KvCache::operator=(KvCache&&) noexcept = default;
+
+KvCache::Sequence& KvCache::seq_ref(SeqId seq) {
+  if (seq < 0 || static_cast<std::size_t>(seq) >= seqs_.size() || !seqs_[static_cast<std::size_t>(seq)])
+    fail_field<InvalidArgument>("sequence id", "no such live sequence in the KV cache", seq);
+  return *seqs_[static_cast<std::size_t>(seq)];
+}
+
+const KvCache::Sequence& KvCache::seq_ref(SeqId seq) const {
+  return const_cast<KvCache*>(this)->seq_ref(seq);
+}
+
+bool KvCache::contains(SeqId seq) const {
+  return seq >= 0 && static_cast<std::size_t>(seq) < seqs_.size() &&
+         seqs_[static_cast<std::size_t>(seq)] != nullptr;
+}
+
+KvCache::SeqId KvCache::create() {
+  for (std::size_t i = 0; i < seqs_.size(); ++i)
+    if (!seqs_[i]) {
+      seqs_[i] = std::make_unique<Sequence>();
+      return static_cast<SeqId>(i);
+    }
+  seqs_.push_back(std::make_unique<Sequence>());
+  return static_cast<SeqId>(seqs_.size() - 1);
+}
+
+KvCache::SeqId KvCache::fork(SeqId parent) {
+  const Sequence copy = seq_ref(parent);
+  const SeqId child = create();
+  Sequence& c = seq_ref(child);
+  c = copy;
+  for (int32_t b : c.table) ++blocks_[static_cast<std::size_t>(b)]->refs;
+  return child;
+}
+
+void KvCache::free(SeqId seq) {
+  Sequence& s = seq_ref(seq);
+  for (int32_t b : s.table) release_block(b);
+  seqs_[static_cast<std::size_t>(seq)].reset();
+}
+
+int64_t KvCache::size(SeqId seq) const { return seq_ref(seq).n_tokens; }
+int64_t KvCache::next_position(SeqId seq) const { return seq_ref(seq).next_pos; }
+
+std::vector<int64_t> KvCache::positions(SeqId seq) const {
+  std::vector<int64_t> out;
+  for (int32_t b : seq_ref(seq).table) {
+    const Block& blk = *blocks_[static_cast<std::size_t>(b)];
+    for (int32_t i = 0; i < blk.used; ++i)
+      if (blk.pos[static_cast<std::size_t>(i)] >= 0) out.push_back(blk.pos[static_cast<std::size_t>(i)]);
+  }
+  return out;
+}
+
+int32_t KvCache::allocate_block() {
+  int32_t id;
+  if (!free_blocks_.empty()) {
+    id = free_blocks_.back();
+    free_blocks_.pop_back();
+  } else {
+    if (config_.max_blocks > 0 && static_cast<int64_t>(blocks_.size()) >= config_.max_blocks)
+      throw CacheError(fmt::format("KV cache: block pool exhausted (max_blocks = {}, block_size = {})",
+                                   config_.max_blocks, config_.block_size));
+    auto blk = std::make_unique<Block>();
+    blk->data.resize(static_cast<std::size_t>(config_.n_layers) * 2 *
+                     static_cast<std::size_t>(config_.block_size) *
+                     static_cast<std::size_t>(config_.kv_heads) * static_cast<std::size_t>(config_.head_dim));
+    blk->pos.assign(static_cast<std::size_t>(config_.block_size), -1);
+    blocks_.push_back(std::move(blk));
+    id = static_cast<int32_t>(blocks_.size() - 1);
+  }
+  Block& b = *blocks_[static_cast<std::size_t>(id)];
+  std::fill(b.pos.begin(), b.pos.end(), -1);
+  b.used = 0;
+  b.refs = 1;
+  return id;
+}
+
+void KvCache::release_block(int32_t block) {
+  Block& b = *blocks_[static_cast<std::size_t>(block)];
+  if (--b.refs == 0) free_blocks_.push_back(block);
+}
+
+int32_t KvCache::make_writable(Sequence& s, std::size_t table_index) {
+  const int32_t id = s.table[table_index];
+  Block& b = *blocks_[static_cast<std::size_t>(id)];
+  if (b.refs == 1) return id;
+  const int32_t nid = allocate_block();
+  Block& nb = *blocks_[static_cast<std::size_t>(nid)];
+  const Block& ob = *blocks_[static_cast<std::size_t>(id)];  // re-fetch: allocate may grow blocks_
+  nb.data = ob.data;
+  nb.pos = ob.pos;
+  nb.used = ob.used;
+  release_block(id);
+  s.table[table_index] = nid;
+  return nid;
+}
+
+std::vector<KvCache::Slot> KvCache::append(SeqId seq, std::span<const int64_t> position_ids) {
+  Sequence& s = seq_ref(seq);
+  for (int64_t p : position_ids)
+    if (p < 0) fail_field<InvalidArgument>("position_ids", "must be non-negative", p);
+  std::vector<Slot> slots;
+  slots.reserve(position_ids.size());
+  for (int64_t p : position_ids) {
+    int32_t id = -1;
+    if (!s.table.empty()) {
+      const Block& last = *blocks_[static_cast<std::size_t>(s.table.back())];
+      if (last.used < config_.block_size) id = make_writable(s, s.table.size() - 1);
+    }
+    if (id < 0) {
+      id = allocate_block();
+      s.table.push_back(id);
+    }
+    Block& b = *blocks_[static_cast<std::size_t>(id)];
+    const int32_t off = b.used++;
+    b.pos[static_cast<std::size_t>(off)] = p;
+    slots.push_back({id, off});
+    ++s.n_tokens;
+    s.next_pos = std::max(s.next_pos, p + 1);
+  }
+  return slots;
+}
+
+float* KvCache::key(int layer, Slot slot) {
+  const std::size_t kv_dim = static_cast<std::size_t>(config_.kv_heads) * static_cast<std::size_t>(config_.head_dim);
+  const std::size_t bs = static_cast<std::size_t>(config_.block_size);
+  return blocks_[static_cast<std::size_t>(slot.block)]->data.data() +
+         ((static_cast<std::size_t>(layer) * 2) * bs + static_cast<std::size_t>(slot.offset)) * kv_dim;
+}
+
+float* KvCache::value(int layer, Slot slot) {
+  const std::size_t kv_dim = static_cast<std::size_t>(config_.kv_heads) * static_cast<std::size_t>(config_.head_dim);
+  const std::size_t bs = static_cast<std::size_t>(config_.block_size);
+  return blocks_[static_cast<std::size_t>(slot.block)]->data.data() +
+         ((static_cast<std::size_t>(layer) * 2 + 1) * bs + static_cast<std::size_t>(slot.offset)) * kv_dim;
+}
+
+const float* KvCache::key(int layer, Slot slot) const { return const_cast<KvCache*>(this)->key(layer, slot); }
+const float* KvCache::value(int layer, Slot slot) const {
+  return const_cast<KvCache*>(this)->value(layer, slot);
+}
+
+void KvCache::blocks(int layer, SeqId seq, std::vector<KvBlock>& out) const {
+  if (layer < 0 || layer >= config_.n_layers)
+    fail_field<InvalidArgument>("layer", fmt::format("must be in [0, {})", config_.n_layers), layer);
+  for (int32_t b : seq_ref(seq).table) {
+    const Block& blk = *blocks_[static_cast<std::size_t>(b)];
+    out.push_back({key(layer, {b, 0}), value(layer, {b, 0}), blk.pos.data(), blk.used});
+  }
+}
+
+void KvCache::drop_empty_blocks(Sequence& s) {
+  std::vector<int32_t> kept;
+  kept.reserve(s.table.size());
+  for (std::size_t i = 0; i < s.table.size(); ++i) {
+    const Block& b = *blocks_[static_cast<std::size_t>(s.table[i])];
+    const bool empty = std::none_of(b.pos.begin(), b.pos.begin() + b.used, [](int64_t p) { return p >= 0; });
+    // A fully handed-out block with no tokens left is dead; so is an empty
+    // block that is not the last one (the last may still take appends).
+    if (empty && (b.used == config_.block_size || i + 1 < s.table.size()))
+      release_block(s.table[i]);
+    else
+      kept.push_back(s.table[i]);
+  }
+  s.table = std::move(kept);
+}
+
+int64_t KvCache::evict(SeqId seq, int64_t begin, int64_t end) {
+  Sequence& s = seq_ref(seq);
+  int64_t removed = 0;
+  for (std::size_t i = 0; i < s.table.size(); ++i) {
+    const Block& ro = *blocks_[static_cast<std::size_t>(s.table[i])];
+    const bool hit = std::any_of(ro.pos.begin(), ro.pos.begin() + ro.used,
+                                 [&](int64_t p) { return p >= begin && p < end; });
+    if (!hit) continue;
+    Block& b = *blocks_[static_cast<std::size_t>(make_writable(s, i))];
+    for (int32_t k = 0; k < b.used; ++k) {
+      int64_t& p = b.pos[static_cast<std::size_t>(k)];
+      if (p >= begin && p < end) {
+        p = -1;
+        ++removed;
+      }
+    }
+  }
+  s.n_tokens -= removed;
+  drop_empty_blocks(s);
+  return removed;
+}
+
+int64_t KvCache::keep_window(SeqId seq, int64_t window, int64_t sinks) {
+  if (window <= 0) fail_field<InvalidArgument>("window", "must be positive", window);
+  if (sinks < 0) fail_field<InvalidArgument>("sinks", "must be >= 0", sinks);
+  std::vector<int64_t> pos = positions(seq);
+  std::sort(pos.begin(), pos.end());
+  const int64_t cut = seq_ref(seq).next_pos - window;  // keep positions >= cut
+  const int64_t sink_end = sinks > 0 && !pos.empty()
+                               ? pos[static_cast<std::size_t>(std::min<int64_t>(sinks, static_cast<int64_t>(pos.size())) - 1)] + 1
+                               : std::numeric_limits<int64_t>::min();
+  const int64_t begin = std::max(sink_end, pos.empty() ? 0 : pos.front());
+  if (cut <= begin) return 0;
+  return evict(seq, begin, cut);
+}
+
+namespace {
+RopeFrequencies rotation_only(const RopeFrequencies& f) {
+  RopeFrequencies r = f;
+  r.attention_factor = 1.0;
+  return r;
+}
+}  // namespace
+
+void KvCache::shift(SeqId seq, int64_t delta, int64_t from) {
+  Sequence& s = seq_ref(seq);
+  if (delta == 0) return;
+  int64_t max_kept = -1, min_shifted = std::numeric_limits<int64_t>::max();
+  for (int64_t p : positions(seq)) {
+    if (p >= from) min_shifted = std::min(min_shifted, p);
+    else max_kept = std::max(max_kept, p);
+  }
+  if (min_shifted == std::numeric_limits<int64_t>::max()) return;
+  if (min_shifted + delta < 0 || min_shifted + delta <= max_kept)
+    throw CacheError(fmt::format(
+        "shift: delta {} would move position {} to {}, onto or before kept position {} (or below 0)",
+        delta, min_shifted, min_shifted + delta, max_kept));
+  for (std::size_t i = 0; i < s.table.size(); ++i) {
+    const Block& ro = *blocks_[static_cast<std::size_t>(s.table[i])];
+    if (std::none_of(ro.pos.begin(), ro.pos.begin() + ro.used, [&](int64_t p) { return p >= from; }))
+      continue;
+    const int32_t id = make_writable(s, i);
+    Block& b = *blocks_[static_cast<std::size_t>(id)];
+    // Rotation angle per slot: delta for shifted tokens, 0 (the identity,
+    // exactly) for the others and for empty slots.
+    std::vector<int64_t> angle(static_cast<std::size_t>(b.used), 0);
+    for (int32_t k = 0; k < b.used; ++k) {
+      int64_t& p = b.pos[static_cast<std::size_t>(k)];
+      if (p < from) continue;
+      p += delta;
+      angle[static_cast<std::size_t>(k)] = delta;
+    }
+    if (s.rope) {
+      const RopeTable table(rotation_only(s.rope->freqs), angle, s.rope->precision);
+      for (int l = 0; l < config_.n_layers; ++l)
+        apply_rope(key(l, {id, 0}), b.used, config_.kv_heads, config_.head_dim, table, s.rope->layout);
+    }
+  }
+  if (from < s.next_pos) s.next_pos += delta;
+}
+
+const std::optional<KvCache::RopeState>& KvCache::rope_state(SeqId seq) const { return seq_ref(seq).rope; }
+
+void KvCache::set_rope_state(SeqId seq, const RopeState& state, bool rerotate) {
+  Sequence& s = seq_ref(seq);
+  if (s.rope && *s.rope == state) return;
+  if (!s.rope || s.n_tokens == 0) {
+    s.rope = state;
+    return;
+  }
+  if (!rerotate) {
+    const auto& o = s.rope->freqs;
+    throw CacheError(fmt::format(
+        "KV cache: sequence {} holds {} keys rotated with rope_type '{}' (inv_freq[last] = {}, layout {}, "
+        "angle_precision {}), but the new frequencies are rope_type '{}' (inv_freq[last] = {}, layout {}, "
+        "angle_precision {}); refusing to mix them (enable re-rotation to rotate cached keys again)",
+        seq, s.n_tokens, o.rope_type, o.inv_freq.empty() ? 0.0f : o.inv_freq.back(), to_string(s.rope->layout),
+        to_string(s.rope->precision), state.freqs.rope_type,
+        state.freqs.inv_freq.empty() ? 0.0f : state.freqs.inv_freq.back(), to_string(state.layout),
+        to_string(state.precision)));
+  }
+  if (s.rope->freqs.head_dim != config_.head_dim || state.freqs.head_dim != config_.head_dim)
+    throw InvalidArgument("set_rope_state: head_dim of the frequencies differs from the cache's");
+  const RopeFrequencies old_rot = rotation_only(s.rope->freqs);
+  const RopeFrequencies new_rot = rotation_only(state.freqs);
+  const float rescale = static_cast<float>(state.freqs.attention_factor / s.rope->freqs.attention_factor);
+  const std::size_t kv_dim = static_cast<std::size_t>(config_.kv_heads) * static_cast<std::size_t>(config_.head_dim);
+  for (std::size_t i = 0; i < s.table.size(); ++i) {
+    const int32_t id = make_writable(s, i);
+    Block& b = *blocks_[static_cast<std::size_t>(id)];
+    if (b.used == 0) continue;
+    // Empty slots get angle 0; their contents are never read.
+    std::vector<int64_t> pos(static_cast<std::size_t>(b.used));
+    for (int32_t k = 0; k < b.used; ++k) pos[static_cast<std::size_t>(k)] = std::max<int64_t>(b.pos[static_cast<std::size_t>(k)], 0);
+    const RopeTable undo(old_rot, pos, s.rope->precision);
+    const RopeTable redo(new_rot, pos, state.precision);
+    for (int l = 0; l < config_.n_layers; ++l) {
+      float* k = key(l, {id, 0});
+      apply_rope(k, b.used, config_.kv_heads, config_.head_dim, undo, s.rope->layout, RopeDirection::inverse);
+      if (rescale != 1.0f)
+        for (std::size_t d = 0; d < static_cast<std::size_t>(b.used) * kv_dim; ++d) k[d] *= rescale;
+      apply_rope(k, b.used, config_.kv_heads, config_.head_dim, redo, state.layout, RopeDirection::forward);
+    }
+  }
+  s.rope = state;
+}
+
+int64_t KvCache::blocks_in_use() const {
+  return static_cast<int64_t>(blocks_.size() - free_blocks_.size());
+}
+int64_t KvCache::blocks_allocated() const { return static_cast<int64_t>(blocks_.size()); }
+
+}  // namespace posenc

@@ -1,0 +1,96 @@
+#include "posenc/generate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include <fmt/format.h>
+
+#include "posenc/error.hpp"
+
+namespace posenc {
+
+namespace {
+
+int32_t argmax(const float* x, int n) {
+  int32_t best = 0;
+  for (int i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+int32_t sample(const float* logits, int n, float temperature, float top_p, std::mt19937_64& rng) {
+  std::vector<double> p(static_cast<std::size_t>(n));
+  double mx = logits[0];
+  for (int i = 1; i < n; ++i) mx = std::max(mx, static_cast<double>(logits[i]));
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += p[static_cast<std::size_t>(i)] = std::exp((logits[i] - mx) / temperature);
+  for (double& v : p) v /= sum;
+  std::vector<int32_t> idx(static_cast<std::size_t>(n));
+  std::iota(idx.begin(), idx.end(), 0);
+  if (top_p < 1.0f) {
+    std::sort(idx.begin(), idx.end(), [&](int32_t a, int32_t b) { return p[static_cast<std::size_t>(a)] > p[static_cast<std::size_t>(b)]; });
+    double cum = 0;
+    std::size_t keep = 0;
+    while (keep < idx.size()) {
+      cum += p[static_cast<std::size_t>(idx[keep++])];
+      if (cum >= top_p) break;
+    }
+    idx.resize(keep);
+  }
+  double total = 0;
+  for (int32_t i : idx) total += p[static_cast<std::size_t>(i)];
+  std::uniform_real_distribution<double> u(0.0, total);
+  double r = u(rng), acc = 0;
+  for (int32_t i : idx) {
+    acc += p[static_cast<std::size_t>(i)];
+    if (r < acc) return i;
+  }
+  return idx.back();
+}
+
+}  // namespace
+
+GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::string_view prompt,
+                        const GenerateOptions& o, const std::function<void(std::string_view)>& on_piece) {
+  if (o.max_new_tokens < 0) fail_field<InvalidArgument>("max_new_tokens", "must be >= 0", o.max_new_tokens);
+  if (!(o.temperature >= 0.0f) || !std::isfinite(o.temperature))
+    fail_field<InvalidArgument>("temperature", "must be finite and >= 0", o.temperature);
+  if (!(o.top_p > 0.0f && o.top_p <= 1.0f)) fail_field<InvalidArgument>("top_p", "must be in (0, 1]", o.top_p);
+  const int V = model.config().vocab_size;
+  if (tokenizer.vocab_size() != V)
+    throw TokenizerError(fmt::format("tokenizer vocab_size {} does not match the model's vocab_size {}",
+                                     tokenizer.vocab_size(), V));
+  GenerateResult res;
+  res.prompt_tokens = tokenizer.encode(prompt, true, false);
+  for (std::size_t i = 1; i < res.prompt_tokens.size(); ++i) {
+    const auto piece = tokenizer.decode(res.prompt_tokens[i - 1], res.prompt_tokens[i]);
+    res.text += piece;
+    if (on_piece) on_piece(piece);
+  }
+  KvCache cache = model.make_cache(o.block_size);
+  const KvCache::SeqId seq = cache.create();
+  std::vector<float> logits;
+  Model::SequenceInput in{seq, res.prompt_tokens, {}};
+  model.forward(cache, std::span<const Model::SequenceInput>(&in, 1), Model::LogitsMode::last, logits);
+  std::mt19937_64 rng(o.seed);
+  int32_t prev = res.prompt_tokens.back();
+  for (int step = 0; step < o.max_new_tokens; ++step) {
+    const int32_t next = o.temperature == 0.0f ? argmax(logits.data(), V)
+                                               : sample(logits.data(), V, o.temperature, o.top_p, rng);
+    if (o.stop_at_bos && next == Tokenizer::kBos) break;
+    res.new_tokens.push_back(next);
+    const auto piece = tokenizer.decode(prev, next);
+    res.text += piece;
+    if (on_piece) on_piece(piece);
+    prev = next;
+    if (step + 1 == o.max_new_tokens) break;
+    const int32_t tok[1] = {next};
+    in = {seq, tok, {}};
+    model.forward(cache, std::span<const Model::SequenceInput>(&in, 1), Model::LogitsMode::last, logits);
+  }
+  return res;
+}
+
+}  // namespace posenc

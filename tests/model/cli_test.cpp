@@ -1,0 +1,100 @@
+// The CLI on bad inputs: a clear message on stderr, a non-zero exit, no crash.
+#include <cstring>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+
+using posenc::test::run_cli;
+using posenc::test::TempDir;
+
+namespace {
+std::string q(const std::filesystem::path& p) {
+  std::string s(1, '\'');
+  s += p.string();
+  s += '\'';
+  return s;
+}
+std::string model_args() {
+  return "--model " + q(posenc::test::model_path()) + " --tokenizer " + q(posenc::test::tokenizer_path());
+}
+void expect_clean_failure(const posenc::test::CliResult& r, const std::string& needle) {
+  EXPECT_FALSE(r.signaled);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "stderr: " << r.err;
+}
+}  // namespace
+
+TEST(Cli, PplBadInputs) {
+  TempDir d;
+  const std::string good = posenc::test::slurp(posenc::test::model_path());
+  const auto trunc = d.file("trunc.bin", good.substr(0, 5000));
+  const auto text = q(posenc::test::text_path());
+  expect_clean_failure(run_cli("ppl --model " + q(trunc) + " --tokenizer " + q(posenc::test::tokenizer_path()) +
+                               " --text " + text),
+                       "truncated");
+  // A well-formed tokenizer with 300 entries, fewer than the model's 512.
+  const std::string tok = posenc::test::slurp(posenc::test::tokenizer_path());
+  std::size_t off = 4;
+  for (int i = 0; i < 300; ++i) {
+    int32_t len;
+    std::memcpy(&len, tok.data() + off + 4, 4);
+    off += 8 + static_cast<std::size_t>(len);
+  }
+  const auto small_tok = d.file("small_tok.bin", tok.substr(0, off));
+  expect_clean_failure(run_cli("ppl --model " + q(posenc::test::model_path()) + " --tokenizer " + q(small_tok) +
+                               " --text " + text),
+                       "vocab_size");
+  expect_clean_failure(run_cli("ppl " + model_args() + " --text " + text + " --context 0"), "--context");
+  expect_clean_failure(run_cli("ppl " + model_args() + " --text " + text + " --context 1048577"), "--context");
+  expect_clean_failure(run_cli("ppl " + model_args() + " --text " + q(d.path() / "nope.txt")), "nope.txt");
+  expect_clean_failure(run_cli("ppl " + model_args() + " --text " + q(d.file("empty.txt", ""))), "text");
+  expect_clean_failure(run_cli("ppl " + model_args() + " --text " + text + " --rope-scaling bogus"), "bogus");
+  expect_clean_failure(run_cli("ppl " + model_args() + " --text " + text + " --rope-layout neox"), "neox");
+}
+
+TEST(Cli, PplWritesJsonAtomically) {
+  TempDir d;
+  const auto out = d.path() / "sub" / "ppl.json";
+  const auto r = run_cli("ppl " + model_args() + " --text " + q(posenc::test::text_path()) +
+                         " --context 256,1024 --rope-scaling default,linear --max-tokens 3000 --quiet --json " + q(out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(posenc::test::slurp(out));
+  EXPECT_EQ(j["tokens_total"], 384954);
+  ASSERT_EQ(j["results"].size(), 4u);
+  const auto& lin1024 = j["results"][3];
+  EXPECT_EQ(lin1024["context"], 1024);
+  EXPECT_EQ(lin1024["rope_scaling"], "linear");
+  EXPECT_EQ(lin1024["factor"], 2.0);
+  EXPECT_EQ(lin1024["buckets"].size(), 3u);
+  EXPECT_EQ(lin1024["buckets"][2]["start"], 512);
+  for (const auto& res : j["results"]) {
+    int64_t sum = 0;
+    for (const auto& b : res["buckets"]) sum += b["tokens"].get<int64_t>();
+    EXPECT_EQ(sum, res["tokens"].get<int64_t>());
+  }
+  // No temporary file left behind.
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(out.parent_path())) files += e.is_regular_file();
+  EXPECT_EQ(files, 1);
+}
+
+TEST(Cli, GenerateGolden) {
+  const auto r = run_cli("generate " + model_args() + " --prompt 'Once upon a time' --max-tokens 60");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+                        "park. One day, she saw a big, red ball.",
+                        0),
+            0u)
+      << r.out;
+}
+
+TEST(Cli, DetectLayout) {
+  const auto r = run_cli("detect-layout " + model_args() + " --text " + q(posenc::test::text_path()) +
+                         " --max-tokens 4096 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["likely_layout"], "interleaved");
+  EXPECT_GT(j["nll_half"].get<double>(), j["nll_interleaved"].get<double>() + 0.3);
+}

@@ -1,0 +1,83 @@
+#include "common.hpp"
+
+#include <cctype>
+#include <charconv>
+
+#include <fmt/format.h>
+
+#include "posenc/error.hpp"
+
+namespace posenc::cli {
+
+void ModelArgs::add_to(CLI::App& cmd) {
+  cmd.add_option("--model", model_path, "llama2.c checkpoint (.bin)")->required();
+  cmd.add_option("--tokenizer", tokenizer_path, "llama2.c tokenizer (.bin)")->required();
+  cmd.add_option("--rope-layout", rope_layout,
+                 "override the RoPE layout: half (rotate_half/GPT-NeoX) or interleaved "
+                 "(GPT-J/llama2.c); default: the checkpoint's (interleaved for llama2.c)");
+  cmd.add_option("--angle-precision", angle_precision,
+                 "float32 (reproduces training/reference numerics; default) or exact (angle in double)")
+      ->capture_default_str();
+}
+
+LoadedModel load_model(const ModelArgs& args) {
+  Model model = Model::load_llama2c(args.model_path);
+  Tokenizer tok = Tokenizer::load_llama2c(args.tokenizer_path);
+  if (tok.vocab_size() != model.config().vocab_size)
+    throw TokenizerError(fmt::format("{}: vocab_size {} does not match the model's vocab_size {} ({})",
+                                     args.tokenizer_path, tok.vocab_size(), model.config().vocab_size,
+                                     args.model_path));
+  RopeSetup r = model.rope();
+  if (!args.rope_layout.empty()) r.layout = parse_rope_layout(args.rope_layout, "--rope-layout");
+  r.precision = parse_angle_precision(args.angle_precision, "--angle-precision");
+  model.set_rope(r);
+  return {std::move(model), std::move(tok)};
+}
+
+std::vector<std::string> split_list(const std::string& text, const std::string& flag) {
+  std::vector<std::string> out;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    std::size_t c = text.find(',', pos);
+    std::string item = text.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.pop_back();
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) item.erase(item.begin());
+    if (!item.empty()) out.push_back(item);
+    if (c == std::string::npos) break;
+    pos = c + 1;
+  }
+  if (out.empty()) throw ConfigError(fmt::format("{}: expected a comma-separated list (got '{}')", flag, text));
+  return out;
+}
+
+std::vector<int64_t> parse_lengths(const std::string& text, const std::string& flag) {
+  std::vector<int64_t> out;
+  for (const std::string& item : split_list(text, flag)) {
+    int64_t mult = 1;
+    std::string num = item;
+    const char last = static_cast<char>(std::toupper(static_cast<unsigned char>(num.back())));
+    if (last == 'K') mult = 1024;
+    if (last == 'M') mult = 1024 * 1024;
+    if (mult != 1) num.pop_back();
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
+    if (ec != std::errc() || p != num.data() + num.size() || num.empty())
+      throw ConfigError(fmt::format("{}: '{}' is not a length (integer, optional K or M suffix)", flag, item));
+    if (v <= 0 || v > (int64_t{1} << 40) / mult)
+      throw ConfigError(fmt::format("{}: length must be positive (got {})", flag, item));
+    out.push_back(v * mult);
+  }
+  return out;
+}
+
+std::string describe(const Model& model) {
+  const auto& c = model.config();
+  const auto& r = model.rope();
+  return fmt::format(
+      "dim {}, {} layers, {} heads / {} KV heads, head_dim {}, vocab {}, trained context {}; RoPE rope_theta "
+      "{:g}, rotary_dim {}, layout {}, angle_precision {}",
+      c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, c.max_position_embeddings,
+      r.params.rope_theta, r.freqs.rotary_dim, to_string(r.layout), to_string(r.precision));
+}
+
+}  // namespace posenc::cli

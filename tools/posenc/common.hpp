@@ -1,0 +1,45 @@
+// Shared helpers of the CLI subcommands.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "posenc/model.hpp"
+#include "posenc/tokenizer.hpp"
+
+namespace posenc::cli {
+
+/// --model / --tokenizer / --rope-layout / --angle-precision, shared by every
+/// command that runs the model.
+struct ModelArgs {
+  std::string model_path;
+  std::string tokenizer_path;
+  std::string rope_layout;  // empty = the checkpoint's
+  std::string angle_precision = "float32";
+  void add_to(CLI::App& cmd);
+};
+
+struct LoadedModel {
+  Model model;
+  Tokenizer tokenizer;
+};
+
+/// Loads the checkpoint and the tokenizer, checks that their vocabulary sizes
+/// agree, applies --rope-layout / --angle-precision. Throws posenc::Error.
+LoadedModel load_model(const ModelArgs& args);
+
+/// Parses "256,512,4K,1M" (K = 1024, M = 1048576) into positive integers.
+/// Throws ConfigError naming `flag`.
+std::vector<int64_t> parse_lengths(const std::string& text, const std::string& flag);
+
+/// Splits "a,b,c" into its non-empty items. Throws ConfigError naming `flag` if empty.
+std::vector<std::string> split_list(const std::string& text, const std::string& flag);
+
+/// One-line description of the model and its positional setup.
+std::string describe(const Model& model);
+
+}  // namespace posenc::cli
