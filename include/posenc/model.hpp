@@ -81,6 +81,12 @@ class Model {
   /// change under cached keys. Default: refuse.
   void set_rope_change_policy(RopeChangePolicy policy);
 
+  /// Attention mask: 0 = causal (default); w > 0 = Mistral's sliding window
+  /// (a query at position i sees keys j with 0 <= i - j < w). Throws
+  /// InvalidArgument for w < 0.
+  void set_sliding_window(int64_t window);
+  int64_t sliding_window() const { return sliding_window_; }
+
   /// A KV cache shaped for this model.
   KvCache make_cache(int block_size = 16, int64_t max_blocks = 0) const;
 
@@ -105,6 +111,17 @@ class Model {
   void forward(KvCache& cache, std::span<const SequenceInput> batch, LogitsMode mode,
                std::vector<float>& logits) const;
 
+  /// A padded batch as tokenizers and HF generate() produce it: tokens and
+  /// attention_mask are [batch, width] row-major (mask 1 = real token, 0 =
+  /// padding, left or right or anywhere). Padding never becomes a position and
+  /// never receives attention: the real tokens of row b get position ids
+  /// next_position(seqs[b]) + (number of real tokens before them in the row)
+  /// (HF's cumsum(attention_mask) - 1 rule), and padding is dropped before the
+  /// network. logits: [batch, width, vocab_size]; padding rows are zero.
+  /// Throws InvalidArgument for mismatched sizes or a mask value other than 0/1.
+  void forward_padded(KvCache& cache, std::span<const KvCache::SeqId> seqs, std::span<const int32_t> tokens,
+                      std::span<const uint8_t> attention_mask, int64_t width, std::vector<float>& logits) const;
+
   /// Convenience: logits [tokens.size(), vocab_size] for one fresh sequence
   /// at positions 0..n-1 (a prefill that scores a whole window).
   std::vector<float> score_window(std::span<const int32_t> tokens) const;
@@ -115,6 +132,18 @@ class Model {
   std::shared_ptr<const Weights> w_;
   RopeSetup rope_;
   RopeChangePolicy policy_ = RopeChangePolicy::refuse;
+  int64_t sliding_window_ = 0;
 };
+
+namespace detail {
+/// TEST-ONLY hook: injects one of the classic position bugs into the runtime
+/// so tests can prove the consistency checker catches them. restart_each_chunk:
+/// a continuing forward numbers its tokens from 0 instead of next_position;
+/// count_padding: forward_padded numbers tokens by their column, padding
+/// included. Never set outside tests.
+enum class PositionBug { none, restart_each_chunk, count_padding };
+void set_position_bug_for_testing(PositionBug bug);
+PositionBug position_bug_for_testing();
+}  // namespace detail
 
 }  // namespace posenc

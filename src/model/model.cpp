@@ -1,6 +1,7 @@
 #include "posenc/model.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -48,6 +49,19 @@ struct Model::Weights {
   std::vector<LayerWeights> layers;
   std::vector<float> wcls_t;  // [dim, vocab]
 };
+
+namespace detail {
+namespace {
+std::atomic<PositionBug> g_position_bug{PositionBug::none};
+}
+void set_position_bug_for_testing(PositionBug bug) { g_position_bug.store(bug); }
+PositionBug position_bug_for_testing() { return g_position_bug.load(std::memory_order_relaxed); }
+}  // namespace detail
+
+void Model::set_sliding_window(int64_t window) {
+  if (window < 0) fail_field<InvalidArgument>("sliding_window", "must be >= 0 (0 = causal)", window);
+  sliding_window_ = window;
+}
 
 Model::Model(std::shared_ptr<const Weights> weights) : w_(std::move(weights)) {}
 Model::Model(const Model&) = default;
@@ -229,7 +243,9 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   std::vector<int64_t> pos(static_cast<std::size_t>(N));
   for (std::size_t b = 0; b < B; ++b) {
     const auto& in = batch[b];
-    const int64_t start = cache.next_position(in.seq);
+    const int64_t start = detail::position_bug_for_testing() == detail::PositionBug::restart_each_chunk
+                              ? 0
+                              : cache.next_position(in.seq);
     for (std::size_t i = 0; i < in.tokens.size(); ++i) {
       const int64_t p = in.position_ids.empty() ? start + static_cast<int64_t>(i) : in.position_ids[i];
       if (p < 0) fail_field<InvalidArgument>("position_ids", "must be non-negative", p);
@@ -288,7 +304,8 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   spec.heads = c.n_heads;
   spec.kv_heads = c.n_kv_heads;
   spec.head_dim = c.head_dim;
-  spec.mask = MaskKind::causal;
+  spec.mask = sliding_window_ > 0 ? MaskKind::sliding_window : MaskKind::causal;
+  spec.sliding_window = sliding_window_;
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
@@ -337,6 +354,49 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   detail::rmsnorm(src, m.rms_final, rows, D, c.norm_eps, s.xb.data());
   logits.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(c.vocab_size));
   detail::matmul_t(s.xb.data(), rows, D, m.wcls_t.data(), c.vocab_size, logits.data());
+}
+
+void Model::forward_padded(KvCache& cache, std::span<const KvCache::SeqId> seqs, std::span<const int32_t> tokens,
+                           std::span<const uint8_t> attention_mask, int64_t width, std::vector<float>& logits) const {
+  const std::size_t B = seqs.size();
+  if (width <= 0) fail_field<InvalidArgument>("width", "must be positive", width);
+  if (tokens.size() != B * static_cast<std::size_t>(width) || attention_mask.size() != tokens.size())
+    throw InvalidArgument(fmt::format("forward_padded: tokens ({}) and attention_mask ({}) must both be [batch={}, "
+                                      "width={}]",
+                                      tokens.size(), attention_mask.size(), B, width));
+  for (uint8_t m : attention_mask)
+    if (m > 1) fail_field<InvalidArgument>("attention_mask", "values must be 0 or 1", static_cast<int>(m));
+  const bool bug = detail::position_bug_for_testing() == detail::PositionBug::count_padding;
+  std::vector<std::vector<int32_t>> toks(B);
+  std::vector<std::vector<int64_t>> pos(B);
+  std::vector<std::vector<int64_t>> cols(B);
+  for (std::size_t b = 0; b < B; ++b) {
+    if (!cache.contains(seqs[b])) fail_field<InvalidArgument>("sequence id", "not a live sequence", seqs[b]);
+    const int64_t start = cache.next_position(seqs[b]);
+    int64_t real = 0;
+    for (int64_t c = 0; c < width; ++c) {
+      const std::size_t i = b * static_cast<std::size_t>(width) + static_cast<std::size_t>(c);
+      if (!attention_mask[i]) continue;
+      toks[b].push_back(tokens[i]);
+      pos[b].push_back(start + (bug ? c : real));
+      cols[b].push_back(c);
+      ++real;
+    }
+  }
+  std::vector<SequenceInput> batch;
+  for (std::size_t b = 0; b < B; ++b)
+    if (!toks[b].empty()) batch.push_back({seqs[b], toks[b], pos[b]});
+  std::vector<float> rows;
+  forward(cache, batch, LogitsMode::all, rows);
+  const auto V = static_cast<std::size_t>(w_->cfg.vocab_size);
+  logits.assign(B * static_cast<std::size_t>(width) * V, 0.0f);
+  std::size_t r = 0;
+  for (std::size_t b = 0; b < B; ++b)
+    for (int64_t c : cols[b]) {
+      std::copy(rows.begin() + static_cast<std::ptrdiff_t>(r * V), rows.begin() + static_cast<std::ptrdiff_t>((r + 1) * V),
+                logits.begin() + static_cast<std::ptrdiff_t>((b * static_cast<std::size_t>(width) + static_cast<std::size_t>(c)) * V));
+      ++r;
+    }
 }
 
 std::vector<float> Model::score_window(std::span<const int32_t> tokens) const {

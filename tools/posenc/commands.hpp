@@ -11,5 +11,6 @@ namespace posenc::cli {
 void add_ppl_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_detect_layout_command(CLI::App& app);
+void add_check_cache_command(CLI::App& app);
 
 }  // namespace posenc::cli
