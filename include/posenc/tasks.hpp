@@ -1,0 +1,215 @@
+// posenc — the synthetic long-context tasks of the evaluation lab.
+//
+// Every sample is a deterministic function of (seed, task, sample index,
+// length, depth, control): the same arguments give byte-identical prompt
+// tokens on every run and machine (the generator uses its own splitmix64
+// stream, not the implementation-defined std:: distributions).
+//
+// Haystack tasks (RULER's niah.py / variable_tracking.py, the YaRN/landmark
+// passkey, name_recall) fill the context with real text cut at sentence
+// boundaries and insert needle sentences at requested depths. The content
+// of a sample (needle values, names, keys, the haystack's starting sentence)
+// depends only on (seed, task, index), so it stays fixed while only the
+// length and the depth move; a longer length continues the same haystack.
+//
+// Token budget: prompt tokens + answer budget <= length, counted with the real
+// tokenizer. A prompt is the concatenation of pieces encoded separately
+// (BOS, then sentences/needles/records that each start with a space or a
+// newline); the llama2.c vocabularies hold no piece with an inner space or a
+// newline, so no merge crosses a piece boundary and the concatenation equals
+// Tokenizer::encode(prompt_text, bos=true) exactly (tested for every task).
+// This makes the count exact without re-encoding, and lets prompts that share
+// a prefix share its KV cache.
+//
+// Depth = the needle's start as a fraction of the context (the haystack region
+// between the preamble and the question). The needle goes to the sentence
+// boundary whose haystack-token offset is nearest to depth x haystack tokens
+// (ties: the earlier boundary). Each sample records the realised depth =
+// (needle start - context start) / (context tokens - needle tokens) and the
+// needle's token position in the prompt (RULER's token_position_answer).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "posenc/error.hpp"
+#include "posenc/tokenizer.hpp"
+
+namespace posenc {
+
+/// Splits one block of text into sentences: a sentence ends after '.', '!' or
+/// '?' (plus any closing quotes/brackets) when followed by whitespace and then
+/// by something other than a lowercase letter (so `"Hi!" said Tom.` stays one
+/// sentence), or at the end of the block. Runs of whitespace (newlines
+/// included) become one space; sentences are stripped; empty ones dropped.
+std::vector<std::string> split_sentences(std::string_view block);
+
+/// The haystack: real text as a list of sentences with their tokens.
+class Haystack {
+ public:
+  /// Splits `text` into blocks (the ppl protocol's step 1) and each block into
+  /// sentences. Sentences containing an ASCII digit or one of `exclude_words`
+  /// (whole words, case-sensitive) are dropped, so numeric answers and the
+  /// candidate names of name_recall never occur in the haystack by accident.
+  /// Each sentence is encoded as it appears after a space in running text.
+  /// Throws InvalidArgument if no sentence remains.
+  static Haystack build(std::string_view text, const Tokenizer& tokenizer,
+                        std::span<const std::string> exclude_words = {});
+
+  std::size_t size() const { return texts_.size(); }
+  const std::string& text(std::size_t i) const { return texts_.at(i); }
+  /// Tokens of sentence i (no BOS; starts with the space-prefixed first word).
+  std::span<const int32_t> tokens(std::size_t i) const;
+  int64_t total_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  /// Sentences dropped by the filters.
+  int64_t dropped() const { return dropped_; }
+  /// The distinct all-lowercase words of 3-10 letters of the kept sentences,
+  /// sorted (common_words draws its word lists from them).
+  const std::vector<std::string>& words() const { return words_; }
+
+ private:
+  std::vector<std::string> texts_;
+  std::vector<int32_t> tokens_;      // all sentences, concatenated
+  std::vector<int64_t> offsets_;     // [size()+1] into tokens_
+  int64_t dropped_ = 0;
+  std::vector<std::string> words_;
+};
+
+/// The evidence controls (design: "shuffle or swap the evidence and check the
+/// answer changes accordingly"). The gold answer always follows the evidence.
+///  - swap: the answer-bearing value of the evidence is exchanged with a
+///    distractor's (name_recall: the needle names the first distractor
+///    candidate; niah_multikey and kv_retrieval: the queried key takes a
+///    distractor key's value); tasks without distractors get a fresh value.
+///  - shuffle: the answer-bearing value is shuffled (name_recall: the needle
+///    names a random distractor; numbers/hex strings/variable names: their
+///    characters are permuted into a different string; niah multi-key tasks:
+///    values are permuted among the keys).
+/// Every control sample also records the original (uncontrolled) answer, so a
+/// report can show whether the prediction moved with the evidence.
+enum class TaskControl { none, swap, shuffle };
+std::string_view to_string(TaskControl control);
+/// Throws ConfigError naming `field` for an unknown name.
+TaskControl parse_task_control(std::string_view text, std::string_view field = "control");
+
+/// Thrown by TaskGenerator::make when a length cannot hold a task's fixed
+/// parts (preamble, needles, question) plus its answer budget: with a
+/// 512-token vocabulary several RULER templates need more than 256 tokens.
+/// The runner records such cells as "does not fit" instead of failing.
+class TaskDoesNotFit : public InvalidArgument {
+ public:
+  using InvalidArgument::InvalidArgument;
+};
+
+enum class TaskKind {
+  choice,      ///< likelihood (forced choice), lm-evaluation-harness multiple_choice
+  generation,  ///< greedy continuation scored by string match
+};
+
+struct TaskInfo {
+  std::string_view name;
+  TaskKind kind;
+  bool uses_depth;        ///< false: the depth axis does not apply (one cell per length)
+  std::string_view metric;  ///< "choice", "all" (RULER string_match_all), "first_integer" (YaRN passkey)
+  int answer_budget;      ///< tokens reserved after the prompt (generation: max_new_tokens)
+  std::string_view summary;
+};
+
+/// All tasks, in a stable order: name_recall, passkey, niah_single,
+/// niah_multikey, niah_multivalue, niah_multiquery, variable_tracking,
+/// common_words, kv_retrieval.
+std::span<const TaskInfo> eval_tasks();
+/// Throws ConfigError("tasks: unknown task ... (known: ...)").
+const TaskInfo& find_eval_task(std::string_view name);
+
+/// Where one needle landed.
+struct NeedlePlacement {
+  std::string role;        ///< "evidence" (holds the answer) or "distractor"
+  std::string text;
+  double target_depth = 0.0;
+  int64_t sentence_index = 0;  ///< haystack sentences (or records) before it
+  int64_t token_position = 0;  ///< index of its first token in prompt_tokens
+  int64_t tokens = 0;
+  double depth = 0.0;          ///< realised depth (see the file comment)
+};
+
+struct TaskSample {
+  std::string task;
+  TaskControl control = TaskControl::none;
+  uint64_t seed = 0;
+  int64_t index = 0;
+  int64_t length = 0;
+  double depth = 0.0;  ///< requested; -1 for tasks without a depth axis
+
+  std::vector<int32_t> prompt_tokens;  ///< BOS first; what the model reads
+  std::string prompt_text;             ///< encode(prompt_text, bos) == prompt_tokens
+  int64_t context_start = 0;           ///< first token of the context region
+  int64_t context_tokens = 0;          ///< its length (haystack + needles, or records)
+  int64_t haystack_start = -1;         ///< first haystack sentence index (-1: no haystack)
+  int64_t haystack_sentences = 0;      ///< haystack sentences (or records) used
+  std::vector<NeedlePlacement> needles;
+  int answer_budget = 0;               ///< prompt_tokens.size() + answer_budget <= length
+
+  // Forced choice: candidates (continuations of the prompt) and the gold index.
+  std::vector<std::string> choices;               ///< as text, with their leading space
+  std::vector<std::vector<int32_t>> choice_tokens;
+  int gold = -1;
+  int original_gold = -1;  ///< gold of the same sample without the control
+
+  // Generation: every string of `answers` must occur in the prediction.
+  std::vector<std::string> answers;
+  std::vector<std::string> original_answers;
+  std::string metric;
+};
+
+struct TaskOptions {
+  uint64_t seed = 42;
+  int choices = 4;  ///< K candidates for forced-choice tasks, in [2, 16]
+};
+
+/// Makes samples from one haystack. Thread-safe (const).
+class TaskGenerator {
+ public:
+  /// Throws InvalidArgument for choices outside [2, 16].
+  TaskGenerator(const Tokenizer& tokenizer, const Haystack& haystack, const TaskOptions& options);
+
+  /// Sample `index` of `task` at `length` tokens and `depth` in [0, 1] (ignored
+  /// by tasks without a depth axis). Throws ConfigError for an unknown task,
+  /// InvalidArgument for depth outside [0, 1], TaskDoesNotFit for a length too
+  /// short to hold the task's fixed parts and answer budget (naming the task
+  /// and both numbers).
+  TaskSample make(std::string_view task, int64_t index, int64_t length, double depth,
+                  TaskControl control = TaskControl::none) const;
+
+  /// The names name_recall draws its candidates from (to filter a haystack).
+  static std::span<const std::string> candidate_names();
+
+  const TaskOptions& options() const { return options_; }
+
+ private:
+  const Tokenizer& tok_;
+  const Haystack& hay_;
+  TaskOptions options_;
+};
+
+/// RULER's prediction normalisation: strip surrounding whitespace, control
+/// characters (0x00-0x1F) become '\n'.
+std::string normalize_prediction(std::string_view prediction);
+
+struct GenerationScore {
+  bool correct = false;
+  double score = 0.0;  ///< fraction of answers found (RULER string_match_all per sample)
+};
+
+/// Scores a greedy continuation. metric "all": case-insensitive substring
+/// match of every answer in the normalised prediction (correct = all found;
+/// score = fraction found; RULER string_match_all). "first_integer": the
+/// first run of ASCII digits in the prediction equals answers[0] (YaRN /
+/// landmark passkey). Throws InvalidArgument for another metric.
+GenerationScore score_generation(std::string_view metric, std::string_view prediction,
+                                 std::span<const std::string> answers);
+
+}  // namespace posenc
