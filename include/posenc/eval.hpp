@@ -1,0 +1,174 @@
+// posenc — the long-context evaluation lab: tasks x lengths x depths x RoPE
+// scalings on a real model, with Wilson intervals, effective context,
+// controls, a perplexity matrix, resumable/shardable runs and reports.
+//
+// Protocol (what a number in summary.json means):
+//  - A cell is (task, control, rope_scaling, length, depth); its n samples are
+//    sample indices 0..n-1 of tasks.hpp's generator (content fixed per index).
+//  - Forced-choice tasks are scored like lm-evaluation-harness multiple_choice
+//    (acc): each candidate's summed log-probability of its tokens after the
+//    prompt; the prediction is the argmax (first on ties). The prompt is
+//    prefilled once; each candidate runs on a KV-cache fork of it.
+//  - Generation tasks: greedy decoding (argmax, lowest id on ties) of at most
+//    the task's answer budget of tokens, stopping at BOS/EOS; scored by
+//    score_generation() (RULER's string_match_all, YaRN's first integer for
+//    passkey). A sample is correct when every gold string is matched.
+//  - Encodings: rope_setup_for_context(model, trained context, scaling, L,
+//    --rope-factor) with L = the cell's length; methods whose frequencies
+//    depend on the sequence length (dynamic) are frozen at seq_len = L for the
+//    whole sample (prompt, candidates and generated tokens), so every cached
+//    key and every query use one rotation.
+//  - Prompts of one sample at several depths share their common prefix
+//    through KV-cache forks (they differ only from the earliest needle on).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "posenc/model.hpp"
+#include "posenc/stats.hpp"
+#include "posenc/tasks.hpp"
+#include "posenc/tokenizer.hpp"
+
+namespace posenc {
+
+// ---------------------------------------------------------------- scoring one sample
+
+/// What the model did on one sample.
+struct SampleOutcome {
+  // forced choice
+  std::vector<double> logprobs;  ///< [choices] summed log-probability (nats) of each candidate
+  int predicted = -1;            ///< argmax of logprobs
+  // generation
+  std::vector<int32_t> new_tokens;
+  std::string prediction;  ///< decoded continuation
+  double score = 0.0;      ///< fraction of gold strings matched (1/0 for choice)
+  bool correct = false;
+  bool kept_original = false;  ///< (controls) the prediction matches the uncontrolled answer
+};
+
+/// The RoPE setup used for a cell: rope_setup_for_context() at `length`, with
+/// length-dependent methods frozen at seq_len = length (see the file comment).
+RopeSetup eval_rope_setup(const Model& model, std::string_view rope_scaling, int64_t length,
+                          std::optional<double> rope_factor);
+
+/// Runs `samples` through `model` (its current RopeSetup) on the calling
+/// thread, sharing the KV cache of common prompt prefixes between consecutive
+/// samples (best when they are one sample index at increasing depths).
+/// Throws InvalidArgument if a prompt plus its answer budget exceeds the
+/// sample's length or a candidate list is empty.
+std::vector<SampleOutcome> evaluate_samples(const Model& model, const Tokenizer& tokenizer,
+                                            std::span<const TaskSample> samples);
+
+/// Forced choice on a prompt whose last-token logits are `last_logits` and
+/// whose KV state is sequence `seq` of `cache`: summed log-probabilities of
+/// each candidate (one fork of `seq` per multi-token candidate, one batched
+/// forward for all of them). `seq` is left unchanged.
+std::vector<double> score_candidates(const Model& model, KvCache& cache, KvCache::SeqId seq,
+                                     std::span<const float> last_logits,
+                                     std::span<const std::vector<int32_t>> candidates);
+
+/// Greedy continuation of sequence `seq` whose last-token logits are given:
+/// at most max_new_tokens, stopping before BOS or EOS. Appends to `seq`.
+std::vector<int32_t> greedy_continue(const Model& model, KvCache& cache, KvCache::SeqId seq,
+                                     std::vector<float> last_logits, int max_new_tokens);
+
+// ---------------------------------------------------------------- runs
+
+struct EvalConfig {
+  std::string model_path;
+  std::string tokenizer_path;
+  std::string haystack_path;
+  std::vector<std::string> tasks;
+  std::vector<int64_t> lengths;        ///< strictly increasing after normalisation
+  std::vector<double> depths;          ///< in [0, 1], sorted, distinct
+  int64_t samples = 50;
+  std::vector<std::string> rope_scalings{"default"};
+  std::optional<double> rope_factor;
+  std::vector<TaskControl> controls{TaskControl::none};
+  uint64_t seed = 42;
+  int choices = 4;
+  double threshold = 0.85;     ///< effective context: accuracy >= threshold x baseline
+  double min_baseline = 0.5;   ///< below: "not solvable by this model"
+  int64_t ppl_tokens = 32768;  ///< perplexity matrix: tokens per (scaling, length); -1 = skip, 0 = whole text
+  int shard_index = 0;
+  int shard_count = 1;
+  bool log_prompts = false;    ///< samples.jsonl also holds each prompt's text
+  std::filesystem::path out;   ///< the run goes to out/<run_id>/
+  std::string command_line;    ///< for run.json
+  std::string git_hash;        ///< for run.json (empty = unknown)
+};
+
+/// Checks and normalises (sorts lengths/depths, rejects duplicates, unknown
+/// tasks/scalings, samples < 1, bad shard). Throws ConfigError naming the flag.
+void validate_eval_config(EvalConfig& config);
+
+/// The run id: 16 hex digits of a hash of every argument that changes a
+/// result (contents of model/tokenizer/haystack files, tasks, lengths, depths,
+/// samples, scalings, rope factor, controls, seed, choices, ppl tokens,
+/// RoPE layout and angle precision, the task generator version). Not hashed:
+/// --shard, --out, --threshold/--min-baseline (they only change the summary,
+/// which is recomputed), --log-prompts.
+std::string eval_run_id(const EvalConfig& config, const Model& model);
+
+struct EvalProgress {
+  int64_t cells_done = 0;     ///< including cells found on disk
+  int64_t cells_total = 0;    ///< of this shard
+  int64_t samples_done = 0;   ///< computed by this invocation
+  double seconds = 0.0;
+  double eta_seconds = -1.0;  ///< -1 = unknown
+  std::string current;        ///< the unit in progress
+};
+
+struct EvalRunResult {
+  std::filesystem::path run_dir;
+  std::string run_id;
+  int64_t cells_total = 0;     ///< all cells of the run (all shards)
+  int64_t cells_present = 0;   ///< on disk after this invocation
+  int64_t cells_computed = 0;  ///< by this invocation
+  int64_t groups_reused = 0;   ///< groups whose encoding was bit-identical to one computed before
+                               ///< (e.g. linear at L <= trained context = default): outcomes reused
+  int64_t samples_computed = 0;
+  double seconds = 0.0;
+};
+
+/// Runs (or resumes) the evaluation: every missing cell of this shard is
+/// computed and persisted atomically as cells/<cell>.json the moment its
+/// group (one task/control/scaling/length, all depths) finishes; cells already
+/// on disk are not redone. Then writes samples.jsonl, summary.json,
+/// summary.csv, ppl.json and run.json (atomically) from every cell present.
+/// `model` carries the base RoPE setup (layout, precision); `haystack_text`
+/// is the haystack file's contents. Samples run in parallel over the OpenMP
+/// threads (one KV cache per thread).
+EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::string_view haystack_text,
+                       EvalConfig config, const std::function<void(const EvalProgress&)>& on_progress = {});
+
+/// The run directory of `dir`: dir itself if it holds run.json, else the run
+/// named by dir/LATEST. Throws IoError if neither exists.
+std::filesystem::path resolve_run_dir(const std::filesystem::path& dir);
+
+/// Recomputes summary.json/summary.csv/samples.jsonl of a run directory from
+/// its cell files (e.g. with another threshold). Returns the summary.
+nlohmann::json rebuild_eval_outputs(const std::filesystem::path& run_dir, std::optional<double> threshold = {},
+                                    std::optional<double> min_baseline = {});
+
+/// Combines the cell files of several runs of the same run id (shards) into
+/// out/<run_id>/ and writes its outputs; the result equals the unsharded run.
+/// Throws ConfigError if the run ids differ, IoError on unreadable inputs,
+/// InvalidArgument if two inputs hold different results for the same cell.
+std::filesystem::path merge_eval_runs(std::span<const std::filesystem::path> inputs, const std::filesystem::path& out);
+
+/// The report's text table: per (task, control, scaling) the depth-averaged
+/// accuracy at each length with its cells' Wilson range, the baseline,
+/// threshold and effective context (or "not solvable by this model"), and
+/// the controls' follow rates.
+std::string format_eval_summary(const nlohmann::json& summary);
+
+}  // namespace posenc

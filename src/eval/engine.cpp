@@ -1,0 +1,187 @@
+// Running task samples through the model: forced choice on KV-cache forks,
+// greedy continuation, and prefix sharing across a sample's depths.
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "posenc/error.hpp"
+#include "posenc/eval.hpp"
+#include "posenc/perplexity.hpp"
+#include "posenc/scaling.hpp"
+
+namespace posenc {
+
+namespace {
+
+using Input = Model::SequenceInput;
+
+// log softmax(row)[token] in double.
+double log_prob(const float* row, int V, int32_t token) {
+  double mx = row[0];
+  for (int j = 1; j < V; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+  double z = 0.0;
+  for (int j = 0; j < V; ++j) z += std::exp(static_cast<double>(row[j]) - mx);
+  return static_cast<double>(row[token]) - mx - std::log(z);
+}
+
+int32_t argmax(const float* x, int n) {
+  int32_t best = 0;
+  for (int i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return best;
+}
+
+void forward_one(const Model& model, KvCache& cache, KvCache::SeqId seq, std::span<const int32_t> tokens,
+                 std::vector<float>& logits) {
+  const Input in{seq, tokens, {}};
+  model.forward(cache, std::span<const Input>(&in, 1), Model::LogitsMode::last, logits);
+}
+
+std::size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
+  const std::size_t n = std::min(a.size(), b.size());
+  std::size_t i = 0;
+  while (i < n && a[i] == b[i]) ++i;
+  return i;
+}
+
+}  // namespace
+
+RopeSetup eval_rope_setup(const Model& model, std::string_view rope_scaling, int64_t length,
+                          std::optional<double> rope_factor) {
+  RopeSetup r = rope_setup_for_context(model.rope(), model.config().max_position_embeddings, rope_scaling, length,
+                                       rope_factor);
+  if (find_rope_scaling(rope_scaling).depends_on_seq_len) {
+    // Freeze: the model recomputes length-dependent frequencies only while
+    // freqs.rope_type names the method itself; a distinct label keeps the
+    // seq_len = length frequencies for every token of the sample.
+    r.freqs.rope_type = fmt::format("{}@seq_len={}", rope_scaling, length);
+  }
+  return r;
+}
+
+std::vector<double> score_candidates(const Model& model, KvCache& cache, KvCache::SeqId seq,
+                                     std::span<const float> last_logits,
+                                     std::span<const std::vector<int32_t>> candidates) {
+  const int V = model.config().vocab_size;
+  if (last_logits.size() != static_cast<std::size_t>(V))
+    throw InvalidArgument(fmt::format("last_logits: {} values for vocab_size {}", last_logits.size(), V));
+  if (candidates.empty()) throw InvalidArgument("score_candidates: no candidates");
+  std::vector<double> lp(candidates.size(), 0.0);
+  std::vector<Input> batch;
+  std::vector<KvCache::SeqId> forks;
+  std::vector<std::size_t> which;
+  for (std::size_t c = 0; c < candidates.size(); ++c) {
+    const auto& t = candidates[c];
+    if (t.empty()) fail_field<InvalidArgument>("candidate", "has no tokens (index)", c);
+    for (int32_t id : t)
+      if (id < 0 || id >= V) throw InvalidArgument(fmt::format("candidate token id: must be in [0, {}) (got {})", V, id));
+    lp[c] = log_prob(last_logits.data(), V, t[0]);
+    if (t.size() > 1) {
+      forks.push_back(cache.fork(seq));
+      which.push_back(c);
+    }
+  }
+  if (!forks.empty()) {
+    for (std::size_t i = 0; i < forks.size(); ++i) {
+      const auto& t = candidates[which[i]];
+      batch.push_back({forks[i], std::span<const int32_t>(t).first(t.size() - 1), {}});
+    }
+    std::vector<float> rows;
+    try {
+      model.forward(cache, batch, Model::LogitsMode::all, rows);
+    } catch (...) {
+      for (auto f : forks) cache.free(f);
+      throw;
+    }
+    std::size_t r = 0;
+    for (std::size_t i = 0; i < forks.size(); ++i) {
+      const auto& t = candidates[which[i]];
+      for (std::size_t j = 1; j < t.size(); ++j, ++r) lp[which[i]] += log_prob(rows.data() + r * static_cast<std::size_t>(V), V, t[j]);
+      cache.free(forks[i]);
+    }
+  }
+  return lp;
+}
+
+std::vector<int32_t> greedy_continue(const Model& model, KvCache& cache, KvCache::SeqId seq,
+                                     std::vector<float> logits, int max_new_tokens) {
+  const int V = model.config().vocab_size;
+  if (logits.size() != static_cast<std::size_t>(V))
+    throw InvalidArgument(fmt::format("last_logits: {} values for vocab_size {}", logits.size(), V));
+  std::vector<int32_t> out;
+  for (int step = 0; step < max_new_tokens; ++step) {
+    const int32_t next = argmax(logits.data(), V);
+    if (next == Tokenizer::kBos || next == Tokenizer::kEos) break;
+    out.push_back(next);
+    if (step + 1 == max_new_tokens) break;
+    const int32_t tok[1] = {next};
+    forward_one(model, cache, seq, tok, logits);
+  }
+  return out;
+}
+
+std::vector<SampleOutcome> evaluate_samples(const Model& model, const Tokenizer& tokenizer,
+                                            std::span<const TaskSample> samples) {
+  const std::size_t m = samples.size();
+  std::vector<SampleOutcome> out(m);
+  if (m == 0) return out;
+  for (const auto& s : samples) {
+    if (s.prompt_tokens.empty()) throw InvalidArgument(fmt::format("sample {} of {}: empty prompt", s.index, s.task));
+    if (static_cast<int64_t>(s.prompt_tokens.size()) + s.answer_budget > s.length)
+      throw InvalidArgument(fmt::format("sample {} of {}: prompt {} + answer budget {} exceed the length {}", s.index,
+                                        s.task, s.prompt_tokens.size(), s.answer_budget, s.length));
+  }
+  // c[j] = the common prefix of prompts j..m-1 (at most len_j - 1 so the
+  // sample's own forward has a last token); non-decreasing in j before the cap.
+  std::vector<std::size_t> c(m);
+  std::size_t run = samples[m - 1].prompt_tokens.size();
+  for (std::size_t j = m; j-- > 0;) {
+    if (j + 1 < m) run = std::min(run, common_prefix(samples[j].prompt_tokens, samples[j + 1].prompt_tokens));
+    c[j] = std::min(run, samples[j].prompt_tokens.size() - 1);
+  }
+  KvCache cache = model.make_cache(16);
+  const KvCache::SeqId trunk = cache.create();
+  std::size_t t = 0;  // tokens in the trunk (= prefix of every remaining prompt)
+  std::vector<float> logits;
+  for (std::size_t j = 0; j < m; ++j) {
+    const TaskSample& s = samples[j];
+    const std::span<const int32_t> p(s.prompt_tokens);
+    KvCache::SeqId seq;
+    if (c[j] >= t) {
+      if (c[j] > t) forward_one(model, cache, trunk, p.subspan(t, c[j] - t), logits);
+      t = c[j];
+      seq = cache.fork(trunk);
+      forward_one(model, cache, seq, p.subspan(t), logits);
+    } else {  // cannot happen for prompts that only grow a shared prefix; kept correct anyway
+      seq = cache.create();
+      forward_one(model, cache, seq, p, logits);
+    }
+    SampleOutcome& o = out[j];
+    if (!s.choice_tokens.empty()) {
+      o.logprobs = score_candidates(model, cache, seq, logits, s.choice_tokens);
+      o.predicted = static_cast<int>(std::max_element(o.logprobs.begin(), o.logprobs.end()) - o.logprobs.begin());
+      o.correct = o.predicted == s.gold;
+      o.score = o.correct ? 1.0 : 0.0;
+      o.kept_original = o.predicted == s.original_gold;
+      o.prediction = s.choices[static_cast<std::size_t>(o.predicted)];
+    } else {
+      o.new_tokens = greedy_continue(model, cache, seq, logits, s.answer_budget);
+      int32_t prev = s.prompt_tokens.back();
+      for (int32_t id : o.new_tokens) {
+        o.prediction += tokenizer.decode(prev, id);
+        prev = id;
+      }
+      const auto g = score_generation(s.metric, o.prediction, s.answers);
+      o.correct = g.correct;
+      o.score = g.score;
+      o.kept_original = s.original_answers.empty() ? g.correct
+                                                   : score_generation(s.metric, o.prediction, s.original_answers).correct;
+    }
+    cache.free(seq);
+  }
+  cache.free(trunk);
+  return out;
+}
+
+}  // namespace posenc

@@ -1,0 +1,955 @@
+// The evaluation run: cells, resume, shards, outputs, merge, summary.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "eval/rng.hpp"
+#include "posenc/error.hpp"
+#include "posenc/eval.hpp"
+#include "posenc/io.hpp"
+#include "posenc/perplexity.hpp"
+#include "posenc/scaling.hpp"
+
+namespace posenc {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// Bump when the task generator or the scoring changes what a cell holds.
+constexpr int kTaskGeneratorVersion = 1;
+
+std::string hex16(uint64_t h) { return fmt::format("{:016x}", h); }
+
+uint64_t hash_bytes(std::string_view bytes) { return detail::fnv1a64(bytes); }
+
+std::string file_hash(const std::string& path) { return hex16(hash_bytes(read_file(path))); }
+
+std::string depth_key(double d) { return d < 0 ? "na" : fmt::format("{:g}", d); }
+
+json depth_json(double d) { return d < 0 ? json(nullptr) : json(d); }
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+json read_json(const fs::path& p) {
+  const std::string s = read_file(p);
+  try {
+    return json::parse(s);
+  } catch (const json::exception& e) {
+    throw IoError(fmt::format("{}: not valid JSON ({})", p.string(), e.what()));
+  }
+}
+
+// The run's axes, as stored in run.json's "config".
+struct Axes {
+  std::vector<std::string> tasks;
+  std::vector<std::string> controls;
+  std::vector<std::string> scalings;
+  std::vector<int64_t> lengths;
+  std::vector<double> depths;
+  int64_t samples = 0;
+  int choices = 4;
+  double threshold = 0.85;
+  double min_baseline = 0.5;
+  int64_t ppl_tokens = -1;
+};
+
+std::vector<double> task_depths(const Axes& a, const std::string& task) {
+  return find_eval_task(task).uses_depth ? a.depths : std::vector<double>{-1.0};
+}
+
+std::string cell_name(const std::string& task, const std::string& control, const std::string& scaling, int64_t L,
+                      double depth) {
+  return fmt::format("{}__{}__{}__L{}__d{}", task, control, scaling, L, depth_key(depth));
+}
+
+struct Group {
+  std::string task, control, scaling;
+  int64_t length = 0;
+};
+
+std::vector<Group> groups_of(const Axes& a) {
+  std::vector<Group> g;
+  for (const auto& t : a.tasks)
+    for (const auto& c : a.controls)
+      for (const auto& s : a.scalings)
+        for (int64_t L : a.lengths) g.push_back({t, c, s, L});
+  return g;
+}
+
+struct PplJob {
+  std::string scaling;
+  int64_t length = 0;
+};
+
+std::vector<PplJob> ppl_jobs_of(const Axes& a) {
+  std::vector<PplJob> j;
+  if (a.ppl_tokens < 0) return j;
+  for (int64_t L : a.lengths)
+    for (const auto& s : a.scalings) j.push_back({s, L});
+  return j;
+}
+
+std::string ppl_name(const PplJob& j) { return fmt::format("{}__L{}", j.scaling, j.length); }
+
+Axes axes_from_config(const EvalConfig& c) {
+  Axes a;
+  a.tasks = c.tasks;
+  for (auto ctl : c.controls) a.controls.emplace_back(to_string(ctl));
+  a.scalings = c.rope_scalings;
+  a.lengths = c.lengths;
+  a.depths = c.depths;
+  a.samples = c.samples;
+  a.choices = c.choices;
+  a.threshold = c.threshold;
+  a.min_baseline = c.min_baseline;
+  a.ppl_tokens = c.ppl_tokens;
+  return a;
+}
+
+Axes axes_from_run_json(const json& run) {
+  const json& c = run.at("config");
+  Axes a;
+  a.tasks = c.at("tasks").get<std::vector<std::string>>();
+  a.controls = c.at("controls").get<std::vector<std::string>>();
+  a.scalings = c.at("rope_scalings").get<std::vector<std::string>>();
+  a.lengths = c.at("lengths").get<std::vector<int64_t>>();
+  a.depths = c.at("depths").get<std::vector<double>>();
+  a.samples = c.at("samples").get<int64_t>();
+  a.choices = c.at("choices").get<int>();
+  a.threshold = c.at("threshold").get<double>();
+  a.min_baseline = c.at("min_baseline").get<double>();
+  a.ppl_tokens = c.at("ppl_tokens").get<int64_t>();
+  return a;
+}
+
+json sample_record(const TaskSample& s, const SampleOutcome& o, const std::string& scaling, bool log_prompts) {
+  json r;
+  r["seed"] = s.seed;
+  r["task"] = s.task;
+  r["control"] = std::string(to_string(s.control));
+  r["rope_scaling"] = scaling;
+  r["length"] = s.length;
+  r["depth"] = depth_json(s.depth);
+  r["index"] = s.index;
+  r["prompt_tokens"] = s.prompt_tokens.size();
+  {
+    std::string_view bytes(reinterpret_cast<const char*>(s.prompt_tokens.data()), s.prompt_tokens.size() * sizeof(int32_t));
+    r["prompt_hash"] = hex16(hash_bytes(bytes));
+  }
+  r["context_start"] = s.context_start;
+  r["context_tokens"] = s.context_tokens;
+  r["haystack_start"] = s.haystack_start;
+  r["haystack_units"] = s.haystack_sentences;
+  json needles = json::array();
+  for (const auto& n : s.needles)
+    needles.push_back({{"role", n.role},
+                       {"target_depth", n.target_depth},
+                       {"depth", n.depth},
+                       {"token_position", n.token_position},
+                       {"tokens", n.tokens},
+                       {"sentence_index", n.sentence_index}});
+  r["needles"] = needles;
+  if (!s.choice_tokens.empty()) {
+    r["choices"] = s.choices;
+    std::vector<std::size_t> nt;
+    for (const auto& t : s.choice_tokens) nt.push_back(t.size());
+    r["choice_tokens"] = nt;
+    r["candidate_logprobs"] = o.logprobs;
+    r["answer"] = s.choices[static_cast<std::size_t>(s.gold)];
+    r["gold"] = s.gold;
+    r["predicted"] = o.predicted;
+    if (s.control != TaskControl::none) r["original_answer"] = s.choices[static_cast<std::size_t>(s.original_gold)];
+  } else {
+    r["answer"] = s.answers;
+    if (s.control != TaskControl::none) r["original_answer"] = s.original_answers;
+    r["metric"] = s.metric;
+    r["predicted_tokens"] = o.new_tokens.size();
+  }
+  r["prediction"] = o.prediction;
+  r["score"] = o.score;
+  r["correct"] = o.correct;
+  if (s.control != TaskControl::none) r["kept_original"] = o.kept_original;
+  if (log_prompts) {
+    r["prompt"] = s.prompt_text;
+    r["prompt_token_ids"] = s.prompt_tokens;
+  }
+  return r;
+}
+
+json cell_json(const std::string& task, const std::string& control, const std::string& scaling, int64_t L, double depth,
+               int64_t n, int64_t correct, const std::string& status = "ok") {
+  const Interval ci = wilson_interval(correct, n);
+  return {{"task", task},
+          {"control", control},
+          {"rope_scaling", scaling},
+          {"length", L},
+          {"depth", depth_json(depth)},
+          {"n", n},
+          {"correct", correct},
+          {"accuracy", n > 0 ? json(static_cast<double>(correct) / static_cast<double>(n)) : json(nullptr)},
+          {"ci_low", ci.low},
+          {"ci_high", ci.high},
+          {"status", status}};
+}
+
+bool cell_ok(const json& c) { return c.value("status", std::string("ok")) == "ok" && c.at("n").get<int64_t>() > 0; }
+
+std::string fingerprint(const RopeSetup& r) {
+  std::string f(reinterpret_cast<const char*>(r.freqs.inv_freq.data()), r.freqs.inv_freq.size() * sizeof(float));
+  f += fmt::format("|{}|{}|{}|{}|{}", r.freqs.attention_factor, r.freqs.rotary_dim, r.freqs.head_dim,
+                   to_string(r.layout), to_string(r.precision));
+  return f;
+}
+
+
+}  // namespace
+
+// ---------------------------------------------------------------- config
+
+void validate_eval_config(EvalConfig& c) {
+  if (c.tasks.empty()) throw ConfigError("--tasks: at least one task is required");
+  {
+    std::set<std::string> seen;
+    for (const auto& t : c.tasks) {
+      find_eval_task(t);
+      if (!seen.insert(t).second) throw ConfigError(fmt::format("--tasks: '{}' listed twice", t));
+    }
+  }
+  if (c.lengths.empty()) throw ConfigError("--lengths: at least one length is required");
+  std::sort(c.lengths.begin(), c.lengths.end());
+  for (std::size_t i = 0; i < c.lengths.size(); ++i) {
+    if (c.lengths[i] < 8 || c.lengths[i] > (int64_t{1} << 20))
+      throw ConfigError(fmt::format("--lengths: must be in [8, 1048576] (got {})", c.lengths[i]));
+    if (i > 0 && c.lengths[i] == c.lengths[i - 1])
+      throw ConfigError(fmt::format("--lengths: {} listed twice", c.lengths[i]));
+  }
+  if (c.depths.empty()) throw ConfigError("--depths: at least one depth is required");
+  std::sort(c.depths.begin(), c.depths.end());
+  for (std::size_t i = 0; i < c.depths.size(); ++i) {
+    if (!(c.depths[i] >= 0.0 && c.depths[i] <= 1.0))
+      throw ConfigError(fmt::format("--depths: must be in [0, 1] (got {})", c.depths[i]));
+    if (i > 0 && c.depths[i] == c.depths[i - 1]) throw ConfigError(fmt::format("--depths: {} listed twice", c.depths[i]));
+  }
+  if (c.samples < 1 || c.samples > 1000000) throw ConfigError(fmt::format("--samples: must be in [1, 1000000] (got {})", c.samples));
+  if (c.rope_scalings.empty()) throw ConfigError("--rope-scaling: at least one method is required");
+  {
+    std::set<std::string> seen;
+    for (const auto& s : c.rope_scalings) {
+      find_rope_scaling(s);
+      if (!seen.insert(s).second) throw ConfigError(fmt::format("--rope-scaling: '{}' listed twice", s));
+    }
+  }
+  if (c.rope_factor && (!std::isfinite(*c.rope_factor) || *c.rope_factor <= 0))
+    fail_field<ConfigError>("--rope-factor", "must be finite and > 0", *c.rope_factor);
+  if (c.controls.empty()) throw ConfigError("--control: at least one control (none, swap, shuffle) is required");
+  {
+    std::set<TaskControl> seen;
+    for (auto ctl : c.controls)
+      if (!seen.insert(ctl).second) throw ConfigError(fmt::format("--control: '{}' listed twice", to_string(ctl)));
+  }
+  if (c.choices < 2 || c.choices > 16) fail_field<ConfigError>("--choices", "must be in [2, 16]", c.choices);
+  if (!(c.threshold >= 0.0 && c.threshold <= 1.0)) fail_field<ConfigError>("--threshold", "must be in [0, 1]", c.threshold);
+  if (!(c.min_baseline >= 0.0 && c.min_baseline <= 1.0))
+    fail_field<ConfigError>("--min-baseline", "must be in [0, 1]", c.min_baseline);
+  if (c.ppl_tokens < -1) fail_field<ConfigError>("--ppl-tokens", "must be -1 (skip), 0 (whole text) or positive", c.ppl_tokens);
+  if (c.shard_count < 1 || c.shard_index < 0 || c.shard_index >= c.shard_count)
+    throw ConfigError(fmt::format("--shard: must be i/n with 0 <= i < n (got {}/{})", c.shard_index, c.shard_count));
+  if (c.out.empty()) throw ConfigError("--out: an output directory is required");
+}
+
+std::string eval_run_id(const EvalConfig& c, const Model& model) {
+  json a;
+  a["generator_version"] = kTaskGeneratorVersion;
+  a["model"] = file_hash(c.model_path);
+  a["tokenizer"] = file_hash(c.tokenizer_path);
+  a["haystack"] = file_hash(c.haystack_path);
+  a["tasks"] = c.tasks;
+  a["lengths"] = c.lengths;
+  a["depths"] = c.depths;
+  a["samples"] = c.samples;
+  a["rope_scalings"] = c.rope_scalings;
+  a["rope_factor"] = c.rope_factor ? json(*c.rope_factor) : json(nullptr);
+  std::vector<std::string> ctl;
+  for (auto x : c.controls) ctl.emplace_back(to_string(x));
+  a["controls"] = ctl;
+  a["seed"] = c.seed;
+  a["choices"] = c.choices;
+  a["ppl_tokens"] = c.ppl_tokens;
+  a["rope_layout"] = std::string(to_string(model.rope().layout));
+  a["angle_precision"] = std::string(to_string(model.rope().precision));
+  a["rope_theta"] = model.rope().params.rope_theta;
+  return hex16(hash_bytes(a.dump()));
+}
+
+fs::path resolve_run_dir(const fs::path& dir) {
+  if (fs::exists(dir / "run.json")) return dir;
+  if (fs::exists(dir / "LATEST")) {
+    std::string id = read_file(dir / "LATEST");
+    while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+    const fs::path p = dir / id;
+    if (fs::exists(p / "run.json")) return p;
+    throw IoError(fmt::format("{}: LATEST names run '{}' but {} has no run.json", dir.string(), id, p.string()));
+  }
+  throw IoError(fmt::format("{}: no run.json and no LATEST file (not an eval run directory)", dir.string()));
+}
+
+// ---------------------------------------------------------------- outputs
+
+namespace {
+
+struct Collected {
+  json cells = json::array();
+  std::vector<json> samples;  // in canonical order
+  int64_t expected = 0;
+  int64_t present = 0;
+};
+
+Collected collect_cells(const fs::path& run_dir, const Axes& a) {
+  Collected c;
+  for (const auto& g : groups_of(a))
+    for (double d : task_depths(a, g.task)) {
+      ++c.expected;
+      const fs::path p = run_dir / "cells" / (cell_name(g.task, g.control, g.scaling, g.length, d) + ".json");
+      if (!fs::exists(p)) continue;
+      json j = read_json(p);
+      c.cells.push_back(j.at("cell"));
+      for (auto& s : j.at("samples")) c.samples.push_back(std::move(s));
+      ++c.present;
+    }
+  return c;
+}
+
+json summarise(const Collected& col, const Axes& a, const std::string& run_id) {
+  json summary;
+  summary["run_id"] = run_id;
+  summary["complete"] = col.present == col.expected;
+  summary["cells_expected"] = col.expected;
+  summary["cells_present"] = col.present;
+  summary["threshold"] = a.threshold;
+  summary["min_baseline"] = a.min_baseline;
+  summary["cells"] = col.cells;
+  // Index cells.
+  std::map<std::tuple<std::string, std::string, std::string, int64_t>, std::vector<const json*>> by_group;
+  for (const auto& c : col.cells)
+    by_group[{c.at("task").get<std::string>(), c.at("control").get<std::string>(), c.at("rope_scaling").get<std::string>(),
+              c.at("length").get<int64_t>()}]
+        .push_back(&c);
+  json eff = json::array();
+  for (const auto& t : a.tasks) {
+    const TaskInfo& info = find_eval_task(t);
+    const double chance = info.kind == TaskKind::choice ? 1.0 / a.choices : 0.0;
+    const std::size_t nd = task_depths(a, t).size();
+    for (const auto& ctl : a.controls)
+      for (const auto& s : a.scalings) {
+        std::vector<LengthAccuracy> la;
+        bool complete = true;
+        for (int64_t L : a.lengths) {
+          auto it = by_group.find({t, ctl, s, L});
+          if (it == by_group.end() || it->second.size() != nd) {
+            complete = false;
+            break;
+          }
+          if (!std::all_of(it->second.begin(), it->second.end(), [](const json* c) { return cell_ok(*c); }))
+            continue;  // does not fit at this length: not part of the length curve
+          double sum = 0;
+          for (const json* c : it->second) sum += c->at("accuracy").get<double>();
+          la.push_back({L, sum / static_cast<double>(nd)});
+        }
+        if (!complete) continue;
+        if (la.empty()) {
+          eff.push_back({{"task", t}, {"control", ctl}, {"rope_scaling", s}, {"baseline", nullptr}, {"threshold", nullptr},
+                         {"length", nullptr}, {"solvable", false}, {"status", "does not fit at any tested length"},
+                         {"chance", chance}, {"accuracy_by_length", json::array()}});
+          continue;
+        }
+        const EffectiveContext e = effective_context(la, a.threshold, a.min_baseline);
+        json acc = json::array();
+        for (const auto& x : la) acc.push_back({{"length", x.length}, {"accuracy", x.accuracy}});
+        eff.push_back({{"task", t},
+                       {"control", ctl},
+                       {"rope_scaling", s},
+                       {"baseline", e.baseline},
+                       {"threshold", e.threshold},
+                       {"length", e.length ? json(*e.length) : json(nullptr)},
+                       {"solvable", e.solvable},
+                       {"status", !e.solvable ? "not solvable by this model"
+                                  : e.length  ? "ok"
+                                              : "below threshold at the shortest length"},
+                       {"chance", chance},
+                       {"baseline_length", la.front().length},
+                       {"accuracy_by_length", acc}});
+      }
+  }
+  summary["effective_context"] = eff;
+
+  // Controls: did the prediction move with the evidence?
+  std::map<std::tuple<std::string, std::string, int64_t, std::string, int64_t>, const json*> base;
+  for (const auto& s : col.samples)
+    if (s.at("control") == "none")
+      base[{s.at("task").get<std::string>(), s.at("rope_scaling").get<std::string>(), s.at("length").get<int64_t>(),
+            s.at("depth").dump(), s.at("index").get<int64_t>()}] = &s;
+  struct Agg {
+    int64_t n = 0, followed = 0, kept = 0, paired = 0, changed = 0, base_correct = 0;
+  };
+  std::map<std::tuple<std::string, std::string, std::string, int64_t>, Agg> agg;
+  for (const auto& s : col.samples) {
+    if (s.at("control") == "none") continue;
+    auto& g = agg[{s.at("task").get<std::string>(), s.at("control").get<std::string>(), s.at("rope_scaling").get<std::string>(),
+                   s.at("length").get<int64_t>()}];
+    ++g.n;
+    g.followed += s.at("correct").get<bool>() ? 1 : 0;
+    g.kept += s.value("kept_original", false) ? 1 : 0;
+    auto it = base.find({s.at("task").get<std::string>(), s.at("rope_scaling").get<std::string>(), s.at("length").get<int64_t>(),
+                         s.at("depth").dump(), s.at("index").get<int64_t>()});
+    if (it != base.end()) {
+      ++g.paired;
+      g.changed += it->second->at("prediction") != s.at("prediction") ? 1 : 0;
+      g.base_correct += it->second->at("correct").get<bool>() ? 1 : 0;
+    }
+  }
+  json controls = json::array();
+  for (const auto& t : a.tasks)
+    for (const auto& ctl : a.controls) {
+      if (ctl == "none") continue;
+      for (const auto& s : a.scalings)
+        for (int64_t L : a.lengths) {
+          auto it = agg.find({t, ctl, s, L});
+          if (it == agg.end()) continue;
+          const Agg& g = it->second;
+          const Interval ci = wilson_interval(g.followed, g.n);
+          controls.push_back({{"task", t},
+                              {"control", ctl},
+                              {"rope_scaling", s},
+                              {"length", L},
+                              {"n", g.n},
+                              {"followed_evidence", g.followed},
+                              {"followed_rate", g.n ? static_cast<double>(g.followed) / static_cast<double>(g.n) : 0.0},
+                              {"ci_low", ci.low},
+                              {"ci_high", ci.high},
+                              {"kept_original_answer", g.kept},
+                              {"paired_with_none", g.paired},
+                              {"prediction_changed", g.changed},
+                              {"none_correct", g.base_correct}});
+        }
+    }
+  summary["controls"] = controls;
+  return summary;
+}
+
+std::string summary_csv(const json& summary) {
+  std::string out = "task,control,rope_scaling,length,depth,n,correct,accuracy,ci_low,ci_high,status\n";
+  for (const auto& c : summary.at("cells"))
+    out += fmt::format("{},{},{},{},{},{},{},{},{:.6f},{:.6f},{}\n", c.at("task").get<std::string>(),
+                       c.at("control").get<std::string>(), c.at("rope_scaling").get<std::string>(),
+                       c.at("length").get<int64_t>(), c.at("depth").is_null() ? std::string("") : fmt::format("{:g}", c.at("depth").get<double>()),
+                       c.at("n").get<int64_t>(), c.at("correct").get<int64_t>(),
+                       c.at("accuracy").is_null() ? std::string("") : fmt::format("{:.6f}", c.at("accuracy").get<double>()),
+                       c.at("ci_low").get<double>(), c.at("ci_high").get<double>(), c.value("status", std::string("ok")));
+  return out;
+}
+
+json write_outputs(const fs::path& run_dir, const json& run, const Axes& a) {
+  const Collected col = collect_cells(run_dir, a);
+  const json summary = summarise(col, a, run.at("run_id").get<std::string>());
+  std::string lines;
+  for (const auto& s : col.samples) lines += s.dump() + "\n";
+  write_file_atomic(run_dir / "samples.jsonl", lines);
+  write_file_atomic(run_dir / "summary.json", summary.dump(2) + "\n");
+  write_file_atomic(run_dir / "summary.csv", summary_csv(summary));
+  // Perplexity matrix, in `posenc ppl --json`'s schema.
+  const auto jobs = ppl_jobs_of(a);
+  if (!jobs.empty()) {
+    json ppl = run.value("ppl_header", json::object());
+    ppl["results"] = json::array();
+    for (const auto& j : jobs) {
+      const fs::path p = run_dir / "ppl" / (ppl_name(j) + ".json");
+      if (fs::exists(p)) ppl["results"].push_back(read_json(p));
+    }
+    write_file_atomic(run_dir / "ppl.json", ppl.dump(2) + "\n");
+  }
+  return summary;
+}
+
+}  // namespace
+
+json rebuild_eval_outputs(const fs::path& dir, std::optional<double> threshold, std::optional<double> min_baseline) {
+  const fs::path run_dir = resolve_run_dir(dir);
+  const json run = read_json(run_dir / "run.json");
+  Axes a = axes_from_run_json(run);
+  if (threshold) {
+    if (!(*threshold >= 0.0 && *threshold <= 1.0)) fail_field<ConfigError>("--threshold", "must be in [0, 1]", *threshold);
+    a.threshold = *threshold;
+  }
+  if (min_baseline) {
+    if (!(*min_baseline >= 0.0 && *min_baseline <= 1.0))
+      fail_field<ConfigError>("--min-baseline", "must be in [0, 1]", *min_baseline);
+    a.min_baseline = *min_baseline;
+  }
+  return write_outputs(run_dir, run, a);
+}
+
+// ---------------------------------------------------------------- the run
+
+EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::string_view haystack_text, EvalConfig c,
+                       const std::function<void(const EvalProgress&)>& on_progress) {
+  validate_eval_config(c);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+
+  EvalRunResult res;
+  res.run_id = eval_run_id(c, model);
+  res.run_dir = c.out / res.run_id;
+  const fs::path run_dir = res.run_dir;
+  fs::create_directories(run_dir / "cells");
+  write_file_atomic(c.out / "LATEST", res.run_id + "\n");
+
+  const Haystack hay = Haystack::build(haystack_text, tokenizer, TaskGenerator::candidate_names());
+  TaskOptions topt;
+  topt.seed = c.seed;
+  topt.choices = c.choices;
+  const TaskGenerator gen(tokenizer, hay, topt);
+  const Axes axes = axes_from_config(c);
+  const int64_t trained = model.config().max_position_embeddings;
+
+  // Every task must be generatable (a length too short for a task is not an
+  // error: its cells are recorded as "does not fit").
+  for (const auto& t : c.tasks)
+    for (int64_t L : c.lengths) try {
+        gen.make(t, 0, L, c.depths.front(), TaskControl::none);
+      } catch (const TaskDoesNotFit&) {
+      }
+
+  // ---- run.json (written first, so a partial run is self-describing) ----
+  json run;
+  run["run_id"] = res.run_id;
+  run["posenc_version"] = "0.1.0";
+  run["generator_version"] = kTaskGeneratorVersion;
+  run["git_hash"] = c.git_hash.empty() ? json(nullptr) : json(c.git_hash);
+  run["date"] = utc_now();
+  run["command"] = c.command_line;
+  {
+    json cfg;
+    cfg["tasks"] = c.tasks;
+    cfg["lengths"] = c.lengths;
+    cfg["depths"] = c.depths;
+    cfg["samples"] = c.samples;
+    cfg["rope_scalings"] = c.rope_scalings;
+    cfg["rope_factor"] = c.rope_factor ? json(*c.rope_factor) : json(nullptr);
+    cfg["controls"] = axes.controls;
+    cfg["seed"] = c.seed;
+    cfg["choices"] = c.choices;
+    cfg["threshold"] = c.threshold;
+    cfg["min_baseline"] = c.min_baseline;
+    cfg["ppl_tokens"] = c.ppl_tokens;
+    cfg["shard"] = fmt::format("{}/{}", c.shard_index, c.shard_count);
+    cfg["log_prompts"] = c.log_prompts;
+    run["config"] = cfg;
+  }
+  run["seeds"] = {{"task_seed", c.seed},
+                  {"rng", "splitmix64 streams keyed by (seed, task, sample index): 1 content, 2 haystack, 3 control"}};
+  const auto& mc = model.config();
+  run["model"] = {{"path", c.model_path},
+                  {"fnv1a64", file_hash(c.model_path)},
+                  {"dim", mc.dim},
+                  {"hidden_dim", mc.hidden_dim},
+                  {"n_layers", mc.n_layers},
+                  {"n_heads", mc.n_heads},
+                  {"n_kv_heads", mc.n_kv_heads},
+                  {"vocab_size", mc.vocab_size},
+                  {"head_dim", mc.head_dim},
+                  {"trained_context", trained}};
+  run["tokenizer"] = {{"path", c.tokenizer_path}, {"fnv1a64", file_hash(c.tokenizer_path)}, {"vocab_size", tokenizer.vocab_size()}};
+  run["haystack"] = {{"path", c.haystack_path},
+                     {"fnv1a64", hex16(hash_bytes(haystack_text))},
+                     {"sentences", hay.size()},
+                     {"sentences_dropped", hay.dropped()},
+                     {"tokens", hay.total_tokens()},
+                     {"filter", "sentences holding an ASCII digit or a name_recall candidate name are dropped"}};
+  json encs = json::array();
+  for (const auto& s : c.rope_scalings)
+    for (int64_t L : c.lengths) {
+      const RopeSetup r = eval_rope_setup(model, s, L, c.rope_factor);
+      encs.push_back({{"rope_scaling", s},
+                      {"length", L},
+                      {"rope_type", r.freqs.rope_type},
+                      {"factor", r.params.factor ? json(*r.params.factor) : json(nullptr)},
+                      {"rope_theta", r.params.rope_theta},
+                      {"original_max_position_embeddings", trained},
+                      {"rotary_dim", r.freqs.rotary_dim},
+                      {"attention_factor", r.freqs.attention_factor},
+                      {"inv_freq_first", r.freqs.inv_freq.front()},
+                      {"inv_freq_last", r.freqs.inv_freq.back()},
+                      {"rope_layout", std::string(to_string(r.layout))},
+                      {"angle_precision", std::string(to_string(r.precision))}});
+    }
+  run["encodings"] = encs;
+  json tasks = json::array();
+  for (const auto& t : c.tasks) {
+    const TaskInfo& i = find_eval_task(t);
+    tasks.push_back({{"name", std::string(i.name)},
+                     {"kind", i.kind == TaskKind::choice ? "choice" : "generation"},
+                     {"metric", std::string(i.metric)},
+                     {"answer_budget", i.answer_budget},
+                     {"uses_depth", i.uses_depth},
+                     {"description", std::string(i.summary)}});
+  }
+  run["tasks"] = tasks;
+  run["scoring"] =
+      "choice: argmax of summed candidate log-probs (lm-eval-harness acc); generation: greedy, stop at BOS/EOS, "
+      "RULER normalisation (strip, control chars -> newline), case-insensitive substring match of every answer "
+      "(string_match_all; correct = all found); passkey: first integer equals the key";
+  run["ppl_header"] = {{"model", c.model_path},
+                       {"text", c.haystack_path},
+                       {"rope_layout", std::string(to_string(model.rope().layout))},
+                       {"angle_precision", std::string(to_string(model.rope().precision))},
+                       {"trained_context", trained}};
+  run["threads"] = omp_get_max_threads();
+  write_file_atomic(run_dir / "run.json", run.dump(2) + "\n");
+
+  // ---- units of this shard ----
+  const auto groups = groups_of(axes);
+  const auto pjobs = ppl_jobs_of(axes);
+  struct Unit {
+    bool is_ppl = false;
+    std::size_t i = 0;
+  };
+  std::vector<Unit> units;
+  {
+    std::size_t u = 0;
+    for (std::size_t i = 0; i < groups.size(); ++i, ++u)
+      if (static_cast<int>(u % static_cast<std::size_t>(c.shard_count)) == c.shard_index) units.push_back({false, i});
+    for (std::size_t i = 0; i < pjobs.size(); ++i, ++u)
+      if (static_cast<int>(u % static_cast<std::size_t>(c.shard_count)) == c.shard_index) units.push_back({true, i});
+  }
+  for (const auto& g : groups) res.cells_total += static_cast<int64_t>(task_depths(axes, g.task).size());
+
+  // Work weights (tokens) for the ETA.
+  auto group_weight = [&](const Group& g) {
+    return static_cast<double>(g.length) * static_cast<double>(task_depths(axes, g.task).size()) *
+           static_cast<double>(c.samples);
+  };
+  double weight_total = 0, weight_done = 0, weight_done_here = 0;
+  int64_t cells_shard = 0, cells_done = 0;
+  std::vector<std::vector<std::string>> missing(units.size());
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    if (units[u].is_ppl) continue;
+    const Group& g = groups[units[u].i];
+    const auto depths = task_depths(axes, g.task);
+    cells_shard += static_cast<int64_t>(depths.size());
+    weight_total += group_weight(g);
+    for (double d : depths) {
+      const std::string name = cell_name(g.task, g.control, g.scaling, g.length, d);
+      if (!fs::exists(run_dir / "cells" / (name + ".json"))) missing[u].push_back(name);
+    }
+    if (missing[u].empty()) weight_done += group_weight(g);
+    cells_done += static_cast<int64_t>(depths.size() - missing[u].size());
+  }
+  const double weight_found = weight_done;
+
+  std::map<std::string, std::vector<std::vector<SampleOutcome>>> memo;
+  std::mutex progress_mu;
+  auto last_report = std::chrono::steady_clock::now() - std::chrono::seconds(10);
+  auto report = [&](const std::string& current, double partial_weight, bool force) {
+    if (!on_progress) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (!force && now - last_report < std::chrono::seconds(1)) return;
+    last_report = now;
+    EvalProgress p;
+    p.cells_done = cells_done;
+    p.cells_total = cells_shard;
+    p.samples_done = res.samples_computed;
+    p.seconds = elapsed();
+    const double done_here = weight_done_here + partial_weight;
+    const double remaining = weight_total - weight_done - partial_weight;
+    p.eta_seconds = done_here > 0 ? p.seconds * remaining / done_here : -1.0;
+    p.current = current;
+    on_progress(p);
+  };
+
+  // ---- perplexity jobs first? No: groups first (they are the expensive part users wait for) ----
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    if (units[u].is_ppl) continue;
+    if (missing[u].empty()) continue;
+    const Group& g = groups[units[u].i];
+    const auto depths = task_depths(axes, g.task);
+    const TaskControl control = parse_task_control(g.control);
+    Model m = model;
+    const RopeSetup setup = eval_rope_setup(model, g.scaling, g.length, c.rope_factor);
+    m.set_rope(setup);
+    const std::string key = fmt::format("{}|{}|{}|", g.task, g.control, g.length) + fingerprint(setup);
+    const std::string label = fmt::format("{} {} {} L={}", g.task, g.control, g.scaling, g.length);
+    const auto n = static_cast<std::size_t>(c.samples);
+    std::vector<std::vector<TaskSample>> samples(n);
+    auto it = memo.find(key);
+    const bool reuse = it != memo.end();
+    std::vector<std::vector<SampleOutcome>> outcomes(n);
+    std::exception_ptr error;
+    std::string nofit;
+    int64_t done_in_group = 0;
+#pragma omp parallel for schedule(dynamic, 1)
+    for (std::size_t i = 0; i < n; ++i) {
+      try {
+        std::vector<TaskSample> ss;
+        for (double d : depths) ss.push_back(gen.make(g.task, static_cast<int64_t>(i), g.length, d < 0 ? 0.0 : d, control));
+        if (!reuse) outcomes[i] = evaluate_samples(m, tokenizer, ss);
+        samples[i] = std::move(ss);
+      } catch (const TaskDoesNotFit& e) {
+        std::lock_guard lock(progress_mu);
+        if (nofit.empty()) nofit = e.what();
+      } catch (...) {
+        std::lock_guard lock(progress_mu);
+        if (!error) error = std::current_exception();
+      }
+      std::lock_guard lock(progress_mu);
+      ++done_in_group;
+      if (!reuse) res.samples_computed += static_cast<int64_t>(depths.size());
+      if (omp_get_thread_num() == 0)
+        report(label, group_weight(g) * static_cast<double>(done_in_group) / static_cast<double>(n), false);
+    }
+    if (error) std::rethrow_exception(error);
+    if (!nofit.empty()) {
+      for (double d : depths) {
+        const std::string name = cell_name(g.task, g.control, g.scaling, g.length, d);
+        if (std::find(missing[u].begin(), missing[u].end(), name) == missing[u].end()) continue;
+        json cell;
+        cell["cell"] = cell_json(g.task, g.control, g.scaling, g.length, d, 0, 0, "does not fit");
+        cell["cell"]["note"] = nofit;
+        cell["samples"] = json::array();
+        write_file_atomic(run_dir / "cells" / (name + ".json"), cell.dump() + "\n");
+        ++res.cells_computed;
+        ++cells_done;
+      }
+      weight_done += group_weight(g);
+      weight_done_here += group_weight(g);
+      continue;
+    }
+    if (reuse) {
+      outcomes = it->second;
+      ++res.groups_reused;
+    } else {
+      memo.emplace(key, outcomes);
+    }
+    // Persist every missing cell of the group.
+    for (std::size_t di = 0; di < depths.size(); ++di) {
+      const std::string name = cell_name(g.task, g.control, g.scaling, g.length, depths[di]);
+      if (std::find(missing[u].begin(), missing[u].end(), name) == missing[u].end()) continue;
+      json recs = json::array();
+      int64_t correct = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const SampleOutcome& o = outcomes[i][di];
+        correct += o.correct ? 1 : 0;
+        json r = sample_record(samples[i][di], o, g.scaling, c.log_prompts);
+        recs.push_back(std::move(r));
+      }
+      json cell;
+      cell["cell"] = cell_json(g.task, g.control, g.scaling, g.length, depths[di], static_cast<int64_t>(n), correct);
+      cell["samples"] = std::move(recs);
+      write_file_atomic(run_dir / "cells" / (name + ".json"), cell.dump() + "\n");
+      ++res.cells_computed;
+      ++cells_done;
+    }
+    weight_done += group_weight(g);
+    weight_done_here += group_weight(g);
+    report(label, 0.0, true);
+  }
+
+  // ---- perplexity matrix ----
+  bool any_ppl = false;
+  for (const auto& u : units) any_ppl = any_ppl || u.is_ppl;
+  if (any_ppl) {
+    const auto stream = encode_stream(tokenizer, haystack_text);
+    json header = run["ppl_header"];
+    header["tokens_total"] = stream.size();
+    run["ppl_header"] = header;
+    for (const auto& u : units) {
+      if (!u.is_ppl) continue;
+      const PplJob& j = pjobs[u.i];
+      const fs::path p = run_dir / "ppl" / (ppl_name(j) + ".json");
+      if (fs::exists(p)) continue;
+      Model m = model;
+      m.set_rope(rope_setup_for_context(model.rope(), trained, j.scaling, j.length, c.rope_factor));
+      PplOptions o;
+      o.context = j.length;
+      o.max_tokens = c.ppl_tokens;
+      const std::string label = fmt::format("ppl {} L={}", j.scaling, j.length);
+      o.on_progress = [&](const PplProgress&) { report(label, 0.0, false); };
+      PplResult r = evaluate_perplexity(m, stream, o);
+      json jr{{"context", r.context}, {"rope_scaling", j.scaling}, {"factor", r.factor}, {"ppl", r.ppl},
+              {"nll", r.nll},         {"tokens", r.tokens},        {"windows", r.windows}};
+      jr["buckets"] = json::array();
+      for (const auto& b : r.buckets)
+        jr["buckets"].push_back({{"start", b.start}, {"end", b.end}, {"nll", b.nll()}, {"tokens", b.tokens}});
+      write_file_atomic(p, jr.dump(2) + "\n");
+    }
+  }
+
+  res.seconds = elapsed();
+  run["timing"] = {{"seconds", res.seconds},
+                   {"samples_computed", res.samples_computed},
+                   {"samples_per_second", res.seconds > 0 ? static_cast<double>(res.samples_computed) / res.seconds : 0.0},
+                   {"cells_computed", res.cells_computed},
+                   {"groups_reused_from_identical_encodings", res.groups_reused},
+                   {"work_found_done_fraction", weight_total > 0 ? weight_found / weight_total : 0.0}};
+  write_file_atomic(run_dir / "run.json", run.dump(2) + "\n");
+  const json summary = write_outputs(run_dir, run, axes);
+  res.cells_present = summary.at("cells_present").get<int64_t>();
+  return res;
+}
+
+// ---------------------------------------------------------------- merge
+
+fs::path merge_eval_runs(std::span<const fs::path> inputs, const fs::path& out) {
+  if (inputs.empty()) throw ConfigError("merge: at least one input run directory is required");
+  std::vector<fs::path> dirs;
+  for (const auto& i : inputs) dirs.push_back(resolve_run_dir(i));
+  json run = read_json(dirs[0] / "run.json");
+  const std::string id = run.at("run_id").get<std::string>();
+  for (const auto& d : dirs) {
+    const json r = read_json(d / "run.json");
+    if (r.at("run_id") != id)
+      throw ConfigError(fmt::format("merge: {} is run {}, {} is run {} (different argument sets cannot be merged)",
+                                    dirs[0].string(), id, d.string(), r.at("run_id").get<std::string>()));
+  }
+  const fs::path run_dir = out / id;
+  fs::create_directories(run_dir / "cells");
+  fs::create_directories(run_dir / "ppl");
+  json merged_from = json::array();
+  json header = run.value("ppl_header", json::object());
+  for (const auto& d : dirs) {
+    const fs::path src_run = fs::weakly_canonical(d);
+    const bool same = fs::exists(run_dir) && fs::weakly_canonical(run_dir) == src_run;
+    merged_from.push_back(d.string());
+    const json r = read_json(d / "run.json");
+    if (r.contains("ppl_header") && r["ppl_header"].contains("tokens_total")) header = r["ppl_header"];
+    if (same) continue;
+    for (const char* sub : {"cells", "ppl"}) {
+      if (!fs::exists(d / sub)) continue;
+      for (const auto& e : fs::directory_iterator(d / sub)) {
+        if (e.path().extension() != ".json") continue;
+        const fs::path dst = run_dir / sub / e.path().filename();
+        const std::string content = read_file(e.path());
+        if (fs::exists(dst)) {
+          if (read_file(dst) != content)
+            throw InvalidArgument(fmt::format("merge: {} differs from {} (same cell, different results)",
+                                              e.path().string(), dst.string()));
+          continue;
+        }
+        write_file_atomic(dst, content);
+      }
+    }
+  }
+  run["config"]["shard"] = nullptr;
+  run["merged_from"] = merged_from;
+  run["ppl_header"] = header;
+  run.erase("timing");
+  write_file_atomic(run_dir / "run.json", run.dump(2) + "\n");
+  write_file_atomic(out / "LATEST", id + "\n");
+  write_outputs(run_dir, run, axes_from_run_json(run));
+  return run_dir;
+}
+
+// ---------------------------------------------------------------- text summary
+
+std::string format_eval_summary(const json& summary) {
+  std::string out;
+  // Per (task, control, scaling): depth-averaged accuracy by length + min/max cell CI.
+  std::map<std::tuple<std::string, std::string, std::string>, std::map<int64_t, std::vector<const json*>>> rows;
+  std::vector<std::tuple<std::string, std::string, std::string>> order;
+  std::set<int64_t> lengths;
+  for (const auto& c : summary.at("cells")) {
+    auto k = std::make_tuple(c.at("task").get<std::string>(), c.at("control").get<std::string>(),
+                             c.at("rope_scaling").get<std::string>());
+    if (!rows.count(k)) order.push_back(k);
+    rows[k][c.at("length").get<int64_t>()].push_back(&c);
+    lengths.insert(c.at("length").get<int64_t>());
+  }
+  std::map<std::tuple<std::string, std::string, std::string>, const json*> eff;
+  for (const auto& e : summary.at("effective_context"))
+    eff[{e.at("task").get<std::string>(), e.at("control").get<std::string>(), e.at("rope_scaling").get<std::string>()}] = &e;
+  out += fmt::format("run {}: {} of {} cells{}\n", summary.value("run_id", std::string("?")),
+                     summary.value("cells_present", 0), summary.value("cells_expected", 0),
+                     summary.value("complete", false) ? "" : " (incomplete)");
+  out += "accuracy averaged over depths (n = samples x depths per length); [min cell ci_low, max cell ci_high]\n";
+  std::string head = fmt::format("{:<18} {:<8} {:<8}", "task", "control", "scaling");
+  for (int64_t L : lengths) head += fmt::format(" {:>17}", fmt::format("L={}", L));
+  head += "  effective context";
+  out += head + "\n";
+  for (const auto& k : order) {
+    std::string row = fmt::format("{:<18} {:<8} {:<8}", std::get<0>(k), std::get<1>(k), std::get<2>(k));
+    for (int64_t L : lengths) {
+      auto it = rows[k].find(L);
+      if (it == rows[k].end()) {
+        row += fmt::format(" {:>17}", "-");
+        continue;
+      }
+      if (!std::all_of(it->second.begin(), it->second.end(), [](const json* c) { return cell_ok(*c); })) {
+        row += fmt::format(" {:>17}", "does not fit");
+        continue;
+      }
+      double acc = 0, lo = 1, hi = 0;
+      for (const json* c : it->second) {
+        acc += c->at("accuracy").get<double>();
+        lo = std::min(lo, c->at("ci_low").get<double>());
+        hi = std::max(hi, c->at("ci_high").get<double>());
+      }
+      acc /= static_cast<double>(it->second.size());
+      row += fmt::format(" {:>17}", fmt::format("{:.2f} [{:.2f},{:.2f}]", acc, lo, hi));
+    }
+    auto e = eff.find(k);
+    if (e == eff.end()) {
+      row += "  (incomplete)";
+    } else {
+      const json& x = *e->second;
+      if (x.at("baseline").is_null())
+        row += "  " + x.at("status").get<std::string>();
+      else if (!x.at("solvable").get<bool>())
+        row += fmt::format("  not solvable by this model (baseline {:.2f} < {:.2f})", x.at("baseline").get<double>(),
+                           summary.value("min_baseline", 0.5));
+      else if (x.at("length").is_null())
+        row += fmt::format("  none (baseline {:.2f}, threshold {:.2f})", x.at("baseline").get<double>(),
+                           x.at("threshold").get<double>());
+      else
+        row += fmt::format("  {} (baseline {:.2f}, threshold {:.2f})", x.at("length").get<int64_t>(),
+                           x.at("baseline").get<double>(), x.at("threshold").get<double>());
+    }
+    out += row + "\n";
+  }
+  if (summary.contains("controls") && !summary.at("controls").empty()) {
+    out += "\ncontrols: the evidence was changed; followed = prediction matches the changed evidence, kept = "
+           "prediction still matches the original answer, changed = prediction differs from the uncontrolled run\n";
+    out += fmt::format("{:<18} {:<8} {:<8} {:>6} {:>4} {:>18} {:>6} {:>8} {:>12}\n", "task", "control", "scaling",
+                       "length", "n", "followed [95% CI]", "kept", "changed", "none correct");
+    for (const auto& c : summary.at("controls"))
+      out += fmt::format("{:<18} {:<8} {:<8} {:>6} {:>4} {:>18} {:>6} {:>8} {:>12}\n", c.at("task").get<std::string>(),
+                         c.at("control").get<std::string>(), c.at("rope_scaling").get<std::string>(),
+                         c.at("length").get<int64_t>(), c.at("n").get<int64_t>(),
+                         fmt::format("{:.2f} [{:.2f},{:.2f}]", c.at("followed_rate").get<double>(),
+                                     c.at("ci_low").get<double>(), c.at("ci_high").get<double>()),
+                         c.at("kept_original_answer").get<int64_t>(),
+                         fmt::format("{}/{}", c.at("prediction_changed").get<int64_t>(), c.at("paired_with_none").get<int64_t>()),
+                         c.at("none_correct").get<int64_t>());
+  }
+  return out;
+}
+
+}  // namespace posenc

@@ -1,0 +1,237 @@
+// posenc eval: the long-context evaluation lab (run / report / merge).
+#include <unistd.h>
+
+#include <charconv>
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "posenc/error.hpp"
+#include "posenc/eval.hpp"
+#include "posenc/io.hpp"
+#include "scripts.hpp"
+
+namespace posenc::cli {
+
+namespace {
+
+struct EvalArgs {
+  ModelArgs model;
+  std::string haystack;
+  std::string tasks = "name_recall";
+  std::string lengths = "256,512,1024,2048,4096";
+  std::string depths = "0,0.25,0.5,0.75,1";
+  int64_t samples = 50;
+  std::string scalings = "default";
+  std::optional<double> rope_factor;
+  std::string controls = "none";
+  uint64_t seed = 42;
+  int choices = 4;
+  double threshold = 0.85;
+  double min_baseline = 0.5;
+  int64_t ppl_tokens = 32768;
+  std::string shard = "0/1";
+  std::string out;
+  bool log_prompts = false;
+  bool quiet = false;
+};
+
+struct ReportArgs {
+  std::string dir;
+  std::optional<double> threshold;
+  std::optional<double> min_baseline;
+  bool no_plots = false;
+};
+
+struct MergeArgs {
+  std::vector<std::string> inputs;
+  std::string out;
+};
+
+std::vector<double> parse_depths(const std::string& text) {
+  std::vector<double> out;
+  for (const auto& item : split_list(text, "--depths")) {
+    double v = 0;
+    auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (ec != std::errc() || p != item.data() + item.size())
+      throw ConfigError(fmt::format("--depths: '{}' is not a number", item));
+    out.push_back(v);
+  }
+  return out;
+}
+
+std::pair<int, int> parse_shard(const std::string& text) {
+  const auto slash = text.find('/');
+  int i = -1, n = -1;
+  if (slash != std::string::npos) {
+    auto [p1, e1] = std::from_chars(text.data(), text.data() + slash, i);
+    auto [p2, e2] = std::from_chars(text.data() + slash + 1, text.data() + text.size(), n);
+    if (e1 != std::errc() || e2 != std::errc() || p1 != text.data() + slash || p2 != text.data() + text.size()) i = n = -1;
+  }
+  if (n < 1 || i < 0 || i >= n) throw ConfigError(fmt::format("--shard: expected i/n with 0 <= i < n (got '{}')", text));
+  return {i, n};
+}
+
+// This process's argv joined by spaces (Linux /proc), for run.json.
+std::string command_line() {
+  std::string raw;
+  try {
+    raw = read_file("/proc/self/cmdline");
+  } catch (const Error&) {
+    return "";
+  }
+  for (char& ch : raw)
+    if (ch == '\0') ch = ' ';
+  while (!raw.empty() && raw.back() == ' ') raw.pop_back();
+  return raw;
+}
+
+std::string fmt_duration(double s) {
+  if (s < 0) return "?";
+  const auto t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t % 3600) / 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+void run_eval_cmd(const EvalArgs& a) {
+  if (a.model.model_path.empty() || a.model.tokenizer_path.empty())
+    throw ConfigError("eval: --model and --tokenizer are required (or use `eval report` / `eval merge`)");
+  if (a.haystack.empty()) throw ConfigError("eval: --haystack is required");
+  if (a.out.empty()) throw ConfigError("eval: --out is required");
+  EvalConfig c;
+  c.model_path = a.model.model_path;
+  c.tokenizer_path = a.model.tokenizer_path;
+  c.haystack_path = a.haystack;
+  c.tasks = split_list(a.tasks, "--tasks");
+  c.lengths = parse_lengths(a.lengths, "--lengths");
+  c.depths = parse_depths(a.depths);
+  c.samples = a.samples;
+  c.rope_scalings = split_list(a.scalings, "--rope-scaling");
+  c.rope_factor = a.rope_factor;
+  c.controls.clear();
+  for (const auto& s : split_list(a.controls, "--control")) c.controls.push_back(parse_task_control(s, "--control"));
+  c.seed = a.seed;
+  c.choices = a.choices;
+  c.threshold = a.threshold;
+  c.min_baseline = a.min_baseline;
+  c.ppl_tokens = a.ppl_tokens;
+  std::tie(c.shard_index, c.shard_count) = parse_shard(a.shard);
+  c.log_prompts = a.log_prompts;
+  c.out = a.out;
+  c.command_line = command_line();
+  c.git_hash = source_git_hash();
+  validate_eval_config(c);  // flag errors before loading anything
+
+  auto [model, tok] = load_model(a.model);
+  const std::string text = read_file(a.haystack);
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  if (!a.quiet)
+    fmt::print(stderr, "model: {} ({})\n", a.model.model_path, describe(model));
+  std::function<void(const EvalProgress&)> progress;
+  if (!a.quiet)
+    progress = [tty, last = -100.0](const EvalProgress& p) mutable {
+      if (!tty && p.seconds - last < 15.0 && p.cells_done != p.cells_total) return;
+      last = p.seconds;
+      const double sps = p.seconds > 0 ? static_cast<double>(p.samples_done) / p.seconds : 0.0;
+      fmt::print(stderr, "{}eval: cells {}/{}, {:.1f} samples/s, ETA {} [{}]{}", tty ? "\r\033[K" : "", p.cells_done,
+                 p.cells_total, sps, fmt_duration(p.eta_seconds), p.current, tty ? "" : "\n");
+      std::fflush(stderr);
+    };
+  const EvalRunResult r = run_eval(model, tok, text, c, progress);
+  if (!a.quiet && tty) fmt::print(stderr, "\n");
+  const nlohmann::json summary = nlohmann::json::parse(read_file(r.run_dir / "summary.json"));
+  fmt::print("{}", format_eval_summary(summary));
+  fmt::print("\nrun {} in {}: {} cells computed now ({} samples in {:.1f} s, {:.1f} samples/s), {} of {} cells present{}\n",
+             r.run_id, r.run_dir.string(), r.cells_computed, r.samples_computed, r.seconds,
+             r.seconds > 0 ? static_cast<double>(r.samples_computed) / r.seconds : 0.0, r.cells_present, r.cells_total,
+             r.groups_reused ? fmt::format(" ({} groups reused from bit-identical encodings)", r.groups_reused) : "");
+  fmt::print("outputs: samples.jsonl, summary.json, summary.csv, run.json{}; `posenc eval report {}` draws the plots\n",
+             c.ppl_tokens >= 0 ? ", ppl.json" : "", a.out);
+}
+
+void run_report_cmd(const ReportArgs& a) {
+  const std::filesystem::path run_dir = resolve_run_dir(a.dir);
+  const nlohmann::json summary = rebuild_eval_outputs(run_dir, a.threshold, a.min_baseline);
+  const std::string table = format_eval_summary(summary);
+  write_file_atomic(run_dir / "report.txt", table);
+  fmt::print("{}", table);
+  if (!a.no_plots) {
+    run_script("eval_report.py", {run_dir.string()});
+    fmt::print("\nreport: {} (heatmaps in {}, perplexity plot ppl_by_position.png)\n",
+               (run_dir / "report.html").string(), (run_dir / "plots").string());
+  }
+}
+
+void run_merge_cmd(const MergeArgs& a) {
+  std::vector<std::filesystem::path> in(a.inputs.begin(), a.inputs.end());
+  const auto dir = merge_eval_runs(in, a.out);
+  const nlohmann::json summary = nlohmann::json::parse(read_file(dir / "summary.json"));
+  fmt::print("{}", format_eval_summary(summary));
+  fmt::print("\nmerged {} run directories into {}\n", in.size(), dir.string());
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app) {
+  auto args = std::make_shared<EvalArgs>();
+  auto rargs = std::make_shared<ReportArgs>();
+  auto margs = std::make_shared<MergeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "eval",
+      "Long-context evaluation: tasks x lengths x depths x RoPE scalings, Wilson 95% intervals, effective context, "
+      "controls, perplexity matrix; resumable (same arguments = same run id) and shardable (--shard i/n, `eval "
+      "merge`). Subcommands: report, merge.");
+  args->model.add_to(*cmd);
+  cmd->get_option("--model")->required(false);
+  cmd->get_option("--tokenizer")->required(false);
+  cmd->add_option("--haystack", args->haystack, "real text for the haystacks and the perplexity matrix");
+  std::string known;
+  for (const auto& t : eval_tasks()) known += (known.empty() ? "" : ", ") + std::string(t.name);
+  cmd->add_option("--tasks", args->tasks, "tasks, comma-separated: " + known)->capture_default_str();
+  cmd->add_option("--lengths", args->lengths, "context lengths in tokens (prompt + answer budget), K = 1024")
+      ->capture_default_str();
+  cmd->add_option("--depths", args->depths, "needle depths in [0, 1] (fraction of the context before the needle)")
+      ->capture_default_str();
+  cmd->add_option("--samples", args->samples, "samples per cell")->capture_default_str();
+  cmd->add_option("--rope-scaling", args->scalings, "RoPE scalings (rope_type), comma-separated")->capture_default_str();
+  cmd->add_option("--rope-factor", args->rope_factor, "scaling factor s (default: max(1, L / trained context))");
+  cmd->add_option("--control", args->controls, "evidence controls, comma-separated: none, swap, shuffle")
+      ->capture_default_str();
+  cmd->add_option("--seed", args->seed, "task generator seed")->capture_default_str();
+  cmd->add_option("--choices", args->choices, "candidates K of forced-choice tasks")->capture_default_str();
+  cmd->add_option("--threshold", args->threshold, "effective context: accuracy >= threshold x short baseline")
+      ->capture_default_str();
+  cmd->add_option("--min-baseline", args->min_baseline,
+                  "a task whose shortest-length accuracy is below this is 'not solvable by this model'")
+      ->capture_default_str();
+  cmd->add_option("--ppl-tokens", args->ppl_tokens,
+                  "perplexity matrix: scored tokens per (scaling, length) on the haystack text; 0 = all, -1 = skip")
+      ->capture_default_str();
+  cmd->add_option("--shard", args->shard, "run the deterministic share i of n of the work (i/n)")->capture_default_str();
+  cmd->add_option("--out", args->out, "output directory (the run goes to OUT/<run id>/)");
+  cmd->add_flag("--log-prompts", args->log_prompts, "samples.jsonl also holds every prompt (large)");
+  cmd->add_flag("--quiet", args->quiet, "no progress line");
+
+  CLI::App* report = cmd->add_subcommand("report", "Text summary, heatmaps (PNG) and a self-contained report.html");
+  report->add_option("dir", rargs->dir, "run directory (or the --out of `eval`)")->required();
+  report->add_option("--threshold", rargs->threshold, "override the run's relative threshold");
+  report->add_option("--min-baseline", rargs->min_baseline, "override the run's solvability baseline");
+  report->add_flag("--no-plots", rargs->no_plots, "text summary only (no matplotlib)");
+  report->callback([rargs] { run_report_cmd(*rargs); });
+
+  CLI::App* merge = cmd->add_subcommand("merge", "Combine the shards of one run into one run directory");
+  merge->add_option("inputs", margs->inputs, "run directories (or --out directories) of the shards")->required();
+  merge->add_option("--out", margs->out, "output directory")->required();
+  merge->callback([margs] { run_merge_cmd(*margs); });
+
+  cmd->callback([args, cmd, report, merge] {
+    if (cmd->got_subcommand(report) || cmd->got_subcommand(merge)) return;
+    run_eval_cmd(*args);
+  });
+}
+
+}  // namespace posenc::cli
