@@ -96,7 +96,7 @@ struct EvalConfig {
   uint64_t seed = 42;
   int choices = 4;
   double threshold = 0.85;     ///< effective context: accuracy >= threshold x baseline
-  double min_baseline = 0.5;   ///< below: "not solvable by this model"
+  double min_baseline = 0.0;   ///< also required of the baseline (besides beating chance significantly)
   int64_t ppl_tokens = 32768;  ///< perplexity matrix: tokens per (scaling, length); -1 = skip, 0 = whole text
   int shard_index = 0;
   int shard_count = 1;

@@ -34,28 +34,34 @@ Interval wilson_interval(int64_t successes, int64_t n, double z = kZ95);
 struct LengthAccuracy {
   int64_t length = 0;
   double accuracy = 0.0;  ///< mean over depths of the cell accuracies
+  int64_t n = 0;          ///< samples pooled over depths
+  int64_t correct = 0;    ///< successes pooled over depths
 };
 
 /// The effective context of a task under one encoding (RULER's notion, with a
 /// baseline relative threshold):
 ///   baseline  = accuracy at the shortest length;
 ///   threshold = relative_threshold * baseline;
-///   solvable  = baseline >= min_baseline (else the task is "not solvable by
-///               this model" and no effective length is given: a failure at
-///               the baseline is not a length failure);
+///   solvable  = the baseline is significantly above chance (the Wilson 95%
+///               lower bound of the pooled shortest-length successes exceeds
+///               `chance`: 1/K for K-way forced choice, 0 for generation) and
+///               baseline >= min_baseline. Otherwise the task is "not solvable
+///               by this model" and no effective length is given: a failure at
+///               the baseline is not a length failure;
 ///   length    = the longest length L such that every tested length <= L has
 ///               accuracy >= threshold (accuracy must *stay* above it), or
 ///               nullopt when even the shortest length fails.
 struct EffectiveContext {
   double baseline = 0.0;
+  Interval baseline_ci;  ///< Wilson 95% of the pooled shortest-length samples
   double threshold = 0.0;
   bool solvable = false;
   std::optional<int64_t> length;
 };
 
-/// Throws InvalidArgument for an empty or unsorted list, or thresholds
-/// outside [0, 1].
+/// Throws InvalidArgument for an empty or unsorted list, thresholds or chance
+/// outside [0, 1], or a shortest length without samples (n = 0).
 EffectiveContext effective_context(std::span<const LengthAccuracy> by_length, double relative_threshold,
-                                   double min_baseline);
+                                   double chance, double min_baseline = 0.0);
 
 }  // namespace posenc

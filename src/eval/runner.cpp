@@ -69,7 +69,7 @@ struct Axes {
   int64_t samples = 0;
   int choices = 4;
   double threshold = 0.85;
-  double min_baseline = 0.5;
+  double min_baseline = 0.0;
   int64_t ppl_tokens = -1;
 };
 
@@ -372,8 +372,13 @@ json summarise(const Collected& col, const Axes& a, const std::string& run_id) {
           if (!std::all_of(it->second.begin(), it->second.end(), [](const json* c) { return cell_ok(*c); }))
             continue;  // does not fit at this length: not part of the length curve
           double sum = 0;
-          for (const json* c : it->second) sum += c->at("accuracy").get<double>();
-          la.push_back({L, sum / static_cast<double>(nd)});
+          int64_t n = 0, k = 0;
+          for (const json* c : it->second) {
+            sum += c->at("accuracy").get<double>();
+            n += c->at("n").get<int64_t>();
+            k += c->at("correct").get<int64_t>();
+          }
+          la.push_back({L, sum / static_cast<double>(nd), n, k});
         }
         if (!complete) continue;
         if (la.empty()) {
@@ -382,13 +387,15 @@ json summarise(const Collected& col, const Axes& a, const std::string& run_id) {
                          {"chance", chance}, {"accuracy_by_length", json::array()}});
           continue;
         }
-        const EffectiveContext e = effective_context(la, a.threshold, a.min_baseline);
+        const EffectiveContext e = effective_context(la, a.threshold, chance, a.min_baseline);
         json acc = json::array();
         for (const auto& x : la) acc.push_back({{"length", x.length}, {"accuracy", x.accuracy}});
         eff.push_back({{"task", t},
                        {"control", ctl},
                        {"rope_scaling", s},
                        {"baseline", e.baseline},
+                       {"baseline_ci_low", e.baseline_ci.low},
+                       {"baseline_ci_high", e.baseline_ci.high},
                        {"threshold", e.threshold},
                        {"length", e.length ? json(*e.length) : json(nullptr)},
                        {"solvable", e.solvable},
@@ -923,8 +930,9 @@ std::string format_eval_summary(const json& summary) {
       if (x.at("baseline").is_null())
         row += "  " + x.at("status").get<std::string>();
       else if (!x.at("solvable").get<bool>())
-        row += fmt::format("  not solvable by this model (baseline {:.2f} < {:.2f})", x.at("baseline").get<double>(),
-                           summary.value("min_baseline", 0.5));
+        row += fmt::format("  not solvable by this model (baseline {:.2f}, 95% CI low {:.2f} vs chance {:.2f}{})",
+                           x.at("baseline").get<double>(), x.value("baseline_ci_low", 0.0), x.at("chance").get<double>(),
+                           summary.value("min_baseline", 0.0) > 0 ? fmt::format(", min {:.2f}", summary.value("min_baseline", 0.0)) : "");
       else if (x.at("length").is_null())
         row += fmt::format("  none (baseline {:.2f}, threshold {:.2f})", x.at("baseline").get<double>(),
                            x.at("threshold").get<double>());

@@ -28,7 +28,7 @@ Interval wilson_interval(int64_t k, int64_t n, double z) {
 }
 
 EffectiveContext effective_context(std::span<const LengthAccuracy> by_length, double relative_threshold,
-                                   double min_baseline) {
+                                   double chance, double min_baseline) {
   if (by_length.empty()) throw InvalidArgument("effective_context: no lengths");
   for (std::size_t i = 1; i < by_length.size(); ++i)
     if (by_length[i].length <= by_length[i - 1].length)
@@ -37,10 +37,14 @@ EffectiveContext effective_context(std::span<const LengthAccuracy> by_length, do
     fail_field<InvalidArgument>("threshold", "must be in [0, 1]", relative_threshold);
   if (!(min_baseline >= 0.0 && min_baseline <= 1.0))
     fail_field<InvalidArgument>("min_baseline", "must be in [0, 1]", min_baseline);
+  if (!(chance >= 0.0 && chance <= 1.0)) fail_field<InvalidArgument>("chance", "must be in [0, 1]", chance);
+  const LengthAccuracy& b = by_length.front();
+  if (b.n <= 0) fail_field<InvalidArgument>("baseline n", "the shortest length needs samples", b.n);
   EffectiveContext e;
-  e.baseline = by_length.front().accuracy;
+  e.baseline = b.accuracy;
+  e.baseline_ci = wilson_interval(b.correct, b.n);
   e.threshold = relative_threshold * e.baseline;
-  e.solvable = e.baseline >= min_baseline;
+  e.solvable = e.baseline_ci.low > chance && e.baseline >= min_baseline;
   if (!e.solvable) return e;
   for (const auto& la : by_length) {
     if (la.accuracy < e.threshold) break;

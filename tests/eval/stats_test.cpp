@@ -66,8 +66,8 @@ TEST(Wilson, RejectsBadArguments) {
 }
 
 TEST(EffectiveContext, StaysAboveRelativeThreshold) {
-  const std::vector<LengthAccuracy> a{{256, 0.90}, {512, 0.80}, {1024, 0.70}, {2048, 0.85}};
-  const auto e = effective_context(a, 0.85, 0.5);
+  const std::vector<LengthAccuracy> a{{256, 0.90, 100, 90}, {512, 0.80, 100, 80}, {1024, 0.70, 100, 70}, {2048, 0.85, 100, 85}};
+  const auto e = effective_context(a, 0.85, 0.25);
   EXPECT_TRUE(e.solvable);
   EXPECT_DOUBLE_EQ(e.baseline, 0.90);
   EXPECT_DOUBLE_EQ(e.threshold, 0.85 * 0.90);
@@ -76,11 +76,26 @@ TEST(EffectiveContext, StaysAboveRelativeThreshold) {
 }
 
 TEST(EffectiveContext, NotSolvableIsNotALengthFailure) {
-  const std::vector<LengthAccuracy> a{{256, 0.30}, {512, 0.29}};
-  const auto e = effective_context(a, 0.85, 0.5);
+  // 4-way choice, 30% of 250 at the shortest length: the Wilson lower bound
+  // (0.247) does not clear chance (0.25), so no effective length is claimed.
+  const std::vector<LengthAccuracy> a{{256, 0.30, 250, 75}, {512, 0.29, 250, 72}};
+  auto e = effective_context(a, 0.85, 0.25);
   EXPECT_FALSE(e.solvable);
   EXPECT_FALSE(e.length.has_value());
-  EXPECT_THROW(effective_context(std::vector<LengthAccuracy>{}, 0.85, 0.5), posenc::InvalidArgument);
-  const std::vector<LengthAccuracy> unsorted{{512, 0.9}, {256, 0.9}};
-  EXPECT_THROW(effective_context(unsorted, 0.85, 0.5), posenc::InvalidArgument);
+  EXPECT_NEAR(e.baseline_ci.low, 0.2470, 1e-3);
+  // The same rate on more samples is significantly above chance.
+  const std::vector<LengthAccuracy> b{{256, 0.30, 1000, 300}, {512, 0.29, 1000, 290}};
+  e = effective_context(b, 0.85, 0.25);
+  EXPECT_TRUE(e.solvable);
+  EXPECT_EQ(e.length, 512);
+  // An explicit minimum baseline can still refuse it; generation (chance 0)
+  // with zero successes is never solvable.
+  EXPECT_FALSE(effective_context(b, 0.85, 0.25, 0.5).solvable);
+  const std::vector<LengthAccuracy> zero{{256, 0.0, 50, 0}};
+  EXPECT_FALSE(effective_context(zero, 0.85, 0.0).solvable);
+  EXPECT_THROW(effective_context(std::vector<LengthAccuracy>{}, 0.85, 0.25), posenc::InvalidArgument);
+  const std::vector<LengthAccuracy> unsorted{{512, 0.9, 10, 9}, {256, 0.9, 10, 9}};
+  EXPECT_THROW(effective_context(unsorted, 0.85, 0.25), posenc::InvalidArgument);
+  const std::vector<LengthAccuracy> empty_baseline{{256, 0.0, 0, 0}};
+  EXPECT_THROW(effective_context(empty_baseline, 0.85, 0.25), posenc::InvalidArgument);
 }

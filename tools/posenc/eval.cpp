@@ -31,7 +31,7 @@ struct EvalArgs {
   uint64_t seed = 42;
   int choices = 4;
   double threshold = 0.85;
-  double min_baseline = 0.5;
+  double min_baseline = 0.0;
   int64_t ppl_tokens = 32768;
   std::string shard = "0/1";
   std::string out;
@@ -206,7 +206,8 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--threshold", args->threshold, "effective context: accuracy >= threshold x short baseline")
       ->capture_default_str();
   cmd->add_option("--min-baseline", args->min_baseline,
-                  "a task whose shortest-length accuracy is below this is 'not solvable by this model'")
+                  "a task is 'not solvable by this model' unless its shortest-length accuracy is significantly above "
+                  "chance (Wilson 95% low > 1/K, or > 0 for generation) and >= this")
       ->capture_default_str();
   cmd->add_option("--ppl-tokens", args->ppl_tokens,
                   "perplexity matrix: scored tokens per (scaling, length) on the haystack text; 0 = all, -1 = skip")

@@ -12,6 +12,7 @@
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
 #include "posenc/perplexity.hpp"
+#include "scripts.hpp"
 
 namespace posenc::cli {
 
@@ -25,6 +26,7 @@ struct PplArgs {
   std::optional<double> rope_factor;
   int64_t max_tokens = 0;
   std::string json_path;
+  std::string plot_path;
   bool quiet = false;
 };
 
@@ -87,7 +89,7 @@ void run_ppl(const PplArgs& a) {
   }
   std::fflush(stdout);
 
-  if (!a.json_path.empty()) {
+  if (!a.json_path.empty() || !a.plot_path.empty()) {
     nlohmann::json j;
     j["model"] = a.model.model_path;
     j["text"] = a.text_path;
@@ -105,8 +107,23 @@ void run_ppl(const PplArgs& a) {
         jr["buckets"].push_back({{"start", b.start}, {"end", b.end}, {"nll", b.nll()}, {"tokens", b.tokens}});
       j["results"].push_back(jr);
     }
-    write_file_atomic(a.json_path, j.dump(2) + "\n");
-    if (!a.quiet) fmt::print(stderr, "wrote {}\n", a.json_path);
+    if (!a.json_path.empty()) {
+      write_file_atomic(a.json_path, j.dump(2) + "\n");
+      if (!a.quiet) fmt::print(stderr, "wrote {}\n", a.json_path);
+    }
+    if (!a.plot_path.empty()) {
+      // The plot reads the same JSON (from a temporary file next to the PNG).
+      const std::string tmp = a.plot_path + ".ppl.json.tmp";
+      write_file_atomic(tmp, j.dump() + "\n");
+      try {
+        run_script("plot_ppl.py", {tmp, a.plot_path});
+      } catch (...) {
+        std::remove(tmp.c_str());
+        throw;
+      }
+      std::remove(tmp.c_str());
+      if (!a.quiet) fmt::print(stderr, "wrote {}\n", a.plot_path);
+    }
   }
 }
 
@@ -127,6 +144,8 @@ void add_ppl_command(CLI::App& app) {
                   "scaling factor s for every method (default: max(1, L / trained context))");
   cmd->add_option("--max-tokens", args->max_tokens, "stop after ceil(N/(L-1)) windows (0 = whole text)");
   cmd->add_option("--json", args->json_path, "also write the results as JSON (atomically)");
+  cmd->add_option("--plot", args->plot_path,
+                  "also draw NLL by position bucket, one line per scaling, one panel per context (PNG, matplotlib)");
   cmd->add_flag("--quiet", args->quiet, "no header or progress");
   cmd->callback([args] { run_ppl(*args); });
 }

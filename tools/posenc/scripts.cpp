@@ -34,8 +34,11 @@ std::string scripts_dir() {
 void run_script(const std::string& script, const std::vector<std::string>& args) {
   const std::filesystem::path path = std::filesystem::path(scripts_dir()) / script;
   if (!std::filesystem::exists(path)) throw IoError(fmt::format("{}: plotting script not found", path.string()));
-  const char* py = std::getenv("POSENC_PYTHON");
-  std::string cmd = fmt::format("MPLBACKEND=Agg {} {}", quote(py && *py ? py : "python3"), quote(path.string()));
+  // Debian's python3-matplotlib lives in /usr/bin/python3's dist-packages; a
+  // python3 earlier on PATH (pyenv, venv) may not have it.
+  const char* env = std::getenv("POSENC_PYTHON");
+  const std::string py = env && *env ? env : std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  std::string cmd = fmt::format("MPLBACKEND=Agg {} {}", quote(py), quote(path.string()));
   for (const auto& a : args) {
     cmd += ' ';
     cmd += quote(a);
@@ -44,7 +47,7 @@ void run_script(const std::string& script, const std::vector<std::string>& args)
   std::fflush(stderr);
   const int rc = std::system(cmd.c_str());
   if (rc == -1 || !WIFEXITED(rc) || WEXITSTATUS(rc) != 0)
-    throw IoError(fmt::format("{}: failed (exit status {}); is python3-matplotlib installed?", path.string(),
+    throw IoError(fmt::format("{} (run with {}): failed (exit status {}); is python3-matplotlib installed?", path.string(), py,
                               rc == -1 ? -1 : (WIFEXITED(rc) ? WEXITSTATUS(rc) : -1)));
 }
 

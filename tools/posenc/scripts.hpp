@@ -7,8 +7,8 @@
 namespace posenc::cli {
 
 /// Runs `python3 <POSENC_SCRIPTS_DIR>/<script> args...` with MPLBACKEND=Agg
-/// (POSENC_PYTHON overrides the interpreter, POSENC_SCRIPTS_DIR the directory
-/// at run time). Throws IoError if the script is missing or exits non-zero.
+/// (interpreter: $POSENC_PYTHON, else /usr/bin/python3 where Debian's
+/// matplotlib is, else python3; $POSENC_SCRIPTS_DIR overrides the directory). Throws IoError if the script is missing or exits non-zero.
 void run_script(const std::string& script, const std::vector<std::string>& args);
 
 /// The git commit of the source tree the CLI was built from, or "" if unknown.

@@ -1,0 +1,263 @@
+// `posenc eval` end to end on stories260K: a run killed (SIGKILL) mid-way and
+// restarted loses no finished cell and ends equal to an uninterrupted run;
+// shards merged equal the unsharded run; cells that cannot fit are recorded;
+// the report writes its table, heatmaps and a self-contained HTML.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+
+extern char** environ;
+
+namespace fs = std::filesystem;
+using posenc::test::run_cli;
+using posenc::test::slurp;
+using posenc::test::TempDir;
+
+namespace {
+
+std::string q(const fs::path& p) {
+  std::string s(1, '\'');
+  s += p.string();
+  s += '\'';
+  return s;
+}
+
+// Small but real: 8 groups (4 lengths x 2 encodings) x 3 depths x 6 samples.
+std::vector<std::string> run_args(const fs::path& out) {
+  return {"eval",      "--model",        posenc::test::model_path().string(),
+          "--tokenizer", posenc::test::tokenizer_path().string(),
+          "--haystack",  posenc::test::text_path().string(),
+          "--tasks",     "name_recall",  "--lengths", "128,192,256,320", "--depths", "0,0.5,1",
+          "--samples",   "6",            "--rope-scaling", "default,linear", "--rope-factor", "2",
+          "--ppl-tokens", "1500",        "--quiet",  "--out", out.string()};
+}
+
+std::string joined(const std::vector<std::string>& args) {
+  std::string s;
+  for (const auto& a : args) s += q(a) + " ";
+  return s;
+}
+
+fs::path run_dir_of(const fs::path& out) {
+  std::string id = slurp(out / "LATEST");
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  return out / id;
+}
+
+std::map<std::string, std::string> cell_files(const fs::path& run_dir) {
+  std::map<std::string, std::string> m;
+  if (!fs::exists(run_dir / "cells")) return m;
+  for (const auto& e : fs::directory_iterator(run_dir / "cells"))
+    if (e.path().extension() == ".json") m[e.path().filename().string()] = slurp(e.path());
+  return m;
+}
+
+class EvalCli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ref_ = new TempDir();
+    const auto r = run_cli(joined(run_args(ref_->path() / "out")));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ref_run_ = run_dir_of(ref_->path() / "out");
+  }
+  static void TearDownTestSuite() {
+    delete ref_;
+    ref_ = nullptr;
+  }
+  static TempDir* ref_;
+  static fs::path ref_run_;
+};
+TempDir* EvalCli::ref_ = nullptr;
+fs::path EvalCli::ref_run_;
+
+}  // namespace
+
+TEST_F(EvalCli, UninterruptedRunWritesEveryOutput) {
+  for (const char* f : {"run.json", "summary.json", "summary.csv", "samples.jsonl", "ppl.json"})
+    EXPECT_TRUE(fs::exists(ref_run_ / f)) << f;
+  const auto summary = nlohmann::json::parse(slurp(ref_run_ / "summary.json"));
+  EXPECT_TRUE(summary["complete"].get<bool>());
+  ASSERT_EQ(summary["cells"].size(), 24u);
+  for (const auto& c : summary["cells"]) {
+    EXPECT_EQ(c["n"].get<int>(), 6);
+    EXPECT_LE(c["ci_low"].get<double>(), c["accuracy"].get<double>());
+    EXPECT_GE(c["ci_high"].get<double>(), c["accuracy"].get<double>());
+  }
+  ASSERT_EQ(summary["effective_context"].size(), 2u);
+  // One JSON line per sample, each with its realised needle position.
+  const std::string lines = slurp(ref_run_ / "samples.jsonl");
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 24 * 6);
+  const auto first = nlohmann::json::parse(lines.substr(0, lines.find('\n')));
+  for (const char* k : {"seed", "task", "length", "depth", "prompt_tokens", "answer", "candidate_logprobs", "correct", "needles"})
+    EXPECT_TRUE(first.contains(k)) << k;
+  EXPECT_TRUE(first["needles"][0].contains("token_position"));
+  // run.json: config, seeds, model/tokenizer identity, the encodings used.
+  const auto run = nlohmann::json::parse(slurp(ref_run_ / "run.json"));
+  for (const char* k : {"config", "seeds", "model", "tokenizer", "haystack", "encodings", "date", "git_hash"})
+    EXPECT_TRUE(run.contains(k)) << k;
+  EXPECT_EQ(run["encodings"].size(), 8u);
+  // The perplexity matrix has the `posenc ppl --json` schema.
+  const auto ppl = nlohmann::json::parse(slurp(ref_run_ / "ppl.json"));
+  ASSERT_EQ(ppl["results"].size(), 8u);
+  EXPECT_TRUE(ppl["results"][0].contains("buckets"));
+}
+
+TEST_F(EvalCli, ResumeAfterKillLosesNoFinishedCell) {
+  TempDir d;
+  const fs::path out = d.path() / "out";
+  auto args = run_args(out);
+  std::vector<std::string> argv_s{POSENC_CLI_PATH};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : argv_s) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, POSENC_CLI_PATH, &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  // Kill as soon as one group (3 cells) is persisted.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  bool killed = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (fs::exists(out / "LATEST") && cell_files(run_dir_of(out)).size() >= 3) {
+      ::kill(pid, SIGKILL);
+      killed = true;
+      break;
+    }
+    int st = 0;
+    if (::waitpid(pid, &st, WNOHANG) == pid) {
+      pid = 0;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (pid != 0) {
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    EXPECT_TRUE(WIFSIGNALED(st));
+  }
+  ASSERT_TRUE(killed) << "the run ended before it could be killed";
+  const fs::path run_dir = run_dir_of(out);
+  const auto before = cell_files(run_dir);
+  ASSERT_GE(before.size(), 3u);
+  ASSERT_LT(before.size(), 24u) << "the kill came too late to test resuming";
+  std::map<std::string, fs::file_time_type> mtimes;
+  for (const auto& [name, content] : before) mtimes[name] = fs::last_write_time(run_dir / "cells" / name);
+
+  // Restart with the same arguments: same run id, only missing cells computed.
+  const auto r = run_cli(joined(args));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(run_dir_of(out), run_dir);
+  const auto after = cell_files(run_dir);
+  EXPECT_EQ(after.size(), 24u);
+  for (const auto& [name, content] : before) {
+    EXPECT_EQ(after.at(name), content) << name;
+    EXPECT_EQ(fs::last_write_time(run_dir / "cells" / name), mtimes[name]) << name << " was redone";
+  }
+  const auto run = nlohmann::json::parse(slurp(run_dir / "run.json"));
+  EXPECT_EQ(run["timing"]["cells_computed"].get<std::size_t>(), 24u - before.size());
+  // The final outputs equal the uninterrupted run's.
+  EXPECT_EQ(run_dir.filename(), ref_run_.filename());
+  EXPECT_EQ(slurp(run_dir / "summary.json"), slurp(ref_run_ / "summary.json"));
+  EXPECT_EQ(slurp(run_dir / "samples.jsonl"), slurp(ref_run_ / "samples.jsonl"));
+  EXPECT_EQ(slurp(run_dir / "ppl.json"), slurp(ref_run_ / "ppl.json"));
+}
+
+TEST_F(EvalCli, ShardsMergedEqualTheUnshardedRun) {
+  TempDir d;
+  std::vector<fs::path> outs;
+  for (int i = 0; i < 3; ++i) {
+    outs.push_back(d.path() / ("shard" + std::to_string(i)));
+    auto args = run_args(outs.back());
+    args.push_back("--shard");
+    args.push_back(std::to_string(i) + "/3");
+    const auto r = run_cli(joined(args));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto s = nlohmann::json::parse(slurp(run_dir_of(outs.back()) / "summary.json"));
+    EXPECT_FALSE(s["complete"].get<bool>());
+    EXPECT_GT(s["cells_present"].get<int>(), 0);
+  }
+  // A changed argument set is another run id and cannot be merged into it.
+  auto other = run_args(d.path() / "other");
+  other[std::find(other.begin(), other.end(), "--samples") - other.begin() + 1] = "5";
+  other.push_back("--shard");
+  other.push_back("0/50");
+  ASSERT_EQ(run_cli(joined(other)).exit_code, 0);
+  EXPECT_NE(run_dir_of(d.path() / "other").filename(), ref_run_.filename());
+  const auto bad = run_cli("eval merge --out " + q(d.path() / "bad") + " " + q(outs[0]) + " " + q(d.path() / "other"));
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("different argument sets"), std::string::npos) << bad.err;
+
+  const fs::path merged = d.path() / "merged";
+  const auto m = run_cli("eval merge --out " + q(merged) + " " + q(outs[0]) + " " + q(outs[1]) + " " + q(outs[2]));
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  const fs::path run_dir = run_dir_of(merged);
+  EXPECT_EQ(run_dir.filename(), ref_run_.filename());
+  EXPECT_EQ(slurp(run_dir / "summary.json"), slurp(ref_run_ / "summary.json"));
+  EXPECT_EQ(slurp(run_dir / "samples.jsonl"), slurp(ref_run_ / "samples.jsonl"));
+  EXPECT_EQ(slurp(run_dir / "summary.csv"), slurp(ref_run_ / "summary.csv"));
+  EXPECT_EQ(slurp(run_dir / "ppl.json"), slurp(ref_run_ / "ppl.json"));
+}
+
+TEST_F(EvalCli, ReportWritesTableHeatmapsAndSelfContainedHtml) {
+  TempDir d;
+  fs::copy(ref_run_, d.path() / "run", fs::copy_options::recursive);
+  const auto t = run_cli("eval report --no-plots " + q(d.path() / "run"));
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_NE(t.out.find("name_recall"), std::string::npos);
+  EXPECT_NE(t.out.find("L=320"), std::string::npos);
+  EXPECT_TRUE(fs::exists(d.path() / "run" / "report.txt"));
+  if (std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3-matplotlib is not installed (scripts/install-deps installs it)";
+  const auto r = run_cli("eval report " + q(d.path() / "run"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* f : {"plots/heatmap_name_recall_none_default.png", "plots/heatmap_name_recall_none_linear.png",
+                        "plots/accuracy_name_recall_none.png", "plots/ppl_by_position.png", "report.html"})
+    EXPECT_TRUE(fs::exists(d.path() / "run" / f)) << f;
+  const std::string html = slurp(d.path() / "run" / "report.html");
+  EXPECT_NE(html.find("data:image/png;base64"), std::string::npos);
+  EXPECT_EQ(html.find("src='plots/"), std::string::npos);  // images are inlined, not linked
+}
+
+TEST(EvalCliSmall, CellsThatCannotFitAreRecordedNotFatal) {
+  TempDir d;
+  const auto r = run_cli("eval --model " + q(posenc::test::model_path()) + " --tokenizer " +
+                         q(posenc::test::tokenizer_path()) + " --haystack " + q(posenc::test::text_path()) +
+                         " --tasks variable_tracking --lengths 128,160 --depths 0.5 --samples 2 --ppl-tokens -1 --quiet --out " +
+                         q(d.path()));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto s = nlohmann::json::parse(slurp(run_dir_of(d.path()) / "summary.json"));
+  ASSERT_EQ(s["cells"].size(), 2u);
+  for (const auto& c : s["cells"]) {
+    EXPECT_EQ(c["status"], "does not fit");
+    EXPECT_EQ(c["n"].get<int>(), 0);
+    EXPECT_TRUE(c["accuracy"].is_null());
+  }
+  EXPECT_EQ(s["effective_context"][0]["status"], "does not fit at any tested length");
+  // Bad flags fail cleanly.
+  const auto bad = run_cli("eval --model " + q(posenc::test::model_path()) + " --tokenizer " +
+                           q(posenc::test::tokenizer_path()) + " --haystack " + q(posenc::test::text_path()) +
+                           " --tasks nope --out " + q(d.path()));
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("unknown task 'nope'"), std::string::npos) << bad.err;
+  const auto bad2 = run_cli("eval --model " + q(posenc::test::model_path()) + " --tokenizer " +
+                            q(posenc::test::tokenizer_path()) + " --haystack " + q(posenc::test::text_path()) +
+                            " --shard 2/2 --out " + q(d.path()));
+  EXPECT_EQ(bad2.exit_code, 1);
+  EXPECT_NE(bad2.err.find("--shard"), std::string::npos) << bad2.err;
+}
