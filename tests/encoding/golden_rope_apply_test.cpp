@@ -56,9 +56,12 @@ std::vector<int64_t> row_of(const Tensor& pos, std::size_t b) {
 std::vector<float> hf_cat(const RopeTable& t, bool cos) {
   const int n = t.n_pairs();
   std::vector<float> out(static_cast<std::size_t>(t.n_positions() * 2 * n));
-  for (int64_t p = 0; p < t.n_positions(); ++p)
-    for (int i = 0; i < 2 * n; ++i)
-      out[static_cast<std::size_t>(p * 2 * n + i)] = (cos ? t.cos_row(p) : t.sin_row(p))[i % n];
+  for (int64_t p = 0; p < t.n_positions(); ++p) {
+    // A named row pointer, not `(c ? a : b)[i]`: GCC 12 with -O0
+    // -fsanitize=undefined miscompiles that subscript (reads b[0] every time).
+    const float* row = cos ? t.cos_row(p) : t.sin_row(p);
+    for (int i = 0; i < 2 * n; ++i) out[static_cast<std::size_t>(p * 2 * n + i)] = row[i % n];
+  }
   return out;
 }
 
