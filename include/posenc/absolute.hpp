@@ -57,6 +57,15 @@ std::vector<float> sinusoidal_table(int64_t num_positions, int dim, SinusoidalLa
                                     double base = 10000.0,
                                     std::optional<int64_t> padding_idx = std::nullopt);
 
+/// embeddings[t, :] += sinusoidal_encoding(position_ids)[t, :] (float32 add),
+/// without a table: a sinusoid is defined at every position, so there is no
+/// upper bound (unlike a learned table). embeddings: [position_ids.size(), d_model].
+/// Throws InvalidArgument on a size mismatch and as sinusoidal_encoding.
+void add_sinusoidal_encoding(std::span<float> embeddings, int d_model,
+                             std::span<const int64_t> position_ids, SinusoidalLayout layout,
+                             double base = 10000.0,
+                             std::optional<int64_t> padding_idx = std::nullopt);
+
 /// M2M100/FSMT position ids (HF M2M100SinusoidalPositionalEmbedding.
 /// create_position_ids_from_input_ids): for input_ids [batch, seq_len]
 /// (row-major), non-padding tokens get padding_idx + past_key_values_length +

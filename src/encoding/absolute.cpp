@@ -98,6 +98,19 @@ std::vector<float> sinusoidal_table(int64_t num_positions, int dim, SinusoidalLa
   return sinusoidal_encoding(positions, dim, layout, base, padding_idx);
 }
 
+void add_sinusoidal_encoding(std::span<float> embeddings, int d_model,
+                             std::span<const int64_t> position_ids, SinusoidalLayout layout,
+                             double base, std::optional<int64_t> padding_idx) {
+  if (d_model <= 0) fail_field<InvalidArgument>("d_model", "must be positive", d_model);
+  if (embeddings.size() != position_ids.size() * static_cast<std::size_t>(d_model))
+    throw InvalidArgument(fmt::format("embeddings: expected [{}, {}] = {} values (got {})",
+                                      position_ids.size(), d_model,
+                                      position_ids.size() * static_cast<std::size_t>(d_model),
+                                      embeddings.size()));
+  const std::vector<float> pe = sinusoidal_encoding(position_ids, d_model, layout, base, padding_idx);
+  for (std::size_t i = 0; i < pe.size(); ++i) embeddings[i] += pe[i];
+}
+
 std::vector<int64_t> position_ids_from_input_ids(std::span<const int64_t> input_ids, int64_t batch,
                                                  int64_t seq_len, int64_t padding_idx,
                                                  int64_t past_key_values_length) {

@@ -55,6 +55,16 @@ TEST(AbsoluteEncoding, NopeIsTheIdentityAndTableAdds) {
       EXPECT_EQ(added[t * d + static_cast<std::size_t>(c)],
                 emb[t * d + static_cast<std::size_t>(c)] + table[static_cast<std::size_t>(pos[t] * d + c)]);
 
+  // Sinusoids need no table: same sums as the table path, and any position works.
+  auto direct = emb;
+  add_sinusoidal_encoding(direct, d, pos, SinusoidalLayout::interleaved);
+  EXPECT_EQ(direct, added);
+  auto far = emb;
+  add_sinusoidal_encoding(far, d, std::vector<int64_t>{0, 1'000'000, 5}, SinusoidalLayout::interleaved);
+  EXPECT_NE(far, emb);
+  EXPECT_THROW(add_sinusoidal_encoding(far, d, std::vector<int64_t>{0, 1}, SinusoidalLayout::interleaved),
+               InvalidArgument);
+
   auto past = emb;
   EXPECT_THROW(add_absolute_position_encoding(AbsolutePositionEncoding::table, past, d,
                                               std::vector<int64_t>{0, 3, 1}, table, 3),
