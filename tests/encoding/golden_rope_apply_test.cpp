@@ -4,6 +4,8 @@
 // half-out helper. Golden q/k are [batch, heads, seq, head_dim]; posenc
 // kernels take [tokens, heads, head_dim], so each batch row is transposed in
 // and out.
+#include <algorithm>
+#include <functional>
 #include <iostream>
 
 #include "encoding/golden.hpp"

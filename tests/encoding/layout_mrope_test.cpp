@@ -1,5 +1,7 @@
 // Layout permutations, DeepSeek-V3's interleaved-in/half-out helper, and
 // MRoPE's reduction to plain RoPE.
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <string>
 #include <vector>
