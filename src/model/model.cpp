@@ -272,7 +272,12 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
         int64_t maxp = 0;
         for (int64_t i = offset[b]; i < offset[b + 1]; ++i) maxp = std::max(maxp, pos[static_cast<std::size_t>(i)]);
         maxp = std::max(maxp, cache.next_position(batch[b].seq) - 1);
-        states[b].freqs = compute_rope_frequencies(positional_.rope.params, maxp + 1);
+        // HF's forward path (dynamic_rope_update) forms dynamic NTK's base' in
+        // float32 from the integer length tensor.
+        states[b].freqs = positional_.rope.params.rope_type == "dynamic"
+                              ? dynamic_ntk_frequencies(positional_.rope.params, maxp + 1,
+                                                        DynamicNtkArithmetic::tensor_float32)
+                              : compute_rope_frequencies(positional_.rope.params, maxp + 1);
       }
     }
     // Refusals happen here, before anything is appended to any sequence.
