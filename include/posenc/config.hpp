@@ -61,14 +61,16 @@ namespace posenc {
 enum class PositionFamily { nope, learned_absolute, sinusoidal, t5_bias, alibi, rope, mrope };
 std::string_view to_string(PositionFamily family);
 
-/// How ALiBi slopes are formed for a head count n that is not a power of two
-/// (identical for powers of two).
-///  - bloom: p = largest power of two <= n; slopes 2^(-max_bias/p)^k, k = 1..p,
-///           then odd powers of 2^(-max_bias/(2p)) (HF build_alibi_tensor,
-///           BLOOM/Falcon, max_bias fixed at 8). Bias = slope * key_index.
-///  - mpt:   p = smallest power of two >= n; slopes 2^-(k*max_bias/p), k = 1..p,
-///           taken in the order k = 2,4,6,..., then 1,3,5,..., first n kept
-///           (HF build_mpt_alibi_tensor). Bias = slope * (j - (L-1)).
+/// Which reference an ALiBi model follows. Both give the same slopes for the
+/// same (n_heads, max_bias): MPT's ordering of 2^-(k·b/P), P = the power of two
+/// >= n, taking k = 2,4,... then 1,3,..., reproduces BLOOM's rule (p = the
+/// power of two <= n, 2^(-b/p)^k then odd powers of 2^(-b/(2p))). They differ
+/// in where the bias is anchored and in float32 rounding:
+///  - bloom: bias = slope * key_index (HF build_alibi_tensor, BLOOM/Falcon;
+///           max_bias fixed at 8; Falcon rounds slopes to bfloat16).
+///  - mpt:   bias = slope * (j - (L-1)) (HF build_mpt_alibi_tensor;
+///           max_bias = attn_config.alibi_bias_max).
+/// The two biases differ by a per-row constant, which softmax ignores.
 enum class AlibiConvention { bloom, mpt };
 std::string_view to_string(AlibiConvention convention);
 
