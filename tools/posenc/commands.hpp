@@ -8,5 +8,8 @@ namespace posenc::cli {
 
 // Each registers its subcommand on `app`; the subcommand's callback does the work
 // and throws posenc::Error (printed by main, exit 1) on bad input.
+void add_inspect_command(CLI::App& app);
+void add_periods_command(CLI::App& app);
+void add_decay_command(CLI::App& app);
 
 }  // namespace posenc::cli

@@ -11,6 +11,9 @@ int main(int argc, char** argv) {
   CLI::App app{"posenc: positional encodings of Transformer attention, measured"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  posenc::cli::add_inspect_command(app);
+  posenc::cli::add_periods_command(app);
+  posenc::cli::add_decay_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
