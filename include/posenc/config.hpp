@@ -19,8 +19,8 @@
 //    width (qk_nope_head_dim + qk_rope_head_dim).
 //  - rotary_dim: `rotary_dim` (GPT-J, CodeGen), else int(head_dim ×
 //    `partial_rotary_factor`) or int(head_dim × `rotary_pct`) (GPT-NeoX), else
-//    head_dim. (Note: HF's Llama default init ignores partial_rotary_factor;
-//    the spec still records what the config says.)
+//    head_dim. Exception, as HF: model_type llama with default RoPE ignores
+//    partial_rotary_factor (LlamaRotaryEmbedding.compute_default_rope_parameters).
 //  - original_max_position_embeddings: from the scaling dict, else from the
 //    top level (Phi-3 keeps it there; HF copies it into the dict).
 //  - `type: mrope` (Qwen2-VL, Qwen2.5-VL) is HF's alias for default RoPE with
@@ -54,6 +54,15 @@
 #include "posenc/attention.hpp"
 #include "posenc/rope.hpp"
 #include "posenc/scaling.hpp"
+
+// SinusoidalLayout (interleaved | halves | tensor2tensor) is owned by
+// absolute.hpp (branch enc). Transitional fallback so this header builds before
+// that branch is merged; drop it once absolute.hpp is on main.
+#if __has_include("posenc/absolute.hpp")
+#include "posenc/absolute.hpp"
+#else
+#define POSENC_CONFIG_DEFINES_SINUSOIDAL_LAYOUT 1
+#endif
 
 namespace posenc {
 
@@ -89,13 +98,11 @@ struct T5BiasSpec {
   bool operator==(const T5BiasSpec&) const = default;
 };
 
+#ifdef POSENC_CONFIG_DEFINES_SINUSOIDAL_LAYOUT
 /// Column order of a sinusoidal table (hf_reference/README.md, "Sinusoidal").
-///  - interleaved:   sin in even columns, cos in odd (Vaswani et al.; XLM, DistilBERT).
-///  - halves:        sin in the first ceil(d/2) columns, cos after (Marian, Pegasus).
-///  - tensor2tensor: halves with a half_dim-1 denominator, positions from
-///                   padding_idx+1 (FSMT, M2M100, Speech2Text).
 enum class SinusoidalLayout { interleaved, halves, tensor2tensor };
 std::string_view to_string(SinusoidalLayout layout);
+#endif
 
 /// Sliding-window attention as the config implies it.
 ///  - size: the config's `sliding_window` (nullopt when absent or null).

@@ -34,6 +34,7 @@ std::string_view to_string(AlibiConvention convention) {
   return convention == AlibiConvention::bloom ? "bloom" : "mpt";
 }
 
+#ifdef POSENC_CONFIG_DEFINES_SINUSOIDAL_LAYOUT
 std::string_view to_string(SinusoidalLayout layout) {
   switch (layout) {
     case SinusoidalLayout::interleaved: return "interleaved";
@@ -42,6 +43,7 @@ std::string_view to_string(SinusoidalLayout layout) {
   }
   return "?";
 }
+#endif
 
 MaskKind SlidingWindowSpec::layer_mask(int layer) const {
   if (!active) return MaskKind::causal;
@@ -531,6 +533,15 @@ class Parser {
 
     p.rope_type = "default";
     if (sd.dict) read_scaling(sd, p);
+    if (p.rope_type == "default" && !get(cfg_, "rotary_dim") && p.rotary_dim != p.head_dim &&
+        arch_ && arch_->model_type == "llama") {
+      // HF LlamaRotaryEmbedding.compute_default_rope_parameters ignores
+      // partial_rotary_factor (golden case default_llama_ignores_partial_rotary_factor).
+      note(fmt::format("partial_rotary_factor ignored: Llama's default RoPE rotates all {} "
+                       "channels",
+                       p.head_dim));
+      p.rotary_dim = p.head_dim;
+    }
     if (spec_.family == PositionFamily::mrope && spec_.mrope_section.empty())
       r_.fail(sd.dict ? sd.name + ".mrope_section" : std::string("rope_scaling.mrope_section"),
               fmt::format("required for MRoPE (model_type '{}') but missing", spec_.model_type));

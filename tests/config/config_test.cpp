@@ -408,6 +408,20 @@ TEST(ConfigForms, PartialRotaryFactorAndGptjRotaryDim) {
   EXPECT_EQ(gptj.max_position_embeddings, 2048);
 }
 
+TEST(ConfigForms, LlamaDefaultIgnoresPartialRotaryFactor) {
+  // HF golden case default_llama_ignores_partial_rotary_factor: 16 frequencies, not 8.
+  const PositionalSpec s = parse_text(R"({"model_type": "llama", "num_attention_heads": 2,
+      "hidden_size": 64, "head_dim": 32, "partial_rotary_factor": 0.5})");
+  EXPECT_EQ(s.rope->rotary_dim, 32);
+  const PositionalSpec neox = parse_text(R"({"model_type": "gpt_neox", "num_attention_heads": 2,
+      "hidden_size": 64, "head_dim": 32, "partial_rotary_factor": 0.5})");
+  EXPECT_EQ(neox.rope->rotary_dim, 16);
+  const PositionalSpec scaled = parse_text(R"({"model_type": "llama", "num_attention_heads": 2,
+      "hidden_size": 64, "head_dim": 32, "partial_rotary_factor": 0.5,
+      "rope_scaling": {"rope_type": "linear", "factor": 4.0}})");
+  EXPECT_EQ(scaled.rope->rotary_dim, 16);  // scaled variants apply it
+}
+
 TEST(ConfigForms, UnknownArchitectureWithRopeFieldsHasNoLayout) {
   const PositionalSpec s = parse_text(R"({"model_type": "mystery", "num_attention_heads": 2,
       "hidden_size": 64, "rope_theta": 20000})");
