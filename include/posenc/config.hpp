@@ -163,6 +163,12 @@ struct PositionalSpec {
   /// qk_nope_head_dim + qk_rope_head_dim = 192 for DeepSeek-V3).
   std::optional<int> qk_head_dim;
   std::vector<int> mrope_section;  ///< [t, h, w] frequencies per half (mrope only)
+  /// Logit scale when the RoPE scaling changes it from 1/sqrt(qk_head_dim).
+  /// DeepSeek-V2/V3 (HF DeepseekV3Attention): with a non-default rope_type and a
+  /// truthy mscale_all_dim, qk_head_dim^-0.5 · g(factor, mscale_all_dim)^2,
+  /// g(s, m) = 0.1·m·ln(s) + 1 (1 when s <= 1). Applied to q·k, unlike
+  /// attention_factor, which multiplies cos/sin.
+  std::optional<double> softmax_scale;
 
   // ---- biases
   std::optional<AlibiSpec> alibi;

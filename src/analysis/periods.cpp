@@ -108,7 +108,11 @@ RopeInspection inspect_rope(const PositionalSpec& spec, std::optional<int64_t> s
   if (!target)
     throw ConfigError(fmt::format(
         "{}: seq_len: not given and max_position_embeddings unknown", spec.source));
-  return inspect_rope(p, *original, *target);
+  try {
+    return inspect_rope(p, *original, *target);
+  } catch (const Error& e) {
+    throw ConfigError(fmt::format("{}: {}", spec.source, e.what()));
+  }
 }
 
 WrapCount count_wrapped(const RopeFrequencies& freqs, int64_t length) {

@@ -201,6 +201,7 @@ const std::vector<TypeKeys>& type_keys() {
       {"llama3",
        {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
        {"factor", "low_freq_factor", "high_freq_factor"}},
+      {"proportional", {"partial_rotary_factor", "factor"}, {}},
   };
   return table;
 }
@@ -278,6 +279,18 @@ std::string read_rope_type(const Reader& r, const ScalingDict& sd) {
   }
   const bool legacy = !rt;
   return r.string(legacy ? *ty : *rt, Reader::path(sd.name, legacy ? "type" : "rope_type"));
+}
+
+/// RopeParams::partial_rotary_factor exists once branch enc is merged (it is
+/// what 'proportional' reads). Transitional: returns false while it does not.
+template <class P>
+bool set_partial_rotary_factor(P& p, double share) {
+  if constexpr (requires { p.partial_rotary_factor = share; }) {
+    p.partial_rotary_factor = share;
+    return true;
+  } else {
+    return false;
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -502,7 +515,9 @@ class Parser {
       note("rope_theta absent: default 10000 (the default of Hugging Face's RoPE configs)");
     }
 
-    // rotary_dim
+    // rotary_dim. Proportional RoPE (Gemma 4) always spans head_dim and reads
+    // partial_rotary_factor as the share of non-zero frequencies instead.
+    const bool proportional = sd.dict && read_rope_type(r_, sd) == "proportional";
     const json* prf_in = sd.dict ? get(*sd.dict, "partial_rotary_factor") : nullptr;
     std::string which;
     if (const json* rd = get(cfg_, "rotary_dim")) {
@@ -513,12 +528,19 @@ class Parser {
       const std::string field = prf_in ? sd.name + ".partial_rotary_factor" : which;
       const double frac = r_.number(*f, field);
       if (!(frac > 0 && frac <= 1)) r_.fail(field, "must be in (0, 1]", *f);
-      p.rotary_dim = static_cast<int>(p.head_dim * frac);  // Python int(): truncation
-      if (p.rotary_dim < 2 || p.rotary_dim % 2 != 0)
-        r_.fail_value(field,
-                      fmt::format("int(head_dim {} × {}) = {} is not an even number >= 2",
-                                  p.head_dim, frac, p.rotary_dim),
-                      frac);
+      if (proportional) {
+        if (!set_partial_rotary_factor(p, frac))
+          r_.fail(field, "proportional RoPE needs RopeParams::partial_rotary_factor, which this "
+                         "build does not have", *f);
+        p.rotary_dim = p.head_dim;
+      } else {
+        p.rotary_dim = static_cast<int>(p.head_dim * frac);  // Python int(): truncation
+        if (p.rotary_dim < 2 || p.rotary_dim % 2 != 0)
+          r_.fail_value(field,
+                        fmt::format("int(head_dim {} × {}) = {} is not an even number >= 2",
+                                    p.head_dim, frac, p.rotary_dim),
+                        frac);
+      }
     } else {
       p.rotary_dim = p.head_dim;
     }
@@ -567,6 +589,14 @@ class Parser {
         note(fmt::format("layout {}: model_type '{}' uses {}", to_string(*spec_.layout),
                          arch_->model_type, arch_->layout_reason));
       }
+    }
+    if (deepseek && spec_.qk_head_dim && p.rope_type != "default" && p.mscale_all_dim &&
+        *p.mscale_all_dim != 0 && p.factor) {
+      const double g = *p.factor <= 1 ? 1.0 : 0.1 * *p.mscale_all_dim * std::log(*p.factor) + 1.0;
+      spec_.softmax_scale = std::pow(static_cast<double>(*spec_.qk_head_dim), -0.5) * g * g;
+      note(fmt::format("softmax_scale {:.9g} = qk_head_dim {}^-0.5 × (0.1·mscale_all_dim·ln(factor) "
+                       "+ 1)^2 (DeepseekV3Attention)",
+                       *spec_.softmax_scale, *spec_.qk_head_dim));
     }
     spec_.rope = std::move(p);
     check_with_registry();

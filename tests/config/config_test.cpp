@@ -153,6 +153,13 @@ TEST(ConfigShared, DeepSeekV3) {
   EXPECT_EQ(layout_name(s), "interleaved_in_half_out");
   EXPECT_EQ(s.num_attention_heads, 128);
   EXPECT_EQ(s.num_key_value_heads, 128);
+  // HF golden: deepseek_v3_softmax_scale_for_qk_head_dim_192 of the same yarn parameters.
+  const auto g = golden_rope_init("yarn_deepseek_v3_mscale1_mscale_all_dim1");
+  ASSERT_TRUE(s.softmax_scale);
+  EXPECT_NEAR(*s.softmax_scale,
+              g.at("outputs").at("deepseek_v3_softmax_scale_for_qk_head_dim_192").get<double>(),
+              1e-15);
+  EXPECT_NEAR(*s.softmax_scale, 0.1352337788608801, 1e-15);
 }
 
 TEST(ConfigShared, DeepSeekV3FrequenciesMatchHuggingFace) {
@@ -420,6 +427,24 @@ TEST(ConfigForms, LlamaDefaultIgnoresPartialRotaryFactor) {
       "hidden_size": 64, "head_dim": 32, "partial_rotary_factor": 0.5,
       "rope_scaling": {"rope_type": "linear", "factor": 4.0}})");
   EXPECT_EQ(scaled.rope->rotary_dim, 16);  // scaled variants apply it
+}
+
+TEST(ConfigForms, ProportionalRopeMatchesHuggingFace) {
+  if (!registered("proportional"))
+    GTEST_SKIP() << "rope_type 'proportional' is not registered in this build yet (branch enc)";
+  // Same inputs as the HF golden case proportional_partial0.25_d64.
+  const PositionalSpec s = parse_text(R"({"model_type": "llama", "num_attention_heads": 2,
+      "hidden_size": 128, "head_dim": 64, "max_position_embeddings": 8192,
+      "rope_theta": 1000000.0,
+      "rope_scaling": {"rope_type": "proportional", "partial_rotary_factor": 0.25}})");
+  EXPECT_EQ(s.rope->rope_type, "proportional");
+  EXPECT_EQ(s.rope->effective_rotary_dim(), 64);
+  const RopeFrequencies f = compute_rope_frequencies(*s.rope);
+  const auto g = golden_rope_init("proportional_partial0.25_d64");
+  const auto& inv = g.at("outputs").at("inv_freq");
+  ASSERT_EQ(f.inv_freq.size(), inv.size());
+  for (std::size_t i = 0; i < inv.size(); ++i)
+    EXPECT_NEAR(f.inv_freq[i], inv[i].get<double>(), 1e-6 * inv[i].get<double>()) << i;
 }
 
 TEST(ConfigForms, UnknownArchitectureWithRopeFieldsHasNoLayout) {

@@ -84,6 +84,7 @@ json spec_json(const PositionalSpec& s, const std::optional<RopeInspection>& ins
     j["seq_len"] = ins->target_length;
     j["rope_parameters"] = scaling_json(p);
     if (s.qk_head_dim) j["qk_head_dim"] = *s.qk_head_dim;
+    if (s.softmax_scale) j["softmax_scale"] = *s.softmax_scale;
     if (!s.mrope_section.empty()) j["mrope_section"] = s.mrope_section;
   }
   if (s.alibi) {
@@ -159,6 +160,7 @@ std::string spec_text(const PositionalSpec& s, const std::optional<RopeInspectio
     line("rope_theta", fmt::format("{}", p.rope_theta));
     line("head_dim / rotary_dim", fmt::format("{} / {}", p.head_dim, p.effective_rotary_dim()));
     if (s.qk_head_dim) line("qk_head_dim", std::to_string(*s.qk_head_dim));
+    if (s.softmax_scale) line("softmax_scale", fmt::format("{:.9g}", *s.softmax_scale));
     line("layout", layout_name(s));
     if (!s.mrope_section.empty()) line("mrope_section", fmt::format("{}", s.mrope_section));
     if (ins) line("attention_factor", fmt::format("{:.9g}", ins->frequencies.attention_factor));
