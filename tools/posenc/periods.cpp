@@ -16,6 +16,7 @@
 #include "posenc/analysis.hpp"
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
+#include "posenc/scaling.hpp"
 
 namespace posenc::cli {
 
@@ -106,6 +107,8 @@ std::string plot_data(const PeriodsRequest& req) {
     if (req.has_rope_type()) {
       label += " " + c.rope_type;
       if (c.rope_type != "default") label += fmt::format(" ×{}", req.factor.value_or(0));
+      if (find_rope_scaling(c.rope_type).depends_on_seq_len)
+        label += fmt::format(" at seq_len {}", format_context_length(c.seq_len));
     }
     curves.push_back(json{{"label", label}, {"rope_theta", c.rope_theta},
                           {"rope_type", c.rope_type}, {"wavelengths", c.wavelengths}});
