@@ -313,9 +313,9 @@ class Parser {
     arch_ = detail::find_architecture(spec_.model_type, spec_.architecture);
     if (arch_ != nullptr) {
       if (spec_.model_type.empty() || spec_.model_type != arch_->model_type)
-        note(fmt::format("architecture rules of model_type '{}' (matched from '{}')",
-                         arch_->model_type, spec_.model_type.empty() ? spec_.architecture
-                                                                     : spec_.model_type));
+        note(fmt::format("rules of model_type '{}', matched from architectures[0] '{}' "
+                         "(model_type '{}' is not in posenc's table)",
+                         arch_->model_type, spec_.architecture, spec_.model_type));
       from_architecture();
     } else {
       from_fields_only();

@@ -447,6 +447,16 @@ TEST(ConfigForms, ProportionalRopeMatchesHuggingFace) {
     EXPECT_NEAR(f.inv_freq[i], inv[i].get<double>(), 1e-6 * inv[i].get<double>()) << i;
 }
 
+TEST(ConfigForms, ArchitectureNameWhenModelTypeIsUnknown) {
+  const PositionalSpec s = parse_text(R"({"model_type": "my_llama_finetune",
+      "architectures": ["LlamaForCausalLM"], "num_attention_heads": 2, "hidden_size": 64})");
+  EXPECT_EQ(s.layout, RopeLayout::half);
+  const PositionalSpec n = parse_text(R"({"architectures": ["GPTNeoXForCausalLM"],
+      "num_attention_heads": 2, "hidden_size": 64, "rotary_pct": 0.5})");
+  EXPECT_EQ(n.rope->rotary_dim, 16);  // GPTNeoX, not the shorter prefix GPTNeo (learned)
+  EXPECT_EQ(n.layout, RopeLayout::half);
+}
+
 TEST(ConfigForms, UnknownArchitectureWithRopeFieldsHasNoLayout) {
   const PositionalSpec s = parse_text(R"({"model_type": "mystery", "num_attention_heads": 2,
       "hidden_size": 64, "rope_theta": 20000})");
