@@ -12,13 +12,21 @@
 #include <filesystem>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
+#include "posenc/family.hpp"
 #include "posenc/kv_cache.hpp"
 #include "posenc/rope.hpp"
 #include "posenc/scaling.hpp"
 
 namespace posenc {
+
+namespace detail {
+struct RawModel;
+}
+struct PosencCheckpoint;
 
 /// Architecture hyper-parameters (llama2.c's Config, plus derived values).
 struct ModelConfig {
@@ -48,6 +56,16 @@ struct RopeSetup {
 /// What to do when frequencies change under cached keys (dynamic NTK).
 enum class RopeChangePolicy { refuse, rerotate };
 
+/// The positional encoding of a model (the non-tensor part; tables are weights).
+struct PositionalConfig {
+  PositionFamily family = PositionFamily::rope;  ///< mrope is not run by this runtime
+  RopeSetup rope;                      ///< family == rope
+  double alibi_max_bias = 8.0;         ///< family == alibi: slopes = alibi_slopes(n_heads, max_bias)
+  int t5_num_buckets = 32;             ///< family == t5_bias: relative_attention_num_buckets
+  int t5_max_distance = 128;           ///< family == t5_bias: relative_attention_max_distance
+  double sinusoidal_base = 10000.0;    ///< family == sinusoidal (interleaved sin/cos layout)
+};
+
 class Model {
  public:
   /// Loads a llama2.c legacy (version 0) checkpoint: seven int32
@@ -62,6 +80,11 @@ class Model {
   /// (empty/truncated file, dim not divisible by n_heads, odd head_dim, ...).
   static Model load_llama2c(const std::filesystem::path& path);
 
+  /// Loads a posenc checkpoint (see checkpoint.hpp: any positional family,
+  /// optional embedded symbol vocabulary) or, when the file does not start
+  /// with the posenc magic, a llama2.c checkpoint. Throws as the loaders.
+  static Model load(const std::filesystem::path& path);
+
   // Copies share the (immutable) weights and carry their own RopeSetup, so
   // one loaded checkpoint can be evaluated under several encodings at once.
   Model(const Model&);
@@ -71,10 +94,21 @@ class Model {
   ~Model();
 
   const ModelConfig& config() const;
-  const RopeSetup& rope() const;
-  /// Replaces the positional setup. Throws InvalidArgument if freqs.head_dim
-  /// differs from the model's head_dim or rotary_dim is invalid.
+  const PositionalConfig& positional() const { return positional_; }
+  PositionFamily family() const { return positional_.family; }
+  /// The RoPE setup (meaningful for family() == rope).
+  const RopeSetup& rope() const { return positional_.rope; }
+  /// Replaces the RoPE setup. Throws InvalidArgument if the model is not a
+  /// RoPE model, freqs.head_dim differs from the model's head_dim or
+  /// rotary_dim is invalid.
   void set_rope(const RopeSetup& rope);
+  /// The symbol vocabulary stored in a posenc checkpoint, if any.
+  const std::vector<std::string>& embedded_symbols() const;
+  /// Free-form JSON metadata of a posenc checkpoint ("{}" otherwise).
+  const std::string& metadata_json() const;
+  /// The model as a posenc checkpoint value (tensors copied, current
+  /// positional setup), e.g. to convert a llama2.c checkpoint.
+  PosencCheckpoint to_checkpoint() const;
   /// With a length-dependent method (rope_type dynamic/longrope), each forward
   /// recomputes the frequencies for the sequence length max(position_ids)+1 (Hugging
   /// Face's dynamic_rope_update rule) and the cache applies `policy` when they
@@ -106,8 +140,9 @@ class Model {
   /// `logits` (resized): one row per input token in batch order (all), or one
   /// per sequence (last). Uses all OpenMP threads for large steps.
   /// Throws InvalidArgument for token ids outside [0, vocab_size), a
-  /// position_ids span of the wrong size, a sequence listed twice; CacheError
-  /// per the RoPE change policy.
+  /// position_ids span of the wrong size, a sequence listed twice; PositionError
+  /// for a position past a learned position table; CacheError per the RoPE
+  /// change policy. Nothing is appended to the cache when it throws.
   void forward(KvCache& cache, std::span<const SequenceInput> batch, LogitsMode mode,
                std::vector<float>& logits) const;
 
@@ -129,8 +164,9 @@ class Model {
  private:
   struct Weights;
   explicit Model(std::shared_ptr<const Weights> weights);
+  static Model build(detail::RawModel raw);
   std::shared_ptr<const Weights> w_;
-  RopeSetup rope_;
+  PositionalConfig positional_;
   RopeChangePolicy policy_ = RopeChangePolicy::refuse;
   int64_t sliding_window_ = 0;
 };

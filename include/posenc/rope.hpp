@@ -82,6 +82,14 @@ class RopeTable {
   RopeTable(const RopeFrequencies& freqs, std::span<const int64_t> position_ids,
             AnglePrecision precision);
 
+  /// A table from given cos/sin values, each [n_positions, n_pairs] float32
+  /// row-major (already multiplied by any attention factor). For tables the
+  /// reference builds another way (RoFormer's float64 sinusoidal table, MRoPE's
+  /// per-pair position rows). `precision` is recorded as provenance only.
+  /// Throws InvalidArgument if n_pairs <= 0, n_positions < 0 or a size differs.
+  static RopeTable from_cos_sin(int64_t n_positions, int n_pairs, std::vector<float> cos,
+                                std::vector<float> sin, AnglePrecision precision);
+
   int64_t n_positions() const { return n_positions_; }
   int n_pairs() const { return n_pairs_; }
   int rotary_dim() const { return 2 * n_pairs_; }
@@ -125,5 +133,31 @@ void apply_rope(const float* in, float* out, int64_t tokens, int heads, int head
 void apply_rope(float* x, int64_t tokens, int heads, const RopeFrequencies& freqs,
                 std::span<const int64_t> position_ids, RopeLayout layout,
                 AnglePrecision precision, RopeDirection direction = RopeDirection::forward);
+
+// ---- layout permutations (src/encoding/rope_layout.cpp) --------------------
+//
+// Within the first rotary_dim channels of each head (the rest untouched):
+//   interleaved order: [a0 b0 a1 b1 ... a(n-1) b(n-1)]   (pair i = channels 2i, 2i+1)
+//   half order:        [a0 a1 ... a(n-1) b0 b1 ... b(n-1)] (pair i = channels i, i+n)
+// with n = rotary_dim/2. Rotating in one layout then permuting equals
+// permuting then rotating in the other, bit for bit.
+
+/// Interleaved -> half order, in place, for x: [rows, head_dim] float32 (rows =
+/// tokens*heads, contiguous). DeepSeek-V3's `view(d/2, 2).transpose` step, and
+/// the inverse of HF's convert_llama_weights_to_hf q/k permutation.
+/// Throws InvalidArgument if rotary_dim is odd, <= 0 or > head_dim.
+void rope_interleaved_to_half(float* x, int64_t rows, int head_dim, int rotary_dim);
+
+/// Half -> interleaved order, in place (inverse of rope_interleaved_to_half).
+void rope_half_to_interleaved(float* x, int64_t rows, int head_dim, int rotary_dim);
+
+/// DeepSeek-V3's apply_rotary_pos_emb_interleave (HF modeling_deepseek_v3.py):
+/// reads x ([tokens, heads, head_dim] float32) as interleaved pairs and leaves
+/// the rotated result in *half* order -- a de-interleaving permutation followed
+/// by the half-layout rotation. The result is a permutation of the interleaved
+/// rotation (RopeLayout::interleaved). Same errors as apply_rope.
+void apply_rope_interleaved_in_half_out(float* x, int64_t tokens, int heads, int head_dim,
+                                        const RopeTable& table,
+                                        RopeDirection direction = RopeDirection::forward);
 
 }  // namespace posenc

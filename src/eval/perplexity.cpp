@@ -135,8 +135,9 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
 
   PplResult r;
   r.context = L;
-  r.rope_scaling = model.rope().freqs.rope_type;
-  r.factor = model.rope().params.factor.value_or(1.0);
+  const bool rope = model.family() == PositionFamily::rope;
+  r.rope_scaling = rope ? model.rope().freqs.rope_type : "default";
+  r.factor = rope ? model.rope().params.factor.value_or(1.0) : 1.0;
   r.windows = static_cast<int64_t>(W);
   r.buckets.resize(NB);
   double total = 0.0;
@@ -189,6 +190,9 @@ namespace posenc {
 
 LayoutEvidence detect_rope_layout(const Model& model, std::span<const int32_t> stream, int64_t context,
                                   int64_t max_tokens) {
+  if (model.family() != PositionFamily::rope)
+    throw InvalidArgument(fmt::format("detect_rope_layout: the model uses {} positions, not RoPE",
+                                      to_string(model.family())));
   LayoutEvidence e;
   e.context = context;
   PplOptions o;

@@ -10,6 +10,10 @@
 #include <fmt/format.h>
 
 #include "model/kernels.hpp"
+#include "model/raw_model.hpp"
+#include "posenc/absolute.hpp"
+#include "posenc/bias.hpp"
+#include "posenc/checkpoint.hpp"
 #include "posenc/attention.hpp"
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
@@ -47,7 +51,16 @@ struct Model::Weights {
   const float* token_embedding = nullptr;  // [vocab, dim]
   const float* rms_final = nullptr;        // [dim]
   std::vector<LayerWeights> layers;
-  std::vector<float> wcls_t;  // [dim, vocab]
+  std::vector<float> wcls_t;               // [dim, vocab]
+  const float* pos_table = nullptr;        // learned: [pos_rows, dim]
+  int64_t pos_rows = 0;
+  const float* t5_table = nullptr;         // t5_bias: [num_buckets, n_heads]
+  std::vector<float> alibi_slopes;         // alibi: [n_heads]
+  std::vector<std::string> symbols;
+  std::string metadata_json = "{}";
+  // The checkpoint's own [out, in] matrices (views into `file`), for export.
+  std::vector<detail::RawLayer> raw_layers;
+  const float* raw_output = nullptr;
 };
 
 namespace detail {
@@ -71,134 +84,100 @@ Model& Model::operator=(Model&&) noexcept = default;
 Model::~Model() = default;
 
 const ModelConfig& Model::config() const { return w_->cfg; }
-const RopeSetup& Model::rope() const { return rope_; }
 void Model::set_rope_change_policy(RopeChangePolicy policy) { policy_ = policy; }
 
 void Model::set_rope(const RopeSetup& rope) {
+  if (positional_.family != PositionFamily::rope)
+    throw InvalidArgument(fmt::format("rope: this model's positional family is {}, not rope",
+                                      to_string(positional_.family)));
   rope.freqs.validate();
   if (rope.freqs.head_dim != w_->cfg.head_dim)
     throw InvalidArgument(fmt::format("head_dim: RoPE frequencies are for head_dim {}, the model has {}",
                                       rope.freqs.head_dim, w_->cfg.head_dim));
-  rope_ = rope;
+  positional_.rope = rope;
 }
 
-Model Model::load_llama2c(const std::filesystem::path& path) {
-  auto impl = std::make_shared<Weights>();
-  impl->file = MappedFile(path);
-  const std::string name = path.string();
-  const auto bytes = impl->file.bytes();
-  if (bytes.empty()) throw CheckpointError(fmt::format("{}: empty file, expected a llama2.c checkpoint", name));
-  if (bytes.size() < 28)
-    throw CheckpointError(fmt::format("{}: truncated header: {} bytes, the llama2.c header needs 28", name,
-                                      bytes.size()));
-  int32_t h[7];
-  std::memcpy(h, bytes.data(), sizeof h);
-  if (static_cast<uint32_t>(h[0]) == 0x616b3432u)
-    throw CheckpointError(fmt::format(
-        "{}: llama2.c export version >= 1 (magic 'ak42'); only the legacy version-0 layout is supported",
-        name));
-  static constexpr const char* kField[7] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads",
-                                            "vocab_size", "seq_len"};
-  static constexpr int32_t kMax[7] = {1 << 16, 1 << 18, 1 << 10, 1 << 10, 1 << 10, 1 << 22, 1 << 24};
-  for (int i = 0; i < 7; ++i) {
-    const int64_t v = i == 5 ? std::abs(static_cast<int64_t>(h[i])) : h[i];
-    if (v <= 0 || v > kMax[i])
-      throw CheckpointError(fmt::format("{}: header field {} must be in [1, {}]{} (got {})", name, kField[i],
-                                        kMax[i], i == 5 ? " in absolute value" : "", h[i]));
+Model Model::build(detail::RawModel raw) {
+  auto w = std::make_shared<Weights>();
+  const ModelConfig& c = raw.cfg;
+  w->cfg = c;
+  w->token_embedding = raw.tok_embeddings;
+  w->rms_final = raw.norm;
+  w->layers.resize(static_cast<std::size_t>(c.n_layers));
+  for (std::size_t l = 0; l < w->layers.size(); ++l) {
+    const detail::RawLayer& r = raw.layers[l];
+    LayerWeights& lw = w->layers[l];
+    lw.rms_att = r.attention_norm;
+    lw.rms_ffn = r.ffn_norm;
+    lw.wq_t = transpose(r.wq, c.dim, c.dim);
+    lw.wk_t = transpose(r.wk, c.kv_dim(), c.dim);
+    lw.wv_t = transpose(r.wv, c.kv_dim(), c.dim);
+    lw.wo_t = transpose(r.wo, c.dim, c.dim);
+    lw.w1_t = transpose(r.w1, c.hidden_dim, c.dim);
+    lw.w2_t = transpose(r.w2, c.dim, c.hidden_dim);
+    lw.w3_t = transpose(r.w3, c.hidden_dim, c.dim);
   }
-  ModelConfig& c = impl->cfg;
-  c.dim = h[0];
-  c.hidden_dim = h[1];
-  c.n_layers = h[2];
-  c.n_heads = h[3];
-  c.n_kv_heads = h[4];
-  c.shared_classifier = h[5] > 0;
-  c.vocab_size = std::abs(h[5]);
-  c.max_position_embeddings = h[6];
-  if (c.dim % c.n_heads != 0)
-    throw CheckpointError(fmt::format("{}: dim {} is not divisible by n_heads {}", name, c.dim, c.n_heads));
-  if (c.n_kv_heads > c.n_heads || c.n_heads % c.n_kv_heads != 0)
-    throw CheckpointError(fmt::format("{}: n_heads {} is not a multiple of n_kv_heads {}", name, c.n_heads,
-                                      c.n_kv_heads));
-  c.head_dim = c.dim / c.n_heads;
-  if (c.head_dim % 2 != 0)
-    throw CheckpointError(fmt::format("{}: head_dim = dim/n_heads = {} must be even for RoPE", name, c.head_dim));
+  w->wcls_t = transpose(raw.output, c.vocab_size, c.dim);
+  w->raw_layers = raw.layers;
+  w->raw_output = raw.output;
+  w->pos_table = raw.pos_embeddings;
+  w->pos_rows = raw.pos_rows;
+  w->t5_table = raw.t5_bias;
+  if (raw.positional.family == PositionFamily::alibi)
+    w->alibi_slopes = alibi_slopes(c.n_heads, raw.positional.alibi_max_bias);
+  w->symbols = std::move(raw.symbols);
+  w->metadata_json = std::move(raw.metadata_json);
+  PositionalConfig pc = raw.positional;
+  w->file = std::move(raw.file);
+  Model m(std::move(w));
+  m.positional_ = std::move(pc);
+  return m;
+}
 
-  const uint64_t dim = static_cast<uint64_t>(c.dim), hid = static_cast<uint64_t>(c.hidden_dim),
-                 L = static_cast<uint64_t>(c.n_layers), V = static_cast<uint64_t>(c.vocab_size),
-                 kv = static_cast<uint64_t>(c.kv_dim()), hs = static_cast<uint64_t>(c.head_dim),
-                 S = static_cast<uint64_t>(c.max_position_embeddings);
-  const uint64_t floats = V * dim + L * dim + L * dim * dim + 2 * L * dim * kv + L * dim * dim + L * dim +
-                          3 * L * dim * hid + dim + S * hs + (c.shared_classifier ? 0 : V * dim);
-  const uint64_t expect = 28 + 4 * floats;
-  if (bytes.size() < expect)
-    throw CheckpointError(fmt::format(
-        "{}: truncated: the header (dim={}, hidden_dim={}, n_layers={}, n_heads={}, n_kv_heads={}, "
-        "vocab_size={}, seq_len={}) needs {} bytes, the file has {}",
-        name, h[0], h[1], h[2], h[3], h[4], h[5], h[6], expect, bytes.size()));
-  if (bytes.size() > expect)
-    throw CheckpointError(fmt::format(
-        "{}: {} bytes beyond the {} the header describes: not a llama2.c version-0 checkpoint for this header",
-        name, bytes.size() - expect, expect));
+Model Model::load_llama2c(const std::filesystem::path& path) { return build(detail::read_llama2c(path)); }
 
-  const float* p = reinterpret_cast<const float*>(bytes.data() + 28);
-  // Reject non-finite weights before use (names the tensor and the index).
-  {
-    const uint64_t n = floats;
-    for (uint64_t i = 0; i < n; ++i)
-      if (!std::isfinite(p[i]))
-        throw CheckpointError(fmt::format("{}: weight #{} (byte offset {}) is not finite ({})", name, i,
-                                          28 + 4 * i, p[i]));
-  }
-  auto take = [&](uint64_t n) {
-    const float* r = p;
-    p += n;
-    return r;
+Model Model::load(const std::filesystem::path& path) {
+  return build(is_posenc_checkpoint(path) ? detail::read_posenc(path) : detail::read_llama2c(path));
+}
+
+PosencCheckpoint Model::to_checkpoint() const {
+  const Weights& w = *w_;
+  const ModelConfig& c = w.cfg;
+  PosencCheckpoint ck;
+  ck.config = c;
+  ck.positional = positional_;
+  ck.symbols = w.symbols;
+  ck.metadata_json = w.metadata_json;
+  auto add = [&](std::string name, std::vector<int64_t> shape, const float* p) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    ck.tensors.push_back({std::move(name), std::move(shape), std::vector<float>(p, p + n)});
   };
-  impl->token_embedding = take(V * dim);
-  const float* rms_att = take(L * dim);
-  const float* wq = take(L * dim * dim);
-  const float* wk = take(L * dim * kv);
-  const float* wv = take(L * dim * kv);
-  const float* wo = take(L * dim * dim);
-  const float* rms_ffn = take(L * dim);
-  const float* w1 = take(L * dim * hid);
-  const float* w2 = take(L * hid * dim);
-  const float* w3 = take(L * dim * hid);
-  impl->rms_final = take(dim);
-  take(S * hs / 2);  // freq_cis_real (unused: RoPE comes from posenc's RoPE core)
-  take(S * hs / 2);  // freq_cis_imag
-  const float* wcls = c.shared_classifier ? impl->token_embedding : take(V * dim);
-
-  impl->layers.resize(static_cast<std::size_t>(c.n_layers));
-  for (uint64_t l = 0; l < L; ++l) {
-    LayerWeights& lw = impl->layers[l];
-    lw.rms_att = rms_att + l * dim;
-    lw.rms_ffn = rms_ffn + l * dim;
-    lw.wq_t = transpose(wq + l * dim * dim, c.dim, c.dim);
-    lw.wk_t = transpose(wk + l * dim * kv, c.kv_dim(), c.dim);
-    lw.wv_t = transpose(wv + l * dim * kv, c.kv_dim(), c.dim);
-    lw.wo_t = transpose(wo + l * dim * dim, c.dim, c.dim);
-    lw.w1_t = transpose(w1 + l * dim * hid, c.hidden_dim, c.dim);
-    lw.w2_t = transpose(w2 + l * hid * dim, c.dim, c.hidden_dim);
-    lw.w3_t = transpose(w3 + l * dim * hid, c.hidden_dim, c.dim);
+  const int64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, KV = c.kv_dim();
+  add("tok_embeddings", {V, D}, w.token_embedding);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const auto& r = w.raw_layers[static_cast<std::size_t>(l)];
+    const std::string p = fmt::format("layers.{}.", l);
+    add(p + "attention_norm", {D}, r.attention_norm);
+    add(p + "wq", {D, D}, r.wq);
+    add(p + "wk", {KV, D}, r.wk);
+    add(p + "wv", {KV, D}, r.wv);
+    add(p + "wo", {D, D}, r.wo);
+    add(p + "ffn_norm", {D}, r.ffn_norm);
+    add(p + "w1", {H, D}, r.w1);
+    add(p + "w2", {D, H}, r.w2);
+    add(p + "w3", {H, D}, r.w3);
   }
-  impl->wcls_t = transpose(wcls, c.vocab_size, c.dim);
-
-  RopeParams rp;
-  rp.rope_type = "default";
-  rp.rope_theta = 10000.0;
-  rp.head_dim = c.head_dim;
-  rp.rotary_dim = c.head_dim;
-  rp.max_position_embeddings = c.max_position_embeddings;
-  rp.original_max_position_embeddings = c.max_position_embeddings;
-  Model model(std::move(impl));
-  model.rope_.params = rp;
-  model.rope_.freqs = compute_rope_frequencies(rp);
-  model.rope_.layout = RopeLayout::interleaved;
-  model.rope_.precision = AnglePrecision::float32;
-  return model;
+  add("norm", {D}, w.rms_final);
+  if (!c.shared_classifier) add("output", {V, D}, w.raw_output);
+  if (positional_.family == PositionFamily::learned_absolute) add("pos_embeddings", {w.pos_rows, D}, w.pos_table);
+  if (positional_.family == PositionFamily::t5_bias)
+    add("t5_relative_attention_bias", {positional_.t5_num_buckets, c.n_heads}, w.t5_table);
+  return ck;
 }
+
+const std::vector<std::string>& Model::embedded_symbols() const { return w_->symbols; }
+const std::string& Model::metadata_json() const { return w_->metadata_json; }
 
 KvCache Model::make_cache(int block_size, int64_t max_blocks) const {
   KvCache::Config kc;
@@ -253,33 +232,57 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     }
   }
 
+  const PositionFamily family = positional_.family;
+  if (family == PositionFamily::learned_absolute)
+    for (int64_t p : pos)
+      if (p >= m.pos_rows)
+        throw PositionError(fmt::format(
+            "position_ids: position {} is past the learned position table (max_position_embeddings {})", p,
+            m.pos_rows));
+
   // ---- per-sequence RoPE state (dynamic methods recompute for the length) ----
-  const bool dynamic = find_rope_scaling(rope_.params.rope_type).depends_on_seq_len &&
-                       rope_.params.rope_type == rope_.freqs.rope_type;
-  std::vector<KvCache::RopeState> states(B);
-  for (std::size_t b = 0; b < B; ++b) {
-    states[b] = {rope_.freqs, rope_.layout, rope_.precision};
-    if (dynamic && offset[b + 1] > offset[b]) {
-      int64_t maxp = 0;
-      for (int64_t i = offset[b]; i < offset[b + 1]; ++i) maxp = std::max(maxp, pos[static_cast<std::size_t>(i)]);
-      maxp = std::max(maxp, cache.next_position(batch[b].seq) - 1);
-      states[b].freqs = compute_rope_frequencies(rope_.params, maxp + 1);
+  const bool rope = family == PositionFamily::rope;
+  std::vector<KvCache::RopeState> states(rope ? B : 0);
+  if (rope) {
+    const bool dynamic = find_rope_scaling(positional_.rope.params.rope_type).depends_on_seq_len &&
+                         positional_.rope.params.rope_type == positional_.rope.freqs.rope_type;
+    for (std::size_t b = 0; b < B; ++b) {
+      states[b] = {positional_.rope.freqs, positional_.rope.layout, positional_.rope.precision};
+      if (dynamic && offset[b + 1] > offset[b]) {
+        int64_t maxp = 0;
+        for (int64_t i = offset[b]; i < offset[b + 1]; ++i) maxp = std::max(maxp, pos[static_cast<std::size_t>(i)]);
+        maxp = std::max(maxp, cache.next_position(batch[b].seq) - 1);
+        // HF's forward path (dynamic_rope_update) forms dynamic NTK's base' in
+        // float32 from the integer length tensor.
+        states[b].freqs = positional_.rope.params.rope_type == "dynamic"
+                              ? dynamic_ntk_frequencies(positional_.rope.params, maxp + 1,
+                                                        DynamicNtkArithmetic::tensor_float32)
+                              : compute_rope_frequencies(positional_.rope.params, maxp + 1);
+      }
     }
+    // Refusals happen here, before anything is appended to any sequence.
+    for (std::size_t b = 0; b < B; ++b) {
+      const auto& cur = cache.rope_state(batch[b].seq);
+      if (cur && !(*cur == states[b]) && cache.size(batch[b].seq) > 0 && policy_ == RopeChangePolicy::refuse)
+        cache.set_rope_state(batch[b].seq, states[b], false);  // throws CacheError
+    }
+    for (std::size_t b = 0; b < B; ++b)
+      cache.set_rope_state(batch[b].seq, states[b], policy_ == RopeChangePolicy::rerotate);
   }
-  for (std::size_t b = 0; b < B; ++b)
-    cache.set_rope_state(batch[b].seq, states[b], policy_ == RopeChangePolicy::rerotate);
 
   std::vector<std::vector<KvCache::Slot>> slots(B);
   for (std::size_t b = 0; b < B; ++b)
     slots[b] = cache.append(batch[b].seq, std::span<const int64_t>(pos).subspan(
                                               static_cast<std::size_t>(offset[b]), batch[b].tokens.size()));
   std::vector<RopeTable> tables;
-  tables.reserve(B);
-  for (std::size_t b = 0; b < B; ++b)
-    tables.emplace_back(states[b].freqs,
-                        std::span<const int64_t>(pos).subspan(static_cast<std::size_t>(offset[b]),
-                                                              batch[b].tokens.size()),
-                        states[b].precision);
+  if (rope) {
+    tables.reserve(B);
+    for (std::size_t b = 0; b < B; ++b)
+      tables.emplace_back(states[b].freqs,
+                          std::span<const int64_t>(pos).subspan(static_cast<std::size_t>(offset[b]),
+                                                                batch[b].tokens.size()),
+                          states[b].precision);
+  }
 
   // ---- the network ----
   thread_local Scratch s;
@@ -299,6 +302,12 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
       std::memcpy(s.x.data() + r * D, m.token_embedding + static_cast<int64_t>(batch[b].tokens[i]) * D,
                   sizeof(float) * static_cast<std::size_t>(D));
     }
+  if (family == PositionFamily::learned_absolute)
+    add_absolute_position_encoding(AbsolutePositionEncoding::table, std::span(s.x.data(), sz * D), D, pos,
+                                   std::span(m.pos_table, static_cast<std::size_t>(m.pos_rows) * D), m.pos_rows);
+  if (family == PositionFamily::sinusoidal)
+    add_sinusoidal_encoding(std::span(s.x.data(), sz * D), D, pos, SinusoidalLayout::interleaved,
+                            positional_.sinusoidal_base);
 
   AttentionSpec spec;
   spec.heads = c.n_heads;
@@ -306,6 +315,16 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   spec.head_dim = c.head_dim;
   spec.mask = sliding_window_ > 0 ? MaskKind::sliding_window : MaskKind::causal;
   spec.sliding_window = sliding_window_;
+  if (family == PositionFamily::alibi) {
+    spec.bias = LogitBias::alibi;
+    spec.alibi_slopes = m.alibi_slopes;
+  } else if (family == PositionFamily::t5_bias) {
+    spec.bias = LogitBias::t5;
+    spec.t5.table = std::span(m.t5_table, static_cast<std::size_t>(positional_.t5_num_buckets) * c.n_heads);
+    spec.t5.num_buckets = positional_.t5_num_buckets;
+    spec.t5.max_distance = positional_.t5_max_distance;
+    spec.t5.bidirectional = false;
+  }
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
@@ -316,8 +335,10 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     for (std::size_t b = 0; b < B; ++b) {
       const int64_t r0 = offset[b], n = offset[b + 1] - offset[b];
       if (n == 0) continue;
-      apply_rope(s.q.data() + r0 * D, n, c.n_heads, c.head_dim, tables[b], states[b].layout);
-      apply_rope(s.k.data() + r0 * KV, n, c.n_kv_heads, c.head_dim, tables[b], states[b].layout);
+      if (rope) {
+        apply_rope(s.q.data() + r0 * D, n, c.n_heads, c.head_dim, tables[b], states[b].layout);
+        apply_rope(s.k.data() + r0 * KV, n, c.n_kv_heads, c.head_dim, tables[b], states[b].layout);
+      }
       for (int64_t i = 0; i < n; ++i) {
         const auto slot = slots[b][static_cast<std::size_t>(i)];
         std::memcpy(cache.key(l, slot), s.k.data() + (r0 + i) * KV, sizeof(float) * static_cast<std::size_t>(KV));

@@ -1,5 +1,6 @@
 #include "posenc/tokenizer.hpp"
 
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <queue>
@@ -55,11 +56,10 @@ Tokenizer Tokenizer::load_llama2c(const std::filesystem::path& path,
     throw TokenizerError(fmt::format(
         "{}: vocab_size must be >= 259 (3 special tokens + 256 byte tokens) (got {})", name,
         t.vocab_size()));
-  // index_ keys view into pieces_, which no longer changes. On duplicates the
-  // first id wins.
+  // On duplicates the first id wins (as run.c's lookup of the sorted vocabulary
+  // returns one of them; tok512 has none).
   t.index_.reserve(t.pieces_.size() * 2);
-  for (std::size_t i = 0; i < t.pieces_.size(); ++i)
-    t.index_.emplace(std::string_view(t.pieces_[i]), static_cast<int32_t>(i));
+  for (std::size_t i = 0; i < t.pieces_.size(); ++i) t.index_.emplace(t.pieces_[i], static_cast<int32_t>(i));
   t.byte_pieces_.resize(256);
   for (int b = 0; b < 256; ++b) t.byte_pieces_[static_cast<std::size_t>(b)] = std::string(1, static_cast<char>(b));
   t.byte_of_token_.assign(t.pieces_.size(), -1);
@@ -70,6 +70,36 @@ Tokenizer Tokenizer::load_llama2c(const std::filesystem::path& path,
         std::sscanf(p.c_str() + 3, "%2X", &v) == 1)
       t.byte_of_token_[i] = static_cast<int16_t>(v);
   }
+  return t;
+}
+
+Tokenizer Tokenizer::from_symbols(std::vector<std::string> symbols) {
+  if (symbols.size() < 4)
+    throw TokenizerError(fmt::format("symbols: need <pad>, <bos>, <eos> and at least one symbol (got {} entries)",
+                                     symbols.size()));
+  static const char* kSpecial[3] = {"<pad>", "<bos>", "<eos>"};
+  for (int i = 0; i < 3; ++i)
+    if (symbols[static_cast<std::size_t>(i)] != kSpecial[i])
+      throw TokenizerError(fmt::format("symbols[{}]: must be '{}' (got '{}')", i, kSpecial[i],
+                                       symbols[static_cast<std::size_t>(i)]));
+  Tokenizer t;
+  t.symbolic_ = true;
+  t.pieces_ = std::move(symbols);
+  t.scores_.assign(t.pieces_.size(), 0.0f);
+  t.byte_of_token_.assign(t.pieces_.size(), -1);
+  for (std::size_t i = 0; i < t.pieces_.size(); ++i) {
+    const std::string& s = t.pieces_[i];
+    if (s.empty()) throw TokenizerError(fmt::format("symbols[{}]: empty symbol", i));
+    for (char c : s)
+      if (std::isspace(static_cast<unsigned char>(c)))
+        throw TokenizerError(fmt::format("symbols[{}]: '{}' contains whitespace", i, s));
+    t.max_token_length_ = std::max(t.max_token_length_, static_cast<int>(s.size()));
+  }
+  t.index_.reserve(t.pieces_.size() * 2);
+  for (std::size_t i = 0; i < t.pieces_.size(); ++i)
+    if (!t.index_.emplace(t.pieces_[i], static_cast<int32_t>(i)).second)
+      throw TokenizerError(fmt::format("symbols[{}]: '{}' is listed twice", i, t.pieces_[i]));
+  for (const auto& s : t.pieces_) t.spaced_.push_back(" " + s);
   return t;
 }
 
@@ -90,6 +120,24 @@ int32_t Tokenizer::lookup(std::string_view s) const {
 }
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text, bool bos, bool eos) const {
+  if (symbolic_) {
+    std::vector<int32_t> ids;
+    if (bos) ids.push_back(kBos);
+    std::size_t i = 0;
+    while (i < text.size()) {
+      while (i < text.size() && std::isspace(static_cast<unsigned char>(text[i]))) ++i;
+      std::size_t j = i;
+      while (j < text.size() && !std::isspace(static_cast<unsigned char>(text[j]))) ++j;
+      if (j > i) {
+        const int32_t id = lookup(text.substr(i, j - i));
+        if (id < 0) throw TokenizerError(fmt::format("text: unknown symbol '{}' for this vocabulary", text.substr(i, j - i)));
+        ids.push_back(id);
+      }
+      i = j;
+    }
+    if (eos) ids.push_back(kEos);
+    return ids;
+  }
   std::vector<int32_t> tokens;
   tokens.reserve(text.size() + 3);
   if (bos) tokens.push_back(kBos);
@@ -182,6 +230,9 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool bos, bool eos
 
 std::string_view Tokenizer::decode(int32_t prev_token, int32_t token) const {
   const std::string& p = piece(token);
+  if (symbolic_) {
+    return (prev_token < 0 || prev_token == kBos) ? std::string_view(p) : std::string_view(spaced_[static_cast<std::size_t>(token)]);
+  }
   const int16_t byte = byte_of_token_[static_cast<std::size_t>(token)];
   if (byte >= 0) return byte_pieces_[static_cast<std::size_t>(byte)];
   std::string_view s = p;

@@ -10,8 +10,9 @@
 namespace posenc::cli {
 
 void ModelArgs::add_to(CLI::App& cmd) {
-  cmd.add_option("--model", model_path, "llama2.c checkpoint (.bin)")->required();
-  cmd.add_option("--tokenizer", tokenizer_path, "llama2.c tokenizer (.bin)")->required();
+  cmd.add_option("--model", model_path, "llama2.c checkpoint (.bin) or posenc checkpoint")->required();
+  cmd.add_option("--tokenizer", tokenizer_path,
+                 "llama2.c tokenizer (.bin); optional for posenc checkpoints with an embedded vocabulary");
   cmd.add_option("--rope-layout", rope_layout,
                  "override the RoPE layout: half (rotate_half/GPT-NeoX) or interleaved "
                  "(GPT-J/llama2.c); default: the checkpoint's (interleaved for llama2.c)");
@@ -21,16 +22,26 @@ void ModelArgs::add_to(CLI::App& cmd) {
 }
 
 LoadedModel load_model(const ModelArgs& args) {
-  Model model = Model::load_llama2c(args.model_path);
-  Tokenizer tok = Tokenizer::load_llama2c(args.tokenizer_path);
+  Model model = Model::load(args.model_path);
+  Tokenizer tok = [&] {
+    if (!args.tokenizer_path.empty()) return Tokenizer::load_llama2c(args.tokenizer_path);
+    if (!model.embedded_symbols().empty()) return Tokenizer::from_symbols(model.embedded_symbols());
+    throw ConfigError(fmt::format("--tokenizer: required, {} has no embedded vocabulary", args.model_path));
+  }();
   if (tok.vocab_size() != model.config().vocab_size)
     throw TokenizerError(fmt::format("{}: vocab_size {} does not match the model's vocab_size {} ({})",
                                      args.tokenizer_path, tok.vocab_size(), model.config().vocab_size,
                                      args.model_path));
-  RopeSetup r = model.rope();
-  if (!args.rope_layout.empty()) r.layout = parse_rope_layout(args.rope_layout, "--rope-layout");
-  r.precision = parse_angle_precision(args.angle_precision, "--angle-precision");
-  model.set_rope(r);
+  const AnglePrecision precision = parse_angle_precision(args.angle_precision, "--angle-precision");
+  if (model.family() == PositionFamily::rope) {
+    RopeSetup r = model.rope();
+    if (!args.rope_layout.empty()) r.layout = parse_rope_layout(args.rope_layout, "--rope-layout");
+    r.precision = precision;
+    model.set_rope(r);
+  } else if (!args.rope_layout.empty()) {
+    throw ConfigError(fmt::format("--rope-layout: {} uses {} positions, not RoPE", args.model_path,
+                                  to_string(model.family())));
+  }
   return {std::move(model), std::move(tok)};
 }
 
@@ -72,12 +83,14 @@ std::vector<int64_t> parse_lengths(const std::string& text, const std::string& f
 
 std::string describe(const Model& model) {
   const auto& c = model.config();
+  std::string arch = fmt::format("dim {}, {} layers, {} heads / {} KV heads, head_dim {}, vocab {}, trained context {}",
+                                 c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size,
+                                 c.max_position_embeddings);
+  if (model.family() != PositionFamily::rope)
+    return fmt::format("{}; positional family {}", arch, to_string(model.family()));
   const auto& r = model.rope();
-  return fmt::format(
-      "dim {}, {} layers, {} heads / {} KV heads, head_dim {}, vocab {}, trained context {}; RoPE rope_theta "
-      "{:g}, rotary_dim {}, layout {}, angle_precision {}",
-      c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size, c.max_position_embeddings,
-      r.params.rope_theta, r.freqs.rotary_dim, to_string(r.layout), to_string(r.precision));
+  return fmt::format("{}; RoPE rope_theta {:g}, rotary_dim {}, layout {}, angle_precision {}", arch,
+                     r.params.rope_theta, r.freqs.rotary_dim, to_string(r.layout), to_string(r.precision));
 }
 
 }  // namespace posenc::cli

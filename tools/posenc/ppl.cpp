@@ -52,7 +52,11 @@ void run_ppl(const PplArgs& a) {
   for (int64_t L : contexts)
     for (const auto& s : scalings) {
       Model m = model;
-      m.set_rope(rope_setup_for_context(model.rope(), trained, s, L, a.rope_factor));
+      if (model.family() == PositionFamily::rope)
+        m.set_rope(rope_setup_for_context(model.rope(), trained, s, L, a.rope_factor));
+      else if (s != "default")
+        throw ConfigError(fmt::format("--rope-scaling: {} uses {} positions; RoPE scalings do not apply (got {})",
+                                      a.model.model_path, to_string(model.family()), s));
       PplOptions o;
       o.context = L;
       o.max_tokens = a.max_tokens;
@@ -77,7 +81,11 @@ void run_ppl(const PplArgs& a) {
   std::string head = fmt::format("{:>8} {:<13} {:>7} {:>9} {:>8} {:>9}", "context", "rope_scaling", "factor",
                                  "ppl", "nll", "tokens");
   for (const auto& [s, e] : columns) head += fmt::format(" {:>12}", fmt::format("[{},{})", s, e));
-  fmt::print("mean NLL (nats/token) per position bucket; angle_precision {}\n{}\n", to_string(model.rope().precision), head);
+  fmt::print("mean NLL (nats/token) per position bucket{}\n{}\n",
+             model.family() == PositionFamily::rope
+                 ? fmt::format("; angle_precision {}", to_string(model.rope().precision))
+                 : fmt::format("; positional family {}", to_string(model.family())),
+             head);
   for (const auto& r : results) {
     std::string row = fmt::format("{:>8} {:<13} {:>7.3f} {:>9.4f} {:>8.4f} {:>9}", r.context, r.rope_scaling,
                                   r.factor, r.ppl, r.nll, r.tokens);
@@ -94,8 +102,11 @@ void run_ppl(const PplArgs& a) {
     j["model"] = a.model.model_path;
     j["text"] = a.text_path;
     j["tokens_total"] = stream.size();
-    j["rope_layout"] = std::string(to_string(model.rope().layout));
-    j["angle_precision"] = std::string(to_string(model.rope().precision));
+    j["positional_family"] = std::string(to_string(model.family()));
+    if (model.family() == PositionFamily::rope) {
+      j["rope_layout"] = std::string(to_string(model.rope().layout));
+      j["angle_precision"] = std::string(to_string(model.rope().precision));
+    }
     j["trained_context"] = trained;
     j["results"] = nlohmann::json::array();
     for (const auto& r : results) {

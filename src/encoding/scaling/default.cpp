@@ -2,9 +2,12 @@
 
 namespace posenc::detail {
 
-// HF: _compute_default_rope_parameters (rope_type "default").
+// Plain RoPE (Su et al. 2021, eq. 15: theta_i = base^(-2i/d)). HF:
+// LlamaRotaryEmbedding.compute_default_rope_parameters / GPT-NeoX's (which
+// applies partial_rotary_factor; Llama's ignores it -- see RopeParams).
 RopeFrequencies rope_default(const RopeParams& p, std::optional<int64_t>) {
-  return default_rope_frequencies(p.head_dim, p.effective_rotary_dim(), p.rope_theta);
+  const int dim = resolve_rotary_dim(p);
+  return make_frequencies(p.head_dim, dim, default_inv_freq(dim / 2, dim, p.rope_theta), 1.0);
 }
 
 }  // namespace posenc::detail

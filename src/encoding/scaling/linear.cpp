@@ -8,10 +8,11 @@ namespace posenc::detail {
 // _compute_linear_scaling_rope_parameters (inv_freq /= factor, float32).
 RopeFrequencies rope_linear(const RopeParams& p, std::optional<int64_t>) {
   const double factor = require_factor(p);
-  RopeFrequencies f = default_rope_frequencies(p.head_dim, p.effective_rotary_dim(), p.rope_theta);
+  const int dim = resolve_rotary_dim(p);
+  std::vector<float> inv = default_inv_freq(dim / 2, dim, p.rope_theta);
   const float s = static_cast<float>(factor);
-  for (float& v : f.inv_freq) v /= s;
-  return f;
+  for (float& v : inv) v /= s;
+  return make_frequencies(p.head_dim, dim, std::move(inv), 1.0);
 }
 
 }  // namespace posenc::detail
