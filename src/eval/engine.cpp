@@ -52,9 +52,15 @@ RopeSetup eval_rope_setup(const Model& model, std::string_view rope_scaling, int
   RopeSetup r = rope_setup_for_context(model.rope(), model.config().max_position_embeddings, rope_scaling, length,
                                        rope_factor);
   if (find_rope_scaling(rope_scaling).depends_on_seq_len) {
-    // Freeze: the model recomputes length-dependent frequencies only while
-    // freqs.rope_type names the method itself; a distinct label keeps the
-    // seq_len = length frequencies for every token of the sample.
+    // The frequencies the forward itself computes for a full window of
+    // `length` tokens (max(position_ids)+1 = length; dynamic NTK in HF's
+    // forward-path float32 arithmetic) ...
+    r.freqs = rope_scaling == "dynamic"
+                  ? dynamic_ntk_frequencies(r.params, length, DynamicNtkArithmetic::tensor_float32)
+                  : compute_rope_frequencies(r.params, length);
+    // ... frozen: the model recomputes length-dependent frequencies only while
+    // freqs.rope_type names the method itself; a distinct label keeps these
+    // for every token of the sample (prompt, candidates, generated tokens).
     r.freqs.rope_type = fmt::format("{}@seq_len={}", rope_scaling, length);
   }
   return r;

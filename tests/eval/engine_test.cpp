@@ -77,7 +77,7 @@ TEST(EvalEngine, PrefixSharingAcrossDepthsChangesNoResult) {
   const TaskGenerator g(tok(), hay(), {});
   for (const std::string task : {"name_recall", "passkey"}) {
     std::vector<TaskSample> ss;
-    for (double d : {0.0, 0.25, 0.5, 0.75, 1.0}) ss.push_back(g.make(task, 1, 700, d));
+    for (double d : {0.0, 0.5, 1.0}) ss.push_back(g.make(task, 1, 400, d));
     const auto shared = evaluate_samples(model(), tok(), ss);
     for (std::size_t i = 0; i < ss.size(); ++i) {
       const auto alone = evaluate_samples(model(), tok(), std::span<const TaskSample>(&ss[i], 1));
@@ -111,16 +111,23 @@ TEST(EvalEngine, DynamicIsFrozenAtTheCellLength) {
   bool has_dynamic = false;
   for (const auto& m : rope_scalings()) has_dynamic = has_dynamic || m.name == "dynamic";
   if (!has_dynamic) GTEST_SKIP() << "rope_type 'dynamic' is not registered on this branch yet";
-  const RopeSetup r = eval_rope_setup(model(), "dynamic", 2048, std::nullopt);
-  const RopeSetup ref = rope_setup_for_context(model().rope(), 512, "dynamic", 2048, std::nullopt);
-  EXPECT_EQ(r.freqs.inv_freq, ref.freqs.inv_freq);
-  Model m = model();
-  m.set_rope(r);
-  // Prompt, then one more token: the frozen frequencies never change under the
-  // cached keys (an unfrozen dynamic method would refuse: CacheError).
+  const int64_t L = 1024;
+  // Unfrozen (as `posenc ppl` uses it): the forward recomputes theta for the
+  // window's length. Frozen (eval): the same frequencies, held fixed.
+  Model unfrozen = model(), frozen = model();
+  unfrozen.set_rope(rope_setup_for_context(model().rope(), 512, "dynamic", L, std::nullopt));
+  frozen.set_rope(eval_rope_setup(model(), "dynamic", L, std::nullopt));
+  EXPECT_NE(frozen.rope().freqs.inv_freq, model().rope().freqs.inv_freq);  // theta really changed (s = 2)
+  const auto stream = encode_stream(tok(), read_file(test::text_path()).substr(0, 20000));
+  ASSERT_GE(stream.size(), static_cast<std::size_t>(L));
+  const std::span<const int32_t> window(stream.data(), static_cast<std::size_t>(L));
+  EXPECT_EQ(frozen.score_window(window), unfrozen.score_window(window));  // bit-identical on a full window
+  // Prompt, then generated tokens: the frozen frequencies never change under
+  // the cached keys (unfrozen, the cache refuses: CacheError).
   const TaskGenerator g(tok(), hay(), {});
-  const TaskSample s = g.make("passkey", 0, 2048, 0.5);
-  EXPECT_NO_THROW(evaluate_samples(m, tok(), std::span<const TaskSample>(&s, 1)));
+  const TaskSample s = g.make("passkey", 0, L, 0.5);
+  EXPECT_NO_THROW(evaluate_samples(frozen, tok(), std::span<const TaskSample>(&s, 1)));
+  EXPECT_THROW(evaluate_samples(unfrozen, tok(), std::span<const TaskSample>(&s, 1)), CacheError);
 }
 
 TEST(EvalEngine, RejectsOverlongSamples) {
