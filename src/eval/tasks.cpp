@@ -165,25 +165,30 @@ namespace {
 
 constexpr std::array kTasks{
     TaskInfo{"name_recall", TaskKind::choice, true, "choice", 0,
-             "a sentence introduces a little <kind> named <Name> at the depth; at the end 'The little <kind> was "
-             "named' must continue with that name (K candidates, summed log-prob)"},
+             "needle 'There was a little <kind> named <Name>.' at the depth; the prompt ends 'The little <kind> was "
+             "named'; candidates = the name + K-1 other common TinyStories names absent from the context; argmax of "
+             "summed log-prob"},
     TaskInfo{"passkey", TaskKind::generation, true, "first_integer", 8,
-             "a 5-digit pass key stated once (YaRN/landmark template); the first integer of the reply must equal it"},
+             "landmark/YaRN passkey: 'The pass key is N. Remember it. N is the pass key.' (N: 5 digits) / 'What is "
+             "the pass key? The pass key is'; the first integer of the reply must equal N (short preamble)"},
     TaskInfo{"niah_single", TaskKind::generation, true, "all", 16,
-             "RULER niah_single_2: one 'special magic number' (7 digits) for an adjective-noun key"},
+             "RULER niah_single_2 on TinyStories: 'One of the special magic numbers for <adj-noun> is: <7 digits>.' "
+             "(RULER needle, shortened preamble/question)"},
     TaskInfo{"niah_multikey", TaskKind::generation, true, "all", 16,
-             "RULER niah_multikey_1: the queried key's number among 3 distractor keys' numbers"},
+             "RULER niah_multikey_1: the queried key's number among 3 distractor keys' needles"},
     TaskInfo{"niah_multivalue", TaskKind::generation, true, "all", 48,
              "RULER niah_multivalue: all 4 numbers of one key"},
     TaskInfo{"niah_multiquery", TaskKind::generation, true, "all", 48,
              "RULER niah_multiquery: the numbers of 4 queried keys"},
     TaskInfo{"variable_tracking", TaskKind::generation, true, "all", 40,
-             "RULER vt: a chain VAR A = 12345, VAR B = VAR A, ... (4 hops); all 5 names bound to the value"},
+             "RULER vt: 'VAR A = 12345.' then 4 hops 'VAR B = VAR A.' (evidence spread from the depth to the end); all "
+             "5 names bound to the value (no one-shot example)"},
     TaskInfo{"common_words", TaskKind::generation, false, "all", 40,
-             "RULER cwe (short setting): the 5 words repeated 4 times in a numbered list of otherwise unique words"},
+             "RULER cwe, reduced: 5 words repeated 4 times in a numbered list of otherwise unique haystack words "
+             "fitted to the length; all 5 must be named (no depth axis)"},
     TaskInfo{"kv_retrieval", TaskKind::generation, true, "all", 16,
-             "lost-in-the-middle kv retrieval: a JSON object of 8-hex-digit keys/values fitted to the length; the "
-             "queried pair at index round(depth x (n-1))"},
+             "lost-in-the-middle kv retrieval with 8-hex-digit keys/values (UUIDs cost ~30 tokens each here), one "
+             "JSON record per line fitted to the length; the queried pair at index round(depth x (n-1))"},
 };
 
 }  // namespace
