@@ -146,7 +146,8 @@ struct EvalRunResult {
 /// summary.csv, ppl.json and run.json (atomically) from every cell present.
 /// `model` carries the base RoPE setup (layout, precision); `haystack_text`
 /// is the haystack file's contents. Samples run in parallel over the OpenMP
-/// threads (one KV cache per thread).
+/// threads (one KV cache per thread). Test-only: the environment variable
+/// POSENC_EVAL_TEST_GROUP_DELAY_MS=n pauses n ms after each persisted group.
 EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::string_view haystack_text,
                        EvalConfig config, const std::function<void(const EvalProgress&)>& on_progress = {});
 

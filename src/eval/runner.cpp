@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <thread>
 #include <ctime>
 #include <exception>
 #include <map>
@@ -221,6 +223,17 @@ std::string fingerprint(const RopeSetup& r) {
   return f;
 }
 
+
+// TEST-ONLY: POSENC_EVAL_TEST_GROUP_DELAY_MS=n sleeps n ms after each
+// persisted group, so the resume test can kill a run between groups however
+// fast the machine is. Unset in normal use.
+void test_group_delay() {
+  static const long ms = [] {
+    const char* e = std::getenv("POSENC_EVAL_TEST_GROUP_DELAY_MS");
+    return e ? std::strtol(e, nullptr, 10) : 0L;
+  }();
+  if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
 
 }  // namespace
 
@@ -778,6 +791,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
     weight_done += group_weight(g);
     weight_done_here += group_weight(g);
     report(label, 0.0, true);
+    test_group_delay();
   }
 
   // ---- perplexity matrix ----

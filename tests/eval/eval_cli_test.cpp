@@ -127,8 +127,16 @@ TEST_F(EvalCli, ResumeAfterKillLosesNoFinishedCell) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  // The child pauses 400 ms after each persisted group (test-only hook), so
+  // the kill lands between groups however fast the machine is.
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
+  env_s.emplace_back("POSENC_EVAL_TEST_GROUP_DELAY_MS=400");
+  std::vector<char*> envp;
+  for (auto& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
   pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, POSENC_CLI_PATH, &fa, nullptr, argv.data(), environ), 0);
+  ASSERT_EQ(posix_spawn(&pid, POSENC_CLI_PATH, &fa, nullptr, argv.data(), envp.data()), 0);
   posix_spawn_file_actions_destroy(&fa);
   // Kill as soon as one group (3 cells) is persisted.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
