@@ -161,8 +161,8 @@ void run_report_cmd(const ReportArgs& a) {
   fmt::print("{}", table);
   if (!a.no_plots) {
     run_script("eval_report.py", {run_dir.string()});
-    fmt::print("\nreport: {} (heatmaps in {}, perplexity plot ppl_by_position.png)\n",
-               (run_dir / "report.html").string(), (run_dir / "plots").string());
+    fmt::print("\nreport: {} (heatmaps in {}{})\n", (run_dir / "report.html").string(), (run_dir / "plots").string(),
+               std::filesystem::exists(run_dir / "ppl.json") ? ", perplexity plot ppl_by_position.png" : "");
   }
 }
 
