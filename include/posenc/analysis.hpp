@@ -182,16 +182,5 @@ std::vector<DecayPoint> rope_decay_curve(int head_dim, double rope_theta, int64_
 /// InvalidArgument for n_heads <= 0 or a non-positive max_bias.
 std::vector<float> alibi_slopes_for(const AlibiSpec& alibi, int n_heads);
 
-// ---------------------------------------------------------------------------
-// Plots.
-
-/// Runs `python3 script data.json out_png`: writes `data_json` to a temporary
-/// file, runs the script (Debian's /usr/bin/python3 when it exists, where
-/// python3-matplotlib lives, else python3 from PATH), removes the temporary
-/// file. The scripts write the PNG to a temporary file next to out_png and
-/// rename it, so out_png is never partial. Throws IoError with the script's
-/// stderr when it fails.
-void render_plot(const std::filesystem::path& script, std::string_view data_json,
-                 const std::filesystem::path& out_png);
 
 }  // namespace posenc

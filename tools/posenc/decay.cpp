@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "scripts.hpp"
 #include "posenc/analysis.hpp"
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
@@ -52,7 +53,7 @@ void run_decay(const DecayOptions& opt) {
     }
     data["distance"] = std::move(d);
     data["bound"] = std::move(b);
-    render_plot(std::filesystem::path(POSENC_SCRIPTS_DIR) / "plot_decay.py", data.dump(),
+    run_plot("plot_decay.py", data.dump(),
                 opt.plot);
   }
   // Short summary on stdout when the curve went to files.

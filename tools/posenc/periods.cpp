@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "scripts.hpp"
 #include "posenc/analysis.hpp"
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
@@ -147,7 +148,7 @@ void run_periods(const PeriodsOptions& opt) {
   else
     write_file_atomic(opt.output, text);
   if (!opt.plot.empty()) {
-    render_plot(std::filesystem::path(POSENC_SCRIPTS_DIR) / "plot_periods.py", plot_data(req),
+    run_plot("plot_periods.py", plot_data(req),
                 opt.plot);
     if (!opt.json_output && !opt.csv_output) fmt::print("plot: {}\n", opt.plot);
   }

@@ -123,16 +123,7 @@ void run_ppl(const PplArgs& a) {
       if (!a.quiet) fmt::print(stderr, "wrote {}\n", a.json_path);
     }
     if (!a.plot_path.empty()) {
-      // The plot reads the same JSON (from a temporary file next to the PNG).
-      const std::string tmp = a.plot_path + ".ppl.json.tmp";
-      write_file_atomic(tmp, j.dump() + "\n");
-      try {
-        run_script("plot_ppl.py", {tmp, a.plot_path});
-      } catch (...) {
-        std::remove(tmp.c_str());
-        throw;
-      }
-      std::remove(tmp.c_str());
+      run_plot("plot_ppl.py", j.dump() + "\n", a.plot_path);
       if (!a.quiet) fmt::print(stderr, "wrote {}\n", a.plot_path);
     }
   }

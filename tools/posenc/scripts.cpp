@@ -1,14 +1,21 @@
 #include "scripts.hpp"
 
+#include <fcntl.h>
+#include <spawn.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
+#include <cstring>
 
 #include <fmt/format.h>
 
 #include "posenc/error.hpp"
+#include "posenc/io.hpp"
+
+extern char** environ;
 
 #ifndef POSENC_SCRIPTS_DIR
 #define POSENC_SCRIPTS_DIR "scripts"
@@ -18,41 +25,102 @@ namespace posenc::cli {
 
 namespace {
 
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+/// A unique empty file in the temporary directory, removed on destruction.
+class TempFile {
+ public:
+  explicit TempFile(std::string_view suffix) {
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "posenc-script-XXXXXX").string() + std::string(suffix);
+    const int fd = ::mkstemps(pattern.data(), static_cast<int>(suffix.size()));
+    if (fd < 0) throw IoError(fmt::format("{}: cannot create a temporary file: {}", pattern, std::strerror(errno)));
+    ::close(fd);
+    path_ = pattern;
+  }
+  ~TempFile() {
+    std::error_code ec;
+    std::filesystem::remove(path_, ec);
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
 
 std::string scripts_dir() {
   const char* env = std::getenv("POSENC_SCRIPTS_DIR");
   return env && *env ? env : POSENC_SCRIPTS_DIR;
 }
 
+std::string python_interpreter() {
+  const char* env = std::getenv("POSENC_PYTHON");
+  if (env && *env) return env;
+  std::error_code ec;
+  return std::filesystem::exists("/usr/bin/python3", ec) ? "/usr/bin/python3" : "python3";
+}
+
 }  // namespace
 
 void run_script(const std::string& script, const std::vector<std::string>& args) {
   const std::filesystem::path path = std::filesystem::path(scripts_dir()) / script;
-  if (!std::filesystem::exists(path)) throw IoError(fmt::format("{}: plotting script not found", path.string()));
-  // Debian's python3-matplotlib lives in /usr/bin/python3's dist-packages; a
-  // python3 earlier on PATH (pyenv, venv) may not have it.
-  const char* env = std::getenv("POSENC_PYTHON");
-  const std::string py = env && *env ? env : std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
-  std::string cmd = fmt::format("MPLBACKEND=Agg {} {}", quote(py), quote(path.string()));
-  for (const auto& a : args) {
-    cmd += ' ';
-    cmd += quote(a);
-  }
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec))
+    throw IoError(fmt::format("{}: plotting script not found", path.string()));
+  const std::string python = python_interpreter();
+  const std::string path_s = path.string();
+  std::vector<std::string> env_strings{"MPLBACKEND=Agg"};
+  for (char** e = environ; *e; ++e)
+    if (std::strncmp(*e, "MPLBACKEND=", 11) != 0) env_strings.emplace_back(*e);
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> argv_s{python, path_s};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : argv_s) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  TempFile log(".log");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  const std::string log_s = log.path().string();
+  posix_spawn_file_actions_addopen(&actions, 1, log_s.c_str(), O_WRONLY | O_TRUNC, 0600);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
   std::fflush(stdout);
   std::fflush(stderr);
-  const int rc = std::system(cmd.c_str());
-  if (rc == -1 || !WIFEXITED(rc) || WEXITSTATUS(rc) != 0)
-    throw IoError(fmt::format("{} (run with {}): failed (exit status {}); is python3-matplotlib installed?", path.string(), py,
-                              rc == -1 ? -1 : (WIFEXITED(rc) ? WEXITSTATUS(rc) : -1)));
+  pid_t pid = 0;
+  const int rc = ::posix_spawnp(&pid, python.c_str(), &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw IoError(fmt::format("cannot run {}: {}", python, std::strerror(rc)));
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) throw IoError(fmt::format("waiting for {} failed: {}", python, std::strerror(errno)));
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::string output;
+    try {
+      output = read_file(log.path());
+    } catch (const IoError&) {
+    }
+    if (output.size() > 2000) output = "..." + output.substr(output.size() - 2000);
+    throw IoError(fmt::format("{} {} failed ({}); is python3-matplotlib installed? {}", python, path_s,
+                              WIFEXITED(status) ? fmt::format("exit {}", WEXITSTATUS(status)) : std::string("killed"),
+                              output));
+  }
+}
+
+void run_plot(const std::string& script, std::string_view data_json, const std::filesystem::path& out_png) {
+  if (out_png.empty()) throw IoError("--plot: empty output path");
+  TempFile data(".json");
+  write_file_atomic(data.path(), data_json);
+  run_script(script, {data.path().string(), out_png.string()});
 }
 
 std::string source_git_hash() {
-  const std::string cmd = fmt::format("git -C {} rev-parse HEAD 2>/dev/null", quote(scripts_dir() + "/.."));
+  const std::string dir = scripts_dir() + "/..";
+  std::string cmd = "git -C '";
+  for (char c : dir) cmd += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  cmd += "' rev-parse HEAD 2>/dev/null";
   FILE* p = ::popen(cmd.c_str(), "r");
   if (!p) return "";
   char buf[128] = {0};
