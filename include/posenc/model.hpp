@@ -51,6 +51,11 @@ struct RopeSetup {
   RopeFrequencies freqs;   ///< what the kernels use
   RopeLayout layout = RopeLayout::interleaved;
   AnglePrecision precision = AnglePrecision::float32;
+  /// For length-dependent methods (dynamic, longrope): recompute the
+  /// frequencies in every forward from the sequence length (HF's
+  /// dynamic_rope_update). false freezes `freqs` as given, e.g. at the values
+  /// for a whole evaluation window.
+  bool update_with_length = true;
 };
 
 /// What to do when frequencies change under cached keys (dynamic NTK).

@@ -58,10 +58,8 @@ RopeSetup eval_rope_setup(const Model& model, std::string_view rope_scaling, int
     r.freqs = rope_scaling == "dynamic"
                   ? dynamic_ntk_frequencies(r.params, length, DynamicNtkArithmetic::tensor_float32)
                   : compute_rope_frequencies(r.params, length);
-    // ... frozen: the model recomputes length-dependent frequencies only while
-    // freqs.rope_type names the method itself; a distinct label keeps these
-    // for every token of the sample (prompt, candidates, generated tokens).
-    r.freqs.rope_type = fmt::format("{}@seq_len={}", rope_scaling, length);
+    // ... frozen for every token of the sample (prompt, candidates, generated tokens).
+    r.update_with_length = false;
   }
   return r;
 }

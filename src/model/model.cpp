@@ -244,8 +244,8 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   const bool rope = family == PositionFamily::rope;
   std::vector<KvCache::RopeState> states(rope ? B : 0);
   if (rope) {
-    const bool dynamic = find_rope_scaling(positional_.rope.params.rope_type).depends_on_seq_len &&
-                         positional_.rope.params.rope_type == positional_.rope.freqs.rope_type;
+    const bool dynamic = positional_.rope.update_with_length &&
+                         find_rope_scaling(positional_.rope.params.rope_type).depends_on_seq_len;
     for (std::size_t b = 0; b < B; ++b) {
       states[b] = {positional_.rope.freqs, positional_.rope.layout, positional_.rope.precision};
       if (dynamic && offset[b + 1] > offset[b]) {
