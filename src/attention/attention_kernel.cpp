@@ -1,0 +1,841 @@
+// posenc — tiled CPU attention (FlashAttention-2 style online softmax).
+//
+// Vocabulary
+//  - row: one (query token, query head) pair. The rows that share a KV head
+//    are the query tokens x the `group` heads of its GQA group, numbered
+//    token-major: row g -> token g / group, head kvh*group + g % group.
+//  - tile: up to kBK consecutive keys of one KvBlock, with the min/max of its
+//    valid position ids and whether it holds empty slots (position < 0).
+//
+// Two kernels, chosen by the number of rows per KV head:
+//  - wide (prefill, >= kNarrowMaxRows rows): blocks of kBQ = 64 rows live in
+//    the SIMD lanes. q is packed transposed, QT[d][row], pre-multiplied by
+//    softmax_scale*log2(e). Per tile, S[key][row] = K QTᵀ by a register-blocked
+//    micro-kernel (MK keys x NV row vectors; keys broadcast from their natural
+//    layout, so neither K nor V is ever repacked), then bias, mask, the online
+//    softmax update (per-lane max/sum, base 2), and O[row][:] += P V by a second
+//    micro-kernel (MR rows x ND channel vectors, V rows loaded as vectors).
+//  - narrow (decode, few rows): one row at a time against 16 keys, vectorised
+//    over head_dim, the 16 partial sums folded by a transpose-add tree; P V
+//    with V rows as vectors.
+// Tiles whose keys are all invisible to the block (by position ranges) are
+// skipped; fully visible tiles skip the per-element mask.
+//
+// This file is compiled with -ffp-contract=fast (FMA allowed).
+#include "attention/attention_kernel.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include "encoding/rope_kernels.hpp"
+#include "posenc/bias.hpp"
+#include "posenc/error.hpp"
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+#define POSENC_ATTN_AVX512 1
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace posenc::detail {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kBQ = 64;  // rows per wide block (4 vectors of 16)
+constexpr int kBK = 64;  // keys per tile
+// Calls with fewer multiply-adds than this run on the calling thread.
+constexpr double kParallelMinWork = double(1 << 20);
+
+// ---------------------------------------------------------------------------
+// Scratch memory: per thread, grown on demand, reused across calls (so a
+// decode step allocates nothing).
+
+struct AlignedBuffer {
+  float* data = nullptr;
+  std::size_t capacity = 0;
+  float* get(std::size_t n) {
+    if (n > capacity) {
+      std::free(data);
+      const std::size_t bytes = (std::max<std::size_t>(n, 16) * sizeof(float) + 63) / 64 * 64;
+      data = static_cast<float*>(std::aligned_alloc(64, bytes));
+      if (!data) throw std::bad_alloc();
+      capacity = bytes / sizeof(float);
+    }
+    return data;
+  }
+  AlignedBuffer() = default;
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  ~AlignedBuffer() { std::free(data); }
+};
+
+struct Scratch {
+  AlignedBuffer qt, s, o, row, zero;
+};
+
+Scratch& thread_scratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+// ---------------------------------------------------------------------------
+// Tiles and the call context.
+
+struct Tile {
+  const float* k;        // first key of the tile, kv head 0
+  const float* v;
+  const int64_t* pos;    // [n]
+  int n;
+  bool dense;            // no empty slot
+  int64_t kmin, kmax;    // over valid keys
+};
+
+enum class TileClass { skip, full, partial };
+
+struct Ctx {
+  const AttentionSpec* spec;
+  int H, KVH, D, group;
+  int Dp;                 // head_dim rounded up to 16
+  int Dv;                 // vectors of 16 per head row
+  uint32_t tail_mask;     // lanes of the last vector
+  int64_t ks;             // floats between consecutive keys (KVH * D)
+  float qscale;           // softmax scale * log2(e)
+  const float* q;
+  const int64_t* q_pos;
+  float* out;
+  const QueryRope* rope;
+  MaskKind mask;
+  int64_t window;
+  LogitBias bias;
+  std::vector<float> slope_l2e;  // [H]: -slope * log2(e)
+  int t5_radius = 0;             // relative positions clamped to [-R, R]
+  std::vector<float> t5_lut;     // [H][2R+1], bias * log2(e)
+};
+
+TileClass classify(const Ctx& c, int64_t qmin, int64_t qmax, const Tile& t) {
+  switch (c.mask) {
+    case MaskKind::none:
+      return t.dense ? TileClass::full : TileClass::partial;
+    case MaskKind::causal:
+      if (t.kmin > qmax) return TileClass::skip;
+      return t.dense && t.kmax <= qmin ? TileClass::full : TileClass::partial;
+    case MaskKind::sliding_window: {
+      if (t.kmin > qmax) return TileClass::skip;
+      const __int128 w = c.window;
+      if (static_cast<__int128>(qmin) - t.kmax >= w) return TileClass::skip;
+      const bool full = t.dense && t.kmax <= qmin && static_cast<__int128>(qmax) - t.kmin < w;
+      return full ? TileClass::full : TileClass::partial;
+    }
+  }
+  return TileClass::partial;
+}
+
+inline bool visible(const Ctx& c, int64_t qi, int64_t kj) {
+  if (kj < 0) return false;
+  switch (c.mask) {
+    case MaskKind::none: return true;
+    case MaskKind::causal: return kj <= qi;
+    case MaskKind::sliding_window:
+      return kj <= qi && static_cast<__int128>(qi) - kj < c.window;
+  }
+  return false;
+}
+
+/// bias(h, qi, kj) * log2(e), as the kernels add it (log2 domain).
+inline float bias_l2e(const Ctx& c, int h, int64_t qi, int64_t kj) {
+  if (c.bias == LogitBias::alibi) {
+    const int64_t d = qi >= kj ? qi - kj : kj - qi;
+    return c.slope_l2e[static_cast<std::size_t>(h)] * static_cast<float>(d);
+  }
+  if (c.bias == LogitBias::t5) {
+    const int64_t R = c.t5_radius;
+    const int64_t rel = std::clamp<int64_t>(kj - qi, -R, R);
+    return c.t5_lut[static_cast<std::size_t>(h) * static_cast<std::size_t>(2 * R + 1) +
+                    static_cast<std::size_t>(rel + R)];
+  }
+  return 0.0f;
+}
+
+/// Query row (token t, head h) into dst[0, Dp): rotated (attention_with_rope),
+/// times softmax_scale*log2(e), zero padded.
+void load_q_row(const Ctx& c, int64_t t, int h, float* dst) {
+  const float* src = c.q + (t * c.H + h) * static_cast<int64_t>(c.D);
+  std::memcpy(dst, src, static_cast<std::size_t>(c.D) * sizeof(float));
+  if (c.rope) {
+    const int64_t np = c.rope->n_pairs;
+    rope_rotate_rows(dst, 1, 1, c.D, c.D, c.rope->cos + t * np, c.rope->sin + t * np, 0,
+                     c.rope->n_pairs, c.rope->layout, RopeDirection::forward);
+  }
+  for (int d = 0; d < c.D; ++d) dst[d] *= c.qscale;
+  for (int d = c.D; d < c.Dp; ++d) dst[d] = 0.0f;
+}
+
+inline void row_of(const Ctx& c, int kvh, int64_t g, int64_t& t, int& h) {
+  t = g / c.group;
+  h = kvh * c.group + static_cast<int>(g % c.group);
+}
+
+#ifdef POSENC_ATTN_AVX512
+
+// ---------------------------------------------------------------------------
+// Vector helpers.
+
+/// 2^x for x <= 0 (x = -inf gives 0): 2^round(x) * p(f), |f| <= 1/2, p the
+/// degree-6 Taylor polynomial of 2^f (relative error < 2e-7).
+inline __m512 exp2_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+inline __mmask16 lanes(int n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+/// out[i] = sum of the 16 lanes of a[i] (transpose-add tree, 45 operations).
+inline __m512 reduce16(const __m512 a[16]) {
+  __m512 t[8];
+  for (int i = 0; i < 8; ++i)
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  __m512 u[4];
+  for (int i = 0; i < 4; ++i)
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44),
+                         _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xEE));
+  __m512 w[2];
+  for (int i = 0; i < 2; ++i)
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
+                       _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
+}
+
+// ---------------------------------------------------------------------------
+// Wide kernel: rows in lanes.
+
+/// S[i][row] = sum_d K[i][d] * QT[d][row] for MK keys and NV row vectors.
+template <int MK, int NV>
+inline void qk_micro(const float* __restrict qt, const float* k, int64_t ks, int D,
+                     float* __restrict s) {
+  __m512 acc[MK][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MK; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  const float* kp[MK];
+#pragma GCC unroll 8
+  for (int i = 0; i < MK; ++i) kp[i] = k + i * ks;
+  for (int d = 0; d < D; ++d) {
+    __m512 qv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) qv[v] = _mm512_load_ps(qt + d * kBQ + 16 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < MK; ++i) {
+      const __m512 b = _mm512_set1_ps(kp[i][d]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(b, qv[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MK; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) _mm512_store_ps(s + i * kBQ + 16 * v, acc[i][v]);
+}
+
+template <int NV>
+void qk_tile(const float* qt, const float* k, int64_t ks, int n, int D, float* s) {
+  constexpr int MK = NV >= 3 ? 4 : 8;
+  int j = 0;
+  for (; j + MK <= n; j += MK) qk_micro<MK, NV>(qt, k + j * ks, ks, D, s + j * kBQ);
+  const float* kr = k + j * ks;
+  float* sr = s + j * kBQ;
+  switch (n - j) {
+    case 0: break;
+    case 1: qk_micro<1, NV>(qt, kr, ks, D, sr); break;
+    case 2: qk_micro<2, NV>(qt, kr, ks, D, sr); break;
+    case 3: qk_micro<3, NV>(qt, kr, ks, D, sr); break;
+    case 4: qk_micro<4, NV>(qt, kr, ks, D, sr); break;
+    case 5: qk_micro<5, NV>(qt, kr, ks, D, sr); break;
+    case 6: qk_micro<6, NV>(qt, kr, ks, D, sr); break;
+    default: qk_micro<7, NV>(qt, kr, ks, D, sr); break;
+  }
+}
+
+template <int NV>
+void add_alibi_wide(float* s, int n, const int64_t* kpos, const int64_t* qpos, const float* slope) {
+  for (int j = 0; j < n; ++j) {
+    const __m512i kp = _mm512_set1_epi64(kpos[j]);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __m512i dlo = _mm512_abs_epi64(_mm512_sub_epi64(_mm512_loadu_si512(qpos + 16 * v), kp));
+      const __m512i dhi =
+          _mm512_abs_epi64(_mm512_sub_epi64(_mm512_loadu_si512(qpos + 16 * v + 8), kp));
+      const __m512 dist = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtepi64_ps(dlo)),
+                                             _mm512_cvtepi64_ps(dhi), 1);
+      float* sp = s + j * kBQ + 16 * v;
+      _mm512_store_ps(sp, _mm512_fmadd_ps(_mm512_loadu_ps(slope + 16 * v), dist, _mm512_load_ps(sp)));
+    }
+  }
+}
+
+template <int NV>
+void add_t5_wide(float* s, int n, const int64_t* kpos, const int64_t* qpos, const int32_t* lut_off,
+                 const float* lut, int64_t radius) {
+  const __m512i lo = _mm512_set1_epi64(-radius), hi = _mm512_set1_epi64(radius);
+  for (int j = 0; j < n; ++j) {
+    const __m512i kp = _mm512_set1_epi64(kpos[j]);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      // relative_position = key - query, clamped; index = offset(head) + rel + R
+      __m512i r0 = _mm512_sub_epi64(kp, _mm512_loadu_si512(qpos + 16 * v));
+      __m512i r1 = _mm512_sub_epi64(kp, _mm512_loadu_si512(qpos + 16 * v + 8));
+      r0 = _mm512_min_epi64(_mm512_max_epi64(r0, lo), hi);
+      r1 = _mm512_min_epi64(_mm512_max_epi64(r1, lo), hi);
+      const __m512i rel = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(r0)),
+                                             _mm512_cvtepi64_epi32(r1), 1);
+      const __m512i idx = _mm512_add_epi32(rel, _mm512_loadu_si512(lut_off + 16 * v));
+      float* sp = s + j * kBQ + 16 * v;
+      _mm512_store_ps(sp, _mm512_add_ps(_mm512_load_ps(sp), _mm512_i32gather_ps(idx, lut, 4)));
+    }
+  }
+}
+
+template <int NV>
+void mask_wide(const Ctx& c, float* s, int n, const int64_t* kpos, const int64_t* qpos) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512i w = _mm512_set1_epi64(c.window);
+  for (int j = 0; j < n; ++j) {
+    float* sj = s + j * kBQ;
+    if (kpos[j] < 0) {
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) _mm512_store_ps(sj + 16 * v, ninf);
+      continue;
+    }
+    if (c.mask == MaskKind::none) continue;
+    const __m512i kp = _mm512_set1_epi64(kpos[j]);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __m512i q0 = _mm512_loadu_si512(qpos + 16 * v);
+      const __m512i q1 = _mm512_loadu_si512(qpos + 16 * v + 8);
+      __mmask8 v0 = _mm512_cmp_epi64_mask(kp, q0, _MM_CMPINT_LE);
+      __mmask8 v1 = _mm512_cmp_epi64_mask(kp, q1, _MM_CMPINT_LE);
+      if (c.mask == MaskKind::sliding_window) {
+        // q - k cannot overflow where k <= q and k >= 0.
+        v0 &= _mm512_cmp_epi64_mask(_mm512_sub_epi64(q0, kp), w, _MM_CMPINT_LT);
+        v1 &= _mm512_cmp_epi64_mask(_mm512_sub_epi64(q1, kp), w, _MM_CMPINT_LT);
+      }
+      const __mmask16 vis = static_cast<__mmask16>(v0 | (static_cast<unsigned>(v1) << 8));
+      _mm512_store_ps(sj + 16 * v, _mm512_mask_blend_ps(vis, ninf, _mm512_load_ps(sj + 16 * v)));
+    }
+  }
+}
+
+/// Online softmax update over the tile; S becomes P = 2^(S - m_new).
+template <int NV>
+void softmax_wide(float* s, int n, float* m, float* l, float* corr) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 mt[NV];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) mt[v] = ninf;
+  for (int j = 0; j < n; ++j)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) mt[v] = _mm512_max_ps(mt[v], _mm512_load_ps(s + j * kBQ + 16 * v));
+  __m512 msafe[NV], lsum[NV];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    const __m512 mold = _mm512_load_ps(m + 16 * v);
+    const __m512 mnew = _mm512_max_ps(mold, mt[v]);
+    // A lane that has seen no visible key keeps m = -inf; subtract 0 there.
+    msafe[v] = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mnew, ninf, _CMP_EQ_OQ), mnew,
+                                    _mm512_setzero_ps());
+    _mm512_store_ps(corr + 16 * v, exp2_ps(_mm512_sub_ps(mold, msafe[v])));
+    _mm512_store_ps(m + 16 * v, mnew);
+    lsum[v] = _mm512_setzero_ps();
+  }
+  for (int j = 0; j < n; ++j)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      float* sp = s + j * kBQ + 16 * v;
+      const __m512 p = exp2_ps(_mm512_sub_ps(_mm512_load_ps(sp), msafe[v]));
+      _mm512_store_ps(sp, p);
+      lsum[v] = _mm512_add_ps(lsum[v], p);
+    }
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v)
+    _mm512_store_ps(l + 16 * v, _mm512_fmadd_ps(_mm512_load_ps(l + 16 * v),
+                                                _mm512_load_ps(corr + 16 * v), lsum[v]));
+}
+
+/// O[r0+i][16*c0 + ...] = corr * O + sum_j P[j][r0+i] V[j] for MR rows, ND vectors.
+template <int MR, int ND>
+inline void pv_micro(const float* __restrict p, const float* v, int64_t vs, int n,
+                     float* __restrict o, int Dp, const float* corr, __mmask16 last) {
+  __m512 acc[MR][ND];
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i) {
+    const __m512 cr = _mm512_set1_ps(corr[i]);
+#pragma GCC unroll 4
+    for (int c = 0; c < ND; ++c) acc[i][c] = _mm512_mul_ps(_mm512_load_ps(o + i * Dp + 16 * c), cr);
+  }
+  for (int j = 0; j < n; ++j) {
+    const float* vj = v + j * vs;
+    __m512 vv[ND];
+#pragma GCC unroll 4
+    for (int c = 0; c < ND; ++c)
+      vv[c] = c == ND - 1 ? _mm512_maskz_loadu_ps(last, vj + 16 * c) : _mm512_loadu_ps(vj + 16 * c);
+#pragma GCC unroll 4
+    for (int i = 0; i < MR; ++i) {
+      const __m512 b = _mm512_set1_ps(p[j * kBQ + i]);
+#pragma GCC unroll 4
+      for (int c = 0; c < ND; ++c) acc[i][c] = _mm512_fmadd_ps(b, vv[c], acc[i][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int c = 0; c < ND; ++c) _mm512_store_ps(o + i * Dp + 16 * c, acc[i][c]);
+}
+
+template <int MR>
+void pv_rows(const Ctx& c, const float* p, const float* v, int n, float* o, const float* corr) {
+  constexpr int ND = 4;
+  int c0 = 0;
+  for (; c0 + ND <= c.Dv; c0 += ND) {
+    const __mmask16 last = c0 + ND == c.Dv ? static_cast<__mmask16>(c.tail_mask) : 0xFFFF;
+    pv_micro<MR, ND>(p, v + 16 * c0, c.ks, n, o + 16 * c0, c.Dp, corr, last);
+  }
+  const int rest = c.Dv - c0;
+  const __mmask16 last = static_cast<__mmask16>(c.tail_mask);
+  switch (rest) {
+    case 0: break;
+    case 1: pv_micro<MR, 1>(p, v + 16 * c0, c.ks, n, o + 16 * c0, c.Dp, corr, last); break;
+    case 2: pv_micro<MR, 2>(p, v + 16 * c0, c.ks, n, o + 16 * c0, c.Dp, corr, last); break;
+    default: pv_micro<MR, 3>(p, v + 16 * c0, c.ks, n, o + 16 * c0, c.Dp, corr, last); break;
+  }
+}
+
+void pv_wide(const Ctx& c, int nr, const float* p, const float* v, int n, float* o,
+             const float* corr) {
+  constexpr int MR = 4;
+  int r = 0;
+  for (; r + MR <= nr; r += MR) pv_rows<MR>(c, p + r, v, n, o + r * c.Dp, corr + r);
+  switch (nr - r) {
+    case 0: break;
+    case 1: pv_rows<1>(c, p + r, v, n, o + r * c.Dp, corr + r); break;
+    case 2: pv_rows<2>(c, p + r, v, n, o + r * c.Dp, corr + r); break;
+    default: pv_rows<3>(c, p + r, v, n, o + r * c.Dp, corr + r); break;
+  }
+}
+
+template <int NV>
+void wide_tiles(const Ctx& c, int kvh, int nr, std::span<const Tile> tiles, const float* qt,
+                float* s, float* o, const int64_t* qpos, const float* slope, const int32_t* lut_off,
+                int64_t qmin, int64_t qmax, float* m, float* l, float* corr) {
+  const int64_t head_off = static_cast<int64_t>(kvh) * c.D;
+  for (const Tile& t : tiles) {
+    const TileClass cls = classify(c, qmin, qmax, t);
+    if (cls == TileClass::skip) continue;
+    const float* kb = t.k + head_off;
+    const float* vb = t.v + head_off;
+    qk_tile<NV>(qt, kb, c.ks, t.n, c.D, s);
+    if (c.bias == LogitBias::alibi) add_alibi_wide<NV>(s, t.n, t.pos, qpos, slope);
+    if (c.bias == LogitBias::t5)
+      add_t5_wide<NV>(s, t.n, t.pos, qpos, lut_off, c.t5_lut.data(), c.t5_radius);
+    if (cls == TileClass::partial) mask_wide<NV>(c, s, t.n, t.pos, qpos);
+    softmax_wide<NV>(s, t.n, m, l, corr);
+    pv_wide(c, nr, s, vb, t.n, o, corr);
+  }
+}
+
+/// One block of nr <= kBQ rows (starting at row g0) of KV head kvh.
+void wide_block(const Ctx& c, int kvh, int64_t g0, int nr, std::span<const Tile> tiles,
+                Scratch& sc) {
+  const int NV = (nr + 15) / 16;
+  float* qt = sc.qt.get(static_cast<std::size_t>(c.D) * kBQ);
+  float* s = sc.s.get(static_cast<std::size_t>(kBK) * kBQ);
+  float* o = sc.o.get(static_cast<std::size_t>(kBQ) * c.Dp);
+  float* row = sc.row.get(static_cast<std::size_t>(c.Dp));
+  alignas(64) int64_t qpos[kBQ];
+  alignas(64) float slope[kBQ];
+  alignas(64) int32_t lut_off[kBQ];
+  alignas(64) float m[kBQ], l[kBQ], corr[kBQ];
+  int64_t qmin = std::numeric_limits<int64_t>::max(), qmax = std::numeric_limits<int64_t>::min();
+  const int64_t lut_row = 2 * static_cast<int64_t>(c.t5_radius) + 1;
+  for (int r = 0; r < nr; ++r) {
+    int64_t t;
+    int h;
+    row_of(c, kvh, g0 + r, t, h);
+    load_q_row(c, t, h, row);
+    for (int d = 0; d < c.D; ++d) qt[d * kBQ + r] = row[d];
+    qpos[r] = c.q_pos[t];
+    qmin = std::min(qmin, qpos[r]);
+    qmax = std::max(qmax, qpos[r]);
+    slope[r] = c.bias == LogitBias::alibi ? c.slope_l2e[static_cast<std::size_t>(h)] : 0.0f;
+    lut_off[r] = static_cast<int32_t>(h * lut_row + c.t5_radius);
+  }
+  // Padding lanes copy the last row's metadata and have q = 0; never stored.
+  for (int r = nr; r < 16 * NV; ++r) {
+    for (int d = 0; d < c.D; ++d) qt[d * kBQ + r] = 0.0f;
+    qpos[r] = qpos[nr - 1];
+    slope[r] = slope[nr - 1];
+    lut_off[r] = lut_off[nr - 1];
+  }
+  for (int r = 0; r < kBQ; ++r) {
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.0f;
+  }
+  std::memset(o, 0, static_cast<std::size_t>(nr) * c.Dp * sizeof(float));
+  switch (NV) {
+    case 1: wide_tiles<1>(c, kvh, nr, tiles, qt, s, o, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
+    case 2: wide_tiles<2>(c, kvh, nr, tiles, qt, s, o, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
+    case 3: wide_tiles<3>(c, kvh, nr, tiles, qt, s, o, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
+    default: wide_tiles<4>(c, kvh, nr, tiles, qt, s, o, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
+  }
+  for (int r = 0; r < nr; ++r) {
+    int64_t t;
+    int h;
+    row_of(c, kvh, g0 + r, t, h);
+    float* dst = c.out + (t * c.H + h) * static_cast<int64_t>(c.D);
+    const __m512 inv = _mm512_set1_ps(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+    for (int v = 0; v < c.Dv; ++v) {
+      const __mmask16 mk = v == c.Dv - 1 ? static_cast<__mmask16>(c.tail_mask) : 0xFFFF;
+      _mm512_mask_storeu_ps(dst + 16 * v, mk, _mm512_mul_ps(_mm512_load_ps(o + r * c.Dp + 16 * v), inv));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Narrow kernel: vectorised over head_dim, for few rows per KV head.
+
+constexpr int kNarrowMaxRows = 8;
+
+template <int MR, int ND>
+inline void pv_narrow_micro(const float* p /*[MR][kBK]*/, const float* v, int64_t vs, int n,
+                            float* o /*[MR][Dp]*/, int Dp, const float* corr, __mmask16 last) {
+  __m512 acc[MR][ND];
+#pragma GCC unroll 2
+  for (int i = 0; i < MR; ++i) {
+    const __m512 cr = _mm512_set1_ps(corr[i]);
+#pragma GCC unroll 8
+    for (int cc = 0; cc < ND; ++cc)
+      acc[i][cc] = _mm512_mul_ps(_mm512_load_ps(o + i * Dp + 16 * cc), cr);
+  }
+  for (int j = 0; j < n; ++j) {
+    const float* vj = v + j * vs;
+    __m512 vv[ND];
+#pragma GCC unroll 8
+    for (int cc = 0; cc < ND; ++cc)
+      vv[cc] = cc == ND - 1 ? _mm512_maskz_loadu_ps(last, vj + 16 * cc) : _mm512_loadu_ps(vj + 16 * cc);
+#pragma GCC unroll 2
+    for (int i = 0; i < MR; ++i) {
+      const __m512 b = _mm512_set1_ps(p[i * kBK + j]);
+#pragma GCC unroll 8
+      for (int cc = 0; cc < ND; ++cc) acc[i][cc] = _mm512_fmadd_ps(b, vv[cc], acc[i][cc]);
+    }
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int cc = 0; cc < ND; ++cc) _mm512_store_ps(o + i * Dp + 16 * cc, acc[i][cc]);
+}
+
+template <int MR>
+void pv_narrow_rows(const Ctx& c, const float* p, const float* v, int n, float* o,
+                    const float* corr) {
+  for (int c0 = 0; c0 < c.Dv; c0 += 8) {
+    const int nd = std::min(8, c.Dv - c0);
+    const __mmask16 last = c0 + nd == c.Dv ? static_cast<__mmask16>(c.tail_mask) : 0xFFFF;
+    const float* vc = v + 16 * c0;
+    float* oc = o + 16 * c0;
+    switch (nd) {
+      case 1: pv_narrow_micro<MR, 1>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
+      case 2: pv_narrow_micro<MR, 2>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
+      case 3: pv_narrow_micro<MR, 3>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
+      case 4: pv_narrow_micro<MR, 4>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
+      case 5: pv_narrow_micro<MR, 5>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
+      case 6: pv_narrow_micro<MR, 6>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
+      case 7: pv_narrow_micro<MR, 7>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
+      default: pv_narrow_micro<MR, 8>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
+    }
+  }
+}
+
+/// All R (< kNarrowMaxRows + 1) rows of KV head kvh.
+void narrow_rows(const Ctx& c, int kvh, int R, std::span<const Tile> tiles, Scratch& sc) {
+  float* qn = sc.qt.get(static_cast<std::size_t>(R) * c.Dp);
+  float* on = sc.o.get(static_cast<std::size_t>(R) * c.Dp);
+  float* sn = sc.s.get(static_cast<std::size_t>(R) * kBK);
+  float* zero = sc.zero.get(static_cast<std::size_t>(c.Dp));
+  std::memset(zero, 0, static_cast<std::size_t>(c.Dp) * sizeof(float));
+  int64_t qpos[kNarrowMaxRows];
+  int head[kNarrowMaxRows];
+  float m[kNarrowMaxRows], l[kNarrowMaxRows], corr[kNarrowMaxRows];
+  int64_t qmin = std::numeric_limits<int64_t>::max(), qmax = std::numeric_limits<int64_t>::min();
+  for (int r = 0; r < R; ++r) {
+    int64_t t;
+    row_of(c, kvh, r, t, head[r]);
+    load_q_row(c, t, head[r], qn + r * c.Dp);
+    qpos[r] = c.q_pos[t];
+    qmin = std::min(qmin, qpos[r]);
+    qmax = std::max(qmax, qpos[r]);
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.0f;
+  }
+  std::memset(on, 0, static_cast<std::size_t>(R) * c.Dp * sizeof(float));
+  const int64_t head_off = static_cast<int64_t>(kvh) * c.D;
+  const __mmask16 tail = static_cast<__mmask16>(c.tail_mask);
+  for (const Tile& t : tiles) {
+    const TileClass cls = classify(c, qmin, qmax, t);
+    if (cls == TileClass::skip) continue;
+    const float* kb = t.k + head_off;
+    const float* vb = t.v + head_off;
+    const int n = t.n;
+    // Scores, 16 keys at a time.
+    for (int jg = 0; jg < n; jg += 16) {
+      const int cnt = std::min(16, n - jg);
+      const float* kp[16];
+      for (int i = 0; i < 16; ++i) kp[i] = i < cnt ? kb + (jg + i) * c.ks : zero;
+      for (int r = 0; r < R; ++r) {
+        const float* qr = qn + r * c.Dp;
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+        for (int v = 0; v < c.Dv; ++v) {
+          const __mmask16 mk = v == c.Dv - 1 ? tail : static_cast<__mmask16>(0xFFFF);
+          const __m512 qv = _mm512_load_ps(qr + 16 * v);
+#pragma GCC unroll 16
+          for (int i = 0; i < 16; ++i)
+            acc[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, kp[i] + 16 * v), acc[i]);
+        }
+        _mm512_storeu_ps(sn + r * kBK + jg, reduce16(acc));
+      }
+    }
+    if (c.bias != LogitBias::none)
+      for (int r = 0; r < R; ++r)
+        for (int j = 0; j < n; ++j) sn[r * kBK + j] += bias_l2e(c, head[r], qpos[r], t.pos[j]);
+    if (cls == TileClass::partial)
+      for (int r = 0; r < R; ++r)
+        for (int j = 0; j < n; ++j)
+          if (!visible(c, qpos[r], t.pos[j]))
+            sn[r * kBK + j] = -std::numeric_limits<float>::infinity();
+    // Online softmax per row.
+    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    for (int r = 0; r < R; ++r) {
+      float* sr = sn + r * kBK;
+      __m512 mx = ninf;
+      for (int j = 0; j < n; j += 16)
+        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, lanes(n - j), sr + j));
+      const float mnew = std::max(m[r], _mm512_reduce_max_ps(mx));
+      const float msafe = mnew == -std::numeric_limits<float>::infinity() ? 0.0f : mnew;
+      corr[r] = std::exp2(m[r] - msafe);
+      m[r] = mnew;
+      const __m512 ms = _mm512_set1_ps(msafe);
+      __m512 sum = _mm512_setzero_ps();
+      for (int j = 0; j < n; j += 16) {
+        const __mmask16 mk = lanes(n - j);
+        const __m512 p = _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + j), ms)));
+        _mm512_storeu_ps(sr + j, p);
+        sum = _mm512_add_ps(sum, p);
+      }
+      l[r] = l[r] * corr[r] + _mm512_reduce_add_ps(sum);
+    }
+    int r = 0;
+    for (; r + 2 <= R; r += 2)
+      pv_narrow_rows<2>(c, sn + r * kBK, vb, n, on + r * c.Dp, corr + r);
+    if (r < R) pv_narrow_rows<1>(c, sn + r * kBK, vb, n, on + r * c.Dp, corr + r);
+  }
+  for (int r = 0; r < R; ++r) {
+    int64_t t;
+    int h;
+    row_of(c, kvh, r, t, h);
+    float* dst = c.out + (t * c.H + h) * static_cast<int64_t>(c.D);
+    const __m512 inv = _mm512_set1_ps(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+    for (int v = 0; v < c.Dv; ++v) {
+      const __mmask16 mk = v == c.Dv - 1 ? tail : static_cast<__mmask16>(0xFFFF);
+      _mm512_mask_storeu_ps(dst + 16 * v, mk, _mm512_mul_ps(_mm512_load_ps(on + r * c.Dp + 16 * v), inv));
+    }
+  }
+}
+
+#else  // !POSENC_ATTN_AVX512
+
+constexpr int kNarrowMaxRows = 0;
+
+#endif
+
+/// Portable path (no AVX-512): one row at a time, same tiles and masks,
+/// online softmax in base 2. Used for every row when the vector kernels are
+/// not compiled in.
+[[maybe_unused]] void scalar_rows(const Ctx& c, int kvh, int64_t g0, int nr,
+                                  std::span<const Tile> tiles, Scratch& sc) {
+  float* qrow = sc.qt.get(static_cast<std::size_t>(c.Dp));
+  float* acc = sc.o.get(static_cast<std::size_t>(c.Dp));
+  const int64_t head_off = static_cast<int64_t>(kvh) * c.D;
+  for (int r = 0; r < nr; ++r) {
+    int64_t t;
+    int h;
+    row_of(c, kvh, g0 + r, t, h);
+    load_q_row(c, t, h, qrow);
+    const int64_t qi = c.q_pos[t];
+    float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
+    std::fill(acc, acc + c.D, 0.0f);
+    for (const Tile& tile : tiles) {
+      const TileClass cls = classify(c, qi, qi, tile);
+      if (cls == TileClass::skip) continue;
+      for (int j = 0; j < tile.n; ++j) {
+        if (cls == TileClass::partial && !visible(c, qi, tile.pos[j])) continue;
+        const float* kr = tile.k + head_off + j * c.ks;
+        float dot = 0.0f;
+        for (int d = 0; d < c.D; ++d) dot += qrow[d] * kr[d];
+        const float x = dot + bias_l2e(c, h, qi, tile.pos[j]);
+        const float* vr = tile.v + head_off + j * c.ks;
+        const float mnew = std::max(m, x);
+        const float cr = std::exp2(m - mnew), p = std::exp2(x - mnew);
+        l = l * cr + p;
+        for (int d = 0; d < c.D; ++d) acc[d] = acc[d] * cr + p * vr[d];
+        m = mnew;
+      }
+    }
+    float* dst = c.out + (t * c.H + h) * static_cast<int64_t>(c.D);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int d = 0; d < c.D; ++d) dst[d] = acc[d] * inv;
+  }
+}
+
+void build_tiles(std::span<const KvBlock> kv, int64_t ks, std::vector<Tile>& tiles) {
+  tiles.clear();
+  for (const KvBlock& b : kv) {
+    for (int64_t j0 = 0; j0 < b.n_tokens; j0 += kBK) {
+      const int n = static_cast<int>(std::min<int64_t>(kBK, b.n_tokens - j0));
+      Tile t{b.k + j0 * ks, b.v + j0 * ks, b.position_ids + j0, n, true,
+             std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()};
+      int valid = 0;
+      for (int j = 0; j < n; ++j) {
+        const int64_t p = t.pos[j];
+        if (p < 0) continue;
+        ++valid;
+        t.kmin = std::min(t.kmin, p);
+        t.kmax = std::max(t.kmax, p);
+      }
+      if (valid == 0) continue;  // only empty slots: never attended
+      t.dense = valid == n;
+      tiles.push_back(t);
+    }
+  }
+}
+
+}  // namespace
+
+void attention_kernel(const AttentionSpec& spec, const float* q,
+                      std::span<const int64_t> q_position_ids, std::span<const KvBlock> kv,
+                      float* out, const AttentionOptions& options, const QueryRope* q_rope) {
+  spec.validate();
+  const int64_t q_tokens = static_cast<int64_t>(q_position_ids.size());
+  if (q_tokens == 0) return;
+  if (!q || !out)
+    throw InvalidArgument("attention_forward: q and out must not be null when q_tokens > 0");
+  int64_t kv_tokens = 0;
+  for (const auto& b : kv) {
+    if (b.n_tokens < 0 || (b.n_tokens > 0 && (!b.k || !b.v || !b.position_ids)))
+      throw InvalidArgument("attention_forward: KvBlock with null data or negative n_tokens");
+    kv_tokens += b.n_tokens;
+  }
+  if (options.num_threads < 0)
+    fail_field<InvalidArgument>("num_threads", "must be >= 0", options.num_threads);
+
+  Ctx c;
+  c.spec = &spec;
+  c.H = spec.heads;
+  c.KVH = spec.kv_heads;
+  c.D = spec.head_dim;
+  c.group = spec.heads / spec.kv_heads;
+  c.Dp = (c.D + 15) / 16 * 16;
+  c.Dv = c.Dp / 16;
+  c.tail_mask = c.D % 16 == 0 ? 0xFFFFu : (1u << (c.D % 16)) - 1u;
+  c.ks = static_cast<int64_t>(c.KVH) * c.D;
+  c.qscale = spec.effective_scale() * kLog2e;
+  c.q = q;
+  c.q_pos = q_position_ids.data();
+  c.out = out;
+  c.rope = q_rope;
+  c.mask = spec.mask;
+  c.window = spec.sliding_window;
+  c.bias = spec.bias;
+  if (c.bias == LogitBias::alibi) {
+    c.slope_l2e.resize(static_cast<std::size_t>(c.H));
+    for (int h = 0; h < c.H; ++h)
+      c.slope_l2e[static_cast<std::size_t>(h)] = -spec.alibi_slopes[static_cast<std::size_t>(h)] * kLog2e;
+  }
+  if (c.bias == LogitBias::t5) {
+    // The bucket is constant once |relative position| >= max_distance (it is
+    // capped at the last bucket), so a table over [-R, R] covers every offset.
+    const int R = std::max(spec.t5.max_distance, 1);
+    c.t5_radius = R;
+    std::vector<int> bucket(static_cast<std::size_t>(2 * R + 1));
+    for (int rel = -R; rel <= R; ++rel)
+      bucket[static_cast<std::size_t>(rel + R)] = t5_relative_position_bucket(
+          rel, spec.t5.bidirectional, spec.t5.num_buckets, spec.t5.max_distance);
+    c.t5_lut.resize(static_cast<std::size_t>(c.H) * bucket.size());
+    for (int h = 0; h < c.H; ++h)
+      for (std::size_t i = 0; i < bucket.size(); ++i)
+        c.t5_lut[static_cast<std::size_t>(h) * bucket.size() + i] =
+            spec.t5.table[static_cast<std::size_t>(bucket[i]) * static_cast<std::size_t>(c.H) +
+                          static_cast<std::size_t>(h)] *
+            kLog2e;
+  }
+
+  thread_local std::vector<Tile> tile_storage;
+  build_tiles(kv, c.ks, tile_storage);
+  const std::span<const Tile> tiles(tile_storage);
+
+  const int64_t rows = q_tokens * c.group;  // per KV head
+  const bool narrow = rows <= kNarrowMaxRows;
+  const int64_t n_blocks = narrow ? 1 : (rows + kBQ - 1) / kBQ;
+  const int64_t n_items = n_blocks * c.KVH;
+  const double work = static_cast<double>(q_tokens) * c.H * static_cast<double>(kv_tokens) * c.D;
+  int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
+  if (work < kParallelMinWork || n_items < 2 || omp_in_parallel()) threads = 1;
+  threads = static_cast<int>(std::min<int64_t>(threads, n_items));
+
+  auto run_item = [&](int64_t item) {
+    // Heaviest first: with causal masks the last row blocks see the most keys.
+    const int64_t block = n_blocks - 1 - item / c.KVH;
+    const int kvh = static_cast<int>(item % c.KVH);
+    const int64_t g0 = block * kBQ;
+    const int nr = static_cast<int>(std::min<int64_t>(narrow ? rows : kBQ, rows - g0));
+    Scratch& sc = thread_scratch();
+#ifdef POSENC_ATTN_AVX512
+    if (narrow)
+      narrow_rows(c, kvh, nr, tiles, sc);
+    else
+      wide_block(c, kvh, g0, nr, tiles, sc);
+#else
+    scalar_rows(c, kvh, g0, nr, tiles, sc);
+#endif
+  };
+  if (threads <= 1) {
+    for (int64_t i = 0; i < n_items; ++i) run_item(i);
+  } else {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t i = 0; i < n_items; ++i) run_item(i);
+  }
+}
+
+}  // namespace posenc::detail
