@@ -90,13 +90,20 @@ Scratch& thread_scratch() {
 // ---------------------------------------------------------------------------
 // Tiles and the call context.
 
+// Keys of all blocks, flattened (empty slots dropped: they are never
+// attended): row pointers at kv head 0 and positions. Tiles are runs of up to
+// kBK consecutive entries, so they span small paged blocks.
+struct KeyTable {
+  std::vector<const float*> k, v;
+  std::vector<int64_t> pos;
+};
+
 struct Tile {
-  const float* k;        // first key of the tile, kv head 0
-  const float* v;
-  const int64_t* pos;    // [n]
+  const float* const* k;  // [n] key rows, kv head 0
+  const float* const* v;  // [n]
+  const int64_t* pos;     // [n], all >= 0
   int n;
-  bool dense;            // no empty slot
-  int64_t kmin, kmax;    // over valid keys
+  int64_t kmin, kmax;
 };
 
 enum class TileClass { skip, full, partial };
@@ -124,15 +131,15 @@ struct Ctx {
 TileClass classify(const Ctx& c, int64_t qmin, int64_t qmax, const Tile& t) {
   switch (c.mask) {
     case MaskKind::none:
-      return t.dense ? TileClass::full : TileClass::partial;
+      return TileClass::full;
     case MaskKind::causal:
       if (t.kmin > qmax) return TileClass::skip;
-      return t.dense && t.kmax <= qmin ? TileClass::full : TileClass::partial;
+      return t.kmax <= qmin ? TileClass::full : TileClass::partial;
     case MaskKind::sliding_window: {
       if (t.kmin > qmax) return TileClass::skip;
       const __int128 w = c.window;
       if (static_cast<__int128>(qmin) - t.kmax >= w) return TileClass::skip;
-      const bool full = t.dense && t.kmax <= qmin && static_cast<__int128>(qmax) - t.kmin < w;
+      const bool full = t.kmax <= qmin && static_cast<__int128>(qmax) - t.kmin < w;
       return full ? TileClass::full : TileClass::partial;
     }
   }
@@ -232,7 +239,7 @@ inline __m512 reduce16(const __m512 a[16]) {
 
 /// S[i][row] = sum_d K[i][d] * QT[d][row] for MK keys and NV row vectors.
 template <int MK, int NV>
-inline void qk_micro(const float* __restrict qt, const float* k, int64_t ks, int D,
+inline void qk_micro(const float* __restrict qt, const float* const* k, int64_t off, int D,
                      float* __restrict s) {
   __m512 acc[MK][NV];
 #pragma GCC unroll 8
@@ -241,7 +248,7 @@ inline void qk_micro(const float* __restrict qt, const float* k, int64_t ks, int
     for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
   const float* kp[MK];
 #pragma GCC unroll 8
-  for (int i = 0; i < MK; ++i) kp[i] = k + i * ks;
+  for (int i = 0; i < MK; ++i) kp[i] = k[i] + off;
   for (int d = 0; d < D; ++d) {
     __m512 qv[NV];
 #pragma GCC unroll 4
@@ -260,11 +267,11 @@ inline void qk_micro(const float* __restrict qt, const float* k, int64_t ks, int
 }
 
 template <int NV>
-void qk_tile(const float* qt, const float* k, int64_t ks, int n, int D, float* s) {
+void qk_tile(const float* qt, const float* const* k, int64_t ks, int n, int D, float* s) {
   constexpr int MK = NV >= 3 ? 4 : 8;
   int j = 0;
-  for (; j + MK <= n; j += MK) qk_micro<MK, NV>(qt, k + j * ks, ks, D, s + j * kBQ);
-  const float* kr = k + j * ks;
+  for (; j + MK <= n; j += MK) qk_micro<MK, NV>(qt, k + j, ks, D, s + j * kBQ);
+  const float* const* kr = k + j;
   float* sr = s + j * kBQ;
   switch (n - j) {
     case 0: break;
@@ -323,12 +330,6 @@ void mask_wide(const Ctx& c, float* s, int n, const int64_t* kpos, const int64_t
   const __m512i w = _mm512_set1_epi64(c.window);
   for (int j = 0; j < n; ++j) {
     float* sj = s + j * kBQ;
-    if (kpos[j] < 0) {
-#pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) _mm512_store_ps(sj + 16 * v, ninf);
-      continue;
-    }
-    if (c.mask == MaskKind::none) continue;
     const __m512i kp = _mm512_set1_epi64(kpos[j]);
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
@@ -385,7 +386,7 @@ void softmax_wide(float* s, int n, float* m, float* l, float* corr) {
 
 /// O[r0+i][16*c0 + ...] = corr * O + sum_j P[j][r0+i] V[j] for MR rows, ND vectors.
 template <int MR, int ND>
-inline void pv_micro(const float* __restrict p, const float* v, int64_t vs, int n,
+inline void pv_micro(const float* __restrict p, const float* const* v, int64_t off, int n,
                      float* __restrict o, int Dp, const float* corr, __mmask16 last) {
   __m512 acc[MR][ND];
 #pragma GCC unroll 4
@@ -395,7 +396,7 @@ inline void pv_micro(const float* __restrict p, const float* v, int64_t vs, int 
     for (int c = 0; c < ND; ++c) acc[i][c] = _mm512_mul_ps(_mm512_load_ps(o + i * Dp + 16 * c), cr);
   }
   for (int j = 0; j < n; ++j) {
-    const float* vj = v + j * vs;
+    const float* vj = v[j] + off;
     __m512 vv[ND];
 #pragma GCC unroll 4
     for (int c = 0; c < ND; ++c)
@@ -414,33 +415,34 @@ inline void pv_micro(const float* __restrict p, const float* v, int64_t vs, int 
 }
 
 template <int MR>
-void pv_rows(const Ctx& c, const float* p, const float* v, int n, float* o, const float* corr) {
+void pv_rows(const Ctx& c, const float* p, const float* const* v, int64_t off, int n, float* o,
+             const float* corr) {
   constexpr int ND = 4;
   int c0 = 0;
   for (; c0 + ND <= c.Dv; c0 += ND) {
     const __mmask16 last = c0 + ND == c.Dv ? static_cast<__mmask16>(c.tail_mask) : 0xFFFF;
-    pv_micro<MR, ND>(p, v + 16 * c0, c.ks, n, o + 16 * c0, c.Dp, corr, last);
+    pv_micro<MR, ND>(p, v, off + 16 * c0, n, o + 16 * c0, c.Dp, corr, last);
   }
   const int rest = c.Dv - c0;
   const __mmask16 last = static_cast<__mmask16>(c.tail_mask);
   switch (rest) {
     case 0: break;
-    case 1: pv_micro<MR, 1>(p, v + 16 * c0, c.ks, n, o + 16 * c0, c.Dp, corr, last); break;
-    case 2: pv_micro<MR, 2>(p, v + 16 * c0, c.ks, n, o + 16 * c0, c.Dp, corr, last); break;
-    default: pv_micro<MR, 3>(p, v + 16 * c0, c.ks, n, o + 16 * c0, c.Dp, corr, last); break;
+    case 1: pv_micro<MR, 1>(p, v, off + 16 * c0, n, o + 16 * c0, c.Dp, corr, last); break;
+    case 2: pv_micro<MR, 2>(p, v, off + 16 * c0, n, o + 16 * c0, c.Dp, corr, last); break;
+    default: pv_micro<MR, 3>(p, v, off + 16 * c0, n, o + 16 * c0, c.Dp, corr, last); break;
   }
 }
 
-void pv_wide(const Ctx& c, int nr, const float* p, const float* v, int n, float* o,
-             const float* corr) {
+void pv_wide(const Ctx& c, int nr, const float* p, const float* const* v, int64_t off, int n,
+             float* o, const float* corr) {
   constexpr int MR = 4;
   int r = 0;
-  for (; r + MR <= nr; r += MR) pv_rows<MR>(c, p + r, v, n, o + r * c.Dp, corr + r);
+  for (; r + MR <= nr; r += MR) pv_rows<MR>(c, p + r, v, off, n, o + r * c.Dp, corr + r);
   switch (nr - r) {
     case 0: break;
-    case 1: pv_rows<1>(c, p + r, v, n, o + r * c.Dp, corr + r); break;
-    case 2: pv_rows<2>(c, p + r, v, n, o + r * c.Dp, corr + r); break;
-    default: pv_rows<3>(c, p + r, v, n, o + r * c.Dp, corr + r); break;
+    case 1: pv_rows<1>(c, p + r, v, off, n, o + r * c.Dp, corr + r); break;
+    case 2: pv_rows<2>(c, p + r, v, off, n, o + r * c.Dp, corr + r); break;
+    default: pv_rows<3>(c, p + r, v, off, n, o + r * c.Dp, corr + r); break;
   }
 }
 
@@ -452,15 +454,13 @@ void wide_tiles(const Ctx& c, int kvh, int nr, std::span<const Tile> tiles, cons
   for (const Tile& t : tiles) {
     const TileClass cls = classify(c, qmin, qmax, t);
     if (cls == TileClass::skip) continue;
-    const float* kb = t.k + head_off;
-    const float* vb = t.v + head_off;
-    qk_tile<NV>(qt, kb, c.ks, t.n, c.D, s);
+    qk_tile<NV>(qt, t.k, head_off, t.n, c.D, s);
     if (c.bias == LogitBias::alibi) add_alibi_wide<NV>(s, t.n, t.pos, qpos, slope);
     if (c.bias == LogitBias::t5)
       add_t5_wide<NV>(s, t.n, t.pos, qpos, lut_off, c.t5_lut.data(), c.t5_radius);
     if (cls == TileClass::partial) mask_wide<NV>(c, s, t.n, t.pos, qpos);
     softmax_wide<NV>(s, t.n, m, l, corr);
-    pv_wide(c, nr, s, vb, t.n, o, corr);
+    pv_wide(c, nr, s, t.v, head_off, t.n, o, corr);
   }
 }
 
@@ -527,8 +527,9 @@ void wide_block(const Ctx& c, int kvh, int64_t g0, int nr, std::span<const Tile>
 constexpr int kNarrowMaxRows = 8;
 
 template <int MR, int ND>
-inline void pv_narrow_micro(const float* p /*[MR][kBK]*/, const float* v, int64_t vs, int n,
-                            float* o /*[MR][Dp]*/, int Dp, const float* corr, __mmask16 last) {
+inline void pv_narrow_micro(const float* p /*[MR][kBK]*/, const float* const* v, int64_t off,
+                            int n, float* o /*[MR][Dp]*/, int Dp, const float* corr,
+                            __mmask16 last) {
   __m512 acc[MR][ND];
 #pragma GCC unroll 2
   for (int i = 0; i < MR; ++i) {
@@ -538,7 +539,7 @@ inline void pv_narrow_micro(const float* p /*[MR][kBK]*/, const float* v, int64_
       acc[i][cc] = _mm512_mul_ps(_mm512_load_ps(o + i * Dp + 16 * cc), cr);
   }
   for (int j = 0; j < n; ++j) {
-    const float* vj = v + j * vs;
+    const float* vj = v[j] + off;
     __m512 vv[ND];
 #pragma GCC unroll 8
     for (int cc = 0; cc < ND; ++cc)
@@ -557,121 +558,146 @@ inline void pv_narrow_micro(const float* p /*[MR][kBK]*/, const float* v, int64_
 }
 
 template <int MR>
-void pv_narrow_rows(const Ctx& c, const float* p, const float* v, int n, float* o,
-                    const float* corr) {
+void pv_narrow_rows(const Ctx& c, const float* p, const float* const* v, int64_t off, int n,
+                    float* o, const float* corr) {
   for (int c0 = 0; c0 < c.Dv; c0 += 8) {
     const int nd = std::min(8, c.Dv - c0);
     const __mmask16 last = c0 + nd == c.Dv ? static_cast<__mmask16>(c.tail_mask) : 0xFFFF;
-    const float* vc = v + 16 * c0;
-    float* oc = o + 16 * c0;
+    const int64_t oc = off + 16 * c0;
+    float* op = o + 16 * c0;
     switch (nd) {
-      case 1: pv_narrow_micro<MR, 1>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
-      case 2: pv_narrow_micro<MR, 2>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
-      case 3: pv_narrow_micro<MR, 3>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
-      case 4: pv_narrow_micro<MR, 4>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
-      case 5: pv_narrow_micro<MR, 5>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
-      case 6: pv_narrow_micro<MR, 6>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
-      case 7: pv_narrow_micro<MR, 7>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
-      default: pv_narrow_micro<MR, 8>(p, vc, c.ks, n, oc, c.Dp, corr, last); break;
+      case 1: pv_narrow_micro<MR, 1>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 2: pv_narrow_micro<MR, 2>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 3: pv_narrow_micro<MR, 3>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 4: pv_narrow_micro<MR, 4>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 5: pv_narrow_micro<MR, 5>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 6: pv_narrow_micro<MR, 6>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 7: pv_narrow_micro<MR, 7>(p, v, oc, n, op, c.Dp, corr, last); break;
+      default: pv_narrow_micro<MR, 8>(p, v, oc, n, op, c.Dp, corr, last); break;
     }
   }
 }
 
-/// All R (< kNarrowMaxRows + 1) rows of KV head kvh.
-void narrow_rows(const Ctx& c, int kvh, int R, std::span<const Tile> tiles, Scratch& sc) {
-  float* qn = sc.qt.get(static_cast<std::size_t>(R) * c.Dp);
-  float* on = sc.o.get(static_cast<std::size_t>(R) * c.Dp);
+/// All R (<= kNarrowMaxRows) rows of the KV heads [kvh0, kvh1). Tiles are
+/// the outer loop and heads the inner one, so consecutive heads read adjacent
+/// parts of the same key rows (the cache layout is [token][kv_head][d]).
+void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile> tiles,
+                  Scratch& sc) {
+  const int nh = kvh1 - kvh0;
+  const std::size_t rows = static_cast<std::size_t>(nh) * R;
+  float* qn = sc.qt.get(rows * c.Dp);
+  float* on = sc.o.get(rows * c.Dp);
   float* sn = sc.s.get(static_cast<std::size_t>(R) * kBK);
   float* zero = sc.zero.get(static_cast<std::size_t>(c.Dp));
+  float* m = sc.row.get(3 * rows);
+  float* l = m + rows;
+  float* corr = l + rows;
   std::memset(zero, 0, static_cast<std::size_t>(c.Dp) * sizeof(float));
   int64_t qpos[kNarrowMaxRows];
-  int head[kNarrowMaxRows];
-  float m[kNarrowMaxRows], l[kNarrowMaxRows], corr[kNarrowMaxRows];
   int64_t qmin = std::numeric_limits<int64_t>::max(), qmax = std::numeric_limits<int64_t>::min();
   for (int r = 0; r < R; ++r) {
-    int64_t t;
-    row_of(c, kvh, r, t, head[r]);
-    load_q_row(c, t, head[r], qn + r * c.Dp);
-    qpos[r] = c.q_pos[t];
+    qpos[r] = c.q_pos[r / c.group];
     qmin = std::min(qmin, qpos[r]);
     qmax = std::max(qmax, qpos[r]);
-    m[r] = -std::numeric_limits<float>::infinity();
-    l[r] = 0.0f;
   }
-  std::memset(on, 0, static_cast<std::size_t>(R) * c.Dp * sizeof(float));
-  const int64_t head_off = static_cast<int64_t>(kvh) * c.D;
+  for (int hh = 0; hh < nh; ++hh)
+    for (int r = 0; r < R; ++r) {
+      int64_t t;
+      int h;
+      row_of(c, kvh0 + hh, r, t, h);
+      load_q_row(c, t, h, qn + (hh * R + r) * c.Dp);
+    }
+  for (std::size_t i = 0; i < rows; ++i) {
+    m[i] = -std::numeric_limits<float>::infinity();
+    l[i] = 0.0f;
+  }
+  std::memset(on, 0, rows * c.Dp * sizeof(float));
   const __mmask16 tail = static_cast<__mmask16>(c.tail_mask);
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (const Tile& t : tiles) {
     const TileClass cls = classify(c, qmin, qmax, t);
     if (cls == TileClass::skip) continue;
-    const float* kb = t.k + head_off;
-    const float* vb = t.v + head_off;
     const int n = t.n;
-    // Scores, 16 keys at a time.
-    for (int jg = 0; jg < n; jg += 16) {
-      const int cnt = std::min(16, n - jg);
-      const float* kp[16];
-      for (int i = 0; i < 16; ++i) kp[i] = i < cnt ? kb + (jg + i) * c.ks : zero;
-      for (int r = 0; r < R; ++r) {
-        const float* qr = qn + r * c.Dp;
-        __m512 acc[16];
+    for (int hh = 0; hh < nh; ++hh) {
+      const int kvh = kvh0 + hh;
+      const int64_t head_off = static_cast<int64_t>(kvh) * c.D;
+      const float* qh = qn + hh * R * c.Dp;
+      float* oh = on + hh * R * c.Dp;
+      float* mh = m + hh * R;
+      float* lh = l + hh * R;
+      float* ch = corr + hh * R;
+      // Scores, 16 keys at a time: 16 head_dim-vectorised dot products folded
+      // into one vector of 16 scores.
+      for (int jg = 0; jg < n; jg += 16) {
+        const int cnt = std::min(16, n - jg);
+        const float* kp[16];
+        for (int i = 0; i < 16; ++i) kp[i] = i < cnt ? t.k[jg + i] + head_off : zero;
+        for (int r = 0; r < R; ++r) {
+          const float* qr = qh + r * c.Dp;
+          __m512 acc[16];
 #pragma GCC unroll 16
-        for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-        for (int v = 0; v < c.Dv; ++v) {
-          const __mmask16 mk = v == c.Dv - 1 ? tail : static_cast<__mmask16>(0xFFFF);
-          const __m512 qv = _mm512_load_ps(qr + 16 * v);
+          for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+          for (int v = 0; v < c.Dv; ++v) {
+            const __mmask16 mk = v == c.Dv - 1 ? tail : static_cast<__mmask16>(0xFFFF);
+            const __m512 qv = _mm512_load_ps(qr + 16 * v);
 #pragma GCC unroll 16
-          for (int i = 0; i < 16; ++i)
-            acc[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, kp[i] + 16 * v), acc[i]);
+            for (int i = 0; i < 16; ++i)
+              acc[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, kp[i] + 16 * v), acc[i]);
+          }
+          _mm512_storeu_ps(sn + r * kBK + jg, reduce16(acc));
         }
-        _mm512_storeu_ps(sn + r * kBK + jg, reduce16(acc));
       }
+      if (c.bias != LogitBias::none)
+        for (int r = 0; r < R; ++r) {
+          const int h = kvh * c.group + r % c.group;
+          for (int j = 0; j < n; ++j) sn[r * kBK + j] += bias_l2e(c, h, qpos[r], t.pos[j]);
+        }
+      if (cls == TileClass::partial)
+        for (int r = 0; r < R; ++r)
+          for (int j = 0; j < n; ++j)
+            if (!visible(c, qpos[r], t.pos[j]))
+              sn[r * kBK + j] = -std::numeric_limits<float>::infinity();
+      // Online softmax per row.
+      for (int r = 0; r < R; ++r) {
+        float* sr = sn + r * kBK;
+        __m512 mx = ninf;
+        for (int j = 0; j < n; j += 16)
+          mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, lanes(n - j), sr + j));
+        const float mnew = std::max(mh[r], _mm512_reduce_max_ps(mx));
+        const float msafe = mnew == -std::numeric_limits<float>::infinity() ? 0.0f : mnew;
+        ch[r] = mh[r] == mnew ? 1.0f : std::exp2(mh[r] - msafe);
+        mh[r] = mnew;
+        const __m512 ms = _mm512_set1_ps(msafe);
+        __m512 sum = _mm512_setzero_ps();
+        for (int j = 0; j < n; j += 16) {
+          const __mmask16 mk = lanes(n - j);
+          const __m512 p =
+              _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + j), ms)));
+          _mm512_storeu_ps(sr + j, p);
+          sum = _mm512_add_ps(sum, p);
+        }
+        lh[r] = lh[r] * ch[r] + _mm512_reduce_add_ps(sum);
+      }
+      int r = 0;
+      for (; r + 2 <= R; r += 2)
+        pv_narrow_rows<2>(c, sn + r * kBK, t.v, head_off, n, oh + r * c.Dp, ch + r);
+      if (r < R) pv_narrow_rows<1>(c, sn + r * kBK, t.v, head_off, n, oh + r * c.Dp, ch + r);
     }
-    if (c.bias != LogitBias::none)
-      for (int r = 0; r < R; ++r)
-        for (int j = 0; j < n; ++j) sn[r * kBK + j] += bias_l2e(c, head[r], qpos[r], t.pos[j]);
-    if (cls == TileClass::partial)
-      for (int r = 0; r < R; ++r)
-        for (int j = 0; j < n; ++j)
-          if (!visible(c, qpos[r], t.pos[j]))
-            sn[r * kBK + j] = -std::numeric_limits<float>::infinity();
-    // Online softmax per row.
-    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  }
+  for (int hh = 0; hh < nh; ++hh)
     for (int r = 0; r < R; ++r) {
-      float* sr = sn + r * kBK;
-      __m512 mx = ninf;
-      for (int j = 0; j < n; j += 16)
-        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, lanes(n - j), sr + j));
-      const float mnew = std::max(m[r], _mm512_reduce_max_ps(mx));
-      const float msafe = mnew == -std::numeric_limits<float>::infinity() ? 0.0f : mnew;
-      corr[r] = std::exp2(m[r] - msafe);
-      m[r] = mnew;
-      const __m512 ms = _mm512_set1_ps(msafe);
-      __m512 sum = _mm512_setzero_ps();
-      for (int j = 0; j < n; j += 16) {
-        const __mmask16 mk = lanes(n - j);
-        const __m512 p = _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + j), ms)));
-        _mm512_storeu_ps(sr + j, p);
-        sum = _mm512_add_ps(sum, p);
+      int64_t t;
+      int h;
+      row_of(c, kvh0 + hh, r, t, h);
+      float* dst = c.out + (t * c.H + h) * static_cast<int64_t>(c.D);
+      const float lr = l[hh * R + r];
+      const __m512 inv = _mm512_set1_ps(lr > 0.0f ? 1.0f / lr : 0.0f);
+      const float* src = on + (hh * R + r) * c.Dp;
+      for (int v = 0; v < c.Dv; ++v) {
+        const __mmask16 mk = v == c.Dv - 1 ? tail : static_cast<__mmask16>(0xFFFF);
+        _mm512_mask_storeu_ps(dst + 16 * v, mk, _mm512_mul_ps(_mm512_load_ps(src + 16 * v), inv));
       }
-      l[r] = l[r] * corr[r] + _mm512_reduce_add_ps(sum);
     }
-    int r = 0;
-    for (; r + 2 <= R; r += 2)
-      pv_narrow_rows<2>(c, sn + r * kBK, vb, n, on + r * c.Dp, corr + r);
-    if (r < R) pv_narrow_rows<1>(c, sn + r * kBK, vb, n, on + r * c.Dp, corr + r);
-  }
-  for (int r = 0; r < R; ++r) {
-    int64_t t;
-    int h;
-    row_of(c, kvh, r, t, h);
-    float* dst = c.out + (t * c.H + h) * static_cast<int64_t>(c.D);
-    const __m512 inv = _mm512_set1_ps(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
-    for (int v = 0; v < c.Dv; ++v) {
-      const __mmask16 mk = v == c.Dv - 1 ? tail : static_cast<__mmask16>(0xFFFF);
-      _mm512_mask_storeu_ps(dst + 16 * v, mk, _mm512_mul_ps(_mm512_load_ps(on + r * c.Dp + 16 * v), inv));
-    }
-  }
 }
 
 #else  // !POSENC_ATTN_AVX512
@@ -701,11 +727,11 @@ constexpr int kNarrowMaxRows = 0;
       if (cls == TileClass::skip) continue;
       for (int j = 0; j < tile.n; ++j) {
         if (cls == TileClass::partial && !visible(c, qi, tile.pos[j])) continue;
-        const float* kr = tile.k + head_off + j * c.ks;
+        const float* kr = tile.k[j] + head_off;
         float dot = 0.0f;
         for (int d = 0; d < c.D; ++d) dot += qrow[d] * kr[d];
         const float x = dot + bias_l2e(c, h, qi, tile.pos[j]);
-        const float* vr = tile.v + head_off + j * c.ks;
+        const float* vr = tile.v[j] + head_off;
         const float mnew = std::max(m, x);
         const float cr = std::exp2(m - mnew), p = std::exp2(x - mnew);
         l = l * cr + p;
@@ -719,25 +745,28 @@ constexpr int kNarrowMaxRows = 0;
   }
 }
 
-void build_tiles(std::span<const KvBlock> kv, int64_t ks, std::vector<Tile>& tiles) {
+void build_tiles(std::span<const KvBlock> kv, int64_t ks, KeyTable& keys, std::vector<Tile>& tiles) {
+  keys.k.clear();
+  keys.v.clear();
+  keys.pos.clear();
   tiles.clear();
-  for (const KvBlock& b : kv) {
-    for (int64_t j0 = 0; j0 < b.n_tokens; j0 += kBK) {
-      const int n = static_cast<int>(std::min<int64_t>(kBK, b.n_tokens - j0));
-      Tile t{b.k + j0 * ks, b.v + j0 * ks, b.position_ids + j0, n, true,
-             std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()};
-      int valid = 0;
-      for (int j = 0; j < n; ++j) {
-        const int64_t p = t.pos[j];
-        if (p < 0) continue;
-        ++valid;
-        t.kmin = std::min(t.kmin, p);
-        t.kmax = std::max(t.kmax, p);
+  for (const KvBlock& b : kv)
+    for (int64_t j = 0; j < b.n_tokens; ++j)
+      if (b.position_ids[j] >= 0) {
+        keys.k.push_back(b.k + j * ks);
+        keys.v.push_back(b.v + j * ks);
+        keys.pos.push_back(b.position_ids[j]);
       }
-      if (valid == 0) continue;  // only empty slots: never attended
-      t.dense = valid == n;
-      tiles.push_back(t);
+  const int64_t n_keys = static_cast<int64_t>(keys.pos.size());
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kBK) {
+    const int n = static_cast<int>(std::min<int64_t>(kBK, n_keys - j0));
+    Tile t{keys.k.data() + j0, keys.v.data() + j0, keys.pos.data() + j0, n,
+           std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()};
+    for (int j = 0; j < n; ++j) {
+      t.kmin = std::min(t.kmin, t.pos[j]);
+      t.kmax = std::max(t.kmax, t.pos[j]);
     }
+    tiles.push_back(t);
   }
 }
 
@@ -801,31 +830,47 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
             kLog2e;
   }
 
+  thread_local KeyTable key_table;
   thread_local std::vector<Tile> tile_storage;
-  build_tiles(kv, c.ks, tile_storage);
+  build_tiles(kv, c.ks, key_table, tile_storage);
   const std::span<const Tile> tiles(tile_storage);
 
   const int64_t rows = q_tokens * c.group;  // per KV head
   const bool narrow = rows <= kNarrowMaxRows;
-  const int64_t n_blocks = narrow ? 1 : (rows + kBQ - 1) / kBQ;
-  const int64_t n_items = n_blocks * c.KVH;
   const double work = static_cast<double>(q_tokens) * c.H * static_cast<double>(kv_tokens) * c.D;
   int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
-  if (work < kParallelMinWork || n_items < 2 || omp_in_parallel()) threads = 1;
-  threads = static_cast<int>(std::min<int64_t>(threads, n_items));
+  if (work < kParallelMinWork || omp_in_parallel()) threads = 1;
 
+#ifdef POSENC_ATTN_AVX512
+  if (narrow) {
+    // One item per thread: a contiguous range of KV heads each.
+    const int n_items = std::min(threads, c.KVH);
+    auto run = [&](int item) {
+      const int h0 = static_cast<int>(static_cast<int64_t>(c.KVH) * item / n_items);
+      const int h1 = static_cast<int>(static_cast<int64_t>(c.KVH) * (item + 1) / n_items);
+      narrow_heads(c, h0, h1, static_cast<int>(rows), tiles, thread_scratch());
+    };
+    if (n_items <= 1) {
+      run(0);
+    } else {
+#pragma omp parallel for schedule(static, 1) num_threads(n_items)
+      for (int i = 0; i < n_items; ++i) run(i);
+    }
+    return;
+  }
+#endif
+  const int64_t n_blocks = (rows + kBQ - 1) / kBQ;
+  const int64_t n_items = n_blocks * c.KVH;
+  threads = static_cast<int>(std::min<int64_t>(threads, n_items));
   auto run_item = [&](int64_t item) {
     // Heaviest first: with causal masks the last row blocks see the most keys.
     const int64_t block = n_blocks - 1 - item / c.KVH;
     const int kvh = static_cast<int>(item % c.KVH);
     const int64_t g0 = block * kBQ;
-    const int nr = static_cast<int>(std::min<int64_t>(narrow ? rows : kBQ, rows - g0));
+    const int nr = static_cast<int>(std::min<int64_t>(kBQ, rows - g0));
     Scratch& sc = thread_scratch();
 #ifdef POSENC_ATTN_AVX512
-    if (narrow)
-      narrow_rows(c, kvh, nr, tiles, sc);
-    else
-      wide_block(c, kvh, g0, nr, tiles, sc);
+    wide_block(c, kvh, g0, nr, tiles, sc);
 #else
     scalar_rows(c, kvh, g0, nr, tiles, sc);
 #endif
