@@ -234,6 +234,30 @@ inline __m512 reduce16(const __m512 a[16]) {
                        _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
 }
 
+/// head_dim <= 8: 16 dot products of q (<= 8 floats) with the keys kp[0..15],
+/// two keys per vector (key i in the low half, key i+8 in the high half), so
+/// half the multiplies and a shorter folding tree than reduce16.
+inline __m512 dots16_small(const float* q, const float* const kp[16], __mmask8 dm) {
+  const __m512 qv = _mm512_broadcast_f32x8(_mm256_maskz_loadu_ps(dm, q));
+  __m512 a[8];
+  for (int i = 0; i < 8; ++i)
+    a[i] = _mm512_mul_ps(qv, _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_maskz_loadu_ps(dm, kp[i])),
+                                                _mm256_maskz_loadu_ps(dm, kp[i + 8]), 1));
+  __m512 t[4];
+  for (int i = 0; i < 4; ++i)
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+  __m512 u[2];
+  for (int i = 0; i < 2; ++i)
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44),
+                         _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xEE));
+  // 128-bit lanes of u[i]: vectors 4i..4i+3, lanes 0-1 low halves, 2-3 high.
+  const __m512 w = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
+                                 _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+  // w = [keys 0-3, keys 8-11, keys 4-7, keys 12-15] -> key order
+  return _mm512_shuffle_f32x4(w, w, 0xD8);
+}
+
 // ---------------------------------------------------------------------------
 // Wide kernel: rows in lanes.
 
@@ -385,17 +409,27 @@ void softmax_wide(float* s, int n, float* m, float* l, float* corr) {
 }
 
 /// O[r0+i][16*c0 + ...] = corr * O + sum_j P[j][r0+i] V[j] for MR rows, ND vectors.
+/// With fewer than 8 accumulators the FMA latency (4 cycles, 2 ports) would
+/// bound the loop, so small shapes keep U independent partial sums over keys.
+template <int MR, int ND>
+constexpr int kChains = MR * ND >= 8 ? 1 : (8 / (MR * ND) >= 4 ? 4 : 8 / (MR * ND));
+
 template <int MR, int ND>
 inline void pv_micro(const float* __restrict p, const float* const* v, int64_t off, int n,
                      float* __restrict o, int Dp, const float* corr, __mmask16 last) {
-  __m512 acc[MR][ND];
+  constexpr int U = kChains<MR, ND>;
+  __m512 acc[U][MR][ND];
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i) {
     const __m512 cr = _mm512_set1_ps(corr[i]);
 #pragma GCC unroll 4
-    for (int c = 0; c < ND; ++c) acc[i][c] = _mm512_mul_ps(_mm512_load_ps(o + i * Dp + 16 * c), cr);
+    for (int c = 0; c < ND; ++c) {
+      acc[0][i][c] = _mm512_mul_ps(_mm512_load_ps(o + i * Dp + 16 * c), cr);
+#pragma GCC unroll 4
+      for (int u = 1; u < U; ++u) acc[u][i][c] = _mm512_setzero_ps();
+    }
   }
-  for (int j = 0; j < n; ++j) {
+  auto step = [&](int j, __m512(&a)[MR][ND]) {
     const float* vj = v[j] + off;
     __m512 vv[ND];
 #pragma GCC unroll 4
@@ -405,13 +439,23 @@ inline void pv_micro(const float* __restrict p, const float* const* v, int64_t o
     for (int i = 0; i < MR; ++i) {
       const __m512 b = _mm512_set1_ps(p[j * kBQ + i]);
 #pragma GCC unroll 4
-      for (int c = 0; c < ND; ++c) acc[i][c] = _mm512_fmadd_ps(b, vv[c], acc[i][c]);
+      for (int c = 0; c < ND; ++c) a[i][c] = _mm512_fmadd_ps(b, vv[c], a[i][c]);
     }
-  }
+  };
+  int j = 0;
+  for (; j + U <= n; j += U)
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) step(j + u, acc[u]);
+  for (; j < n; ++j) step(j, acc[0]);
 #pragma GCC unroll 4
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int c = 0; c < ND; ++c) _mm512_store_ps(o + i * Dp + 16 * c, acc[i][c]);
+    for (int c = 0; c < ND; ++c) {
+      __m512 a = acc[0][i][c];
+#pragma GCC unroll 4
+      for (int u = 1; u < U; ++u) a = _mm512_add_ps(a, acc[u][i][c]);
+      _mm512_store_ps(o + i * Dp + 16 * c, a);
+    }
 }
 
 template <int MR>
@@ -530,15 +574,19 @@ template <int MR, int ND>
 inline void pv_narrow_micro(const float* p /*[MR][kBK]*/, const float* const* v, int64_t off,
                             int n, float* o /*[MR][Dp]*/, int Dp, const float* corr,
                             __mmask16 last) {
-  __m512 acc[MR][ND];
+  constexpr int U = kChains<MR, ND>;
+  __m512 acc[U][MR][ND];
 #pragma GCC unroll 2
   for (int i = 0; i < MR; ++i) {
     const __m512 cr = _mm512_set1_ps(corr[i]);
 #pragma GCC unroll 8
-    for (int cc = 0; cc < ND; ++cc)
-      acc[i][cc] = _mm512_mul_ps(_mm512_load_ps(o + i * Dp + 16 * cc), cr);
+    for (int cc = 0; cc < ND; ++cc) {
+      acc[0][i][cc] = _mm512_mul_ps(_mm512_load_ps(o + i * Dp + 16 * cc), cr);
+#pragma GCC unroll 4
+      for (int u = 1; u < U; ++u) acc[u][i][cc] = _mm512_setzero_ps();
+    }
   }
-  for (int j = 0; j < n; ++j) {
+  auto step = [&](int j, __m512(&a)[MR][ND]) {
     const float* vj = v[j] + off;
     __m512 vv[ND];
 #pragma GCC unroll 8
@@ -548,13 +596,23 @@ inline void pv_narrow_micro(const float* p /*[MR][kBK]*/, const float* const* v,
     for (int i = 0; i < MR; ++i) {
       const __m512 b = _mm512_set1_ps(p[i * kBK + j]);
 #pragma GCC unroll 8
-      for (int cc = 0; cc < ND; ++cc) acc[i][cc] = _mm512_fmadd_ps(b, vv[cc], acc[i][cc]);
+      for (int cc = 0; cc < ND; ++cc) a[i][cc] = _mm512_fmadd_ps(b, vv[cc], a[i][cc]);
     }
-  }
+  };
+  int j = 0;
+  for (; j + U <= n; j += U)
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u) step(j + u, acc[u]);
+  for (; j < n; ++j) step(j, acc[0]);
 #pragma GCC unroll 2
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-    for (int cc = 0; cc < ND; ++cc) _mm512_store_ps(o + i * Dp + 16 * cc, acc[i][cc]);
+    for (int cc = 0; cc < ND; ++cc) {
+      __m512 a = acc[0][i][cc];
+#pragma GCC unroll 4
+      for (int u = 1; u < U; ++u) a = _mm512_add_ps(a, acc[u][i][cc]);
+      _mm512_store_ps(o + i * Dp + 16 * cc, a);
+    }
 }
 
 template <int MR>
@@ -632,6 +690,12 @@ void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile>
         const int cnt = std::min(16, n - jg);
         const float* kp[16];
         for (int i = 0; i < 16; ++i) kp[i] = i < cnt ? t.k[jg + i] + head_off : zero;
+        if (c.D <= 8) {
+          const __mmask8 dm = static_cast<__mmask8>(c.tail_mask);
+          for (int r = 0; r < R; ++r)
+            _mm512_storeu_ps(sn + r * kBK + jg, dots16_small(qh + r * c.Dp, kp, dm));
+          continue;
+        }
         for (int r = 0; r < R; ++r) {
           const float* qr = qh + r * c.Dp;
           __m512 acc[16];
@@ -746,18 +810,26 @@ constexpr int kNarrowMaxRows = 0;
 }
 
 void build_tiles(std::span<const KvBlock> kv, int64_t ks, KeyTable& keys, std::vector<Tile>& tiles) {
-  keys.k.clear();
-  keys.v.clear();
-  keys.pos.clear();
+  int64_t total = 0;
+  for (const KvBlock& b : kv) total += b.n_tokens;
+  if (static_cast<int64_t>(keys.pos.size()) < total) {
+    keys.k.resize(static_cast<std::size_t>(total));
+    keys.v.resize(static_cast<std::size_t>(total));
+    keys.pos.resize(static_cast<std::size_t>(total));
+  }
   tiles.clear();
-  for (const KvBlock& b : kv)
-    for (int64_t j = 0; j < b.n_tokens; ++j)
-      if (b.position_ids[j] >= 0) {
-        keys.k.push_back(b.k + j * ks);
-        keys.v.push_back(b.v + j * ks);
-        keys.pos.push_back(b.position_ids[j]);
-      }
-  const int64_t n_keys = static_cast<int64_t>(keys.pos.size());
+  int64_t n_keys = 0;
+  for (const KvBlock& b : kv) {
+    const float* k = b.k;
+    const float* v = b.v;
+    for (int64_t j = 0; j < b.n_tokens; ++j, k += ks, v += ks) {
+      const int64_t p = b.position_ids[j];
+      keys.k[static_cast<std::size_t>(n_keys)] = k;
+      keys.v[static_cast<std::size_t>(n_keys)] = v;
+      keys.pos[static_cast<std::size_t>(n_keys)] = p;
+      n_keys += p >= 0;  // empty slots are overwritten by the next key
+    }
+  }
   for (int64_t j0 = 0; j0 < n_keys; j0 += kBK) {
     const int n = static_cast<int>(std::min<int64_t>(kBK, n_keys - j0));
     Tile t{keys.k.data() + j0, keys.v.data() + j0, keys.pos.data() + j0, n,
@@ -836,13 +908,12 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
   const std::span<const Tile> tiles(tile_storage);
 
   const int64_t rows = q_tokens * c.group;  // per KV head
-  const bool narrow = rows <= kNarrowMaxRows;
   const double work = static_cast<double>(q_tokens) * c.H * static_cast<double>(kv_tokens) * c.D;
   int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   if (work < kParallelMinWork || omp_in_parallel()) threads = 1;
 
 #ifdef POSENC_ATTN_AVX512
-  if (narrow) {
+  if (rows <= kNarrowMaxRows) {
     // One item per thread: a contiguous range of KV heads each.
     const int n_items = std::min(threads, c.KVH);
     auto run = [&](int item) {
