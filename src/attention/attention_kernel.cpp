@@ -52,6 +52,13 @@ namespace {
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kBQ = 64;  // rows per wide block (4 vectors of 16)
 constexpr int kBK = 64;  // keys per tile
+#ifndef POSENC_PV_ROWS
+#define POSENC_PV_ROWS 8
+#define POSENC_PV_VECS 2
+#endif
+// P·V micro-kernel: kPvRows rows x kPvVecs channel vectors of accumulators.
+constexpr int kPvRows = POSENC_PV_ROWS;
+constexpr int kPvVecs = POSENC_PV_VECS;
 // Calls with fewer multiply-adds than this run on the calling thread.
 constexpr double kParallelMinWork = double(1 << 20);
 
@@ -79,7 +86,7 @@ struct AlignedBuffer {
 };
 
 struct Scratch {
-  AlignedBuffer qt, s, o, row, zero;
+  AlignedBuffer qt, s, o, row, zero, vt;
 };
 
 Scratch& thread_scratch() {
@@ -290,22 +297,42 @@ inline void qk_micro(const float* __restrict qt, const float* const* k, int64_t 
     for (int v = 0; v < NV; ++v) _mm512_store_ps(s + i * kBQ + 16 * v, acc[i][v]);
 }
 
-template <int NV>
-void qk_tile(const float* qt, const float* const* k, int64_t ks, int n, int D, float* s) {
-  constexpr int MK = NV >= 3 ? 4 : 8;
+template <int MK, int NV>
+void qk_keys(const float* qt, const float* const* k, int64_t off, int n, int D, float* s) {
   int j = 0;
-  for (; j + MK <= n; j += MK) qk_micro<MK, NV>(qt, k + j, ks, D, s + j * kBQ);
+  for (; j + MK <= n; j += MK) qk_micro<MK, NV>(qt, k + j, off, D, s + j * kBQ);
   const float* const* kr = k + j;
   float* sr = s + j * kBQ;
   switch (n - j) {
     case 0: break;
-    case 1: qk_micro<1, NV>(qt, kr, ks, D, sr); break;
-    case 2: qk_micro<2, NV>(qt, kr, ks, D, sr); break;
-    case 3: qk_micro<3, NV>(qt, kr, ks, D, sr); break;
-    case 4: qk_micro<4, NV>(qt, kr, ks, D, sr); break;
-    case 5: qk_micro<5, NV>(qt, kr, ks, D, sr); break;
-    case 6: qk_micro<6, NV>(qt, kr, ks, D, sr); break;
-    default: qk_micro<7, NV>(qt, kr, ks, D, sr); break;
+    case 1: qk_micro<1, NV>(qt, kr, off, D, sr); break;
+    case 2: qk_micro<2, NV>(qt, kr, off, D, sr); break;
+    case 3: qk_micro<3, NV>(qt, kr, off, D, sr); break;
+    case 4: qk_micro<4, NV>(qt, kr, off, D, sr); break;
+    case 5: qk_micro<5, NV>(qt, kr, off, D, sr); break;
+    case 6: qk_micro<6, NV>(qt, kr, off, D, sr); break;
+    default: qk_micro<7, NV>(qt, kr, off, D, sr); break;
+  }
+}
+
+/// Scores of a tile. Micro-kernel of 8 keys x 2 row vectors (16
+/// accumulators): per head_dim step 2 vector loads of QT and 8 broadcasts of
+/// K feed 16 FMAs.
+template <int NV>
+void qk_tile(const float* qt, const float* const* k, int64_t off, int n, int D, float* s) {
+  constexpr int MK = 8;
+  if constexpr (NV == 1) {
+    qk_keys<MK, 1>(qt, k, off, n, D, s);
+  } else {
+    // Row halves outer: one 32-row slice of QT (D*128 bytes) stays in L1
+    // while all keys of the tile stream past it.
+#pragma GCC unroll 2
+    for (int v0 = 0; v0 < NV; v0 += 2) {
+      if (v0 + 2 <= NV)
+        qk_keys<MK, 2>(qt + 16 * v0, k, off, n, D, s + 16 * v0);
+      else
+        qk_keys<MK, 1>(qt + 16 * v0, k, off, n, D, s + 16 * v0);
+    }
   }
 }
 
@@ -415,11 +442,11 @@ template <int MR, int ND>
 constexpr int kChains = MR * ND >= 8 ? 1 : (8 / (MR * ND) >= 4 ? 4 : 8 / (MR * ND));
 
 template <int MR, int ND>
-inline void pv_micro(const float* __restrict p, const float* const* v, int64_t off, int n,
+inline void pv_micro(const float* __restrict p, const float* __restrict v, int64_t vs, int n,
                      float* __restrict o, int Dp, const float* corr, __mmask16 last) {
   constexpr int U = kChains<MR, ND>;
   __m512 acc[U][MR][ND];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
     const __m512 cr = _mm512_set1_ps(corr[i]);
 #pragma GCC unroll 4
@@ -430,12 +457,11 @@ inline void pv_micro(const float* __restrict p, const float* const* v, int64_t o
     }
   }
   auto step = [&](int j, __m512(&a)[MR][ND]) {
-    const float* vj = v[j] + off;
+    const float* vj = v + j * vs;
     __m512 vv[ND];
 #pragma GCC unroll 4
-    for (int c = 0; c < ND; ++c)
-      vv[c] = c == ND - 1 ? _mm512_maskz_loadu_ps(last, vj + 16 * c) : _mm512_loadu_ps(vj + 16 * c);
-#pragma GCC unroll 4
+    for (int c = 0; c < ND; ++c) vv[c] = _mm512_load_ps(vj + 16 * c);
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512 b = _mm512_set1_ps(p[j * kBQ + i]);
 #pragma GCC unroll 4
@@ -447,7 +473,7 @@ inline void pv_micro(const float* __restrict p, const float* const* v, int64_t o
 #pragma GCC unroll 4
     for (int u = 0; u < U; ++u) step(j + u, acc[u]);
   for (; j < n; ++j) step(j, acc[0]);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
     for (int c = 0; c < ND; ++c) {
@@ -458,42 +484,57 @@ inline void pv_micro(const float* __restrict p, const float* const* v, int64_t o
     }
 }
 
-template <int MR>
-void pv_rows(const Ctx& c, const float* p, const float* const* v, int64_t off, int n, float* o,
-             const float* corr) {
-  constexpr int ND = 4;
-  int c0 = 0;
-  for (; c0 + ND <= c.Dv; c0 += ND) {
-    const __mmask16 last = c0 + ND == c.Dv ? static_cast<__mmask16>(c.tail_mask) : 0xFFFF;
-    pv_micro<MR, ND>(p, v, off + 16 * c0, n, o + 16 * c0, c.Dp, corr, last);
-  }
-  const int rest = c.Dv - c0;
-  const __mmask16 last = static_cast<__mmask16>(c.tail_mask);
-  switch (rest) {
+template <int ND>
+void pv_chunk(const Ctx& c, int nr, const float* p, const float* v, int n, float* o,
+              const float* corr) {
+  constexpr int MR = kPvRows;
+  const int64_t vs = c.Dp;
+  int r = 0;
+  for (; r + MR <= nr; r += MR) pv_micro<MR, ND>(p + r, v, vs, n, o + r * c.Dp, c.Dp, corr + r, 0);
+  float* orr = o + r * c.Dp;
+  switch (nr - r) {
     case 0: break;
-    case 1: pv_micro<MR, 1>(p, v, off + 16 * c0, n, o + 16 * c0, c.Dp, corr, last); break;
-    case 2: pv_micro<MR, 2>(p, v, off + 16 * c0, n, o + 16 * c0, c.Dp, corr, last); break;
-    default: pv_micro<MR, 3>(p, v, off + 16 * c0, n, o + 16 * c0, c.Dp, corr, last); break;
+    case 1: pv_micro<1, ND>(p + r, v, vs, n, orr, c.Dp, corr + r, 0); break;
+    case 2: pv_micro<2, ND>(p + r, v, vs, n, orr, c.Dp, corr + r, 0); break;
+    case 3: pv_micro<3, ND>(p + r, v, vs, n, orr, c.Dp, corr + r, 0); break;
+    case 4: pv_micro<4, ND>(p + r, v, vs, n, orr, c.Dp, corr + r, 0); break;
+    case 5: pv_micro<5, ND>(p + r, v, vs, n, orr, c.Dp, corr + r, 0); break;
+    case 6: pv_micro<6, ND>(p + r, v, vs, n, orr, c.Dp, corr + r, 0); break;
+    default: pv_micro<7, ND>(p + r, v, vs, n, orr, c.Dp, corr + r, 0); break;
   }
 }
 
-void pv_wide(const Ctx& c, int nr, const float* p, const float* const* v, int64_t off, int n,
-             float* o, const float* corr) {
-  constexpr int MR = 4;
-  int r = 0;
-  for (; r + MR <= nr; r += MR) pv_rows<MR>(c, p + r, v, off, n, o + r * c.Dp, corr + r);
-  switch (nr - r) {
-    case 0: break;
-    case 1: pv_rows<1>(c, p + r, v, off, n, o + r * c.Dp, corr + r); break;
-    case 2: pv_rows<2>(c, p + r, v, off, n, o + r * c.Dp, corr + r); break;
-    default: pv_rows<3>(c, p + r, v, off, n, o + r * c.Dp, corr + r); break;
+/// O = corr * O + P V over the tile. vt: the tile's V rows copied contiguous,
+/// [n][Dp] (zero padded), so each slice of 2 channel vectors (n*128 bytes)
+/// stays in L1 while every row group of the block uses it; the cache's own
+/// layout puts rows kv_heads*head_dim floats apart, which maps them all to
+/// the same few L1 sets.
+void pv_wide(const Ctx& c, int nr, const float* p, const float* vt, int n, float* o,
+             const float* corr) {
+  static_assert(kPvVecs == 2, "pv_wide handles channel chunks of 2 vectors and a 1-vector tail");
+  int c0 = 0;
+  for (; c0 + 2 <= c.Dv; c0 += 2) pv_chunk<2>(c, nr, p, vt + 16 * c0, n, o + 16 * c0, corr);
+  if (c0 < c.Dv) pv_chunk<1>(c, nr, p, vt + 16 * c0, n, o + 16 * c0, corr);
+}
+
+/// Copies the tile's V rows of one KV head to vt [n][Dp], zero padded.
+void copy_v_tile(const Ctx& c, const float* const* v, int64_t off, int n, float* vt) {
+  const __mmask16 tail = static_cast<__mmask16>(c.tail_mask);
+  for (int j = 0; j < n; ++j) {
+    const float* src = v[j] + off;
+    float* dst = vt + static_cast<int64_t>(j) * c.Dp;
+    for (int q = 0; q < c.Dv; ++q) {
+      const __mmask16 mk = q == c.Dv - 1 ? tail : static_cast<__mmask16>(0xFFFF);
+      _mm512_store_ps(dst + 16 * q, _mm512_maskz_loadu_ps(mk, src + 16 * q));
+    }
   }
 }
 
 template <int NV>
 void wide_tiles(const Ctx& c, int kvh, int nr, std::span<const Tile> tiles, const float* qt,
-                float* s, float* o, const int64_t* qpos, const float* slope, const int32_t* lut_off,
-                int64_t qmin, int64_t qmax, float* m, float* l, float* corr) {
+                float* s, float* o, float* vt, const int64_t* qpos, const float* slope,
+                const int32_t* lut_off, int64_t qmin, int64_t qmax, float* m, float* l,
+                float* corr) {
   const int64_t head_off = static_cast<int64_t>(kvh) * c.D;
   for (const Tile& t : tiles) {
     const TileClass cls = classify(c, qmin, qmax, t);
@@ -504,7 +545,8 @@ void wide_tiles(const Ctx& c, int kvh, int nr, std::span<const Tile> tiles, cons
       add_t5_wide<NV>(s, t.n, t.pos, qpos, lut_off, c.t5_lut.data(), c.t5_radius);
     if (cls == TileClass::partial) mask_wide<NV>(c, s, t.n, t.pos, qpos);
     softmax_wide<NV>(s, t.n, m, l, corr);
-    pv_wide(c, nr, s, t.v, head_off, t.n, o, corr);
+    copy_v_tile(c, t.v, head_off, t.n, vt);
+    pv_wide(c, nr, s, vt, t.n, o, corr);
   }
 }
 
@@ -516,13 +558,26 @@ void wide_block(const Ctx& c, int kvh, int64_t g0, int nr, std::span<const Tile>
   float* s = sc.s.get(static_cast<std::size_t>(kBK) * kBQ);
   float* o = sc.o.get(static_cast<std::size_t>(kBQ) * c.Dp);
   float* row = sc.row.get(static_cast<std::size_t>(c.Dp));
+  float* vt = sc.vt.get(static_cast<std::size_t>(kBK) * c.Dp);
   alignas(64) int64_t qpos[kBQ];
   alignas(64) float slope[kBQ];
   alignas(64) int32_t lut_off[kBQ];
   alignas(64) float m[kBQ], l[kBQ], corr[kBQ];
   int64_t qmin = std::numeric_limits<int64_t>::max(), qmax = std::numeric_limits<int64_t>::min();
   const int64_t lut_row = 2 * static_cast<int64_t>(c.t5_radius) + 1;
+  // Query rows of a block are head_dim floats each, heads*head_dim apart:
+  // fetch them ahead, the hardware prefetchers do not follow such strides.
+  constexpr int kAhead = 8;
+  auto prefetch_row = [&](int r) {
+    int64_t t;
+    int h;
+    row_of(c, kvh, g0 + r, t, h);
+    const char* src = reinterpret_cast<const char*>(c.q + (t * c.H + h) * static_cast<int64_t>(c.D));
+    for (int64_t b = 0; b < static_cast<int64_t>(c.D) * 4; b += 64) _mm_prefetch(src + b, _MM_HINT_T0);
+  };
+  for (int r = 0; r < std::min(nr, kAhead); ++r) prefetch_row(r);
   for (int r = 0; r < nr; ++r) {
+    if (r + kAhead < nr) prefetch_row(r + kAhead);
     int64_t t;
     int h;
     row_of(c, kvh, g0 + r, t, h);
@@ -547,10 +602,10 @@ void wide_block(const Ctx& c, int kvh, int64_t g0, int nr, std::span<const Tile>
   }
   std::memset(o, 0, static_cast<std::size_t>(nr) * c.Dp * sizeof(float));
   switch (NV) {
-    case 1: wide_tiles<1>(c, kvh, nr, tiles, qt, s, o, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
-    case 2: wide_tiles<2>(c, kvh, nr, tiles, qt, s, o, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
-    case 3: wide_tiles<3>(c, kvh, nr, tiles, qt, s, o, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
-    default: wide_tiles<4>(c, kvh, nr, tiles, qt, s, o, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
+    case 1: wide_tiles<1>(c, kvh, nr, tiles, qt, s, o, vt, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
+    case 2: wide_tiles<2>(c, kvh, nr, tiles, qt, s, o, vt, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
+    case 3: wide_tiles<3>(c, kvh, nr, tiles, qt, s, o, vt, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
+    default: wide_tiles<4>(c, kvh, nr, tiles, qt, s, o, vt, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
   }
   for (int r = 0; r < nr; ++r) {
     int64_t t;
