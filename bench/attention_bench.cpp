@@ -10,6 +10,8 @@
 //    the same formula for ITS size, so the GFLOPs columns compare directly.
 //  - decode: 1 query x 4096 cached tokens; GBps = bytes of K and V read
 //    (2 * 4096 * kv_heads * d * 4) per call, tokens/s = calls per second.
+#include <map>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -132,8 +134,13 @@ BENCHMARK(BM_AttentionPrefillSmall)->ArgNames({"threads"})->Arg(1)->UseRealTime(
 // 256-token blocks, keys already rotated (as a KV cache stores them).
 void BM_AttentionDecode(benchmark::State& state) {
   const int kv_heads = static_cast<int>(state.range(0));
-  Problem p(32, kv_heads, 128, 1, 4096, 256);
-  p.q_pos[0] = 4096;
+  static std::map<int, std::unique_ptr<Problem>> problems;  // built once per shape
+  auto& slot = problems[kv_heads];
+  if (!slot) {
+    slot = std::make_unique<Problem>(32, kv_heads, 128, 1, 4096, 256);
+    slot->q_pos[0] = 4096;
+  }
+  Problem& p = *slot;
   posenc::AttentionOptions opt;
   opt.num_threads = static_cast<int>(state.range(1));
   for (auto _ : state) {

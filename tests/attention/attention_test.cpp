@@ -165,6 +165,9 @@ TEST(Attention, MatchesReferenceOnFixedCases) {
       {8, 2, 128, 20, MaskKind::causal, 0, LogitBias::t5, false, {64, 16, 3}, true, 0.1, 5},
       {4, 4, 8, 1, MaskKind::none, 0, LogitBias::t5, true, {50}, true, 0.1, 0},
       {6, 3, 80, 1, MaskKind::causal, 0, LogitBias::alibi, false, {70, 70}, true, 0.1, 9},
+      // long caches: many tiles after the running max settles (no drift)
+      {8, 2, 64, 1, MaskKind::causal, 0, LogitBias::none, false, {2048, 1000, 37}, true, 0.01, 50},
+      {8, 2, 64, 20, MaskKind::causal, 0, LogitBias::none, false, {1024, 1024, 1024, 17}, true, 0.0, 5},
       // every key an empty slot / a query before all keys: zero rows
       {4, 2, 64, 3, MaskKind::causal, 0, LogitBias::none, false, {16}, true, 1.0, 0},
   };
