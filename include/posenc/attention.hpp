@@ -88,16 +88,16 @@ struct AttentionOptions {
 ///
 /// Kernel (FlashAttention-2 style, Dao 2023, on the CPU): the rows that share
 /// a KV head (query tokens x the heads of its GQA group) are processed in
-/// blocks of 64 with the rows in SIMD lanes; keys in tiles of up to 64 keys
-/// taken inside one KvBlock. Per tile: scores by a register-blocked
-/// micro-kernel (4 keys x 64 rows), bias, mask, online softmax in base 2,
-/// then P·V by a second micro-kernel (4 rows x 64 channels). No score matrix
-/// larger than one 64x64 tile exists. Tiles whose key positions (min/max per
-/// tile) are all invisible to the block are skipped; fully visible tiles get
-/// no per-element mask work. Few rows per KV head (decode) use a kernel that
-/// vectorises over head_dim instead. Work items (KV head x row block) are
-/// shared by OpenMP threads. Exact in float32 up to rounding: matches a
-/// double-precision reference to ~1e-6 relative.
+/// blocks of 64 with the rows in SIMD lanes; keys in tiles of up to 64 (a
+/// tile may span several small KvBlocks). Per tile: scores by a register-
+/// blocked micro-kernel (8 keys x 32 rows), bias, mask, online softmax in
+/// base 2, then P·V by a second micro-kernel (8 rows x 32 channels). No score
+/// matrix larger than one 64x64 tile exists. Tiles whose key positions
+/// (min/max per tile) are all invisible to the block are skipped; fully
+/// visible tiles get no per-element mask work. Few rows per KV head (decode)
+/// use a kernel that vectorises over head_dim instead. Work items (KV head x
+/// row block) are shared by OpenMP threads. Float32 throughout: matches a
+/// double-precision reference to ~1e-6 relative (tested to 1e-5).
 /// Throws InvalidArgument on inconsistent shapes (see AttentionSpec::validate)
 /// or a T5 table/bucket configuration t5_relative_position_bucket rejects.
 void attention_forward(const AttentionSpec& spec, const float* q,

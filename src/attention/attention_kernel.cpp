@@ -4,22 +4,30 @@
 //  - row: one (query token, query head) pair. The rows that share a KV head
 //    are the query tokens x the `group` heads of its GQA group, numbered
 //    token-major: row g -> token g / group, head kvh*group + g % group.
-//  - tile: up to kBK consecutive keys of one KvBlock, with the min/max of its
-//    valid position ids and whether it holds empty slots (position < 0).
+//  - key table: the keys of all KvBlocks flattened once per call (row
+//    pointers + positions; empty slots, position < 0, dropped).
+//  - tile: up to kBK consecutive keys of the key table (so a tile may span
+//    several small paged blocks), with the min/max of its positions.
 //
 // Two kernels, chosen by the number of rows per KV head:
-//  - wide (prefill, >= kNarrowMaxRows rows): blocks of kBQ = 64 rows live in
-//    the SIMD lanes. q is packed transposed, QT[d][row], pre-multiplied by
-//    softmax_scale*log2(e). Per tile, S[key][row] = K QTᵀ by a register-blocked
-//    micro-kernel (MK keys x NV row vectors; keys broadcast from their natural
-//    layout, so neither K nor V is ever repacked), then bias, mask, the online
-//    softmax update (per-lane max/sum, base 2), and O[row][:] += P V by a second
-//    micro-kernel (MR rows x ND channel vectors, V rows loaded as vectors).
-//  - narrow (decode, few rows): one row at a time against 16 keys, vectorised
-//    over head_dim, the 16 partial sums folded by a transpose-add tree; P V
-//    with V rows as vectors.
+//  - wide (more than kNarrowMaxRows rows: prefill, chunked prefill, MQA
+//    decode): blocks of kBQ = 64 rows live in the SIMD lanes. q is packed
+//    transposed, QT[d][row], pre-multiplied by softmax_scale*log2(e). Per tile:
+//    S[key][row] = K QTᵀ by a register-blocked micro-kernel (8 keys x 2 row
+//    vectors; keys broadcast straight from the cache layout), bias, mask, the
+//    online softmax update (per-lane max and sum, base 2), then
+//    O[row][:] = corr*O + P V by a second micro-kernel (8 rows x 2 channel
+//    vectors) over a contiguous copy of the tile's V rows.
+//  - narrow (decode: few rows per KV head): each row against 16 keys at a
+//    time, vectorised over head_dim, the 16 partial sums folded by a
+//    transpose-add tree (head_dim <= 8 packs two keys per vector); P V with V
+//    rows as vectors. Tiles outer, KV heads inner, threads own contiguous
+//    ranges of KV heads, so the [token][kv_head][d] cache streams in order.
 // Tiles whose keys are all invisible to the block (by position ranges) are
-// skipped; fully visible tiles skip the per-element mask.
+// skipped; fully visible tiles skip the per-element mask. Work items (KV head
+// x row block, heaviest first) are shared by OpenMP threads; calls below
+// kParallelMinWork multiply-adds never fork. Scratch memory is per thread and
+// reused across calls.
 //
 // This file is compiled with -ffp-contract=fast (FMA allowed).
 #include "attention/attention_kernel.hpp"
