@@ -168,6 +168,13 @@ TEST(Attention, MatchesReferenceOnFixedCases) {
       // long caches: many tiles after the running max settles (no drift)
       {8, 2, 64, 1, MaskKind::causal, 0, LogitBias::none, false, {2048, 1000, 37}, true, 0.01, 50},
       {8, 2, 64, 20, MaskKind::causal, 0, LogitBias::none, false, {1024, 1024, 1024, 17}, true, 0.0, 5},
+      // unusual head_dim: below 8, odd, above 128
+      {4, 2, 4, 1, MaskKind::causal, 0, LogitBias::none, false, {40, 9}, true, 0.1, 3},
+      {4, 2, 4, 30, MaskKind::causal, 0, LogitBias::alibi, false, {40, 9}, true, 0.1, 3},
+      {4, 4, 17, 1, MaskKind::none, 0, LogitBias::none, false, {70}, true, 0.0, 0},
+      {4, 4, 17, 19, MaskKind::causal, 0, LogitBias::t5, true, {70}, true, 0.0, 0},
+      {4, 1, 256, 2, MaskKind::causal, 0, LogitBias::none, false, {100, 20}, true, 0.0, 4},
+      {4, 2, 256, 40, MaskKind::sliding_window, 16, LogitBias::none, false, {100, 20}, true, 0.0, 4},
       // every key an empty slot / a query before all keys: zero rows
       {4, 2, 64, 3, MaskKind::causal, 0, LogitBias::none, false, {16}, true, 1.0, 0},
   };
