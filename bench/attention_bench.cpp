@@ -175,3 +175,21 @@ void BM_AttentionDecodeTiny(benchmark::State& state) {
 BENCHMARK(BM_AttentionDecodeTiny)->ArgNames({"kv_tokens"})->Arg(1)->Arg(64)->Arg(512)->UseRealTime();
 
 }  // namespace
+
+namespace {
+
+// The tiny model's prefill (8 heads, 4 KV heads, head_dim 8, 512 tokens):
+// the wide kernel at its smallest head_dim.
+void BM_AttentionPrefillTiny(benchmark::State& state) {
+  static Problem p(8, 4, 8, 512, 512, 512);
+  posenc::AttentionOptions opt;
+  opt.num_threads = static_cast<int>(state.range(0));
+  for (auto _ : state) {
+    posenc::attention_forward(p.spec, p.q.get(), p.q_pos, p.blocks, p.out.get(), opt);
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOPs"] = giga_rate(p.causal_flops(), state);
+}
+BENCHMARK(BM_AttentionPrefillTiny)->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace

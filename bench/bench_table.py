@@ -16,8 +16,10 @@ import sys
 
 
 def run(binary, repetitions, flt):
+    # Random interleaving spreads the repetitions of every benchmark over the
+    # whole run, so a burst of load from elsewhere hits figure and baseline alike.
     cmd = [binary, f"--benchmark_repetitions={repetitions}", "--benchmark_format=json",
-           "--benchmark_report_aggregates_only=false"]
+           "--benchmark_report_aggregates_only=false", "--benchmark_enable_random_interleaving=true"]
     if flt:
         cmd.append(f"--benchmark_filter={flt}")
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
