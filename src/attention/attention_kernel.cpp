@@ -871,7 +871,13 @@ constexpr int kNarrowMaxRows = 0;
   }
 }
 
-void build_tiles(std::span<const KvBlock> kv, int64_t ks, KeyTable& keys, std::vector<Tile>& tiles) {
+/// Flattens the blocks into `keys` and cuts it into tiles. With sort_keys,
+/// keys that are not already in position order (shuffled pages) are sorted
+/// by position first, so that tiles cover narrow position ranges and masks
+/// can skip or leave them unmasked; the order of keys does not change the
+/// result beyond float rounding.
+void build_tiles(std::span<const KvBlock> kv, int64_t ks, bool sort_keys, KeyTable& keys,
+                 std::vector<Tile>& tiles) {
   int64_t total = 0;
   for (const KvBlock& b : kv) total += b.n_tokens;
   if (static_cast<int64_t>(keys.pos.size()) < total) {
@@ -891,6 +897,23 @@ void build_tiles(std::span<const KvBlock> kv, int64_t ks, KeyTable& keys, std::v
       keys.pos[static_cast<std::size_t>(n_keys)] = p;
       n_keys += p >= 0;  // empty slots are overwritten by the next key
     }
+  }
+  if (sort_keys && !std::is_sorted(keys.pos.begin(), keys.pos.begin() + n_keys)) {
+    std::vector<int32_t> order(static_cast<std::size_t>(n_keys));
+    for (int64_t i = 0; i < n_keys; ++i) order[static_cast<std::size_t>(i)] = static_cast<int32_t>(i);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return keys.pos[static_cast<std::size_t>(a)] < keys.pos[static_cast<std::size_t>(b)]; });
+    std::vector<const float*> k2(static_cast<std::size_t>(n_keys)), v2(k2.size());
+    std::vector<int64_t> p2(k2.size());
+    for (std::size_t i = 0; i < k2.size(); ++i) {
+      const auto o = static_cast<std::size_t>(order[i]);
+      k2[i] = keys.k[o];
+      v2[i] = keys.v[o];
+      p2[i] = keys.pos[o];
+    }
+    std::copy(k2.begin(), k2.end(), keys.k.begin());
+    std::copy(v2.begin(), v2.end(), keys.v.begin());
+    std::copy(p2.begin(), p2.end(), keys.pos.begin());
   }
   for (int64_t j0 = 0; j0 < n_keys; j0 += kBK) {
     const int n = static_cast<int>(std::min<int64_t>(kBK, n_keys - j0));
@@ -966,7 +989,9 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
 
   thread_local KeyTable key_table;
   thread_local std::vector<Tile> tile_storage;
-  build_tiles(kv, c.ks, key_table, tile_storage);
+  // Sorting pays off only when many queries meet a mask that hides keys.
+  const bool sort_keys = q_tokens >= 16 && spec.mask != MaskKind::none && kv_tokens <= INT32_MAX;
+  build_tiles(kv, c.ks, sort_keys, key_table, tile_storage);
   const std::span<const Tile> tiles(tile_storage);
 
   const int64_t rows = q_tokens * c.group;  // per KV head
