@@ -214,10 +214,12 @@ inline void row_of(const Ctx& c, int kvh, int64_t g, int64_t& t, int& h) {
 /// 2^x for x <= 0 (x = -inf gives 0): 2^round(x) * p(f), |f| <= 1/2, with
 /// p(f) = 1 + f*q(f), q a degree-5 Chebyshev fit, so p(0) = 1 exactly (no
 /// drift when the running max is unchanged) and the relative error is 5e-9
-/// before float rounding. The accuracy keeps prefill and decode (different
-/// kernels, different summation orders) within ~1e-6 of each other.
+/// before float rounding. Results below 2^-125 (weights negligible next to
+/// the row maximum's 1) are exactly 0: producing subnormals would cost a
+/// microcode assist per element on masked (-inf) scores.
 inline __m512 exp2_ps(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-160.0f));
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-125.0f));
   const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = _mm512_sub_ps(x, n);
   __m512 p = _mm512_set1_ps(1.545316294512069e-4f);
@@ -227,53 +229,38 @@ inline __m512 exp2_ps(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650760568126e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471880262288e-1f));
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, n);
+  return _mm512_maskz_scalef_ps(keep, p, n);
 }
 
 inline __mmask16 lanes(int n) {
   return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
 }
 
-/// out[i] = sum of the 16 lanes of a[i] (transpose-add tree, 45 operations).
-inline __m512 reduce16(const __m512 a[16]) {
-  __m512 t[8];
-  for (int i = 0; i < 8; ++i)
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  __m512 u[4];
-  for (int i = 0; i < 4; ++i)
-    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44),
-                         _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xEE));
-  __m512 w[2];
-  for (int i = 0; i < 2; ++i)
-    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(u[2 * i], u[2 * i + 1], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], 0x88),
-                       _mm512_shuffle_f32x4(w[0], w[1], 0xDD));
-}
-
-/// head_dim <= 8: 16 dot products of q (<= 8 floats) with the keys kp[0..15],
-/// two keys per vector (key i in the low half, key i+8 in the high half), so
-/// half the multiplies and a shorter folding tree than reduce16.
-inline __m512 dots16_small(const float* q, const float* const kp[16], __mmask8 dm) {
-  const __m512 qv = _mm512_broadcast_f32x8(_mm256_maskz_loadu_ps(dm, q));
-  __m512 a[8];
-  for (int i = 0; i < 8; ++i)
-    a[i] = _mm512_mul_ps(qv, _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_maskz_loadu_ps(dm, kp[i])),
-                                                _mm256_maskz_loadu_ps(dm, kp[i + 8]), 1));
-  __m512 t[4];
-  for (int i = 0; i < 4; ++i)
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
-                         _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
-  __m512 u[2];
-  for (int i = 0; i < 2; ++i)
-    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44),
-                         _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xEE));
-  // 128-bit lanes of u[i]: vectors 4i..4i+3, lanes 0-1 low halves, 2-3 high.
-  const __m512 w = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
-                                 _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
-  // w = [keys 0-3, keys 8-11, keys 4-7, keys 12-15] -> key order
-  return _mm512_shuffle_f32x4(w, w, 0xD8);
+/// In-place transpose of a 16x16 float block (r[i] lane d -> r[d] lane i).
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -410,6 +397,14 @@ void mask_wide(const Ctx& c, float* s, int n, const int64_t* kpos, const int64_t
   }
 }
 
+/// The canonical sum of a tile's probabilities P[0..n) (n <= 64), shared by
+/// both kernels so their results agree bit for bit:
+///   part[k] = P[k] + P[k+16] + P[k+32] + P[k+48]   (left to right, k < 16,
+///             absent keys skipped), then part[k] += part[k+w] for w = 8,4,2,1;
+///   the sum is part[0].
+/// Four short chains and a tree instead of one 64-long dependency chain.
+static_assert(kBK == 64, "the canonical tile sum is written for 64-key tiles");
+
 /// Online softmax update over the tile; S becomes P = 2^(S - m_new).
 template <int NV>
 void softmax_wide(float* s, int n, float* m, float* l, float* corr) {
@@ -430,44 +425,46 @@ void softmax_wide(float* s, int n, float* m, float* l, float* corr) {
                                     _mm512_setzero_ps());
     _mm512_store_ps(corr + 16 * v, exp2_ps(_mm512_sub_ps(mold, msafe[v])));
     _mm512_store_ps(m + 16 * v, mnew);
-    lsum[v] = _mm512_setzero_ps();
   }
   for (int j = 0; j < n; ++j)
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       float* sp = s + j * kBQ + 16 * v;
-      const __m512 p = exp2_ps(_mm512_sub_ps(_mm512_load_ps(sp), msafe[v]));
-      _mm512_store_ps(sp, p);
-      lsum[v] = _mm512_add_ps(lsum[v], p);
+      _mm512_store_ps(sp, exp2_ps(_mm512_sub_ps(_mm512_load_ps(sp), msafe[v])));
     }
+  // Canonical tile sum (see above), per row lane.
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    __m512 part[16];
+    for (int k = 0; k < 16; ++k) {
+      part[k] = k < n ? _mm512_load_ps(s + k * kBQ + 16 * v) : _mm512_setzero_ps();
+      for (int j = k + 16; j < n; j += 16)
+        part[k] = _mm512_add_ps(part[k], _mm512_load_ps(s + j * kBQ + 16 * v));
+    }
+    for (int w = 8; w >= 1; w /= 2)
+      for (int k = 0; k < w; ++k) part[k] = _mm512_add_ps(part[k], part[k + w]);
+    lsum[v] = part[0];
+  }
 #pragma GCC unroll 4
   for (int v = 0; v < NV; ++v)
     _mm512_store_ps(l + 16 * v, _mm512_fmadd_ps(_mm512_load_ps(l + 16 * v),
                                                 _mm512_load_ps(corr + 16 * v), lsum[v]));
 }
 
-/// O[r0+i][16*c0 + ...] = corr * O + sum_j P[j][r0+i] V[j] for MR rows, ND vectors.
-/// With fewer than 8 accumulators the FMA latency (4 cycles, 2 ports) would
-/// bound the loop, so small shapes keep U independent partial sums over keys.
-template <int MR, int ND>
-constexpr int kChains = MR * ND >= 8 ? 1 : (8 / (MR * ND) >= 4 ? 4 : 8 / (MR * ND));
-
+/// O[r0+i][16*c0 + ...] = corr * O + sum_j P[j][r0+i] V[j] for MR rows, ND
+/// vectors: per output element one product-sum chain over the keys in order
+/// (the same chain the decode kernel computes, see narrow_heads).
 template <int MR, int ND>
 inline void pv_micro(const float* __restrict p, const float* __restrict v, int64_t vs, int n,
-                     float* __restrict o, int Dp, const float* corr, __mmask16 last) {
-  constexpr int U = kChains<MR, ND>;
-  __m512 acc[U][MR][ND];
+                     float* __restrict o, int Dp, const float* corr) {
+  __m512 acc[MR][ND];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
     const __m512 cr = _mm512_set1_ps(corr[i]);
 #pragma GCC unroll 4
-    for (int c = 0; c < ND; ++c) {
-      acc[0][i][c] = _mm512_mul_ps(_mm512_load_ps(o + i * Dp + 16 * c), cr);
-#pragma GCC unroll 4
-      for (int u = 1; u < U; ++u) acc[u][i][c] = _mm512_setzero_ps();
-    }
+    for (int c = 0; c < ND; ++c) acc[i][c] = _mm512_mul_ps(_mm512_load_ps(o + i * Dp + 16 * c), cr);
   }
-  auto step = [&](int j, __m512(&a)[MR][ND]) {
+  for (int j = 0; j < n; ++j) {
     const float* vj = v + j * vs;
     __m512 vv[ND];
 #pragma GCC unroll 4
@@ -476,23 +473,13 @@ inline void pv_micro(const float* __restrict p, const float* __restrict v, int64
     for (int i = 0; i < MR; ++i) {
       const __m512 b = _mm512_set1_ps(p[j * kBQ + i]);
 #pragma GCC unroll 4
-      for (int c = 0; c < ND; ++c) a[i][c] = _mm512_fmadd_ps(b, vv[c], a[i][c]);
+      for (int c = 0; c < ND; ++c) acc[i][c] = _mm512_fmadd_ps(b, vv[c], acc[i][c]);
     }
-  };
-  int j = 0;
-  for (; j + U <= n; j += U)
-#pragma GCC unroll 4
-    for (int u = 0; u < U; ++u) step(j + u, acc[u]);
-  for (; j < n; ++j) step(j, acc[0]);
+  }
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
-    for (int c = 0; c < ND; ++c) {
-      __m512 a = acc[0][i][c];
-#pragma GCC unroll 4
-      for (int u = 1; u < U; ++u) a = _mm512_add_ps(a, acc[u][i][c]);
-      _mm512_store_ps(o + i * Dp + 16 * c, a);
-    }
+    for (int c = 0; c < ND; ++c) _mm512_store_ps(o + i * Dp + 16 * c, acc[i][c]);
 }
 
 template <int ND>
@@ -501,17 +488,17 @@ void pv_chunk(const Ctx& c, int nr, const float* p, const float* v, int n, float
   constexpr int MR = kPvRows;
   const int64_t vs = c.Dp;
   int r = 0;
-  for (; r + MR <= nr; r += MR) pv_micro<MR, ND>(p + r, v, vs, n, o + r * c.Dp, c.Dp, corr + r, 0);
+  for (; r + MR <= nr; r += MR) pv_micro<MR, ND>(p + r, v, vs, n, o + r * c.Dp, c.Dp, corr + r);
   float* orr = o + r * c.Dp;
   switch (nr - r) {
     case 0: break;
-    case 1: pv_micro<1, ND>(p + r, v, vs, n, orr, c.Dp, corr + r, 0); break;
-    case 2: pv_micro<2, ND>(p + r, v, vs, n, orr, c.Dp, corr + r, 0); break;
-    case 3: pv_micro<3, ND>(p + r, v, vs, n, orr, c.Dp, corr + r, 0); break;
-    case 4: pv_micro<4, ND>(p + r, v, vs, n, orr, c.Dp, corr + r, 0); break;
-    case 5: pv_micro<5, ND>(p + r, v, vs, n, orr, c.Dp, corr + r, 0); break;
-    case 6: pv_micro<6, ND>(p + r, v, vs, n, orr, c.Dp, corr + r, 0); break;
-    default: pv_micro<7, ND>(p + r, v, vs, n, orr, c.Dp, corr + r, 0); break;
+    case 1: pv_micro<1, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+    case 2: pv_micro<2, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+    case 3: pv_micro<3, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+    case 4: pv_micro<4, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+    case 5: pv_micro<5, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+    case 6: pv_micro<6, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+    default: pv_micro<7, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
   }
 }
 
@@ -636,68 +623,122 @@ void wide_block(const Ctx& c, int kvh, int64_t g0, int nr, std::span<const Tile>
 
 constexpr int kNarrowMaxRows = 8;
 
+/// O[i][16*c0 + ...] = corr * O + sum_j P[i][j] V[j] for MR rows and ND
+/// vectors, one product-sum chain per element over the keys in order: the
+/// chain pv_micro computes for the same row in the wide kernel.
 template <int MR, int ND>
 inline void pv_narrow_micro(const float* p /*[MR][kBK]*/, const float* const* v, int64_t off,
                             int n, float* o /*[MR][Dp]*/, int Dp, const float* corr,
                             __mmask16 last) {
-  constexpr int U = kChains<MR, ND>;
-  __m512 acc[U][MR][ND];
-#pragma GCC unroll 2
+  __m512 acc[MR][ND];
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
     const __m512 cr = _mm512_set1_ps(corr[i]);
 #pragma GCC unroll 8
-    for (int cc = 0; cc < ND; ++cc) {
-      acc[0][i][cc] = _mm512_mul_ps(_mm512_load_ps(o + i * Dp + 16 * cc), cr);
-#pragma GCC unroll 4
-      for (int u = 1; u < U; ++u) acc[u][i][cc] = _mm512_setzero_ps();
-    }
+    for (int cc = 0; cc < ND; ++cc)
+      acc[i][cc] = _mm512_mul_ps(_mm512_load_ps(o + i * Dp + 16 * cc), cr);
   }
-  auto step = [&](int j, __m512(&a)[MR][ND]) {
+  for (int j = 0; j < n; ++j) {
     const float* vj = v[j] + off;
     __m512 vv[ND];
 #pragma GCC unroll 8
     for (int cc = 0; cc < ND; ++cc)
       vv[cc] = cc == ND - 1 ? _mm512_maskz_loadu_ps(last, vj + 16 * cc) : _mm512_loadu_ps(vj + 16 * cc);
-#pragma GCC unroll 2
+#pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512 b = _mm512_set1_ps(p[i * kBK + j]);
 #pragma GCC unroll 8
-      for (int cc = 0; cc < ND; ++cc) a[i][cc] = _mm512_fmadd_ps(b, vv[cc], a[i][cc]);
+      for (int cc = 0; cc < ND; ++cc) acc[i][cc] = _mm512_fmadd_ps(b, vv[cc], acc[i][cc]);
     }
-  };
-  int j = 0;
-  for (; j + U <= n; j += U)
-#pragma GCC unroll 4
-    for (int u = 0; u < U; ++u) step(j + u, acc[u]);
-  for (; j < n; ++j) step(j, acc[0]);
-#pragma GCC unroll 2
+  }
+#pragma GCC unroll 8
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 8
-    for (int cc = 0; cc < ND; ++cc) {
-      __m512 a = acc[0][i][cc];
-#pragma GCC unroll 4
-      for (int u = 1; u < U; ++u) a = _mm512_add_ps(a, acc[u][i][cc]);
-      _mm512_store_ps(o + i * Dp + 16 * cc, a);
-    }
+    for (int cc = 0; cc < ND; ++cc) _mm512_store_ps(o + i * Dp + 16 * cc, acc[i][cc]);
 }
 
+/// Rows r0.. r0+MR-1 (MR <= 8) against all keys of the tile, with as many
+/// channel vectors per pass as keep MR*ND <= 16 accumulators.
 template <int MR>
 void pv_narrow_rows(const Ctx& c, const float* p, const float* const* v, int64_t off, int n,
                     float* o, const float* corr) {
-  for (int c0 = 0; c0 < c.Dv; c0 += 8) {
-    const int nd = std::min(8, c.Dv - c0);
+  constexpr int kMaxNd = MR >= 8 ? 2 : MR >= 4 ? 4 : 8;
+  for (int c0 = 0; c0 < c.Dv; c0 += kMaxNd) {
+    const int nd = std::min(kMaxNd, c.Dv - c0);
     const __mmask16 last = c0 + nd == c.Dv ? static_cast<__mmask16>(c.tail_mask) : 0xFFFF;
     const int64_t oc = off + 16 * c0;
     float* op = o + 16 * c0;
     switch (nd) {
       case 1: pv_narrow_micro<MR, 1>(p, v, oc, n, op, c.Dp, corr, last); break;
       case 2: pv_narrow_micro<MR, 2>(p, v, oc, n, op, c.Dp, corr, last); break;
-      case 3: pv_narrow_micro<MR, 3>(p, v, oc, n, op, c.Dp, corr, last); break;
-      case 4: pv_narrow_micro<MR, 4>(p, v, oc, n, op, c.Dp, corr, last); break;
-      case 5: pv_narrow_micro<MR, 5>(p, v, oc, n, op, c.Dp, corr, last); break;
-      case 6: pv_narrow_micro<MR, 6>(p, v, oc, n, op, c.Dp, corr, last); break;
-      case 7: pv_narrow_micro<MR, 7>(p, v, oc, n, op, c.Dp, corr, last); break;
-      default: pv_narrow_micro<MR, 8>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 3: pv_narrow_micro<MR, (kMaxNd >= 3 ? 3 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 4: pv_narrow_micro<MR, (kMaxNd >= 4 ? 4 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 5: pv_narrow_micro<MR, (kMaxNd >= 5 ? 5 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 6: pv_narrow_micro<MR, (kMaxNd >= 6 ? 6 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 7: pv_narrow_micro<MR, (kMaxNd >= 7 ? 7 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
+      default: pv_narrow_micro<MR, (kMaxNd >= 8 ? 8 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
+    }
+  }
+}
+
+/// Scores of up to 2 rows against the tile, keys in lanes:
+///   s[r][j] = fma chain over d = 0..D-1 of q[r][d] * K[j][d]
+/// from the transposed tile kt[d][j] (d-major, kBK keys per row). The chain
+/// and its order are those of qk_micro for the same (row, key), so the
+/// scores are bit-identical to the wide kernel's.
+template <int MR>
+void qk_narrow(const Ctx& c, const float* q /*[MR][Dp]*/, const float* kt, int n,
+               float* s /*[MR][kBK]*/) {
+  const int nv = (n + 15) / 16;
+  __m512 acc[MR][kBK / 16];
+#pragma GCC unroll 2
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int g = 0; g < kBK / 16; ++g) acc[i][g] = _mm512_setzero_ps();
+  switch (nv) {
+#define POSENC_QK_NARROW_CASE(NG)                                                         \
+  case NG:                                                                                \
+    for (int d = 0; d < c.D; ++d) {                                                       \
+      __m512 kv[NG];                                                                      \
+      _Pragma("GCC unroll 4") for (int g = 0; g < NG; ++g) kv[g] =                       \
+          _mm512_load_ps(kt + d * kBK + 16 * g);                                          \
+      _Pragma("GCC unroll 2") for (int i = 0; i < MR; ++i) {                              \
+        const __m512 b = _mm512_set1_ps(q[i * c.Dp + d]);                                 \
+        _Pragma("GCC unroll 4") for (int g = 0; g < NG; ++g) acc[i][g] =                 \
+            _mm512_fmadd_ps(kv[g], b, acc[i][g]);                                         \
+      }                                                                                   \
+    }                                                                                     \
+    break;
+    POSENC_QK_NARROW_CASE(1)
+    POSENC_QK_NARROW_CASE(2)
+    POSENC_QK_NARROW_CASE(3)
+    default:
+      POSENC_QK_NARROW_CASE(4)
+#undef POSENC_QK_NARROW_CASE
+  }
+#pragma GCC unroll 2
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int g = 0; g < kBK / 16; ++g)
+      if (g < nv) _mm512_store_ps(s + i * kBK + 16 * g, acc[i][g]);
+}
+
+/// kt[d][j] = K[j][d] for the tile's keys of one KV head (16x16 block
+/// transposes; lanes past n and channels past D are zero).
+void transpose_k_tile(const Ctx& c, const Tile& t, int64_t head_off, const float* zero,
+                      float* kt) {
+  for (int jg = 0; jg < t.n; jg += 16) {
+    const int cnt = std::min(16, t.n - jg);
+    for (int d0 = 0; d0 < c.D; d0 += 16) {
+      const __mmask16 dm = d0 + 16 <= c.D ? static_cast<__mmask16>(0xFFFF)
+                                          : static_cast<__mmask16>(c.tail_mask);
+      __m512 r[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i)
+        r[i] = _mm512_maskz_loadu_ps(dm, (i < cnt ? t.k[jg + i] + head_off : zero) + d0);
+      transpose16(r);
+      const int dn = std::min(16, c.D - d0);
+      for (int dd = 0; dd < dn; ++dd) _mm512_store_ps(kt + (d0 + dd) * kBK + jg, r[dd]);
     }
   }
 }
@@ -705,6 +746,13 @@ void pv_narrow_rows(const Ctx& c, const float* p, const float* const* v, int64_t
 /// All R (<= kNarrowMaxRows) rows of the KV heads [kvh0, kvh1). Tiles are
 /// the outer loop and heads the inner one, so consecutive heads read adjacent
 /// parts of the same key rows (the cache layout is [token][kv_head][d]).
+///
+/// Batch invariance: for every row this computes exactly the operations the
+/// wide kernel performs for that row (same score chains, same masks and
+/// biases with the same fused operations, same running max per tile, same
+/// exp2, same sequential sums, same P·V chains), so a token decoded against a
+/// cache gets bit-for-bit the output it gets inside a prefill over the same
+/// keys in the same order.
 void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile> tiles,
                   Scratch& sc) {
   const int nh = kvh1 - kvh0;
@@ -712,6 +760,7 @@ void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile>
   float* qn = sc.qt.get(rows * c.Dp);
   float* on = sc.o.get(rows * c.Dp);
   float* sn = sc.s.get(static_cast<std::size_t>(R) * kBK);
+  float* kt = sc.vt.get(static_cast<std::size_t>(c.D) * kBK);
   float* zero = sc.zero.get(static_cast<std::size_t>(c.Dp));
   float* m = sc.row.get(3 * rows);
   float* l = m + rows;
@@ -737,7 +786,7 @@ void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile>
   }
   std::memset(on, 0, rows * c.Dp * sizeof(float));
   const __mmask16 tail = static_cast<__mmask16>(c.tail_mask);
-  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const float ninf = -std::numeric_limits<float>::infinity();
   for (const Tile& t : tiles) {
     const TileClass cls = classify(c, qmin, qmax, t);
     if (cls == TileClass::skip) continue;
@@ -750,68 +799,74 @@ void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile>
       float* mh = m + hh * R;
       float* lh = l + hh * R;
       float* ch = corr + hh * R;
-      // Scores, 16 keys at a time: 16 head_dim-vectorised dot products folded
-      // into one vector of 16 scores.
-      for (int jg = 0; jg < n; jg += 16) {
-        const int cnt = std::min(16, n - jg);
-        const float* kp[16];
-        for (int i = 0; i < 16; ++i) kp[i] = i < cnt ? t.k[jg + i] + head_off : zero;
-        if (c.D <= 8) {
-          const __mmask8 dm = static_cast<__mmask8>(c.tail_mask);
-          for (int r = 0; r < R; ++r)
-            _mm512_storeu_ps(sn + r * kBK + jg, dots16_small(qh + r * c.Dp, kp, dm));
-          continue;
-        }
-        for (int r = 0; r < R; ++r) {
-          const float* qr = qh + r * c.Dp;
-          __m512 acc[16];
-#pragma GCC unroll 16
-          for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-          for (int v = 0; v < c.Dv; ++v) {
-            const __mmask16 mk = v == c.Dv - 1 ? tail : static_cast<__mmask16>(0xFFFF);
-            const __m512 qv = _mm512_load_ps(qr + 16 * v);
-#pragma GCC unroll 16
-            for (int i = 0; i < 16; ++i)
-              acc[i] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(mk, kp[i] + 16 * v), acc[i]);
-          }
-          _mm512_storeu_ps(sn + r * kBK + jg, reduce16(acc));
-        }
-      }
+      transpose_k_tile(c, t, head_off, zero, kt);
+      int r = 0;
+      for (; r + 2 <= R; r += 2) qk_narrow<2>(c, qh + r * c.Dp, kt, n, sn + r * kBK);
+      if (r < R) qk_narrow<1>(c, qh + r * c.Dp, kt, n, sn + r * kBK);
+      // Bias and mask with the wide kernel's operations (fma for ALiBi).
       if (c.bias != LogitBias::none)
-        for (int r = 0; r < R; ++r) {
-          const int h = kvh * c.group + r % c.group;
-          for (int j = 0; j < n; ++j) sn[r * kBK + j] += bias_l2e(c, h, qpos[r], t.pos[j]);
+        for (int rr = 0; rr < R; ++rr) {
+          const int h = kvh * c.group + rr % c.group;
+          for (int j = 0; j < n; ++j) {
+            float& x = sn[rr * kBK + j];
+            if (c.bias == LogitBias::alibi) {
+              const int64_t d = qpos[rr] >= t.pos[j] ? qpos[rr] - t.pos[j] : t.pos[j] - qpos[rr];
+              x = std::fma(c.slope_l2e[static_cast<std::size_t>(h)], static_cast<float>(d), x);
+            } else {
+              x += bias_l2e(c, h, qpos[rr], t.pos[j]);
+            }
+          }
         }
       if (cls == TileClass::partial)
-        for (int r = 0; r < R; ++r)
+        for (int rr = 0; rr < R; ++rr)
           for (int j = 0; j < n; ++j)
-            if (!visible(c, qpos[r], t.pos[j]))
-              sn[r * kBK + j] = -std::numeric_limits<float>::infinity();
-      // Online softmax per row.
-      for (int r = 0; r < R; ++r) {
-        float* sr = sn + r * kBK;
-        __m512 mx = ninf;
+            if (!visible(c, qpos[rr], t.pos[j])) sn[rr * kBK + j] = ninf;
+      // Online softmax per row: tile max, exp2 of the same arguments, the sum
+      // in key order, l = fma(l, corr, sum) -- as softmax_wide per lane.
+      for (int rr = 0; rr < R; ++rr) {
+        float* sr = sn + rr * kBK;
+        __m512 mv = _mm512_set1_ps(ninf);
         for (int j = 0; j < n; j += 16)
-          mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(ninf, lanes(n - j), sr + j));
-        const float mnew = std::max(mh[r], _mm512_reduce_max_ps(mx));
-        const float msafe = mnew == -std::numeric_limits<float>::infinity() ? 0.0f : mnew;
-        ch[r] = mh[r] == mnew ? 1.0f : std::exp2(mh[r] - msafe);
-        mh[r] = mnew;
+          mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(_mm512_set1_ps(ninf), lanes(n - j), sr + j));
+        const float mt = _mm512_reduce_max_ps(mv);  // max is exact in any order
+        const float mnew = std::max(mh[rr], mt);
+        const float msafe = mnew == ninf ? 0.0f : mnew;
+        ch[rr] = _mm_cvtss_f32(_mm512_castps512_ps128(exp2_ps(_mm512_set1_ps(mh[rr] - msafe))));
+        mh[rr] = mnew;
         const __m512 ms = _mm512_set1_ps(msafe);
-        __m512 sum = _mm512_setzero_ps();
+        // P, and the canonical tile sum: lane k of `acc` is part[k] (keys
+        // k, k+16, ... added left to right), then the w = 8,4,2,1 tree.
+        __m512 acc = _mm512_setzero_ps();
         for (int j = 0; j < n; j += 16) {
           const __mmask16 mk = lanes(n - j);
-          const __m512 p =
-              _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + j), ms)));
+          const __m512 p = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + j), ms));
           _mm512_storeu_ps(sr + j, p);
-          sum = _mm512_add_ps(sum, p);
+          acc = j == 0 ? _mm512_maskz_mov_ps(mk, p) : _mm512_mask_add_ps(acc, mk, acc, p);
         }
-        lh[r] = lh[r] * ch[r] + _mm512_reduce_add_ps(sum);
+        alignas(64) float part[16];
+        _mm512_store_ps(part, acc);
+        for (int w = 8; w >= 1; w /= 2)
+          for (int k = 0; k < w; ++k) part[k] = part[k] + part[k + w];
+        lh[rr] = std::fma(lh[rr], ch[rr], part[0]);
       }
-      int r = 0;
-      for (; r + 2 <= R; r += 2)
-        pv_narrow_rows<2>(c, sn + r * kBK, t.v, head_off, n, oh + r * c.Dp, ch + r);
-      if (r < R) pv_narrow_rows<1>(c, sn + r * kBK, t.v, head_off, n, oh + r * c.Dp, ch + r);
+      int r2 = 0;
+      if (c.Dv == 1) {
+        // Short rows: all rows in one pass, more independent chains.
+        switch (R) {
+          case 1: pv_narrow_rows<1>(c, sn, t.v, head_off, n, oh, ch); break;
+          case 2: pv_narrow_rows<2>(c, sn, t.v, head_off, n, oh, ch); break;
+          case 3: pv_narrow_rows<3>(c, sn, t.v, head_off, n, oh, ch); break;
+          case 4: pv_narrow_rows<4>(c, sn, t.v, head_off, n, oh, ch); break;
+          case 5: pv_narrow_rows<5>(c, sn, t.v, head_off, n, oh, ch); break;
+          case 6: pv_narrow_rows<6>(c, sn, t.v, head_off, n, oh, ch); break;
+          case 7: pv_narrow_rows<7>(c, sn, t.v, head_off, n, oh, ch); break;
+          default: pv_narrow_rows<8>(c, sn, t.v, head_off, n, oh, ch); break;
+        }
+        continue;
+      }
+      for (; r2 + 2 <= R; r2 += 2)
+        pv_narrow_rows<2>(c, sn + r2 * kBK, t.v, head_off, n, oh + r2 * c.Dp, ch + r2);
+      if (r2 < R) pv_narrow_rows<1>(c, sn + r2 * kBK, t.v, head_off, n, oh + r2 * c.Dp, ch + r2);
     }
   }
   for (int hh = 0; hh < nh; ++hh)
