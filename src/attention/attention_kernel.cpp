@@ -681,65 +681,36 @@ void pv_narrow_rows(const Ctx& c, const float* p, const float* const* v, int64_t
   }
 }
 
-/// Scores of up to 2 rows against the tile, keys in lanes:
-///   s[r][j] = fma chain over d = 0..D-1 of q[r][d] * K[j][d]
-/// from the transposed tile kt[d][j] (d-major, kBK keys per row). The chain
-/// and its order are those of qk_micro for the same (row, key), so the
-/// scores are bit-identical to the wide kernel's.
-template <int MR>
-void qk_narrow(const Ctx& c, const float* q /*[MR][Dp]*/, const float* kt, int n,
-               float* s /*[MR][kBK]*/) {
-  const int nv = (n + 15) / 16;
-  __m512 acc[MR][kBK / 16];
-#pragma GCC unroll 2
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int g = 0; g < kBK / 16; ++g) acc[i][g] = _mm512_setzero_ps();
-  switch (nv) {
-#define POSENC_QK_NARROW_CASE(NG)                                                         \
-  case NG:                                                                                \
-    for (int d = 0; d < c.D; ++d) {                                                       \
-      __m512 kv[NG];                                                                      \
-      _Pragma("GCC unroll 4") for (int g = 0; g < NG; ++g) kv[g] =                       \
-          _mm512_load_ps(kt + d * kBK + 16 * g);                                          \
-      _Pragma("GCC unroll 2") for (int i = 0; i < MR; ++i) {                              \
-        const __m512 b = _mm512_set1_ps(q[i * c.Dp + d]);                                 \
-        _Pragma("GCC unroll 4") for (int g = 0; g < NG; ++g) acc[i][g] =                 \
-            _mm512_fmadd_ps(kv[g], b, acc[i][g]);                                         \
-      }                                                                                   \
-    }                                                                                     \
-    break;
-    POSENC_QK_NARROW_CASE(1)
-    POSENC_QK_NARROW_CASE(2)
-    POSENC_QK_NARROW_CASE(3)
-    default:
-      POSENC_QK_NARROW_CASE(4)
-#undef POSENC_QK_NARROW_CASE
-  }
-#pragma GCC unroll 2
-  for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-    for (int g = 0; g < kBK / 16; ++g)
-      if (g < nv) _mm512_store_ps(s + i * kBK + 16 * g, acc[i][g]);
-}
-
-/// kt[d][j] = K[j][d] for the tile's keys of one KV head (16x16 block
-/// transposes; lanes past n and channels past D are zero).
-void transpose_k_tile(const Ctx& c, const Tile& t, int64_t head_off, const float* zero,
-                      float* kt) {
+/// Scores of the R rows against the tile, keys in lanes:
+///   s[r][j] = fma chain over d = 0..D-1 of q[r][d] * K[j][d].
+/// Each group of 16 keys is transposed 16 channels at a time in registers
+/// and consumed at once. The chain and its order are those of qk_micro for
+/// the same (row, key), so the scores are bit-identical to the wide kernel's.
+template <int R>
+void qk_narrow(const Ctx& c, const Tile& t, int64_t head_off, const float* zero,
+               const float* q /*[R][Dp]*/, float* s /*[R][kBK]*/) {
   for (int jg = 0; jg < t.n; jg += 16) {
     const int cnt = std::min(16, t.n - jg);
+    const float* kp[16];
+    for (int i = 0; i < 16; ++i) kp[i] = i < cnt ? t.k[jg + i] + head_off : zero;
+    __m512 acc[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int d0 = 0; d0 < c.D; d0 += 16) {
       const __mmask16 dm = d0 + 16 <= c.D ? static_cast<__mmask16>(0xFFFF)
                                           : static_cast<__mmask16>(c.tail_mask);
-      __m512 r[16];
+      __m512 kt[16];
 #pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i)
-        r[i] = _mm512_maskz_loadu_ps(dm, (i < cnt ? t.k[jg + i] + head_off : zero) + d0);
-      transpose16(r);
+      for (int i = 0; i < 16; ++i) kt[i] = _mm512_maskz_loadu_ps(dm, kp[i] + d0);
+      transpose16(kt);
       const int dn = std::min(16, c.D - d0);
-      for (int dd = 0; dd < dn; ++dd) _mm512_store_ps(kt + (d0 + dd) * kBK + jg, r[dd]);
+      for (int dd = 0; dd < dn; ++dd)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+          acc[r] = _mm512_fmadd_ps(kt[dd], _mm512_set1_ps(q[r * c.Dp + d0 + dd]), acc[r]);
     }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * kBK + jg, acc[r]);
   }
 }
 
@@ -760,7 +731,6 @@ void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile>
   float* qn = sc.qt.get(rows * c.Dp);
   float* on = sc.o.get(rows * c.Dp);
   float* sn = sc.s.get(static_cast<std::size_t>(R) * kBK);
-  float* kt = sc.vt.get(static_cast<std::size_t>(c.D) * kBK);
   float* zero = sc.zero.get(static_cast<std::size_t>(c.Dp));
   float* m = sc.row.get(3 * rows);
   float* l = m + rows;
@@ -799,10 +769,16 @@ void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile>
       float* mh = m + hh * R;
       float* lh = l + hh * R;
       float* ch = corr + hh * R;
-      transpose_k_tile(c, t, head_off, zero, kt);
-      int r = 0;
-      for (; r + 2 <= R; r += 2) qk_narrow<2>(c, qh + r * c.Dp, kt, n, sn + r * kBK);
-      if (r < R) qk_narrow<1>(c, qh + r * c.Dp, kt, n, sn + r * kBK);
+      switch (R) {
+        case 1: qk_narrow<1>(c, t, head_off, zero, qh, sn); break;
+        case 2: qk_narrow<2>(c, t, head_off, zero, qh, sn); break;
+        case 3: qk_narrow<3>(c, t, head_off, zero, qh, sn); break;
+        case 4: qk_narrow<4>(c, t, head_off, zero, qh, sn); break;
+        case 5: qk_narrow<5>(c, t, head_off, zero, qh, sn); break;
+        case 6: qk_narrow<6>(c, t, head_off, zero, qh, sn); break;
+        case 7: qk_narrow<7>(c, t, head_off, zero, qh, sn); break;
+        default: qk_narrow<8>(c, t, head_off, zero, qh, sn); break;
+      }
       // Bias and mask with the wide kernel's operations (fma for ALiBi).
       if (c.bias != LogitBias::none)
         for (int rr = 0; rr < R; ++rr) {
