@@ -98,6 +98,12 @@ struct AttentionOptions {
 /// use a kernel that vectorises over head_dim instead. Work items (KV head x
 /// row block) are shared by OpenMP threads. Float32 throughout: matches a
 /// double-precision reference to ~1e-6 relative (tested to 1e-5).
+/// Batch invariant: a row's output depends only on its query, its position
+/// and the keys (in the order the blocks present them, empty slots ignored),
+/// not on the other rows of the call or the thread count. Token-by-token
+/// decode, chunked prefill and full prefill over a cache that appends keys
+/// give bit-identical outputs. Key sets not in position order are sorted by
+/// position (when a mask is set) before tiling, which costs a sort per call.
 /// Throws InvalidArgument on inconsistent shapes (see AttentionSpec::validate)
 /// or a T5 table/bucket configuration t5_relative_position_bucket rejects.
 void attention_forward(const AttentionSpec& spec, const float* q,

@@ -18,11 +18,18 @@
 //    online softmax update (per-lane max and sum, base 2), then
 //    O[row][:] = corr*O + P V by a second micro-kernel (8 rows x 2 channel
 //    vectors) over a contiguous copy of the tile's V rows.
-//  - narrow (decode: few rows per KV head): each row against 16 keys at a
-//    time, vectorised over head_dim, the 16 partial sums folded by a
-//    transpose-add tree (head_dim <= 8 packs two keys per vector); P V with V
-//    rows as vectors. Tiles outer, KV heads inner, threads own contiguous
-//    ranges of KV heads, so the [token][kv_head][d] cache streams in order.
+//  - narrow (decode: few rows per KV head): keys in lanes. Each group of 16
+//    keys is transposed in registers (16x16 blocks) and every row's scores
+//    are fma chains over head_dim; softmax per row over the key lanes; P V
+//    with V rows as vectors. Tiles outer, KV heads inner, threads own
+//    contiguous ranges of KV heads, so the [token][kv_head][d] cache streams
+//    in order.
+// Batch invariance: both kernels perform, for a given row, exactly the same
+// operations in the same order (score chains over d, biases with the same
+// fused ops, per-tile max, exp2, the canonical tile sum, P·V chains over
+// keys), so a row's output does not depend on which kernel ran or which other
+// rows shared the call: decode, chunked prefill and prefill agree bit for bit
+// over the same keys in the same order.
 // Tiles whose keys are all invisible to the block (by position ranges) are
 // skipped; fully visible tiles skip the per-element mask. Work items (KV head
 // x row block, heaviest first) are shared by OpenMP threads; calls below
@@ -1024,8 +1031,10 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
 
   thread_local KeyTable key_table;
   thread_local std::vector<Tile> tile_storage;
-  // Sorting pays off only when many queries meet a mask that hides keys.
-  const bool sort_keys = q_tokens >= 16 && spec.mask != MaskKind::none && kv_tokens <= INT32_MAX;
+  // Sorting pays off when a mask hides keys. It does not depend on the number
+  // of queries, so a row's result stays independent of the rest of the call
+  // (decode and prefill see the same key order, hence the same tiles).
+  const bool sort_keys = spec.mask != MaskKind::none && kv_tokens <= INT32_MAX;
   build_tiles(kv, c.ks, sort_keys, key_table, tile_storage);
   const std::span<const Tile> tiles(tile_storage);
 

@@ -375,15 +375,23 @@ TEST(Attention, PrefillChunkedAndDecodeAreBitIdentical) {
     std::iota(d.q_pos.begin(), d.q_pos.end(), int64_t{0});
     const int64_t row = static_cast<int64_t>(pr.heads) * pr.head_dim;
     const int64_t kv_row = static_cast<int64_t>(pr.kv_heads) * pr.head_dim;
+    bool reversed = false;  // pages handed over last first (sorted by position inside)
     auto pages_up_to = [&](int64_t end) {
       std::vector<KvBlock> pages;
       for (int64_t j = 0; j < end; j += 16)
         pages.push_back({d.k[0].data() + j * kv_row, d.v[0].data() + j * kv_row,
                          d.pos[0].data() + j, std::min<int64_t>(16, end - j)});
+      if (reversed) std::reverse(pages.begin(), pages.end());
       return pages;
     };
-    std::vector<float> full(d.q.size());
+    std::vector<float> full(d.q.size()), other(d.q.size());
     attention_forward(d.spec, d.q.data(), d.q_pos, pages_up_to(T), full.data());
+    for (int threads : {1, 2}) {
+      AttentionOptions opt;
+      opt.num_threads = threads;
+      attention_forward(d.spec, d.q.data(), d.q_pos, pages_up_to(T), other.data(), opt);
+      EXPECT_EQ(other, full) << "threads " << threads;
+    }
     for (int64_t chunk : {int64_t{1}, int64_t{3}, int64_t{40}}) {
       std::vector<float> inc(d.q.size());
       for (int64_t t0 = 0; t0 < T; t0 += chunk) {
@@ -394,6 +402,17 @@ TEST(Attention, PrefillChunkedAndDecodeAreBitIdentical) {
       }
       EXPECT_EQ(inc, full) << "heads " << pr.heads << "/" << pr.kv_heads << " head_dim "
                            << pr.head_dim << " chunk " << chunk;
+    }
+    // Pages in reverse order: keys are sorted by position before tiling, for
+    // every query count, so decode still matches the in-order prefill.
+    if (pr.mask != MaskKind::none) {
+      reversed = true;
+      std::vector<float> inc(d.q.size());
+      for (int64_t t = 0; t < T; ++t)
+        attention_forward(d.spec, d.q.data() + t * row, std::span(d.q_pos).subspan(static_cast<std::size_t>(t), 1),
+                          pages_up_to(t + 1), inc.data() + t * row);
+      EXPECT_EQ(inc, full) << "reversed pages, head_dim " << pr.head_dim;
+      reversed = false;
     }
   }
 }
