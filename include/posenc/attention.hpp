@@ -10,6 +10,8 @@
 #include <span>
 #include <string_view>
 
+#include "posenc/rope.hpp"
+
 namespace posenc {
 
 /// Which (query, key) pairs may attend, by position id (i = query, j = key):
@@ -67,17 +69,64 @@ struct KvBlock {
   int64_t n_tokens = 0;
 };
 
+/// Execution options of one attention call (they never change the result
+/// beyond float rounding).
+struct AttentionOptions {
+  /// Threads to use: 0 = OpenMP's current default (omp_get_max_threads()),
+  /// 1 = the calling thread only. Small calls (below ~1M multiply-adds, e.g.
+  /// decode of a small model) always run on the calling thread: forking a
+  /// team would cost more than the work.
+  int num_threads = 0;
+};
+
 /// out = softmax(q kᵀ * scale + bias + mask) v, per head, over all keys of all
 /// blocks (order of blocks and keys is irrelevant: masks use position ids).
 ///  q:   [q_tokens, heads, head_dim] float32 (already rotated if RoPE is used)
 ///  q_position_ids: [q_tokens]
 ///  out: [q_tokens, heads, head_dim] float32 (must not alias q)
 /// A query with no visible key gets a zero output row.
-/// Tiled with an online softmax (never materialises the [q_tokens, kv_tokens]
-/// score matrix beyond a tile); threads over heads and query blocks.
-/// Throws InvalidArgument on inconsistent shapes (see AttentionSpec::validate).
+///
+/// Kernel (FlashAttention-2 style, Dao 2023, on the CPU): the rows that share
+/// a KV head (query tokens x the heads of its GQA group) are processed in
+/// blocks of 64 with the rows in SIMD lanes; keys in tiles of up to 64 (a
+/// tile may span several small KvBlocks). Per tile: scores by a register-
+/// blocked micro-kernel (8 keys x 32 rows), bias, mask, online softmax in
+/// base 2, then P·V by a second micro-kernel (8 rows x 32 channels). No score
+/// matrix larger than one 64x64 tile exists. Tiles whose key positions
+/// (min/max per tile) are all invisible to the block are skipped; fully
+/// visible tiles get no per-element mask work. Few rows per KV head (decode)
+/// use a kernel that vectorises over head_dim instead. Work items (KV head x
+/// row block) are shared by OpenMP threads. Float32 throughout: matches a
+/// double-precision reference to ~1e-6 relative (tested to 1e-5).
+/// Batch invariant: a row's output depends only on its query, its position
+/// and the keys (in the order the blocks present them, empty slots ignored),
+/// not on the other rows of the call or the thread count. Token-by-token
+/// decode, chunked prefill and full prefill over a cache that appends keys
+/// give bit-identical outputs. Key sets not in position order are sorted by
+/// position (when a mask is set) before tiling, which costs a sort per call.
+/// Throws InvalidArgument on inconsistent shapes (see AttentionSpec::validate)
+/// or a T5 table/bucket configuration t5_relative_position_bucket rejects.
 void attention_forward(const AttentionSpec& spec, const float* q,
                        std::span<const int64_t> q_position_ids, std::span<const KvBlock> kv,
                        float* out);
+void attention_forward(const AttentionSpec& spec, const float* q,
+                       std::span<const int64_t> q_position_ids, std::span<const KvBlock> kv,
+                       float* out, const AttentionOptions& options);
+
+/// RoPE applied to q and k, then attention_forward. q and the blocks' k hold
+/// UNROTATED values; query token t is rotated by q_position_ids[t], key j of a
+/// block by that block's position_ids[j] (empty slots, position < 0, are
+/// never attended). `freqs` is any value of the scaling registry (inv_freq,
+/// attention_factor, partial rotary: channels >= rotary_dim pass through);
+/// layout and angle precision as in apply_rope, whose numerics (float32
+/// products without FMA) are used for both q and k.
+/// Memory: a rotated copy of the keys ([kv_tokens, kv_heads, head_dim]) and
+/// the cos/sin tables of the q and k positions; q is rotated row by row while
+/// the kernel packs it. Throws InvalidArgument as attention_forward, or if
+/// freqs.head_dim != spec.head_dim.
+void attention_with_rope(const AttentionSpec& spec, const RopeFrequencies& freqs,
+                         RopeLayout layout, AnglePrecision precision, const float* q,
+                         std::span<const int64_t> q_position_ids, std::span<const KvBlock> kv,
+                         float* out, const AttentionOptions& options = {});
 
 }  // namespace posenc

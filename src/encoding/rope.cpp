@@ -1,10 +1,13 @@
 #include "posenc/rope.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "posenc/error.hpp"
+#include "encoding/rope_kernels.hpp"
 
 namespace posenc {
 
@@ -81,31 +84,14 @@ void rope_cos_sin(const RopeFrequencies& freqs, std::span<const int64_t> positio
                                       std::min(cos.size(), sin.size()), need));
   const float af = static_cast<float>(freqs.attention_factor);
   const bool scale = freqs.attention_factor != 1.0;
-  for (std::size_t t = 0; t < position_ids.size(); ++t) {
-    float* c = cos.data() + t * n_pairs;
-    float* s = sin.data() + t * n_pairs;
-    if (precision == AnglePrecision::float32) {
-      const float p = static_cast<float>(position_ids[t]);
-      for (std::size_t i = 0; i < n_pairs; ++i) {
-        const float angle = p * freqs.inv_freq[i];
-        c[i] = std::cos(angle);
-        s[i] = std::sin(angle);
-      }
-    } else {
-      const double p = static_cast<double>(position_ids[t]);
-      for (std::size_t i = 0; i < n_pairs; ++i) {
-        const double angle = p * static_cast<double>(freqs.inv_freq[i]);
-        c[i] = static_cast<float>(std::cos(angle));
-        s[i] = static_cast<float>(std::sin(angle));
-      }
-    }
-    if (scale) {
-      for (std::size_t i = 0; i < n_pairs; ++i) {
-        c[i] *= af;
-        s[i] *= af;
-      }
-    }
-  }
+  const int np = static_cast<int>(n_pairs);
+  const int64_t n = static_cast<int64_t>(position_ids.size());
+  // Rows are independent; vectorised sincos per row (rope_kernels.cpp), rows
+  // shared out between threads once the table is large enough to pay for it.
+#pragma omp parallel for schedule(static) if (n * np >= (1 << 15))
+  for (int64_t t = 0; t < n; ++t)
+    detail::rope_cos_sin_row(freqs.inv_freq.data(), np, position_ids[static_cast<std::size_t>(t)],
+                             precision, af, scale, cos.data() + t * np, sin.data() + t * np);
 }
 
 RopeTable::RopeTable(const RopeFrequencies& freqs, std::span<const int64_t> position_ids,
@@ -121,41 +107,23 @@ RopeTable::RopeTable(const RopeFrequencies& freqs, std::span<const int64_t> posi
 
 namespace {
 
-template <RopeLayout L, RopeDirection D>
-void rotate_head(float* __restrict x, const float* __restrict c, const float* __restrict s,
-                 int n_pairs) {
-  for (int i = 0; i < n_pairs; ++i) {
-    float* p0;
-    float* p1;
-    if constexpr (L == RopeLayout::interleaved) {
-      p0 = x + 2 * i;
-      p1 = x + 2 * i + 1;
-    } else {
-      p0 = x + i;
-      p1 = x + i + n_pairs;
-    }
-    const float x0 = *p0, x1 = *p1;
-    if constexpr (D == RopeDirection::forward) {
-      *p0 = x0 * c[i] - x1 * s[i];
-      *p1 = x1 * c[i] + x0 * s[i];
-    } else {
-      *p0 = x0 * c[i] + x1 * s[i];
-      *p1 = x1 * c[i] - x0 * s[i];
-    }
-  }
-}
-
+// Rotation of [tokens, heads, head_dim] rows: the vector kernels live in
+// rope_kernels.cpp; tokens are shared out between threads when the tensor is
+// large enough to amortise the fork (64K floats).
 template <RopeLayout L, RopeDirection D>
 void rotate_all(float* x, int64_t tokens, int heads, int head_dim, int64_t token_stride,
                 const RopeTable& table) {
   const int n_pairs = table.n_pairs();
-#pragma omp parallel for schedule(static) if (tokens * heads * head_dim > (1 << 16))
-  for (int64_t t = 0; t < tokens; ++t) {
-    const float* c = table.cos_row(t);
-    const float* s = table.sin_row(t);
-    float* row = x + t * token_stride;
-    for (int h = 0; h < heads; ++h) rotate_head<L, D>(row + h * head_dim, c, s, n_pairs);
+  if (tokens == 0) return;
+  if (tokens * heads * head_dim <= (int64_t{1} << 16) || tokens < 2) {
+    detail::rope_rotate_rows(x, tokens, heads, head_dim, token_stride, table.cos_row(0),
+                             table.sin_row(0), n_pairs, n_pairs, L, D);
+    return;
   }
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < tokens; ++t)
+    detail::rope_rotate_rows(x + t * token_stride, 1, heads, head_dim, token_stride,
+                             table.cos_row(t), table.sin_row(t), n_pairs, n_pairs, L, D);
 }
 
 }  // namespace
@@ -198,8 +166,38 @@ void apply_rope(float* x, int64_t tokens, int heads, const RopeFrequencies& freq
   if (static_cast<int64_t>(position_ids.size()) != tokens)
     throw InvalidArgument(fmt::format("apply_rope: position_ids has {} entries for {} tokens",
                                       position_ids.size(), tokens));
-  RopeTable table(freqs, position_ids, precision);
-  apply_rope(x, tokens, heads, freqs.head_dim, table, layout, direction);
+  if (tokens < 0 || heads <= 0)
+    throw InvalidArgument(fmt::format("apply_rope: bad shape [{}, {}, {}]", tokens, heads,
+                                      freqs.head_dim));
+  freqs.validate();
+  // Fused: cos/sin of a few tokens at a time go to a per-thread buffer and
+  // are shared by all heads of those tokens, so no [tokens, n_pairs] table is
+  // written and read back. Same numerics as RopeTable + apply_rope.
+  const int np = freqs.n_pairs();
+  const int head_dim = freqs.head_dim;
+  const int64_t stride = static_cast<int64_t>(heads) * head_dim;
+  const float af = static_cast<float>(freqs.attention_factor);
+  const bool scale = freqs.attention_factor != 1.0;
+  constexpr int64_t kChunk = 8;
+  const int64_t n_chunks = (tokens + kChunk - 1) / kChunk;
+  const bool parallel = tokens * stride > (int64_t{1} << 16) && n_chunks > 1;
+#pragma omp parallel if (parallel)
+  {
+    std::vector<float> cs(static_cast<std::size_t>(2 * kChunk * np));
+    float* c = cs.data();
+    float* s = cs.data() + kChunk * np;
+#pragma omp for schedule(static)
+    for (int64_t chunk = 0; chunk < n_chunks; ++chunk) {
+      const int64_t t0 = chunk * kChunk;
+      const int64_t nt = std::min(kChunk, tokens - t0);
+      for (int64_t i = 0; i < nt; ++i)
+        detail::rope_cos_sin_row(freqs.inv_freq.data(), np,
+                                 position_ids[static_cast<std::size_t>(t0 + i)], precision, af,
+                                 scale, c + i * np, s + i * np);
+      detail::rope_rotate_rows(x + t0 * stride, nt, heads, head_dim, stride, c, s, np, np, layout,
+                               direction);
+    }
+  }
 }
 
 }  // namespace posenc

@@ -1,0 +1,68 @@
+// The machine's FP32 FMA peak, measured: each thread runs a loop of
+// independent 16-lane fused multiply-adds (AVX-512 when compiled in, else
+// AVX2 8-lane) on 24 accumulators, enough to cover the FMA latency (4 cycles)
+// on two FMA ports. GFLOPs counts 2 flops per lane per FMA.
+// Argument: threads (OpenMP).
+#include <cstdint>
+
+#include <immintrin.h>
+
+// GCC 12 flags its own _mm512_reduce_add_ps pass-through vector.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include "bench_util.hpp"
+
+namespace {
+
+constexpr int kAcc = 24;
+constexpr int64_t kInner = 1 << 19;  // FMAs per accumulator per call (~2 ms)
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+double fma_loop(float seed) {
+  __m512 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(seed * static_cast<float>(i));
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < kInner; ++it) {
+#pragma GCC unroll 24
+    for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < kAcc; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
+#else
+constexpr int kLanes = 8;
+double fma_loop(float seed) {
+  __m256 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_set1_ps(seed * static_cast<float>(i));
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < kInner; ++it) {
+#pragma GCC unroll 24
+    for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  alignas(32) float out[8];
+  __m256 s = acc[0];
+  for (int i = 1; i < kAcc; ++i) s = _mm256_add_ps(s, acc[i]);
+  _mm256_store_ps(out, s);
+  double r = 0;
+  for (float x : out) r += x;
+  return r;
+}
+#endif
+
+void BM_FmaPeak(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  double sink = 0;
+  for (auto _ : state) {
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    sink += fma_loop(1.0f + static_cast<float>(omp_get_thread_num()));
+    benchmark::DoNotOptimize(sink);
+  }
+  const double flops = 2.0 * kLanes * kAcc * static_cast<double>(kInner) * threads;
+  state.counters["GFLOPs"] = posenc::bench::giga_rate(flops, state);
+}
+BENCHMARK(BM_FmaPeak)->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace

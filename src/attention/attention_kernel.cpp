@@ -1,0 +1,1088 @@
+// posenc — tiled CPU attention (FlashAttention-2 style online softmax).
+//
+// Vocabulary
+//  - row: one (query token, query head) pair. The rows that share a KV head
+//    are the query tokens x the `group` heads of its GQA group, numbered
+//    token-major: row g -> token g / group, head kvh*group + g % group.
+//  - key table: the keys of all KvBlocks flattened once per call (row
+//    pointers + positions; empty slots, position < 0, dropped).
+//  - tile: up to kBK consecutive keys of the key table (so a tile may span
+//    several small paged blocks), with the min/max of its positions.
+//
+// Two kernels, chosen by the number of rows per KV head:
+//  - wide (more than kNarrowMaxRows rows: prefill, chunked prefill, MQA
+//    decode): blocks of kBQ = 64 rows live in the SIMD lanes. q is packed
+//    transposed, QT[d][row], pre-multiplied by softmax_scale*log2(e). Per tile:
+//    S[key][row] = K QTᵀ by a register-blocked micro-kernel (8 keys x 2 row
+//    vectors; keys broadcast straight from the cache layout), bias, mask, the
+//    online softmax update (per-lane max and sum, base 2), then
+//    O[row][:] = corr*O + P V by a second micro-kernel (8 rows x 2 channel
+//    vectors) over a contiguous copy of the tile's V rows.
+//  - narrow (decode: few rows per KV head): keys in lanes. Each group of 16
+//    keys is transposed in registers (16x16 blocks) and every row's scores
+//    are fma chains over head_dim; softmax per row over the key lanes; P V
+//    with V rows as vectors. Tiles outer, KV heads inner, threads own
+//    contiguous ranges of KV heads, so the [token][kv_head][d] cache streams
+//    in order.
+// Batch invariance: both kernels perform, for a given row, exactly the same
+// operations in the same order (score chains over d, biases with the same
+// fused ops, per-tile max, exp2, the canonical tile sum, P·V chains over
+// keys), so a row's output does not depend on which kernel ran or which other
+// rows shared the call: decode, chunked prefill and prefill agree bit for bit
+// over the same keys in the same order.
+// Tiles whose keys are all invisible to the block (by position ranges) are
+// skipped; fully visible tiles skip the per-element mask. Work items (KV head
+// x row block, heaviest first) are shared by OpenMP threads; calls below
+// kParallelMinWork multiply-adds never fork. Scratch memory is per thread and
+// reused across calls.
+//
+// This file is compiled with -ffp-contract=fast (FMA allowed).
+#include "attention/attention_kernel.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include "encoding/rope_kernels.hpp"
+#include "posenc/bias.hpp"
+#include "posenc/error.hpp"
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#include <immintrin.h>
+#define POSENC_ATTN_AVX512 1
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace posenc::detail {
+
+namespace {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kBQ = 64;  // rows per wide block (4 vectors of 16)
+constexpr int kBK = 64;  // keys per tile
+#ifndef POSENC_PV_ROWS
+#define POSENC_PV_ROWS 8
+#define POSENC_PV_VECS 2
+#endif
+// P·V micro-kernel: kPvRows rows x kPvVecs channel vectors of accumulators.
+constexpr int kPvRows = POSENC_PV_ROWS;
+constexpr int kPvVecs = POSENC_PV_VECS;
+// Calls with fewer multiply-adds than this run on the calling thread.
+constexpr double kParallelMinWork = double(1 << 20);
+
+// ---------------------------------------------------------------------------
+// Scratch memory: per thread, grown on demand, reused across calls (so a
+// decode step allocates nothing).
+
+struct AlignedBuffer {
+  float* data = nullptr;
+  std::size_t capacity = 0;
+  float* get(std::size_t n) {
+    if (n > capacity) {
+      std::free(data);
+      const std::size_t bytes = (std::max<std::size_t>(n, 16) * sizeof(float) + 63) / 64 * 64;
+      data = static_cast<float*>(std::aligned_alloc(64, bytes));
+      if (!data) throw std::bad_alloc();
+      capacity = bytes / sizeof(float);
+    }
+    return data;
+  }
+  AlignedBuffer() = default;
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+  ~AlignedBuffer() { std::free(data); }
+};
+
+struct Scratch {
+  AlignedBuffer qt, s, o, row, zero, vt;
+};
+
+Scratch& thread_scratch() {
+  thread_local Scratch scratch;
+  return scratch;
+}
+
+// ---------------------------------------------------------------------------
+// Tiles and the call context.
+
+// Keys of all blocks, flattened (empty slots dropped: they are never
+// attended): row pointers at kv head 0 and positions. Tiles are runs of up to
+// kBK consecutive entries, so they span small paged blocks.
+struct KeyTable {
+  std::vector<const float*> k, v;
+  std::vector<int64_t> pos;
+};
+
+struct Tile {
+  const float* const* k;  // [n] key rows, kv head 0
+  const float* const* v;  // [n]
+  const int64_t* pos;     // [n], all >= 0
+  int n;
+  int64_t kmin, kmax;
+};
+
+enum class TileClass { skip, full, partial };
+
+struct Ctx {
+  const AttentionSpec* spec;
+  int H, KVH, D, group;
+  int Dp;                 // head_dim rounded up to 16
+  int Dv;                 // vectors of 16 per head row
+  uint32_t tail_mask;     // lanes of the last vector
+  int64_t ks;             // floats between consecutive keys (KVH * D)
+  float qscale;           // softmax scale * log2(e)
+  const float* q;
+  const int64_t* q_pos;
+  float* out;
+  const QueryRope* rope;
+  MaskKind mask;
+  int64_t window;
+  LogitBias bias;
+  std::vector<float> slope_l2e;  // [H]: -slope * log2(e)
+  int t5_radius = 0;             // relative positions clamped to [-R, R]
+  std::vector<float> t5_lut;     // [H][2R+1], bias * log2(e)
+};
+
+TileClass classify(const Ctx& c, int64_t qmin, int64_t qmax, const Tile& t) {
+  switch (c.mask) {
+    case MaskKind::none:
+      return TileClass::full;
+    case MaskKind::causal:
+      if (t.kmin > qmax) return TileClass::skip;
+      return t.kmax <= qmin ? TileClass::full : TileClass::partial;
+    case MaskKind::sliding_window: {
+      if (t.kmin > qmax) return TileClass::skip;
+      const __int128 w = c.window;
+      if (static_cast<__int128>(qmin) - t.kmax >= w) return TileClass::skip;
+      const bool full = t.kmax <= qmin && static_cast<__int128>(qmax) - t.kmin < w;
+      return full ? TileClass::full : TileClass::partial;
+    }
+  }
+  return TileClass::partial;
+}
+
+inline bool visible(const Ctx& c, int64_t qi, int64_t kj) {
+  if (kj < 0) return false;
+  switch (c.mask) {
+    case MaskKind::none: return true;
+    case MaskKind::causal: return kj <= qi;
+    case MaskKind::sliding_window:
+      return kj <= qi && static_cast<__int128>(qi) - kj < c.window;
+  }
+  return false;
+}
+
+/// bias(h, qi, kj) * log2(e), as the kernels add it (log2 domain).
+inline float bias_l2e(const Ctx& c, int h, int64_t qi, int64_t kj) {
+  if (c.bias == LogitBias::alibi) {
+    const int64_t d = qi >= kj ? qi - kj : kj - qi;
+    return c.slope_l2e[static_cast<std::size_t>(h)] * static_cast<float>(d);
+  }
+  if (c.bias == LogitBias::t5) {
+    const int64_t R = c.t5_radius;
+    const int64_t rel = std::clamp<int64_t>(kj - qi, -R, R);
+    return c.t5_lut[static_cast<std::size_t>(h) * static_cast<std::size_t>(2 * R + 1) +
+                    static_cast<std::size_t>(rel + R)];
+  }
+  return 0.0f;
+}
+
+/// Query row (token t, head h) into dst[0, Dp): rotated (attention_with_rope),
+/// times softmax_scale*log2(e), zero padded.
+void load_q_row(const Ctx& c, int64_t t, int h, float* dst) {
+  const float* src = c.q + (t * c.H + h) * static_cast<int64_t>(c.D);
+  std::memcpy(dst, src, static_cast<std::size_t>(c.D) * sizeof(float));
+  if (c.rope) {
+    const int64_t np = c.rope->n_pairs;
+    rope_rotate_rows(dst, 1, 1, c.D, c.D, c.rope->cos + t * np, c.rope->sin + t * np, 0,
+                     c.rope->n_pairs, c.rope->layout, RopeDirection::forward);
+  }
+  for (int d = 0; d < c.D; ++d) dst[d] *= c.qscale;
+  for (int d = c.D; d < c.Dp; ++d) dst[d] = 0.0f;
+}
+
+inline void row_of(const Ctx& c, int kvh, int64_t g, int64_t& t, int& h) {
+  t = g / c.group;
+  h = kvh * c.group + static_cast<int>(g % c.group);
+}
+
+#ifdef POSENC_ATTN_AVX512
+
+// ---------------------------------------------------------------------------
+// Vector helpers.
+
+/// 2^x for x <= 0 (x = -inf gives 0): 2^round(x) * p(f), |f| <= 1/2, with
+/// p(f) = 1 + f*q(f), q a degree-5 Chebyshev fit, so p(0) = 1 exactly (no
+/// drift when the running max is unchanged) and the relative error is 5e-9
+/// before float rounding. Results below 2^-125 (weights negligible next to
+/// the row maximum's 1) are exactly 0: producing subnormals would cost a
+/// microcode assist per element on masked (-inf) scores.
+inline __m512 exp2_ps(__m512 x) {
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-125.0f), _CMP_GE_OQ);
+  x = _mm512_max_ps(x, _mm512_set1_ps(-125.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.545316294512069e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3390863364671234e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618082557277852e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550357114219078e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650760568126e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931471880262288e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(keep, p, n);
+}
+
+inline __mmask16 lanes(int n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1u);
+}
+
+/// In-place transpose of a 16x16 float block (r[i] lane d -> r[d] lane i).
+inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Wide kernel: rows in lanes.
+
+/// S[i][row] = sum_d K[i][d] * QT[d][row] for MK keys and NV row vectors.
+template <int MK, int NV>
+inline void qk_micro(const float* __restrict qt, const float* const* k, int64_t off, int D,
+                     float* __restrict s) {
+  __m512 acc[MK][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MK; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_setzero_ps();
+  const float* kp[MK];
+#pragma GCC unroll 8
+  for (int i = 0; i < MK; ++i) kp[i] = k[i] + off;
+  for (int d = 0; d < D; ++d) {
+    __m512 qv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) qv[v] = _mm512_load_ps(qt + d * kBQ + 16 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < MK; ++i) {
+      const __m512 b = _mm512_set1_ps(kp[i][d]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm512_fmadd_ps(b, qv[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MK; ++i)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) _mm512_store_ps(s + i * kBQ + 16 * v, acc[i][v]);
+}
+
+template <int MK, int NV>
+void qk_keys(const float* qt, const float* const* k, int64_t off, int n, int D, float* s) {
+  int j = 0;
+  for (; j + MK <= n; j += MK) qk_micro<MK, NV>(qt, k + j, off, D, s + j * kBQ);
+  const float* const* kr = k + j;
+  float* sr = s + j * kBQ;
+  switch (n - j) {
+    case 0: break;
+    case 1: qk_micro<1, NV>(qt, kr, off, D, sr); break;
+    case 2: qk_micro<2, NV>(qt, kr, off, D, sr); break;
+    case 3: qk_micro<3, NV>(qt, kr, off, D, sr); break;
+    case 4: qk_micro<4, NV>(qt, kr, off, D, sr); break;
+    case 5: qk_micro<5, NV>(qt, kr, off, D, sr); break;
+    case 6: qk_micro<6, NV>(qt, kr, off, D, sr); break;
+    default: qk_micro<7, NV>(qt, kr, off, D, sr); break;
+  }
+}
+
+/// Scores of a tile. Micro-kernel of 8 keys x 2 row vectors (16
+/// accumulators): per head_dim step 2 vector loads of QT and 8 broadcasts of
+/// K feed 16 FMAs.
+template <int NV>
+void qk_tile(const float* qt, const float* const* k, int64_t off, int n, int D, float* s) {
+  constexpr int MK = 8;
+  if constexpr (NV == 1) {
+    qk_keys<MK, 1>(qt, k, off, n, D, s);
+  } else {
+    // Row halves outer: one 32-row slice of QT (D*128 bytes) stays in L1
+    // while all keys of the tile stream past it.
+#pragma GCC unroll 2
+    for (int v0 = 0; v0 < NV; v0 += 2) {
+      if (v0 + 2 <= NV)
+        qk_keys<MK, 2>(qt + 16 * v0, k, off, n, D, s + 16 * v0);
+      else
+        qk_keys<MK, 1>(qt + 16 * v0, k, off, n, D, s + 16 * v0);
+    }
+  }
+}
+
+template <int NV>
+void add_alibi_wide(float* s, int n, const int64_t* kpos, const int64_t* qpos, const float* slope) {
+  for (int j = 0; j < n; ++j) {
+    const __m512i kp = _mm512_set1_epi64(kpos[j]);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __m512i dlo = _mm512_abs_epi64(_mm512_sub_epi64(_mm512_loadu_si512(qpos + 16 * v), kp));
+      const __m512i dhi =
+          _mm512_abs_epi64(_mm512_sub_epi64(_mm512_loadu_si512(qpos + 16 * v + 8), kp));
+      const __m512 dist = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtepi64_ps(dlo)),
+                                             _mm512_cvtepi64_ps(dhi), 1);
+      float* sp = s + j * kBQ + 16 * v;
+      _mm512_store_ps(sp, _mm512_fmadd_ps(_mm512_loadu_ps(slope + 16 * v), dist, _mm512_load_ps(sp)));
+    }
+  }
+}
+
+template <int NV>
+void add_t5_wide(float* s, int n, const int64_t* kpos, const int64_t* qpos, const int32_t* lut_off,
+                 const float* lut, int64_t radius) {
+  const __m512i lo = _mm512_set1_epi64(-radius), hi = _mm512_set1_epi64(radius);
+  for (int j = 0; j < n; ++j) {
+    const __m512i kp = _mm512_set1_epi64(kpos[j]);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      // relative_position = key - query, clamped; index = offset(head) + rel + R
+      __m512i r0 = _mm512_sub_epi64(kp, _mm512_loadu_si512(qpos + 16 * v));
+      __m512i r1 = _mm512_sub_epi64(kp, _mm512_loadu_si512(qpos + 16 * v + 8));
+      r0 = _mm512_min_epi64(_mm512_max_epi64(r0, lo), hi);
+      r1 = _mm512_min_epi64(_mm512_max_epi64(r1, lo), hi);
+      const __m512i rel = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi64_epi32(r0)),
+                                             _mm512_cvtepi64_epi32(r1), 1);
+      const __m512i idx = _mm512_add_epi32(rel, _mm512_loadu_si512(lut_off + 16 * v));
+      float* sp = s + j * kBQ + 16 * v;
+      _mm512_store_ps(sp, _mm512_add_ps(_mm512_load_ps(sp), _mm512_i32gather_ps(idx, lut, 4)));
+    }
+  }
+}
+
+template <int NV>
+void mask_wide(const Ctx& c, float* s, int n, const int64_t* kpos, const int64_t* qpos) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512i w = _mm512_set1_epi64(c.window);
+  for (int j = 0; j < n; ++j) {
+    float* sj = s + j * kBQ;
+    const __m512i kp = _mm512_set1_epi64(kpos[j]);
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __m512i q0 = _mm512_loadu_si512(qpos + 16 * v);
+      const __m512i q1 = _mm512_loadu_si512(qpos + 16 * v + 8);
+      __mmask8 v0 = _mm512_cmp_epi64_mask(kp, q0, _MM_CMPINT_LE);
+      __mmask8 v1 = _mm512_cmp_epi64_mask(kp, q1, _MM_CMPINT_LE);
+      if (c.mask == MaskKind::sliding_window) {
+        // q - k cannot overflow where k <= q and k >= 0.
+        v0 &= _mm512_cmp_epi64_mask(_mm512_sub_epi64(q0, kp), w, _MM_CMPINT_LT);
+        v1 &= _mm512_cmp_epi64_mask(_mm512_sub_epi64(q1, kp), w, _MM_CMPINT_LT);
+      }
+      const __mmask16 vis = static_cast<__mmask16>(v0 | (static_cast<unsigned>(v1) << 8));
+      _mm512_store_ps(sj + 16 * v, _mm512_mask_blend_ps(vis, ninf, _mm512_load_ps(sj + 16 * v)));
+    }
+  }
+}
+
+/// The canonical sum of a tile's probabilities P[0..n) (n <= 64), shared by
+/// both kernels so their results agree bit for bit:
+///   part[k] = P[k] + P[k+16] + P[k+32] + P[k+48]   (left to right, k < 16,
+///             absent keys skipped), then part[k] += part[k+w] for w = 8,4,2,1;
+///   the sum is part[0].
+/// Four short chains and a tree instead of one 64-long dependency chain.
+static_assert(kBK == 64, "the canonical tile sum is written for 64-key tiles");
+
+/// Online softmax update over the tile; S becomes P = 2^(S - m_new).
+template <int NV>
+void softmax_wide(float* s, int n, float* m, float* l, float* corr) {
+  const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __m512 mt[NV];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) mt[v] = ninf;
+  for (int j = 0; j < n; ++j)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) mt[v] = _mm512_max_ps(mt[v], _mm512_load_ps(s + j * kBQ + 16 * v));
+  __m512 msafe[NV], lsum[NV];
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    const __m512 mold = _mm512_load_ps(m + 16 * v);
+    const __m512 mnew = _mm512_max_ps(mold, mt[v]);
+    // A lane that has seen no visible key keeps m = -inf; subtract 0 there.
+    msafe[v] = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(mnew, ninf, _CMP_EQ_OQ), mnew,
+                                    _mm512_setzero_ps());
+    _mm512_store_ps(corr + 16 * v, exp2_ps(_mm512_sub_ps(mold, msafe[v])));
+    _mm512_store_ps(m + 16 * v, mnew);
+  }
+  for (int j = 0; j < n; ++j)
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      float* sp = s + j * kBQ + 16 * v;
+      _mm512_store_ps(sp, exp2_ps(_mm512_sub_ps(_mm512_load_ps(sp), msafe[v])));
+    }
+  // Canonical tile sum (see above), per row lane.
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v) {
+    __m512 part[16];
+    for (int k = 0; k < 16; ++k) {
+      part[k] = k < n ? _mm512_load_ps(s + k * kBQ + 16 * v) : _mm512_setzero_ps();
+      for (int j = k + 16; j < n; j += 16)
+        part[k] = _mm512_add_ps(part[k], _mm512_load_ps(s + j * kBQ + 16 * v));
+    }
+    for (int w = 8; w >= 1; w /= 2)
+      for (int k = 0; k < w; ++k) part[k] = _mm512_add_ps(part[k], part[k + w]);
+    lsum[v] = part[0];
+  }
+#pragma GCC unroll 4
+  for (int v = 0; v < NV; ++v)
+    _mm512_store_ps(l + 16 * v, _mm512_fmadd_ps(_mm512_load_ps(l + 16 * v),
+                                                _mm512_load_ps(corr + 16 * v), lsum[v]));
+}
+
+/// O[r0+i][16*c0 + ...] = corr * O + sum_j P[j][r0+i] V[j] for MR rows, ND
+/// vectors: per output element one product-sum chain over the keys in order
+/// (the same chain the decode kernel computes, see narrow_heads).
+template <int MR, int ND>
+inline void pv_micro(const float* __restrict p, const float* __restrict v, int64_t vs, int n,
+                     float* __restrict o, int Dp, const float* corr) {
+  __m512 acc[MR][ND];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const __m512 cr = _mm512_set1_ps(corr[i]);
+#pragma GCC unroll 4
+    for (int c = 0; c < ND; ++c) acc[i][c] = _mm512_mul_ps(_mm512_load_ps(o + i * Dp + 16 * c), cr);
+  }
+  for (int j = 0; j < n; ++j) {
+    const float* vj = v + j * vs;
+    __m512 vv[ND];
+#pragma GCC unroll 4
+    for (int c = 0; c < ND; ++c) vv[c] = _mm512_load_ps(vj + 16 * c);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 b = _mm512_set1_ps(p[j * kBQ + i]);
+#pragma GCC unroll 4
+      for (int c = 0; c < ND; ++c) acc[i][c] = _mm512_fmadd_ps(b, vv[c], acc[i][c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int c = 0; c < ND; ++c) _mm512_store_ps(o + i * Dp + 16 * c, acc[i][c]);
+}
+
+template <int ND>
+void pv_chunk(const Ctx& c, int nr, const float* p, const float* v, int n, float* o,
+              const float* corr) {
+  constexpr int MR = kPvRows;
+  const int64_t vs = c.Dp;
+  int r = 0;
+  for (; r + MR <= nr; r += MR) pv_micro<MR, ND>(p + r, v, vs, n, o + r * c.Dp, c.Dp, corr + r);
+  float* orr = o + r * c.Dp;
+  switch (nr - r) {
+    case 0: break;
+    case 1: pv_micro<1, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+    case 2: pv_micro<2, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+    case 3: pv_micro<3, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+    case 4: pv_micro<4, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+    case 5: pv_micro<5, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+    case 6: pv_micro<6, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+    default: pv_micro<7, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+  }
+}
+
+/// O = corr * O + P V over the tile. vt: the tile's V rows copied contiguous,
+/// [n][Dp] (zero padded), so each slice of 2 channel vectors (n*128 bytes)
+/// stays in L1 while every row group of the block uses it; the cache's own
+/// layout puts rows kv_heads*head_dim floats apart, which maps them all to
+/// the same few L1 sets.
+void pv_wide(const Ctx& c, int nr, const float* p, const float* vt, int n, float* o,
+             const float* corr) {
+  static_assert(kPvVecs == 2, "pv_wide handles channel chunks of 2 vectors and a 1-vector tail");
+  int c0 = 0;
+  for (; c0 + 2 <= c.Dv; c0 += 2) pv_chunk<2>(c, nr, p, vt + 16 * c0, n, o + 16 * c0, corr);
+  if (c0 < c.Dv) pv_chunk<1>(c, nr, p, vt + 16 * c0, n, o + 16 * c0, corr);
+}
+
+/// Copies the tile's V rows of one KV head to vt [n][Dp], zero padded.
+void copy_v_tile(const Ctx& c, const float* const* v, int64_t off, int n, float* vt) {
+  const __mmask16 tail = static_cast<__mmask16>(c.tail_mask);
+  for (int j = 0; j < n; ++j) {
+    const float* src = v[j] + off;
+    float* dst = vt + static_cast<int64_t>(j) * c.Dp;
+    for (int q = 0; q < c.Dv; ++q) {
+      const __mmask16 mk = q == c.Dv - 1 ? tail : static_cast<__mmask16>(0xFFFF);
+      _mm512_store_ps(dst + 16 * q, _mm512_maskz_loadu_ps(mk, src + 16 * q));
+    }
+  }
+}
+
+template <int NV>
+void wide_tiles(const Ctx& c, int kvh, int nr, std::span<const Tile> tiles, const float* qt,
+                float* s, float* o, float* vt, const int64_t* qpos, const float* slope,
+                const int32_t* lut_off, int64_t qmin, int64_t qmax, float* m, float* l,
+                float* corr) {
+  const int64_t head_off = static_cast<int64_t>(kvh) * c.D;
+  for (const Tile& t : tiles) {
+    const TileClass cls = classify(c, qmin, qmax, t);
+    if (cls == TileClass::skip) continue;
+    qk_tile<NV>(qt, t.k, head_off, t.n, c.D, s);
+    if (c.bias == LogitBias::alibi) add_alibi_wide<NV>(s, t.n, t.pos, qpos, slope);
+    if (c.bias == LogitBias::t5)
+      add_t5_wide<NV>(s, t.n, t.pos, qpos, lut_off, c.t5_lut.data(), c.t5_radius);
+    if (cls == TileClass::partial) mask_wide<NV>(c, s, t.n, t.pos, qpos);
+    softmax_wide<NV>(s, t.n, m, l, corr);
+    copy_v_tile(c, t.v, head_off, t.n, vt);
+    pv_wide(c, nr, s, vt, t.n, o, corr);
+  }
+}
+
+/// One block of nr <= kBQ rows (starting at row g0) of KV head kvh.
+void wide_block(const Ctx& c, int kvh, int64_t g0, int nr, std::span<const Tile> tiles,
+                Scratch& sc) {
+  const int NV = (nr + 15) / 16;
+  float* qt = sc.qt.get(static_cast<std::size_t>(c.D) * kBQ);
+  float* s = sc.s.get(static_cast<std::size_t>(kBK) * kBQ);
+  float* o = sc.o.get(static_cast<std::size_t>(kBQ) * c.Dp);
+  float* row = sc.row.get(static_cast<std::size_t>(c.Dp));
+  float* vt = sc.vt.get(static_cast<std::size_t>(kBK) * c.Dp);
+  alignas(64) int64_t qpos[kBQ];
+  alignas(64) float slope[kBQ];
+  alignas(64) int32_t lut_off[kBQ];
+  alignas(64) float m[kBQ], l[kBQ], corr[kBQ];
+  int64_t qmin = std::numeric_limits<int64_t>::max(), qmax = std::numeric_limits<int64_t>::min();
+  const int64_t lut_row = 2 * static_cast<int64_t>(c.t5_radius) + 1;
+  // Query rows of a block are head_dim floats each, heads*head_dim apart:
+  // fetch them ahead, the hardware prefetchers do not follow such strides.
+  constexpr int kAhead = 8;
+  auto prefetch_row = [&](int r) {
+    int64_t t;
+    int h;
+    row_of(c, kvh, g0 + r, t, h);
+    const char* src = reinterpret_cast<const char*>(c.q + (t * c.H + h) * static_cast<int64_t>(c.D));
+    for (int64_t b = 0; b < static_cast<int64_t>(c.D) * 4; b += 64) _mm_prefetch(src + b, _MM_HINT_T0);
+  };
+  for (int r = 0; r < std::min(nr, kAhead); ++r) prefetch_row(r);
+  for (int r = 0; r < nr; ++r) {
+    if (r + kAhead < nr) prefetch_row(r + kAhead);
+    int64_t t;
+    int h;
+    row_of(c, kvh, g0 + r, t, h);
+    load_q_row(c, t, h, row);
+    for (int d = 0; d < c.D; ++d) qt[d * kBQ + r] = row[d];
+    qpos[r] = c.q_pos[t];
+    qmin = std::min(qmin, qpos[r]);
+    qmax = std::max(qmax, qpos[r]);
+    slope[r] = c.bias == LogitBias::alibi ? c.slope_l2e[static_cast<std::size_t>(h)] : 0.0f;
+    lut_off[r] = static_cast<int32_t>(h * lut_row + c.t5_radius);
+  }
+  // Padding lanes copy the last row's metadata and have q = 0; never stored.
+  for (int r = nr; r < 16 * NV; ++r) {
+    for (int d = 0; d < c.D; ++d) qt[d * kBQ + r] = 0.0f;
+    qpos[r] = qpos[nr - 1];
+    slope[r] = slope[nr - 1];
+    lut_off[r] = lut_off[nr - 1];
+  }
+  for (int r = 0; r < kBQ; ++r) {
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.0f;
+  }
+  std::memset(o, 0, static_cast<std::size_t>(nr) * c.Dp * sizeof(float));
+  switch (NV) {
+    case 1: wide_tiles<1>(c, kvh, nr, tiles, qt, s, o, vt, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
+    case 2: wide_tiles<2>(c, kvh, nr, tiles, qt, s, o, vt, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
+    case 3: wide_tiles<3>(c, kvh, nr, tiles, qt, s, o, vt, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
+    default: wide_tiles<4>(c, kvh, nr, tiles, qt, s, o, vt, qpos, slope, lut_off, qmin, qmax, m, l, corr); break;
+  }
+  for (int r = 0; r < nr; ++r) {
+    int64_t t;
+    int h;
+    row_of(c, kvh, g0 + r, t, h);
+    float* dst = c.out + (t * c.H + h) * static_cast<int64_t>(c.D);
+    const __m512 inv = _mm512_set1_ps(l[r] > 0.0f ? 1.0f / l[r] : 0.0f);
+    for (int v = 0; v < c.Dv; ++v) {
+      const __mmask16 mk = v == c.Dv - 1 ? static_cast<__mmask16>(c.tail_mask) : 0xFFFF;
+      _mm512_mask_storeu_ps(dst + 16 * v, mk, _mm512_mul_ps(_mm512_load_ps(o + r * c.Dp + 16 * v), inv));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Narrow kernel: vectorised over head_dim, for few rows per KV head.
+
+constexpr int kNarrowMaxRows = 8;
+
+/// O[i][16*c0 + ...] = corr * O + sum_j P[i][j] V[j] for MR rows and ND
+/// vectors, one product-sum chain per element over the keys in order: the
+/// chain pv_micro computes for the same row in the wide kernel.
+template <int MR, int ND>
+inline void pv_narrow_micro(const float* p /*[MR][kBK]*/, const float* const* v, int64_t off,
+                            int n, float* o /*[MR][Dp]*/, int Dp, const float* corr,
+                            __mmask16 last) {
+  __m512 acc[MR][ND];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const __m512 cr = _mm512_set1_ps(corr[i]);
+#pragma GCC unroll 8
+    for (int cc = 0; cc < ND; ++cc)
+      acc[i][cc] = _mm512_mul_ps(_mm512_load_ps(o + i * Dp + 16 * cc), cr);
+  }
+  for (int j = 0; j < n; ++j) {
+    const float* vj = v[j] + off;
+    __m512 vv[ND];
+#pragma GCC unroll 8
+    for (int cc = 0; cc < ND; ++cc)
+      vv[cc] = cc == ND - 1 ? _mm512_maskz_loadu_ps(last, vj + 16 * cc) : _mm512_loadu_ps(vj + 16 * cc);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m512 b = _mm512_set1_ps(p[i * kBK + j]);
+#pragma GCC unroll 8
+      for (int cc = 0; cc < ND; ++cc) acc[i][cc] = _mm512_fmadd_ps(b, vv[cc], acc[i][cc]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int cc = 0; cc < ND; ++cc) _mm512_store_ps(o + i * Dp + 16 * cc, acc[i][cc]);
+}
+
+/// Rows r0.. r0+MR-1 (MR <= 8) against all keys of the tile, with as many
+/// channel vectors per pass as keep MR*ND <= 16 accumulators.
+template <int MR>
+void pv_narrow_rows(const Ctx& c, const float* p, const float* const* v, int64_t off, int n,
+                    float* o, const float* corr) {
+  constexpr int kMaxNd = MR >= 8 ? 2 : MR >= 4 ? 4 : 8;
+  for (int c0 = 0; c0 < c.Dv; c0 += kMaxNd) {
+    const int nd = std::min(kMaxNd, c.Dv - c0);
+    const __mmask16 last = c0 + nd == c.Dv ? static_cast<__mmask16>(c.tail_mask) : 0xFFFF;
+    const int64_t oc = off + 16 * c0;
+    float* op = o + 16 * c0;
+    switch (nd) {
+      case 1: pv_narrow_micro<MR, 1>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 2: pv_narrow_micro<MR, 2>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 3: pv_narrow_micro<MR, (kMaxNd >= 3 ? 3 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 4: pv_narrow_micro<MR, (kMaxNd >= 4 ? 4 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 5: pv_narrow_micro<MR, (kMaxNd >= 5 ? 5 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 6: pv_narrow_micro<MR, (kMaxNd >= 6 ? 6 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 7: pv_narrow_micro<MR, (kMaxNd >= 7 ? 7 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
+      default: pv_narrow_micro<MR, (kMaxNd >= 8 ? 8 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
+    }
+  }
+}
+
+/// Scores of the R rows against the tile, keys in lanes:
+///   s[r][j] = fma chain over d = 0..D-1 of q[r][d] * K[j][d].
+/// Each group of 16 keys is transposed 16 channels at a time in registers
+/// and consumed at once. The chain and its order are those of qk_micro for
+/// the same (row, key), so the scores are bit-identical to the wide kernel's.
+template <int R>
+void qk_narrow(const Ctx& c, const Tile& t, int64_t head_off, const float* zero,
+               const float* q /*[R][Dp]*/, float* s /*[R][kBK]*/) {
+  for (int jg = 0; jg < t.n; jg += 16) {
+    const int cnt = std::min(16, t.n - jg);
+    const float* kp[16];
+    for (int i = 0; i < 16; ++i) kp[i] = i < cnt ? t.k[jg + i] + head_off : zero;
+    __m512 acc[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int d0 = 0; d0 < c.D; d0 += 16) {
+      const __mmask16 dm = d0 + 16 <= c.D ? static_cast<__mmask16>(0xFFFF)
+                                          : static_cast<__mmask16>(c.tail_mask);
+      __m512 kt[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) kt[i] = _mm512_maskz_loadu_ps(dm, kp[i] + d0);
+      transpose16(kt);
+      const int dn = std::min(16, c.D - d0);
+      for (int dd = 0; dd < dn; ++dd)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+          acc[r] = _mm512_fmadd_ps(kt[dd], _mm512_set1_ps(q[r * c.Dp + d0 + dd]), acc[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * kBK + jg, acc[r]);
+  }
+}
+
+/// All R (<= kNarrowMaxRows) rows of the KV heads [kvh0, kvh1). Tiles are
+/// the outer loop and heads the inner one, so consecutive heads read adjacent
+/// parts of the same key rows (the cache layout is [token][kv_head][d]).
+///
+/// Batch invariance: for every row this computes exactly the operations the
+/// wide kernel performs for that row (same score chains, same masks and
+/// biases with the same fused operations, same running max per tile, same
+/// exp2, same sequential sums, same P·V chains), so a token decoded against a
+/// cache gets bit-for-bit the output it gets inside a prefill over the same
+/// keys in the same order.
+void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile> tiles,
+                  Scratch& sc) {
+  const int nh = kvh1 - kvh0;
+  const std::size_t rows = static_cast<std::size_t>(nh) * R;
+  float* qn = sc.qt.get(rows * c.Dp);
+  float* on = sc.o.get(rows * c.Dp);
+  float* sn = sc.s.get(static_cast<std::size_t>(R) * kBK);
+  float* zero = sc.zero.get(static_cast<std::size_t>(c.Dp));
+  float* m = sc.row.get(3 * rows);
+  float* l = m + rows;
+  float* corr = l + rows;
+  std::memset(zero, 0, static_cast<std::size_t>(c.Dp) * sizeof(float));
+  int64_t qpos[kNarrowMaxRows];
+  int64_t qmin = std::numeric_limits<int64_t>::max(), qmax = std::numeric_limits<int64_t>::min();
+  for (int r = 0; r < R; ++r) {
+    qpos[r] = c.q_pos[r / c.group];
+    qmin = std::min(qmin, qpos[r]);
+    qmax = std::max(qmax, qpos[r]);
+  }
+  for (int hh = 0; hh < nh; ++hh)
+    for (int r = 0; r < R; ++r) {
+      int64_t t;
+      int h;
+      row_of(c, kvh0 + hh, r, t, h);
+      load_q_row(c, t, h, qn + (hh * R + r) * c.Dp);
+    }
+  for (std::size_t i = 0; i < rows; ++i) {
+    m[i] = -std::numeric_limits<float>::infinity();
+    l[i] = 0.0f;
+  }
+  std::memset(on, 0, rows * c.Dp * sizeof(float));
+  const __mmask16 tail = static_cast<__mmask16>(c.tail_mask);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (const Tile& t : tiles) {
+    const TileClass cls = classify(c, qmin, qmax, t);
+    if (cls == TileClass::skip) continue;
+    const int n = t.n;
+    for (int hh = 0; hh < nh; ++hh) {
+      const int kvh = kvh0 + hh;
+      const int64_t head_off = static_cast<int64_t>(kvh) * c.D;
+      const float* qh = qn + hh * R * c.Dp;
+      float* oh = on + hh * R * c.Dp;
+      float* mh = m + hh * R;
+      float* lh = l + hh * R;
+      float* ch = corr + hh * R;
+      switch (R) {
+        case 1: qk_narrow<1>(c, t, head_off, zero, qh, sn); break;
+        case 2: qk_narrow<2>(c, t, head_off, zero, qh, sn); break;
+        case 3: qk_narrow<3>(c, t, head_off, zero, qh, sn); break;
+        case 4: qk_narrow<4>(c, t, head_off, zero, qh, sn); break;
+        case 5: qk_narrow<5>(c, t, head_off, zero, qh, sn); break;
+        case 6: qk_narrow<6>(c, t, head_off, zero, qh, sn); break;
+        case 7: qk_narrow<7>(c, t, head_off, zero, qh, sn); break;
+        default: qk_narrow<8>(c, t, head_off, zero, qh, sn); break;
+      }
+      // Bias and mask with the wide kernel's operations (fma for ALiBi).
+      if (c.bias != LogitBias::none)
+        for (int rr = 0; rr < R; ++rr) {
+          const int h = kvh * c.group + rr % c.group;
+          for (int j = 0; j < n; ++j) {
+            float& x = sn[rr * kBK + j];
+            if (c.bias == LogitBias::alibi) {
+              const int64_t d = qpos[rr] >= t.pos[j] ? qpos[rr] - t.pos[j] : t.pos[j] - qpos[rr];
+              x = std::fma(c.slope_l2e[static_cast<std::size_t>(h)], static_cast<float>(d), x);
+            } else {
+              x += bias_l2e(c, h, qpos[rr], t.pos[j]);
+            }
+          }
+        }
+      if (cls == TileClass::partial)
+        for (int rr = 0; rr < R; ++rr)
+          for (int j = 0; j < n; ++j)
+            if (!visible(c, qpos[rr], t.pos[j])) sn[rr * kBK + j] = ninf;
+      // Online softmax per row: tile max, exp2 of the same arguments, the sum
+      // in key order, l = fma(l, corr, sum) -- as softmax_wide per lane.
+      for (int rr = 0; rr < R; ++rr) {
+        float* sr = sn + rr * kBK;
+        __m512 mv = _mm512_set1_ps(ninf);
+        for (int j = 0; j < n; j += 16)
+          mv = _mm512_max_ps(mv, _mm512_mask_loadu_ps(_mm512_set1_ps(ninf), lanes(n - j), sr + j));
+        const float mt = _mm512_reduce_max_ps(mv);  // max is exact in any order
+        const float mnew = std::max(mh[rr], mt);
+        const float msafe = mnew == ninf ? 0.0f : mnew;
+        ch[rr] = _mm_cvtss_f32(_mm512_castps512_ps128(exp2_ps(_mm512_set1_ps(mh[rr] - msafe))));
+        mh[rr] = mnew;
+        const __m512 ms = _mm512_set1_ps(msafe);
+        // P, and the canonical tile sum: lane k of `acc` is part[k] (keys
+        // k, k+16, ... added left to right), then the w = 8,4,2,1 tree.
+        __m512 acc = _mm512_setzero_ps();
+        for (int j = 0; j < n; j += 16) {
+          const __mmask16 mk = lanes(n - j);
+          const __m512 p = exp2_ps(_mm512_sub_ps(_mm512_loadu_ps(sr + j), ms));
+          _mm512_storeu_ps(sr + j, p);
+          acc = j == 0 ? _mm512_maskz_mov_ps(mk, p) : _mm512_mask_add_ps(acc, mk, acc, p);
+        }
+        alignas(64) float part[16];
+        _mm512_store_ps(part, acc);
+        for (int w = 8; w >= 1; w /= 2)
+          for (int k = 0; k < w; ++k) part[k] = part[k] + part[k + w];
+        lh[rr] = std::fma(lh[rr], ch[rr], part[0]);
+      }
+      int r2 = 0;
+      if (c.Dv == 1) {
+        // Short rows: all rows in one pass, more independent chains.
+        switch (R) {
+          case 1: pv_narrow_rows<1>(c, sn, t.v, head_off, n, oh, ch); break;
+          case 2: pv_narrow_rows<2>(c, sn, t.v, head_off, n, oh, ch); break;
+          case 3: pv_narrow_rows<3>(c, sn, t.v, head_off, n, oh, ch); break;
+          case 4: pv_narrow_rows<4>(c, sn, t.v, head_off, n, oh, ch); break;
+          case 5: pv_narrow_rows<5>(c, sn, t.v, head_off, n, oh, ch); break;
+          case 6: pv_narrow_rows<6>(c, sn, t.v, head_off, n, oh, ch); break;
+          case 7: pv_narrow_rows<7>(c, sn, t.v, head_off, n, oh, ch); break;
+          default: pv_narrow_rows<8>(c, sn, t.v, head_off, n, oh, ch); break;
+        }
+        continue;
+      }
+      for (; r2 + 2 <= R; r2 += 2)
+        pv_narrow_rows<2>(c, sn + r2 * kBK, t.v, head_off, n, oh + r2 * c.Dp, ch + r2);
+      if (r2 < R) pv_narrow_rows<1>(c, sn + r2 * kBK, t.v, head_off, n, oh + r2 * c.Dp, ch + r2);
+    }
+  }
+  for (int hh = 0; hh < nh; ++hh)
+    for (int r = 0; r < R; ++r) {
+      int64_t t;
+      int h;
+      row_of(c, kvh0 + hh, r, t, h);
+      float* dst = c.out + (t * c.H + h) * static_cast<int64_t>(c.D);
+      const float lr = l[hh * R + r];
+      const __m512 inv = _mm512_set1_ps(lr > 0.0f ? 1.0f / lr : 0.0f);
+      const float* src = on + (hh * R + r) * c.Dp;
+      for (int v = 0; v < c.Dv; ++v) {
+        const __mmask16 mk = v == c.Dv - 1 ? tail : static_cast<__mmask16>(0xFFFF);
+        _mm512_mask_storeu_ps(dst + 16 * v, mk, _mm512_mul_ps(_mm512_load_ps(src + 16 * v), inv));
+      }
+    }
+}
+
+#else  // !POSENC_ATTN_AVX512
+
+constexpr int kNarrowMaxRows = 0;
+
+#endif
+
+/// Portable path (no AVX-512): one row at a time, same tiles and masks,
+/// online softmax in base 2. Used for every row when the vector kernels are
+/// not compiled in.
+[[maybe_unused]] void scalar_rows(const Ctx& c, int kvh, int64_t g0, int nr,
+                                  std::span<const Tile> tiles, Scratch& sc) {
+  float* qrow = sc.qt.get(static_cast<std::size_t>(c.Dp));
+  float* acc = sc.o.get(static_cast<std::size_t>(c.Dp));
+  const int64_t head_off = static_cast<int64_t>(kvh) * c.D;
+  for (int r = 0; r < nr; ++r) {
+    int64_t t;
+    int h;
+    row_of(c, kvh, g0 + r, t, h);
+    load_q_row(c, t, h, qrow);
+    const int64_t qi = c.q_pos[t];
+    float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
+    std::fill(acc, acc + c.D, 0.0f);
+    for (const Tile& tile : tiles) {
+      const TileClass cls = classify(c, qi, qi, tile);
+      if (cls == TileClass::skip) continue;
+      for (int j = 0; j < tile.n; ++j) {
+        if (cls == TileClass::partial && !visible(c, qi, tile.pos[j])) continue;
+        const float* kr = tile.k[j] + head_off;
+        float dot = 0.0f;
+        for (int d = 0; d < c.D; ++d) dot += qrow[d] * kr[d];
+        const float x = dot + bias_l2e(c, h, qi, tile.pos[j]);
+        const float* vr = tile.v[j] + head_off;
+        const float mnew = std::max(m, x);
+        const float cr = std::exp2(m - mnew), p = std::exp2(x - mnew);
+        l = l * cr + p;
+        for (int d = 0; d < c.D; ++d) acc[d] = acc[d] * cr + p * vr[d];
+        m = mnew;
+      }
+    }
+    float* dst = c.out + (t * c.H + h) * static_cast<int64_t>(c.D);
+    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    for (int d = 0; d < c.D; ++d) dst[d] = acc[d] * inv;
+  }
+}
+
+/// Flattens the blocks into `keys` and cuts it into tiles. With sort_keys,
+/// keys that are not already in position order (shuffled pages) are sorted
+/// by position first, so that tiles cover narrow position ranges and masks
+/// can skip or leave them unmasked; the order of keys does not change the
+/// result beyond float rounding.
+void build_tiles(std::span<const KvBlock> kv, int64_t ks, bool sort_keys, KeyTable& keys,
+                 std::vector<Tile>& tiles) {
+  int64_t total = 0;
+  for (const KvBlock& b : kv) total += b.n_tokens;
+  if (static_cast<int64_t>(keys.pos.size()) < total) {
+    keys.k.resize(static_cast<std::size_t>(total));
+    keys.v.resize(static_cast<std::size_t>(total));
+    keys.pos.resize(static_cast<std::size_t>(total));
+  }
+  tiles.clear();
+  int64_t n_keys = 0;
+  for (const KvBlock& b : kv) {
+    const float* k = b.k;
+    const float* v = b.v;
+    for (int64_t j = 0; j < b.n_tokens; ++j, k += ks, v += ks) {
+      const int64_t p = b.position_ids[j];
+      keys.k[static_cast<std::size_t>(n_keys)] = k;
+      keys.v[static_cast<std::size_t>(n_keys)] = v;
+      keys.pos[static_cast<std::size_t>(n_keys)] = p;
+      n_keys += p >= 0;  // empty slots are overwritten by the next key
+    }
+  }
+  if (sort_keys && !std::is_sorted(keys.pos.begin(), keys.pos.begin() + n_keys)) {
+    std::vector<int32_t> order(static_cast<std::size_t>(n_keys));
+    for (int64_t i = 0; i < n_keys; ++i) order[static_cast<std::size_t>(i)] = static_cast<int32_t>(i);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return keys.pos[static_cast<std::size_t>(a)] < keys.pos[static_cast<std::size_t>(b)]; });
+    std::vector<const float*> k2(static_cast<std::size_t>(n_keys)), v2(k2.size());
+    std::vector<int64_t> p2(k2.size());
+    for (std::size_t i = 0; i < k2.size(); ++i) {
+      const auto o = static_cast<std::size_t>(order[i]);
+      k2[i] = keys.k[o];
+      v2[i] = keys.v[o];
+      p2[i] = keys.pos[o];
+    }
+    std::copy(k2.begin(), k2.end(), keys.k.begin());
+    std::copy(v2.begin(), v2.end(), keys.v.begin());
+    std::copy(p2.begin(), p2.end(), keys.pos.begin());
+  }
+  for (int64_t j0 = 0; j0 < n_keys; j0 += kBK) {
+    const int n = static_cast<int>(std::min<int64_t>(kBK, n_keys - j0));
+    Tile t{keys.k.data() + j0, keys.v.data() + j0, keys.pos.data() + j0, n,
+           std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()};
+    for (int j = 0; j < n; ++j) {
+      t.kmin = std::min(t.kmin, t.pos[j]);
+      t.kmax = std::max(t.kmax, t.pos[j]);
+    }
+    tiles.push_back(t);
+  }
+}
+
+}  // namespace
+
+void attention_kernel(const AttentionSpec& spec, const float* q,
+                      std::span<const int64_t> q_position_ids, std::span<const KvBlock> kv,
+                      float* out, const AttentionOptions& options, const QueryRope* q_rope) {
+  spec.validate();
+  const int64_t q_tokens = static_cast<int64_t>(q_position_ids.size());
+  if (q_tokens == 0) return;
+  if (!q || !out)
+    throw InvalidArgument("attention_forward: q and out must not be null when q_tokens > 0");
+  int64_t kv_tokens = 0;
+  for (const auto& b : kv) {
+    if (b.n_tokens < 0 || (b.n_tokens > 0 && (!b.k || !b.v || !b.position_ids)))
+      throw InvalidArgument("attention_forward: KvBlock with null data or negative n_tokens");
+    kv_tokens += b.n_tokens;
+  }
+  if (options.num_threads < 0)
+    fail_field<InvalidArgument>("num_threads", "must be >= 0", options.num_threads);
+
+  Ctx c;
+  c.spec = &spec;
+  c.H = spec.heads;
+  c.KVH = spec.kv_heads;
+  c.D = spec.head_dim;
+  c.group = spec.heads / spec.kv_heads;
+  c.Dp = (c.D + 15) / 16 * 16;
+  c.Dv = c.Dp / 16;
+  c.tail_mask = c.D % 16 == 0 ? 0xFFFFu : (1u << (c.D % 16)) - 1u;
+  c.ks = static_cast<int64_t>(c.KVH) * c.D;
+  c.qscale = spec.effective_scale() * kLog2e;
+  c.q = q;
+  c.q_pos = q_position_ids.data();
+  c.out = out;
+  c.rope = q_rope;
+  c.mask = spec.mask;
+  c.window = spec.sliding_window;
+  c.bias = spec.bias;
+  if (c.bias == LogitBias::alibi) {
+    c.slope_l2e.resize(static_cast<std::size_t>(c.H));
+    for (int h = 0; h < c.H; ++h)
+      c.slope_l2e[static_cast<std::size_t>(h)] = -spec.alibi_slopes[static_cast<std::size_t>(h)] * kLog2e;
+  }
+  if (c.bias == LogitBias::t5) {
+    // The bucket is constant once |relative position| >= max_distance (it is
+    // capped at the last bucket), so a table over [-R, R] covers every offset.
+    const int R = std::max(spec.t5.max_distance, 1);
+    c.t5_radius = R;
+    std::vector<int> bucket(static_cast<std::size_t>(2 * R + 1));
+    for (int rel = -R; rel <= R; ++rel)
+      bucket[static_cast<std::size_t>(rel + R)] = t5_relative_position_bucket(
+          rel, spec.t5.bidirectional, spec.t5.num_buckets, spec.t5.max_distance);
+    c.t5_lut.resize(static_cast<std::size_t>(c.H) * bucket.size());
+    for (int h = 0; h < c.H; ++h)
+      for (std::size_t i = 0; i < bucket.size(); ++i)
+        c.t5_lut[static_cast<std::size_t>(h) * bucket.size() + i] =
+            spec.t5.table[static_cast<std::size_t>(bucket[i]) * static_cast<std::size_t>(c.H) +
+                          static_cast<std::size_t>(h)] *
+            kLog2e;
+  }
+
+  thread_local KeyTable key_table;
+  thread_local std::vector<Tile> tile_storage;
+  // Sorting pays off when a mask hides keys. It does not depend on the number
+  // of queries, so a row's result stays independent of the rest of the call
+  // (decode and prefill see the same key order, hence the same tiles).
+  const bool sort_keys = spec.mask != MaskKind::none && kv_tokens <= INT32_MAX;
+  build_tiles(kv, c.ks, sort_keys, key_table, tile_storage);
+  const std::span<const Tile> tiles(tile_storage);
+
+  const int64_t rows = q_tokens * c.group;  // per KV head
+  const double work = static_cast<double>(q_tokens) * c.H * static_cast<double>(kv_tokens) * c.D;
+  int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
+  if (work < kParallelMinWork || omp_in_parallel()) threads = 1;
+
+#ifdef POSENC_ATTN_AVX512
+  if (rows <= kNarrowMaxRows) {
+    // One item per thread: a contiguous range of KV heads each.
+    const int n_items = std::min(threads, c.KVH);
+    auto run = [&](int item) {
+      const int h0 = static_cast<int>(static_cast<int64_t>(c.KVH) * item / n_items);
+      const int h1 = static_cast<int>(static_cast<int64_t>(c.KVH) * (item + 1) / n_items);
+      narrow_heads(c, h0, h1, static_cast<int>(rows), tiles, thread_scratch());
+    };
+    if (n_items <= 1) {
+      run(0);
+    } else {
+#pragma omp parallel for schedule(static, 1) num_threads(n_items)
+      for (int i = 0; i < n_items; ++i) run(i);
+    }
+    return;
+  }
+#endif
+  const int64_t n_blocks = (rows + kBQ - 1) / kBQ;
+  const int64_t n_items = n_blocks * c.KVH;
+  threads = static_cast<int>(std::min<int64_t>(threads, n_items));
+  auto run_item = [&](int64_t item) {
+    // Heaviest first: with causal masks the last row blocks see the most keys.
+    const int64_t block = n_blocks - 1 - item / c.KVH;
+    const int kvh = static_cast<int>(item % c.KVH);
+    const int64_t g0 = block * kBQ;
+    const int nr = static_cast<int>(std::min<int64_t>(kBQ, rows - g0));
+    Scratch& sc = thread_scratch();
+#ifdef POSENC_ATTN_AVX512
+    wide_block(c, kvh, g0, nr, tiles, sc);
+#else
+    scalar_rows(c, kvh, g0, nr, tiles, sc);
+#endif
+  };
+  if (threads <= 1) {
+    for (int64_t i = 0; i < n_items; ++i) run_item(i);
+  } else {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int64_t i = 0; i < n_items; ++i) run_item(i);
+  }
+}
+
+}  // namespace posenc::detail
