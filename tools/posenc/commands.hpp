@@ -12,5 +12,7 @@ void add_ppl_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_detect_layout_command(CLI::App& app);
 void add_check_cache_command(CLI::App& app);
+void add_train_command(CLI::App& app);
+void add_study_command(CLI::App& app);
 
 }  // namespace posenc::cli

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   posenc::cli::add_generate_command(app);
   posenc::cli::add_detect_layout_command(app);
   posenc::cli::add_check_cache_command(app);
+  posenc::cli::add_train_command(app);
+  posenc::cli::add_study_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,148 @@
+// The synthetic tasks: determinism by seed, formats, and answers that are right.
+#include <algorithm>
+#include <set>
+
+#include <gtest/gtest.h>
+
+#include "posenc/error.hpp"
+#include "posenc/tokenizer.hpp"
+#include "posenc/train.hpp"
+
+using namespace posenc;
+
+namespace {
+
+const TaskKind kAll[] = {TaskKind::copy, TaskKind::reverse, TaskKind::addition, TaskKind::sort,
+                         TaskKind::associative_recall};
+
+std::vector<TaskSample> draw(const Task& t, uint64_t seed, int n, int count) {
+  SampleRng rng(seed);
+  std::vector<TaskSample> out;
+  for (int i = 0; i < count; ++i) out.push_back(t.sample(rng, n));
+  return out;
+}
+
+bool same(const std::vector<TaskSample>& a, const std::vector<TaskSample>& b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (a[i].prompt != b[i].prompt || a[i].answer != b[i].answer) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST(TrainTasks, SplitMixIsTheReferenceSequence) {
+  // SplitMix64 with seed 0: first outputs from Vigna's reference splitmix64.c.
+  SampleRng r(0);
+  EXPECT_EQ(r.next(), 0xE220A8397B1DCDAFull);
+  EXPECT_EQ(r.next(), 0x6E789E6AA1B965F4ull);
+  EXPECT_EQ(r.next(), 0x06C45D188009454Full);
+  SampleRng u(7);
+  std::vector<int> counts(5, 0);
+  for (int i = 0; i < 5000; ++i) ++counts[static_cast<std::size_t>(u.below(5))];
+  for (int c : counts) EXPECT_NEAR(c, 1000, 150);
+  EXPECT_THROW(u.below(0), InvalidArgument);
+  EXPECT_NE(derive_seed(1, "train/copy"), derive_seed(2, "train/copy"));
+  EXPECT_NE(derive_seed(1, "train/copy"), derive_seed(1, "eval/copy"));
+  EXPECT_NE(derive_seed(1, "eval/copy", 8), derive_seed(1, "eval/copy", 16));
+}
+
+TEST(TrainTasks, GeneratorsAreDeterministicBySeed) {
+  for (TaskKind k : kAll) {
+    const Task t(k);
+    const int n = t.round_length(20);
+    EXPECT_TRUE(same(draw(t, 5, n, 50), draw(t, 5, n, 50))) << t.name();
+    EXPECT_FALSE(same(draw(t, 5, n, 50), draw(t, 6, n, 50))) << t.name();
+  }
+}
+
+TEST(TrainTasks, SamplesHaveTheRequestedLengthAndFormat) {
+  for (TaskKind k : kAll) {
+    const Task t(k);
+    const Tokenizer tok = Tokenizer::from_symbols(t.symbols());  // a valid symbol vocabulary
+    for (int n : t.lengths_in(1, 64)) {
+      for (const auto& s : draw(t, 11, n, 5)) {
+        ASSERT_EQ(s.input_length, n);
+        ASSERT_EQ(static_cast<int>(s.prompt.size()), n + 2) << t.name();
+        EXPECT_EQ(s.prompt.front(), Tokenizer::kBos);
+        EXPECT_EQ(s.answer.back(), Tokenizer::kEos);
+        EXPECT_EQ(static_cast<int>(s.answer.size()), t.answer_length(n));
+        EXPECT_EQ(t.positions_needed(n), static_cast<int64_t>(s.prompt.size() + s.answer.size()) - 1);
+        for (int32_t id : s.prompt) EXPECT_TRUE(id > 0 && id < t.vocab_size());
+        // The symbol text round-trips through the runtime's tokenizer.
+        EXPECT_EQ(tok.encode(t.text(std::span(s.prompt).subspan(1)), true, false), s.prompt);
+      }
+    }
+  }
+  EXPECT_THROW(Task(TaskKind::associative_recall).sample(*std::make_unique<SampleRng>(1), 9), InvalidArgument);
+  EXPECT_EQ(Task(TaskKind::associative_recall).round_length(9), 8);
+  EXPECT_EQ(Task(TaskKind::addition).round_length(2), 0);
+}
+
+TEST(TrainTasks, AnswersAreCorrect) {
+  const Task copy(TaskKind::copy), rev(TaskKind::reverse), sort(TaskKind::sort);
+  for (const auto& s : draw(copy, 3, 12, 20))
+    EXPECT_TRUE(std::equal(s.answer.begin(), s.answer.end() - 1, s.prompt.begin() + 1));
+  for (const auto& s : draw(rev, 3, 12, 20))
+    EXPECT_TRUE(std::equal(s.answer.begin(), s.answer.end() - 1, s.prompt.rbegin() + 1));
+  for (const auto& s : draw(sort, 3, 12, 20)) {
+    std::vector<int32_t> in(s.prompt.begin() + 1, s.prompt.end() - 1);
+    std::sort(in.begin(), in.end());
+    EXPECT_TRUE(std::equal(in.begin(), in.end(), s.answer.begin()));
+  }
+  // Addition: digits least-significant first; check with integers.
+  const Task add(TaskKind::addition);
+  for (int n : {3, 4, 9, 18}) {
+    for (const auto& s : draw(add, 4, n, 30)) {
+      const std::string text = add.text(s.prompt);  // "<bos> d d + d d ="
+      const auto plus = text.find('+');
+      auto value = [&](const std::string& part) {  // reversed digits -> integer
+        uint64_t v = 0, mul = 1;
+        for (char c : part)
+          if (c >= '0' && c <= '9') {
+            v += static_cast<uint64_t>(c - '0') * mul;
+            mul *= 10;
+          }
+        return v;
+      };
+      const uint64_t a = value(text.substr(0, plus)), b = value(text.substr(plus));
+      const uint64_t sum = value(add.text(s.answer));
+      EXPECT_EQ(sum, a + b) << text << " -> " << add.text(s.answer);
+    }
+  }
+  // Associative recall: distinct keys, the answer is the value after the queried key.
+  const Task ar(TaskKind::associative_recall);
+  for (const auto& s : draw(ar, 9, 40, 30)) {
+    const int m = (40 - 2) / 2;
+    std::set<int32_t> keys;
+    for (int i = 0; i < m; ++i) keys.insert(s.prompt[static_cast<std::size_t>(1 + 2 * i)]);
+    EXPECT_EQ(static_cast<int>(keys.size()), m);
+    const int32_t q = s.prompt[s.prompt.size() - 2];
+    EXPECT_EQ(ar.text(std::span(&s.prompt[s.prompt.size() - 3], 1)), "?");
+    int found = 0;
+    for (int i = 0; i < m; ++i)
+      if (s.prompt[static_cast<std::size_t>(1 + 2 * i)] == q) {
+        EXPECT_EQ(s.answer[0], s.prompt[static_cast<std::size_t>(2 + 2 * i)]);
+        ++found;
+      }
+    EXPECT_EQ(found, 1);
+  }
+}
+
+TEST(TrainTasks, NamesAndRangesParseWithFieldNamingErrors) {
+  EXPECT_EQ(parse_task_kind("associative_recall"), TaskKind::associative_recall);
+  EXPECT_EQ(parse_train_encoding("rope25"), TrainEncoding::rope25);
+  EXPECT_EQ(family_of(TrainEncoding::t5), PositionalFamily::t5_bias);
+  try {
+    parse_train_encoding("xpos");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--pe: unknown positional encoding 'xpos'"), std::string::npos);
+  }
+  EXPECT_THROW(parse_task_kind("parity"), ConfigError);
+  EXPECT_EQ(parse_length_range("8:32", "--train-lengths"), (LengthRange{8, 32, 8}));
+  EXPECT_EQ(parse_length_range("8:128:16", "--test-lengths"), (LengthRange{8, 128, 16}));
+  EXPECT_THROW(parse_length_range("32:8", "--train-lengths"), ConfigError);
+  EXPECT_THROW(parse_length_range("8-32", "--train-lengths"), ConfigError);
+  EXPECT_THROW(parse_length_range("0:4", "--train-lengths"), ConfigError);
+}
