@@ -1,6 +1,7 @@
 // posenc study: train and evaluate every (task, encoding, seed); `posenc study report DIR` summarises.
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 
 #include <fmt/format.h>
 
@@ -33,7 +34,12 @@ void run_report(const StudyArgs& a) {
   std::fflush(stdout);
   if (a.no_plots) return;
   const std::string plots = (std::filesystem::path(a.report_dir) / "plots").string();
-  const std::string cmd = fmt::format("python3 '{}/study_report.py' '{}' '{}'", POSENC_SCRIPTS_DIR,
+  // Debian's python3-matplotlib is in /usr/bin/python3's dist-packages; a python3
+  // earlier on PATH (pyenv, venv) may lack it. (The eval lab's scripts.hpp helper
+  // does the same; use it once it lands on main.)
+  const char* env = std::getenv("POSENC_PYTHON");
+  const std::string python = env ? env : std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+  const std::string cmd = fmt::format("MPLBACKEND=Agg '{}' '{}/study_report.py' '{}' '{}'", python, POSENC_SCRIPTS_DIR,
                                       r.summary_json.string(), plots);
   if (std::system(cmd.c_str()) != 0)
     throw IoError(fmt::format("plotting failed: {} (python3-matplotlib installed?)", cmd));
