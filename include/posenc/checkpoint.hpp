@@ -13,7 +13,7 @@
 //   {"format": "posenc-checkpoint", "version": 1,
 //    "config": {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size",
 //               "max_position_embeddings" (trained context), "norm_eps", "shared_classifier"},
-//    "positional": {"family": "nope"|"learned"|"sinusoidal"|"t5_bias"|"alibi"|"rope",
+//    "positional": {"family": "nope"|"learned_absolute"|"sinusoidal"|"t5_bias"|"alibi"|"rope",
 //                   rope: "rope_theta", "rotary_dim", "layout" ("half"|"interleaved"), "angle_precision";
 //                   alibi: "max_bias"; t5_bias: "relative_attention_num_buckets",
 //                   "relative_attention_max_distance"; sinusoidal: "base"},
@@ -26,7 +26,7 @@
 //   layers.{l}.wo [dim, dim]; layers.{l}.ffn_norm [dim];
 //   layers.{l}.w1, .w3 [hidden_dim, dim]; layers.{l}.w2 [dim, hidden_dim];
 //   norm [dim]; output [vocab_size, dim] (absent when shared_classifier);
-//   pos_embeddings [max_position_embeddings, dim] (learned);
+//   pos_embeddings [max_position_embeddings, dim] (learned_absolute);
 //   t5_relative_attention_bias [relative_attention_num_buckets, n_heads] (t5_bias).
 #pragma once
 

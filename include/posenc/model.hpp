@@ -16,6 +16,7 @@
 #include <string_view>
 #include <vector>
 
+#include "posenc/family.hpp"
 #include "posenc/kv_cache.hpp"
 #include "posenc/rope.hpp"
 #include "posenc/scaling.hpp"
@@ -55,22 +56,9 @@ struct RopeSetup {
 /// What to do when frequencies change under cached keys (dynamic NTK).
 enum class RopeChangePolicy { refuse, rerotate };
 
-/// Where position enters the network (design.md's families).
-///  - nope:       nowhere; the causal mask is the only order signal (Kazemnejad et al. 2023)
-///  - learned:    a learned [max_position_embeddings, dim] table added to the token embeddings (GPT-2)
-///  - sinusoidal: Vaswani et al. 2017 §3.5 encodings added to the token embeddings
-///  - t5_bias:    a learned [relative_attention_num_buckets, n_heads] bias on the logits,
-///                causal buckets, shared by all layers (Raffel et al. 2020; HF T5)
-///  - alibi:      -slope_h * (i - j) on the logits (Press et al. 2022)
-///  - rope:       rotates q and k (Su et al. 2021)
-enum class PositionalFamily { nope, learned, sinusoidal, t5_bias, alibi, rope };
-std::string_view to_string(PositionalFamily family);
-/// Parses the names above. Throws ConfigError naming `field` and the value.
-PositionalFamily parse_positional_family(std::string_view text, std::string_view field = "positional.family");
-
 /// The positional encoding of a model (the non-tensor part; tables are weights).
 struct PositionalConfig {
-  PositionalFamily family = PositionalFamily::rope;
+  PositionFamily family = PositionFamily::rope;  ///< mrope is not run by this runtime
   RopeSetup rope;                      ///< family == rope
   double alibi_max_bias = 8.0;         ///< family == alibi: slopes = alibi_slopes(n_heads, max_bias)
   int t5_num_buckets = 32;             ///< family == t5_bias: relative_attention_num_buckets
@@ -107,7 +95,7 @@ class Model {
 
   const ModelConfig& config() const;
   const PositionalConfig& positional() const { return positional_; }
-  PositionalFamily family() const { return positional_.family; }
+  PositionFamily family() const { return positional_.family; }
   /// The RoPE setup (meaningful for family() == rope).
   const RopeSetup& rope() const { return positional_.rope; }
   /// Replaces the RoPE setup. Throws InvalidArgument if the model is not a

@@ -135,7 +135,7 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
 
   PplResult r;
   r.context = L;
-  const bool rope = model.family() == PositionalFamily::rope;
+  const bool rope = model.family() == PositionFamily::rope;
   r.rope_scaling = rope ? model.rope().freqs.rope_type : "default";
   r.factor = rope ? model.rope().params.factor.value_or(1.0) : 1.0;
   r.windows = static_cast<int64_t>(W);
@@ -190,7 +190,7 @@ namespace posenc {
 
 LayoutEvidence detect_rope_layout(const Model& model, std::span<const int32_t> stream, int64_t context,
                                   int64_t max_tokens) {
-  if (model.family() != PositionalFamily::rope)
+  if (model.family() != PositionFamily::rope)
     throw InvalidArgument(fmt::format("detect_rope_layout: the model uses {} positions, not RoPE",
                                       to_string(model.family())));
   LayoutEvidence e;

@@ -42,8 +42,8 @@ Shapes expected_tensors(const ModelConfig& c, const PositionalConfig& pc, int64_
   }
   s.push_back({"norm", {D}});
   if (!c.shared_classifier) s.push_back({"output", {V, D}});
-  if (pc.family == PositionalFamily::learned) s.push_back({"pos_embeddings", {pos_rows, D}});
-  if (pc.family == PositionalFamily::t5_bias)
+  if (pc.family == PositionFamily::learned_absolute) s.push_back({"pos_embeddings", {pos_rows, D}});
+  if (pc.family == PositionFamily::t5_bias)
     s.push_back({"t5_relative_attention_bias", {pc.t5_num_buckets, c.n_heads}});
   return s;
 }
@@ -51,18 +51,18 @@ Shapes expected_tensors(const ModelConfig& c, const PositionalConfig& pc, int64_
 nlohmann::json positional_json(const PositionalConfig& pc) {
   nlohmann::json j{{"family", std::string(to_string(pc.family))}};
   switch (pc.family) {
-    case PositionalFamily::rope:
+    case PositionFamily::rope:
       j["rope_theta"] = pc.rope.params.rope_theta;
       j["rotary_dim"] = pc.rope.freqs.rotary_dim;
       j["layout"] = std::string(to_string(pc.rope.layout));
       j["angle_precision"] = std::string(to_string(pc.rope.precision));
       break;
-    case PositionalFamily::alibi: j["max_bias"] = pc.alibi_max_bias; break;
-    case PositionalFamily::t5_bias:
+    case PositionFamily::alibi: j["max_bias"] = pc.alibi_max_bias; break;
+    case PositionFamily::t5_bias:
       j["relative_attention_num_buckets"] = pc.t5_num_buckets;
       j["relative_attention_max_distance"] = pc.t5_max_distance;
       break;
-    case PositionalFamily::sinusoidal: j["base"] = pc.sinusoidal_base; break;
+    case PositionFamily::sinusoidal: j["base"] = pc.sinusoidal_base; break;
     default: break;
   }
   return j;
@@ -112,6 +112,8 @@ bool is_posenc_checkpoint(const std::filesystem::path& path) {
 }
 
 void save_posenc_checkpoint(const std::filesystem::path& path, const PosencCheckpoint& ck) {
+  if (ck.positional.family == PositionFamily::mrope)
+    throw InvalidArgument("positional.family: mrope models are not supported by the posenc checkpoint format");
   ModelConfig c = ck.config;
   if (c.n_heads <= 0 || c.dim % c.n_heads != 0)
     throw InvalidArgument(fmt::format("config.dim {} must be a positive multiple of n_heads {}", c.dim, c.n_heads));
@@ -220,9 +222,11 @@ RawModel read_posenc(const std::filesystem::path& path) {
 
   const auto& jp = R.at(h, "positional", "positional");
   PositionalConfig& pc = raw.positional;
-  pc.family = parse_positional_family(R.string(jp, "family", "positional.family"), name + ": positional.family");
+  pc.family = parse_position_family(R.string(jp, "family", "positional.family"), name + ": positional.family");
+  if (pc.family == PositionFamily::mrope)
+    throw CheckpointError(fmt::format("{}: header field positional.family: mrope models are not run by this runtime", name));
   switch (pc.family) {
-    case PositionalFamily::rope: {
+    case PositionFamily::rope: {
       RopeParams rp;
       rp.rope_type = "default";
       rp.rope_theta = R.number(jp, "rope_theta", "positional.rope_theta");
@@ -241,15 +245,15 @@ RawModel read_posenc(const std::filesystem::path& path) {
                               : AnglePrecision::float32;
       break;
     }
-    case PositionalFamily::alibi: pc.alibi_max_bias = R.number(jp, "max_bias", "positional.max_bias"); break;
-    case PositionalFamily::t5_bias:
+    case PositionFamily::alibi: pc.alibi_max_bias = R.number(jp, "max_bias", "positional.max_bias"); break;
+    case PositionFamily::t5_bias:
       pc.t5_num_buckets = static_cast<int>(R.integer(jp, "relative_attention_num_buckets",
                                                      "positional.relative_attention_num_buckets", 2, 1 << 16));
       pc.t5_max_distance = static_cast<int>(R.integer(jp, "relative_attention_max_distance",
                                                       "positional.relative_attention_max_distance",
                                                       pc.t5_num_buckets / 2 + 1, 1 << 24));
       break;
-    case PositionalFamily::sinusoidal: pc.sinusoidal_base = R.number(jp, "base", "positional.base"); break;
+    case PositionFamily::sinusoidal: pc.sinusoidal_base = R.number(jp, "base", "positional.base"); break;
     default: break;
   }
 
@@ -296,7 +300,7 @@ RawModel read_posenc(const std::filesystem::path& path) {
     if (!tensors.emplace(tname, std::make_pair(shape, p)).second)
       throw CheckpointError(fmt::format("{}: tensor {} listed twice", name, tname));
   }
-  if (pc.family == PositionalFamily::learned) {
+  if (pc.family == PositionFamily::learned_absolute) {
     auto it = tensors.find("pos_embeddings");
     raw.pos_rows = it != tensors.end() && !it->second.first.empty() ? it->second.first[0] : 0;
   }
@@ -316,8 +320,8 @@ RawModel read_posenc(const std::filesystem::path& path) {
     raw.layers.push_back({get(p + "attention_norm"), get(p + "wq"), get(p + "wk"), get(p + "wv"), get(p + "wo"),
                           get(p + "ffn_norm"), get(p + "w1"), get(p + "w2"), get(p + "w3")});
   }
-  if (pc.family == PositionalFamily::learned) raw.pos_embeddings = get("pos_embeddings");
-  if (pc.family == PositionalFamily::t5_bias) raw.t5_bias = get("t5_relative_attention_bias");
+  if (pc.family == PositionFamily::learned_absolute) raw.pos_embeddings = get("pos_embeddings");
+  if (pc.family == PositionFamily::t5_bias) raw.t5_bias = get("t5_relative_attention_bias");
   return raw;
 }
 

@@ -113,7 +113,7 @@ RawModel read_llama2c(const std::filesystem::path& path) {
   rp.rotary_dim = c.head_dim;
   rp.max_position_embeddings = c.max_position_embeddings;
   rp.original_max_position_embeddings = c.max_position_embeddings;
-  raw.positional.family = PositionalFamily::rope;
+  raw.positional.family = PositionFamily::rope;
   raw.positional.rope.params = rp;
   raw.positional.rope.freqs = compute_rope_frequencies(rp);
   raw.positional.rope.layout = RopeLayout::interleaved;

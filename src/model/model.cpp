@@ -87,7 +87,7 @@ const ModelConfig& Model::config() const { return w_->cfg; }
 void Model::set_rope_change_policy(RopeChangePolicy policy) { policy_ = policy; }
 
 void Model::set_rope(const RopeSetup& rope) {
-  if (positional_.family != PositionalFamily::rope)
+  if (positional_.family != PositionFamily::rope)
     throw InvalidArgument(fmt::format("rope: this model's positional family is {}, not rope",
                                       to_string(positional_.family)));
   rope.freqs.validate();
@@ -95,26 +95,6 @@ void Model::set_rope(const RopeSetup& rope) {
     throw InvalidArgument(fmt::format("head_dim: RoPE frequencies are for head_dim {}, the model has {}",
                                       rope.freqs.head_dim, w_->cfg.head_dim));
   positional_.rope = rope;
-}
-
-std::string_view to_string(PositionalFamily family) {
-  switch (family) {
-    case PositionalFamily::nope: return "nope";
-    case PositionalFamily::learned: return "learned";
-    case PositionalFamily::sinusoidal: return "sinusoidal";
-    case PositionalFamily::t5_bias: return "t5_bias";
-    case PositionalFamily::alibi: return "alibi";
-    case PositionalFamily::rope: return "rope";
-  }
-  return "?";
-}
-
-PositionalFamily parse_positional_family(std::string_view text, std::string_view field) {
-  for (auto f : {PositionalFamily::nope, PositionalFamily::learned, PositionalFamily::sinusoidal,
-                 PositionalFamily::t5_bias, PositionalFamily::alibi, PositionalFamily::rope})
-    if (to_string(f) == text) return f;
-  throw ConfigError(fmt::format(
-      "{}: unknown positional family '{}' (known: nope, learned, sinusoidal, t5_bias, alibi, rope)", field, text));
 }
 
 Model Model::build(detail::RawModel raw) {
@@ -143,7 +123,7 @@ Model Model::build(detail::RawModel raw) {
   w->pos_table = raw.pos_embeddings;
   w->pos_rows = raw.pos_rows;
   w->t5_table = raw.t5_bias;
-  if (raw.positional.family == PositionalFamily::alibi)
+  if (raw.positional.family == PositionFamily::alibi)
     w->alibi_slopes = alibi_slopes(c.n_heads, raw.positional.alibi_max_bias);
   w->symbols = std::move(raw.symbols);
   w->metadata_json = std::move(raw.metadata_json);
@@ -190,8 +170,8 @@ PosencCheckpoint Model::to_checkpoint() const {
   }
   add("norm", {D}, w.rms_final);
   if (!c.shared_classifier) add("output", {V, D}, w.raw_output);
-  if (positional_.family == PositionalFamily::learned) add("pos_embeddings", {w.pos_rows, D}, w.pos_table);
-  if (positional_.family == PositionalFamily::t5_bias)
+  if (positional_.family == PositionFamily::learned_absolute) add("pos_embeddings", {w.pos_rows, D}, w.pos_table);
+  if (positional_.family == PositionFamily::t5_bias)
     add("t5_relative_attention_bias", {positional_.t5_num_buckets, c.n_heads}, w.t5_table);
   return ck;
 }
@@ -252,8 +232,8 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     }
   }
 
-  const PositionalFamily family = positional_.family;
-  if (family == PositionalFamily::learned)
+  const PositionFamily family = positional_.family;
+  if (family == PositionFamily::learned_absolute)
     for (int64_t p : pos)
       if (p >= m.pos_rows)
         throw PositionError(fmt::format(
@@ -261,7 +241,7 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
             m.pos_rows));
 
   // ---- per-sequence RoPE state (dynamic methods recompute for the length) ----
-  const bool rope = family == PositionalFamily::rope;
+  const bool rope = family == PositionFamily::rope;
   std::vector<KvCache::RopeState> states(rope ? B : 0);
   if (rope) {
     const bool dynamic = find_rope_scaling(positional_.rope.params.rope_type).depends_on_seq_len &&
@@ -272,7 +252,12 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
         int64_t maxp = 0;
         for (int64_t i = offset[b]; i < offset[b + 1]; ++i) maxp = std::max(maxp, pos[static_cast<std::size_t>(i)]);
         maxp = std::max(maxp, cache.next_position(batch[b].seq) - 1);
-        states[b].freqs = compute_rope_frequencies(positional_.rope.params, maxp + 1);
+        // HF's forward path (dynamic_rope_update) forms dynamic NTK's base' in
+        // float32 from the integer length tensor.
+        states[b].freqs = positional_.rope.params.rope_type == "dynamic"
+                              ? dynamic_ntk_frequencies(positional_.rope.params, maxp + 1,
+                                                        DynamicNtkArithmetic::tensor_float32)
+                              : compute_rope_frequencies(positional_.rope.params, maxp + 1);
       }
     }
     // Refusals happen here, before anything is appended to any sequence.
@@ -317,10 +302,10 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
       std::memcpy(s.x.data() + r * D, m.token_embedding + static_cast<int64_t>(batch[b].tokens[i]) * D,
                   sizeof(float) * static_cast<std::size_t>(D));
     }
-  if (family == PositionalFamily::learned)
+  if (family == PositionFamily::learned_absolute)
     add_absolute_position_encoding(AbsolutePositionEncoding::table, std::span(s.x.data(), sz * D), D, pos,
                                    std::span(m.pos_table, static_cast<std::size_t>(m.pos_rows) * D), m.pos_rows);
-  if (family == PositionalFamily::sinusoidal)
+  if (family == PositionFamily::sinusoidal)
     add_sinusoidal_encoding(std::span(s.x.data(), sz * D), D, pos, SinusoidalLayout::interleaved,
                             positional_.sinusoidal_base);
 
@@ -330,10 +315,10 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   spec.head_dim = c.head_dim;
   spec.mask = sliding_window_ > 0 ? MaskKind::sliding_window : MaskKind::causal;
   spec.sliding_window = sliding_window_;
-  if (family == PositionalFamily::alibi) {
+  if (family == PositionFamily::alibi) {
     spec.bias = LogitBias::alibi;
     spec.alibi_slopes = m.alibi_slopes;
-  } else if (family == PositionalFamily::t5_bias) {
+  } else if (family == PositionFamily::t5_bias) {
     spec.bias = LogitBias::t5;
     spec.t5.table = std::span(m.t5_table, static_cast<std::size_t>(positional_.t5_num_buckets) * c.n_heads);
     spec.t5.num_buckets = positional_.t5_num_buckets;

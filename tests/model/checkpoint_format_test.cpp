@@ -16,7 +16,7 @@ using posenc::test::TempDir;
 
 namespace {
 
-PosencCheckpoint random_checkpoint(PositionalFamily family, uint32_t seed = 7) {
+PosencCheckpoint random_checkpoint(PositionFamily family, uint32_t seed = 7) {
   PosencCheckpoint ck;
   ModelConfig& c = ck.config;
   c.dim = 32;
@@ -29,7 +29,7 @@ PosencCheckpoint random_checkpoint(PositionalFamily family, uint32_t seed = 7) {
   c.shared_classifier = false;
   c.head_dim = 8;
   ck.positional.family = family;
-  if (family == PositionalFamily::rope) {
+  if (family == PositionFamily::rope) {
     RopeParams p;
     p.head_dim = 8;
     p.rotary_dim = 4;  // partial rotary, as "rope25"-style models use
@@ -63,8 +63,8 @@ PosencCheckpoint random_checkpoint(PositionalFamily family, uint32_t seed = 7) {
   }
   t("norm", {32}, true);
   t("output", {16, 32});
-  if (family == PositionalFamily::learned) t("pos_embeddings", {64, 32});
-  if (family == PositionalFamily::t5_bias) t("t5_relative_attention_bias", {16, 4});
+  if (family == PositionFamily::learned_absolute) t("pos_embeddings", {64, 32});
+  if (family == PositionFamily::t5_bias) t("t5_relative_attention_bias", {16, 4});
   ck.symbols = {"<pad>", "<bos>", "<eos>", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "=", "|"};
   ck.metadata_json = R"({"task": "unit-test"})";
   return ck;
@@ -98,7 +98,7 @@ TEST(PosencCheckpoint, Stories260KRoundTripsBitExactly) {
   EXPECT_TRUE(is_posenc_checkpoint(d.path() / "s.posenc"));
   EXPECT_FALSE(is_posenc_checkpoint(posenc::test::model_path()));
   const Model b = Model::load(d.path() / "s.posenc");
-  EXPECT_EQ(b.family(), PositionalFamily::rope);
+  EXPECT_EQ(b.family(), PositionFamily::rope);
   EXPECT_EQ(b.rope().layout, RopeLayout::interleaved);
   EXPECT_EQ(b.rope().freqs, a.rope().freqs);
   const std::vector<int32_t> toks{1, 403, 407, 261, 378, 290, 300, 310};
@@ -109,8 +109,8 @@ TEST(PosencCheckpoint, Stories260KRoundTripsBitExactly) {
 // prefill; relative encodings ignore a uniform shift, absolute ones do not.
 TEST(PosencCheckpoint, EveryFamilyLoadsAndRuns) {
   TempDir d;
-  for (auto family : {PositionalFamily::nope, PositionalFamily::learned, PositionalFamily::sinusoidal,
-                      PositionalFamily::t5_bias, PositionalFamily::alibi, PositionalFamily::rope}) {
+  for (auto family : {PositionFamily::nope, PositionFamily::learned_absolute, PositionFamily::sinusoidal,
+                      PositionFamily::t5_bias, PositionFamily::alibi, PositionFamily::rope}) {
     SCOPED_TRACE(std::string(to_string(family)));
     const auto path = d.path() / (std::string(to_string(family)) + ".posenc");
     save_posenc_checkpoint(path, random_checkpoint(family));
@@ -129,8 +129,8 @@ TEST(PosencCheckpoint, EveryFamilyLoadsAndRuns) {
     }
     EXPECT_LT(max_abs_diff(full, inc), 1e-5f);
     const float shifted = max_abs_diff(logits_at(m, kToks, 0), logits_at(m, kToks, 30));
-    const bool relative = family == PositionalFamily::nope || family == PositionalFamily::t5_bias ||
-                          family == PositionalFamily::alibi || family == PositionalFamily::rope;
+    const bool relative = family == PositionFamily::nope || family == PositionFamily::t5_bias ||
+                          family == PositionFamily::alibi || family == PositionFamily::rope;
     if (relative)
       EXPECT_LT(shifted, 1e-4f);
     else
@@ -140,7 +140,7 @@ TEST(PosencCheckpoint, EveryFamilyLoadsAndRuns) {
 
 TEST(PosencCheckpoint, LearnedTableRefusesPositionsPastIt) {
   TempDir d;
-  save_posenc_checkpoint(d.path() / "l.posenc", random_checkpoint(PositionalFamily::learned));
+  save_posenc_checkpoint(d.path() / "l.posenc", random_checkpoint(PositionFamily::learned_absolute));
   const Model m = Model::load(d.path() / "l.posenc");
   KvCache cache = m.make_cache(4);
   const auto seq = cache.create();
@@ -160,7 +160,7 @@ TEST(PosencCheckpoint, LearnedTableRefusesPositionsPastIt) {
 TEST(PosencCheckpoint, CorruptFilesNameTheProblem) {
   TempDir d;
   const auto good_path = d.path() / "good.posenc";
-  save_posenc_checkpoint(good_path, random_checkpoint(PositionalFamily::alibi));
+  save_posenc_checkpoint(good_path, random_checkpoint(PositionFamily::alibi));
   const std::string good = posenc::test::slurp(good_path);
   uint64_t hl;
   std::memcpy(&hl, good.data() + 8, 8);

@@ -95,7 +95,9 @@ TEST(Consistency, DynamicNtkRefusesOrReRotates) {
     } else {
       m.forward(cache, std::span(&in, 1), Model::LogitsMode::last, logits);
       EXPECT_EQ(cache.size(seq), 513);
-      EXPECT_EQ(cache.rope_state(seq)->freqs, compute_rope_frequencies(r.params, 513));
+      EXPECT_EQ(cache.rope_state(seq)->freqs,
+                dynamic_ntk_frequencies(r.params, 513, DynamicNtkArithmetic::tensor_float32));
+      EXPECT_NE(cache.rope_state(seq)->freqs.inv_freq, compute_rope_frequencies(r.params, 512).inv_freq);
     }
   }
 }

@@ -12,6 +12,9 @@ void add_ppl_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_detect_layout_command(CLI::App& app);
 void add_check_cache_command(CLI::App& app);
+void add_inspect_command(CLI::App& app);
+void add_periods_command(CLI::App& app);
+void add_decay_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_study_command(CLI::App& app);
 

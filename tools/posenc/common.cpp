@@ -33,7 +33,7 @@ LoadedModel load_model(const ModelArgs& args) {
                                      args.tokenizer_path, tok.vocab_size(), model.config().vocab_size,
                                      args.model_path));
   const AnglePrecision precision = parse_angle_precision(args.angle_precision, "--angle-precision");
-  if (model.family() == PositionalFamily::rope) {
+  if (model.family() == PositionFamily::rope) {
     RopeSetup r = model.rope();
     if (!args.rope_layout.empty()) r.layout = parse_rope_layout(args.rope_layout, "--rope-layout");
     r.precision = precision;
@@ -86,7 +86,7 @@ std::string describe(const Model& model) {
   std::string arch = fmt::format("dim {}, {} layers, {} heads / {} KV heads, head_dim {}, vocab {}, trained context {}",
                                  c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size,
                                  c.max_position_embeddings);
-  if (model.family() != PositionalFamily::rope)
+  if (model.family() != PositionFamily::rope)
     return fmt::format("{}; positional family {}", arch, to_string(model.family()));
   const auto& r = model.rope();
   return fmt::format("{}; RoPE rope_theta {:g}, rotary_dim {}, layout {}, angle_precision {}", arch,

@@ -15,6 +15,9 @@ int main(int argc, char** argv) {
   posenc::cli::add_generate_command(app);
   posenc::cli::add_detect_layout_command(app);
   posenc::cli::add_check_cache_command(app);
+  posenc::cli::add_inspect_command(app);
+  posenc::cli::add_periods_command(app);
+  posenc::cli::add_decay_command(app);
   posenc::cli::add_train_command(app);
   posenc::cli::add_study_command(app);
   try {

@@ -50,7 +50,7 @@ void run_ppl(const PplArgs& a) {
   for (int64_t L : contexts)
     for (const auto& s : scalings) {
       Model m = model;
-      if (model.family() == PositionalFamily::rope)
+      if (model.family() == PositionFamily::rope)
         m.set_rope(rope_setup_for_context(model.rope(), trained, s, L, a.rope_factor));
       else if (s != "default")
         throw ConfigError(fmt::format("--rope-scaling: {} uses {} positions; RoPE scalings do not apply (got {})",
@@ -80,7 +80,7 @@ void run_ppl(const PplArgs& a) {
                                  "ppl", "nll", "tokens");
   for (const auto& [s, e] : columns) head += fmt::format(" {:>12}", fmt::format("[{},{})", s, e));
   fmt::print("mean NLL (nats/token) per position bucket{}\n{}\n",
-             model.family() == PositionalFamily::rope
+             model.family() == PositionFamily::rope
                  ? fmt::format("; angle_precision {}", to_string(model.rope().precision))
                  : fmt::format("; positional family {}", to_string(model.family())),
              head);
@@ -101,7 +101,7 @@ void run_ppl(const PplArgs& a) {
     j["text"] = a.text_path;
     j["tokens_total"] = stream.size();
     j["positional_family"] = std::string(to_string(model.family()));
-    if (model.family() == PositionalFamily::rope) {
+    if (model.family() == PositionFamily::rope) {
       j["rope_layout"] = std::string(to_string(model.rope().layout));
       j["angle_precision"] = std::string(to_string(model.rope().precision));
     }

@@ -1,0 +1,886 @@
+#include "posenc/config.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include "config/architectures.hpp"
+#include "posenc/error.hpp"
+#include "posenc/io.hpp"
+
+namespace posenc {
+
+using json = nlohmann::json;
+
+std::string_view to_string(AlibiConvention convention) {
+  return convention == AlibiConvention::bloom ? "bloom" : "mpt";
+}
+
+MaskKind SlidingWindowSpec::layer_mask(int layer) const {
+  if (!active) return MaskKind::causal;
+  if (layer_is_sliding.empty()) return MaskKind::sliding_window;
+  if (layer < 0 || static_cast<std::size_t>(layer) >= layer_is_sliding.size())
+    throw InvalidArgument(fmt::format("layer: must be in [0, {}) (got {})",
+                                      layer_is_sliding.size(), layer));
+  return layer_is_sliding[static_cast<std::size_t>(layer)] ? MaskKind::sliding_window
+                                                            : MaskKind::causal;
+}
+
+std::string layout_name(const PositionalSpec& spec) {
+  if (!spec.layout) return "unknown";
+  if (spec.rope_output_half_order) return "interleaved_in_half_out";
+  return std::string(to_string(*spec.layout));
+}
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Typed reads of JSON values; every failure names the field path and value.
+
+class Reader {
+ public:
+  Reader(std::string source, const ConfigOptions& options)
+      : source_(std::move(source)), options_(options) {}
+
+  const ConfigOptions& options() const { return options_; }
+
+  [[noreturn]] void fail(std::string_view field, std::string_view reason) const {
+    throw ConfigError(fmt::format("{}: {}: {}", source_, field, reason));
+  }
+  [[noreturn]] void fail(std::string_view field, std::string_view reason, const json& value) const {
+    throw ConfigError(fmt::format("{}: {}: {} (got {})", source_, field, reason, show(value)));
+  }
+  template <class V>
+  [[noreturn]] void fail_value(std::string_view field, std::string_view reason, const V& value) const {
+    throw ConfigError(fmt::format("{}: {}: {} (got {})", source_, field, reason, value));
+  }
+
+  static std::string show(const json& v) {
+    std::string s = v.dump();
+    if (s.size() > 80) s = s.substr(0, 77) + "...";
+    return s;
+  }
+
+  static std::string path(std::string_view parent, std::string_view key) {
+    return parent.empty() ? std::string(key) : fmt::format("{}.{}", parent, key);
+  }
+
+  double number(const json& v, std::string_view field) const {
+    if (!v.is_number()) fail(field, "must be a number", v);
+    const double d = v.get<double>();
+    if (!std::isfinite(d)) fail(field, "must be finite", v);
+    return d;
+  }
+
+  double positive(const json& v, std::string_view field) const {
+    const double d = number(v, field);
+    if (!(d > 0)) fail(field, "must be finite and > 0", v);
+    return d;
+  }
+
+  int64_t integer(const json& v, std::string_view field) const {
+    if (v.is_number_integer()) return v.get<int64_t>();
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15)
+        return static_cast<int64_t>(d);
+      fail(field, "must be an integer", v);
+    }
+    fail(field, "must be an integer", v);
+  }
+
+  int positive_int(const json& v, std::string_view field) const {
+    const int64_t i = integer(v, field);
+    if (i <= 0 || i > 1'000'000'000) fail(field, "must be a positive integer", v);
+    return static_cast<int>(i);
+  }
+
+  int64_t positive_int64(const json& v, std::string_view field) const {
+    const int64_t i = integer(v, field);
+    if (i <= 0) fail(field, "must be a positive integer", v);
+    return i;
+  }
+
+  bool boolean(const json& v, std::string_view field) const {
+    if (!v.is_boolean()) fail(field, "must be true or false", v);
+    return v.get<bool>();
+  }
+
+  std::string string(const json& v, std::string_view field) const {
+    if (!v.is_string()) fail(field, "must be a string", v);
+    return v.get<std::string>();
+  }
+
+  std::vector<double> positive_list(const json& v, std::string_view field) const {
+    if (!v.is_array()) fail(field, "must be a list of numbers", v);
+    std::vector<double> out;
+    out.reserve(v.size());
+    for (std::size_t i = 0; i < v.size(); ++i)
+      out.push_back(positive(v[i], fmt::format("{}[{}]", field, i)));
+    return out;
+  }
+
+ private:
+  std::string source_;
+  ConfigOptions options_;
+};
+
+/// obj[key] when present and not null, else nullptr.
+const json* get(const json& obj, std::string_view key) {
+  if (!obj.is_object()) return nullptr;
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+/// The first of `keys` present (not null) in obj; its name goes to *which.
+const json* get_any(const json& obj, std::initializer_list<std::string_view> keys,
+                    std::string* which = nullptr) {
+  for (auto k : keys)
+    if (const json* v = get(obj, k)) {
+      if (which) *which = std::string(k);
+      return v;
+    }
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------
+// RoPE scaling dictionaries.
+
+struct TypeKeys {
+  std::string_view rope_type;
+  std::vector<std::string_view> allowed;   // besides rope_type/type
+  std::vector<std::string_view> required;  // must be present in the dict
+};
+
+// Parameters Hugging Face reads for each rope_type (modeling_rope_utils.py,
+// _validate_*_rope_parameters), plus posenc's static "ntk".
+const std::vector<TypeKeys>& type_keys() {
+  static const std::vector<TypeKeys> table{
+      {"default", {}, {}},
+      {"linear", {"factor"}, {"factor"}},
+      {"dynamic", {"factor", "original_max_position_embeddings"}, {"factor"}},
+      {"ntk", {"factor"}, {"factor"}},
+      {"yarn",
+       {"factor", "original_max_position_embeddings", "attention_factor", "beta_fast",
+        "beta_slow", "mscale", "mscale_all_dim", "truncate"},
+       {}},
+      {"longrope",
+       {"short_factor", "long_factor", "factor", "original_max_position_embeddings",
+        "attention_factor"},
+       {"short_factor", "long_factor"}},
+      {"llama3",
+       {"factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"},
+       {"factor", "low_freq_factor", "high_freq_factor"}},
+      {"proportional", {"partial_rotary_factor", "factor"}, {}},
+  };
+  return table;
+}
+
+const TypeKeys* find_type_keys(std::string_view rope_type) {
+  for (const auto& t : type_keys())
+    if (t.rope_type == rope_type) return &t;
+  return nullptr;
+}
+
+bool is_registered(std::string_view rope_type) {
+  for (const auto& m : rope_scalings())
+    if (m.name == rope_type) return true;
+  return false;
+}
+
+/// Registry names first, then the names this parser can read that are not
+/// (yet) registered.
+std::string known_rope_types() {
+  std::vector<std::string> names;
+  for (const auto& m : rope_scalings()) names.emplace_back(m.name);
+  for (const auto& t : type_keys())
+    if (std::find(names.begin(), names.end(), t.rope_type) == names.end())
+      names.emplace_back(t.rope_type);
+  return fmt::format("{}", fmt::join(names, ", "));
+}
+
+struct ScalingDict {
+  const json* dict = nullptr;  // the rope_scaling / rope_parameters object, or nullptr
+  std::string name;            // "rope_scaling" or "rope_parameters"
+};
+
+ScalingDict find_scaling_dict(const Reader& r, const json& cfg) {
+  const json* scaling = get(cfg, "rope_scaling");
+  const json* params = get(cfg, "rope_parameters");
+  if (scaling && !scaling->is_object()) r.fail("rope_scaling", "must be an object or null", *scaling);
+  if (params && !params->is_object())
+    r.fail("rope_parameters", "must be an object or null", *params);
+  if (params) {
+    // transformers v5 allows one dict per layer type ({"full_attention": {...},
+    // "sliding_attention": {...}}); a PositionalSpec holds one RoPE.
+    for (auto it = params->begin(); it != params->end(); ++it)
+      if (it->is_object())
+        r.fail(Reader::path("rope_parameters", it.key()),
+               "per-layer-type RoPE parameters are not supported (one RoPE per model)", *it);
+  }
+  if (scaling && params && *scaling != *params) {
+    // Both present: v5 re-saves keep them equal; a difference is ambiguous.
+    // Compare the scaling keys only (rope_parameters also carries rope_theta).
+    for (auto it = scaling->begin(); it != scaling->end(); ++it) {
+      auto p = params->find(it.key());
+      if (p == params->end() || *p != *it)
+        r.fail(Reader::path("rope_scaling", it.key()),
+               fmt::format("disagrees with rope_parameters.{} ({})", it.key(),
+                           p == params->end() ? std::string("absent") : Reader::show(*p)),
+               *it);
+    }
+  }
+  if (params) return {params, "rope_parameters"};
+  if (scaling) return {scaling, "rope_scaling"};
+  return {};
+}
+
+/// rope_type from a scaling dict ("rope_type" or legacy "type").
+std::string read_rope_type(const Reader& r, const ScalingDict& sd) {
+  const json* rt = get(*sd.dict, "rope_type");
+  const json* ty = get(*sd.dict, "type");
+  if (rt && ty && *rt != *ty)
+    r.fail(Reader::path(sd.name, "type"),
+           fmt::format("disagrees with {}.rope_type {}", sd.name, Reader::show(*rt)), *ty);
+  if (!rt && !ty) {
+    if (sd.name == "rope_parameters") return "default";
+    r.fail(Reader::path(sd.name, "rope_type"),
+           "required field missing (the legacy key 'type' is accepted too)");
+  }
+  const bool legacy = !rt;
+  return r.string(legacy ? *ty : *rt, Reader::path(sd.name, legacy ? "type" : "rope_type"));
+}
+
+// ---------------------------------------------------------------------------
+
+class Parser {
+ public:
+  Parser(const json& cfg, std::string source, const ConfigOptions& options)
+      : cfg_(cfg), r_(source, options) {
+    spec_.source = std::move(source);
+  }
+
+  PositionalSpec run() {
+    if (!cfg_.is_object()) r_.fail("<top level>", "a config must be a JSON object", cfg_);
+    if (const json* mt = get(cfg_, "model_type")) spec_.model_type = r_.string(*mt, "model_type");
+    if (const json* archs = get(cfg_, "architectures")) {
+      if (!archs->is_array()) r_.fail("architectures", "must be a list of class names", *archs);
+      if (!archs->empty()) spec_.architecture = r_.string((*archs)[0], "architectures[0]");
+    }
+    read_common();
+    arch_ = detail::find_architecture(spec_.model_type, spec_.architecture);
+    if (arch_ != nullptr) {
+      if (spec_.model_type.empty() || spec_.model_type != arch_->model_type)
+        note(fmt::format("rules of model_type '{}', matched from architectures[0] '{}' "
+                         "(model_type '{}' is not in posenc's table)",
+                         arch_->model_type, spec_.architecture, spec_.model_type));
+      from_architecture();
+    } else {
+      from_fields_only();
+    }
+    read_sliding_window();
+    return std::move(spec_);
+  }
+
+ private:
+  void note(std::string text) { spec_.notes.push_back(std::move(text)); }
+
+  // heads / hidden size / layers / max positions under their various names.
+  void read_common() {
+    std::string which;
+    if (const json* v = get_any(cfg_, {"num_attention_heads", "n_head", "n_heads", "num_heads",
+                                       "encoder_attention_heads"},
+                                &which))
+      spec_.num_attention_heads = r_.positive_int(*v, which);
+    if (const json* v = get_any(cfg_, {"hidden_size", "n_embd", "d_model", "dim"}, &which))
+      spec_.hidden_size = r_.positive_int(*v, which);
+    if (const json* v =
+            get_any(cfg_, {"num_hidden_layers", "n_layer", "n_layers", "num_layers"}, &which))
+      spec_.num_hidden_layers = r_.positive_int(*v, which);
+    if (const json* v = get_any(cfg_, {"max_position_embeddings", "n_positions", "max_seq_len"},
+                                &which))
+      spec_.max_position_embeddings = r_.positive_int64(*v, which);
+    spec_.num_key_value_heads = spec_.num_attention_heads;
+    if (const json* v = get_any(cfg_, {"num_key_value_heads", "num_kv_heads", "n_head_kv"}, &which))
+      spec_.num_key_value_heads = r_.positive_int(*v, which);
+  }
+
+  void require_heads() {
+    if (spec_.num_attention_heads <= 0)
+      r_.fail("num_attention_heads",
+              "required field missing (also read as n_head, n_heads, num_heads)");
+    if (spec_.num_key_value_heads <= 0 ||
+        spec_.num_attention_heads % spec_.num_key_value_heads != 0)
+      r_.fail_value("num_key_value_heads",
+                    fmt::format("must divide num_attention_heads {}", spec_.num_attention_heads),
+                    spec_.num_key_value_heads);
+  }
+
+  void from_architecture() {
+    using detail::ArchKind;
+    const auto& a = *arch_;
+    spec_.position_offset = a.position_offset;
+    switch (a.kind) {
+      case ArchKind::rope:
+      case ArchKind::rope_deepseek:
+      case ArchKind::mrope:
+        read_rope();
+        break;
+      case ArchKind::falcon: {
+        const json* alibi = get(cfg_, "alibi");
+        if (alibi && r_.boolean(*alibi, "alibi")) {
+          read_alibi(AlibiSpec{AlibiConvention::bloom, 8.0},
+                     "alibi: true → ALiBi, BLOOM slope convention, max_bias 8");
+        } else {
+          if (!spec_.max_position_embeddings) {
+            spec_.max_position_embeddings = 2048;
+            note("max_position_embeddings absent: FalconConfig default 2048");
+          }
+          read_rope();
+        }
+        // FalconAttention: num_kv_heads = config.num_kv_heads with the new
+        // decoder architecture, else 1 if multi_query else num_attention_heads.
+        const json* nda = get(cfg_, "new_decoder_architecture");
+        const json* mq = get(cfg_, "multi_query");
+        if (!(nda && r_.boolean(*nda, "new_decoder_architecture")) && mq &&
+            r_.boolean(*mq, "multi_query")) {
+          spec_.num_key_value_heads = 1;
+          note("multi_query: true → num_key_value_heads 1");
+        }
+        break;
+      }
+      case ArchKind::alibi_bloom:
+        read_alibi(AlibiSpec{AlibiConvention::bloom, 8.0}, "BLOOM: ALiBi, max_bias 8");
+        break;
+      case ArchKind::mpt: read_mpt(); break;
+      case ArchKind::t5: read_t5(); break;
+      case ArchKind::learned: read_learned(); break;
+      case ArchKind::bert_like: {
+        if (const json* pet = get(cfg_, "position_embedding_type")) {
+          const std::string t = r_.string(*pet, "position_embedding_type");
+          if (t != "absolute")
+            r_.fail("position_embedding_type",
+                    "only 'absolute' (a learned table) is supported", *pet);
+        }
+        read_learned();
+        break;
+      }
+      case ArchKind::sinusoidal: read_sinusoidal(*a.sinusoidal); break;
+      case ArchKind::maybe_sinusoidal: {
+        const json* flag = get_any(cfg_, {"sinusoidal_pos_embds", "sinusoidal_embeddings"});
+        if (flag && r_.boolean(*flag, a.model_type == "xlm" ? "sinusoidal_embeddings"
+                                                             : "sinusoidal_pos_embds"))
+          read_sinusoidal(*a.sinusoidal);
+        else
+          read_learned();
+        break;
+      }
+    }
+  }
+
+  void from_fields_only() {
+    const std::string who = fmt::format("model_type '{}' (architectures[0] '{}')",
+                                        spec_.model_type, spec_.architecture);
+    if (get_any(cfg_, {"rope_theta", "rope_scaling", "rope_parameters", "rotary_emb_base",
+                       "rotary_pct", "partial_rotary_factor", "rotary_dim"})) {
+      note(fmt::format("unknown {}: RoPE read from its rope fields; layout not implied "
+                       "(posenc does not guess it)",
+                       who));
+      read_rope();
+      return;
+    }
+    if (const json* alibi = get(cfg_, "alibi"); alibi && r_.boolean(*alibi, "alibi")) {
+      read_alibi(AlibiSpec{AlibiConvention::bloom, 8.0},
+                 fmt::format("unknown {}: alibi: true, BLOOM slope convention assumed", who));
+      return;
+    }
+    if (get(cfg_, "relative_attention_num_buckets")) {
+      note(fmt::format("unknown {}: T5 buckets read from relative_attention_*", who));
+      read_t5();
+      return;
+    }
+    if (const json* pet = get(cfg_, "position_embedding_type")) {
+      if (r_.string(*pet, "position_embedding_type") == "absolute") {
+        note(fmt::format("unknown {}: position_embedding_type absolute → learned table", who));
+        read_learned();
+        return;
+      }
+      r_.fail("position_embedding_type", "only 'absolute' (a learned table) is supported", *pet);
+    }
+    r_.fail("model_type",
+            fmt::format("unknown architecture (architectures[0] '{}') and no positional field "
+                        "(rope_theta, rope_scaling, rope_parameters, rotary_emb_base, alibi, "
+                        "relative_attention_num_buckets, position_embedding_type)",
+                        spec_.architecture),
+            json(spec_.model_type));
+  }
+
+  // ---- RoPE ---------------------------------------------------------------
+
+  void read_rope() {
+    require_heads();
+    RopeParams p;
+    const bool deepseek = arch_ && arch_->kind == detail::ArchKind::rope_deepseek;
+    spec_.family = (arch_ && arch_->kind == detail::ArchKind::mrope) ? PositionFamily::mrope
+                                                                     : PositionFamily::rope;
+    const ScalingDict sd = find_scaling_dict(r_, cfg_);
+
+    // head_dim
+    if (deepseek) {
+      const json* v = get(cfg_, "qk_rope_head_dim");
+      if (!v) r_.fail("qk_rope_head_dim", "required field missing for DeepSeek MLA");
+      p.head_dim = r_.positive_int(*v, "qk_rope_head_dim");
+      if (const json* nope = get(cfg_, "qk_nope_head_dim"))
+        spec_.qk_head_dim = p.head_dim + r_.positive_int(*nope, "qk_nope_head_dim");
+      note(fmt::format("head_dim {}: qk_rope_head_dim, the rotary part of DeepSeek's MLA heads",
+                       p.head_dim));
+    } else if (const json* hd = get(cfg_, "head_dim")) {
+      p.head_dim = r_.positive_int(*hd, "head_dim");
+      if (spec_.hidden_size > 0 && spec_.hidden_size != p.head_dim * spec_.num_attention_heads)
+        note(fmt::format("head_dim {} explicit (hidden_size/num_attention_heads = {}/{} would "
+                         "give {})",
+                         p.head_dim, spec_.hidden_size, spec_.num_attention_heads,
+                         static_cast<double>(spec_.hidden_size) / spec_.num_attention_heads));
+    } else {
+      if (spec_.hidden_size <= 0)
+        r_.fail("hidden_size",
+                "required field missing (needed for head_dim = hidden_size / num_attention_heads; "
+                "also read as n_embd, d_model)");
+      if (spec_.hidden_size % spec_.num_attention_heads != 0)
+        r_.fail_value("hidden_size",
+                      fmt::format("not divisible by num_attention_heads {} and no head_dim given",
+                                  spec_.num_attention_heads),
+                      spec_.hidden_size);
+      p.head_dim = spec_.hidden_size / spec_.num_attention_heads;
+    }
+
+    // rope_theta
+    const json* theta_top = get(cfg_, "rope_theta");
+    const json* theta_in = sd.dict ? get(*sd.dict, "rope_theta") : nullptr;
+    if (theta_in && theta_top &&
+        r_.number(*theta_in, sd.name + ".rope_theta") != r_.number(*theta_top, "rope_theta"))
+      r_.fail(sd.name + ".rope_theta",
+              fmt::format("disagrees with top-level rope_theta {}", Reader::show(*theta_top)),
+              *theta_in);
+    if (theta_in) {
+      p.rope_theta = r_.positive(*theta_in, sd.name + ".rope_theta");
+    } else if (theta_top) {
+      p.rope_theta = r_.positive(*theta_top, "rope_theta");
+    } else if (const json* base = get(cfg_, "rotary_emb_base")) {
+      p.rope_theta = r_.positive(*base, "rotary_emb_base");
+    } else {
+      p.rope_theta = 10000.0;
+      note("rope_theta absent: default 10000 (the default of Hugging Face's RoPE configs)");
+    }
+
+    // rotary_dim. Proportional RoPE (Gemma 4) always spans head_dim and reads
+    // partial_rotary_factor as the share of non-zero frequencies instead.
+    const bool proportional = sd.dict && read_rope_type(r_, sd) == "proportional";
+    const json* prf_in = sd.dict ? get(*sd.dict, "partial_rotary_factor") : nullptr;
+    std::string which;
+    if (const json* rd = get(cfg_, "rotary_dim")) {
+      p.rotary_dim = r_.positive_int(*rd, "rotary_dim");
+    } else if (const json* f = prf_in ? prf_in
+                                      : get_any(cfg_, {"partial_rotary_factor", "rotary_pct"},
+                                                &which)) {
+      const std::string field = prf_in ? sd.name + ".partial_rotary_factor" : which;
+      const double frac = r_.number(*f, field);
+      if (!(frac > 0 && frac <= 1)) r_.fail(field, "must be in (0, 1]", *f);
+      if (proportional) {
+        p.partial_rotary_factor = frac;
+        p.rotary_dim = p.head_dim;
+      } else {
+        p.rotary_dim = static_cast<int>(p.head_dim * frac);  // Python int(): truncation
+        if (p.rotary_dim < 2 || p.rotary_dim % 2 != 0)
+          r_.fail_value(field,
+                        fmt::format("int(head_dim {} × {}) = {} is not an even number >= 2",
+                                    p.head_dim, frac, p.rotary_dim),
+                        frac);
+      }
+    } else {
+      p.rotary_dim = p.head_dim;
+    }
+    if (p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim)
+      r_.fail_value("rotary_dim", fmt::format("must be even and <= head_dim {}", p.head_dim),
+                    p.rotary_dim);
+
+    p.max_position_embeddings = spec_.max_position_embeddings;
+    if (const json* o = get(cfg_, "original_max_position_embeddings"))
+      p.original_max_position_embeddings =
+          r_.positive_int64(*o, "original_max_position_embeddings");
+
+    p.rope_type = "default";
+    if (sd.dict) read_scaling(sd, p);
+    if (p.rope_type == "default" && !get(cfg_, "rotary_dim") && p.rotary_dim != p.head_dim &&
+        arch_ && arch_->model_type == "llama") {
+      // HF LlamaRotaryEmbedding.compute_default_rope_parameters ignores
+      // partial_rotary_factor (golden case default_llama_ignores_partial_rotary_factor).
+      note(fmt::format("partial_rotary_factor ignored: Llama's default RoPE rotates all {} "
+                       "channels",
+                       p.head_dim));
+      p.rotary_dim = p.head_dim;
+    }
+    if (spec_.family == PositionFamily::mrope && spec_.mrope_section.empty())
+      r_.fail(sd.dict ? sd.name + ".mrope_section" : std::string("rope_scaling.mrope_section"),
+              fmt::format("required for MRoPE (model_type '{}') but missing", spec_.model_type));
+
+    // layout
+    if (arch_ && arch_->layout) {
+      spec_.layout = arch_->layout;
+      if (deepseek) {
+        bool interleave = true;  // DeepseekV3Config.rope_interleave default
+        if (const json* ri = get(cfg_, "rope_interleave"))
+          interleave = r_.boolean(*ri, "rope_interleave");
+        if (interleave) {
+          spec_.layout = RopeLayout::interleaved;
+          spec_.rope_output_half_order = true;
+          note("layout interleaved_in_half_out: HF apply_rotary_pos_emb_interleave pairs "
+               "channels (2i, 2i+1) and writes the result in rotate_half order; q·k equals the "
+               "interleaved rotation's");
+        } else {
+          spec_.layout = RopeLayout::half;
+          note("layout half: rope_interleave false → apply_rotary_pos_emb (rotate_half)");
+        }
+      } else {
+        note(fmt::format("layout {}: model_type '{}' uses {}", to_string(*spec_.layout),
+                         arch_->model_type, arch_->layout_reason));
+      }
+    }
+    if (deepseek && spec_.qk_head_dim && p.rope_type != "default" && p.mscale_all_dim &&
+        *p.mscale_all_dim != 0 && p.factor) {
+      const double g = *p.factor <= 1 ? 1.0 : 0.1 * *p.mscale_all_dim * std::log(*p.factor) + 1.0;
+      spec_.softmax_scale = std::pow(static_cast<double>(*spec_.qk_head_dim), -0.5) * g * g;
+      note(fmt::format("softmax_scale {:.9g} = qk_head_dim {}^-0.5 × (0.1·mscale_all_dim·ln(factor) "
+                       "+ 1)^2 (DeepseekV3Attention)",
+                       *spec_.softmax_scale, *spec_.qk_head_dim));
+    }
+    spec_.rope = std::move(p);
+    check_with_registry();
+  }
+
+  void read_scaling(const ScalingDict& sd, RopeParams& p) {
+    const json& d = *sd.dict;
+    std::string rope_type = read_rope_type(r_, sd);
+    const bool mrope_alias = rope_type == "mrope";
+    if (mrope_alias) rope_type = "default";  // HF Qwen2VLConfig: type mrope → default
+    const TypeKeys* keys = find_type_keys(rope_type);
+    if (keys == nullptr && !is_registered(rope_type))
+      r_.fail(Reader::path(sd.name, get(d, "rope_type") ? "rope_type" : "type"),
+              fmt::format("unknown RoPE scaling '{}' (known: {}; 'mrope' is read as default "
+                          "RoPE with mrope_section)",
+                          rope_type, known_rope_types()),
+              json(rope_type));
+    p.rope_type = rope_type;
+
+    // Which keys may appear.
+    std::set<std::string_view> allowed{"rope_type", "type"};
+    if (sd.name == "rope_parameters") {
+      allowed.insert("rope_theta");
+      allowed.insert("partial_rotary_factor");
+    }
+    if (rope_type == "default") allowed.insert("mrope_section");
+    if (keys) {
+      allowed.insert(keys->allowed.begin(), keys->allowed.end());
+    } else {  // registered by another module, schema unknown here: accept every known key
+      for (const auto& t : type_keys()) allowed.insert(t.allowed.begin(), t.allowed.end());
+    }
+    for (auto it = d.begin(); it != d.end(); ++it) {
+      if (allowed.count(it.key())) continue;
+      const std::string field = Reader::path(sd.name, it.key());
+      if (r_.options().lenient) {
+        spec_.ignored_keys.push_back(field);
+        note(fmt::format("{} ignored (lenient)", field));
+        continue;
+      }
+      std::vector<std::string_view> list(allowed.begin(), allowed.end());
+      r_.fail(field,
+              fmt::format("not a parameter of rope_type '{}' (allowed: {}; set lenient to "
+                          "ignore unknown keys)",
+                          rope_type, fmt::join(list, ", ")),
+              *it);
+    }
+    if (keys)
+      for (auto req : keys->required)
+        if (!get(d, req))
+          r_.fail(Reader::path(sd.name, req),
+                  fmt::format("required for rope_type '{}' but missing", rope_type));
+
+    auto field = [&](std::string_view key) { return Reader::path(sd.name, key); };
+    if (const json* v = get(d, "factor")) p.factor = r_.positive(*v, field("factor"));
+    if (const json* v = get(d, "original_max_position_embeddings")) {
+      const int64_t o = r_.positive_int64(*v, field("original_max_position_embeddings"));
+      if (p.original_max_position_embeddings && *p.original_max_position_embeddings != o)
+        r_.fail(field("original_max_position_embeddings"),
+                fmt::format("disagrees with top-level original_max_position_embeddings {}",
+                            *p.original_max_position_embeddings),
+                *v);
+      p.original_max_position_embeddings = o;
+    }
+    if (const json* v = get(d, "attention_factor"))
+      p.attention_factor = r_.positive(*v, field("attention_factor"));
+    if (const json* v = get(d, "beta_fast")) p.beta_fast = r_.number(*v, field("beta_fast"));
+    if (const json* v = get(d, "beta_slow")) p.beta_slow = r_.number(*v, field("beta_slow"));
+    if (const json* v = get(d, "mscale")) p.mscale = r_.number(*v, field("mscale"));
+    if (const json* v = get(d, "mscale_all_dim"))
+      p.mscale_all_dim = r_.number(*v, field("mscale_all_dim"));
+    if (const json* v = get(d, "truncate")) p.truncate = r_.boolean(*v, field("truncate"));
+    if (const json* v = get(d, "low_freq_factor"))
+      p.low_freq_factor = r_.positive(*v, field("low_freq_factor"));
+    if (const json* v = get(d, "high_freq_factor"))
+      p.high_freq_factor = r_.positive(*v, field("high_freq_factor"));
+    if (p.low_freq_factor && p.high_freq_factor && !(*p.high_freq_factor > *p.low_freq_factor))
+      r_.fail_value(field("high_freq_factor"),
+                    fmt::format("must be > low_freq_factor {}", *p.low_freq_factor),
+                    *p.high_freq_factor);
+    const std::size_t half = static_cast<std::size_t>(p.rotary_dim / 2);
+    for (auto key : {"short_factor", "long_factor"}) {
+      const json* v = get(d, key);
+      if (!v) continue;
+      auto list = r_.positive_list(*v, field(key));
+      if (list.size() != half)
+        r_.fail_value(field(key),
+                      fmt::format("must have rotary_dim/2 = {} entries (rotary_dim {})", half,
+                                  p.rotary_dim),
+                      fmt::format("{} entries", list.size()));
+      (std::string_view(key) == "short_factor" ? p.short_factor : p.long_factor) = std::move(list);
+    }
+    if (rope_type == "llama3" && !p.original_max_position_embeddings)
+      r_.fail(field("original_max_position_embeddings"), "required for rope_type 'llama3' but missing");
+
+    if (const json* ms = get(d, "mrope_section")) {
+      if (!ms->is_array() || ms->empty())
+        r_.fail(field("mrope_section"), "must be a list of positive integers", *ms);
+      int sum = 0;
+      for (std::size_t i = 0; i < ms->size(); ++i) {
+        const int s = r_.positive_int((*ms)[i], fmt::format("{}[{}]", field("mrope_section"), i));
+        spec_.mrope_section.push_back(s);
+        sum += s;
+      }
+      if (static_cast<std::size_t>(sum) != half)
+        r_.fail(field("mrope_section"),
+                fmt::format("must sum to rotary_dim/2 = {} (sums to {})", half, sum), *ms);
+      spec_.family = PositionFamily::mrope;
+    } else if (mrope_alias) {
+      r_.fail(field("mrope_section"), "required for MRoPE but missing");
+    }
+  }
+
+  /// Runs the registry once when it knows the method, so that method-specific
+  /// errors surface at load time, prefixed with the source.
+  void check_with_registry() {
+    const RopeParams& p = *spec_.rope;
+    if (!is_registered(p.rope_type)) {
+      note(fmt::format("rope_type '{}' is not registered in this build: parameters parsed, "
+                       "frequencies not computable",
+                       p.rope_type));
+      return;
+    }
+    try {
+      (void)compute_rope_frequencies(p);
+    } catch (const Error& e) {
+      throw ConfigError(fmt::format("{}: {}", spec_.source, e.what()));
+    }
+  }
+
+  // ---- biases and absolute tables ------------------------------------------
+
+  void read_alibi(AlibiSpec a, std::string why) {
+    require_heads();
+    spec_.family = PositionFamily::alibi;
+    spec_.alibi = a;
+    note(std::move(why));
+  }
+
+  void read_mpt() {
+    const json* ac = get(cfg_, "attn_config");
+    if (ac && !ac->is_object()) r_.fail("attn_config", "must be an object", *ac);
+    bool alibi = true;  // MptAttentionConfig default
+    if (const json* v = ac ? get(*ac, "alibi") : nullptr) alibi = r_.boolean(*v, "attn_config.alibi");
+    if (alibi) {
+      AlibiSpec a{AlibiConvention::mpt, 8.0};
+      if (const json* v = ac ? get(*ac, "alibi_bias_max") : nullptr)
+        a.max_bias = r_.positive(*v, "attn_config.alibi_bias_max");
+      read_alibi(a, fmt::format("attn_config.alibi: true → ALiBi, MPT slope convention, "
+                                "alibi_bias_max {}; learned_pos_emb is not used with ALiBi",
+                                a.max_bias));
+    } else {
+      note("attn_config.alibi: false → learned position table of max_seq_len rows");
+      read_learned();
+    }
+  }
+
+  void read_t5() {
+    require_heads();
+    spec_.family = PositionFamily::t5_bias;
+    T5BiasSpec t;
+    if (const json* v = get(cfg_, "relative_attention_num_buckets"))
+      t.relative_attention_num_buckets = r_.positive_int(*v, "relative_attention_num_buckets");
+    if (const json* v = get(cfg_, "relative_attention_max_distance"))
+      t.relative_attention_max_distance = r_.positive_int(*v, "relative_attention_max_distance");
+    if (t.relative_attention_num_buckets < 4)
+      r_.fail_value("relative_attention_num_buckets",
+                    "must be >= 4 (bidirectional encoder buckets)",
+                    t.relative_attention_num_buckets);
+    // The causal (decoder) buckets have max_exact = num_buckets/2 exact offsets.
+    if (t.relative_attention_max_distance <= t.relative_attention_num_buckets / 2)
+      r_.fail_value("relative_attention_max_distance",
+                    fmt::format("must exceed relative_attention_num_buckets/2 = {}",
+                                t.relative_attention_num_buckets / 2),
+                    t.relative_attention_max_distance);
+    if (const json* v = get(cfg_, "is_encoder_decoder"))
+      t.is_encoder_decoder = r_.boolean(*v, "is_encoder_decoder");
+    spec_.t5 = t;
+    if (spec_.max_position_embeddings)
+      note(fmt::format("n_positions {} is informational: relative buckets have no table limit",
+                       *spec_.max_position_embeddings));
+  }
+
+  void read_learned() {
+    spec_.family = PositionFamily::learned_absolute;
+    if (!spec_.max_position_embeddings)
+      r_.fail("max_position_embeddings",
+              "required field missing for a learned position table (also read as n_positions, "
+              "max_seq_len)");
+    if (spec_.position_offset != 0) {
+      if (arch_ && (arch_->model_type == "roberta" || arch_->model_type == "xlm-roberta")) {
+        if (const json* pad = get(cfg_, "pad_token_id"))
+          spec_.position_offset = static_cast<int>(r_.integer(*pad, "pad_token_id")) + 1;
+        note(fmt::format("positions start at padding_idx + 1 = {}", spec_.position_offset));
+      } else {
+        note(fmt::format("position ids are offset by {} into the table", spec_.position_offset));
+      }
+    }
+  }
+
+  void read_sinusoidal(SinusoidalLayout layout) {
+    spec_.family = PositionFamily::sinusoidal;
+    spec_.sinusoidal_layout = layout;
+    if (spec_.hidden_size <= 0) r_.fail("d_model", "required field missing for a sinusoidal table");
+  }
+
+  // ---- sliding window -------------------------------------------------------
+
+  void read_sliding_window() {
+    SlidingWindowSpec& sw = spec_.sliding_window;
+    if (const json* v = get(cfg_, "sliding_window")) {
+      // Some configs carry `false` (e.g. sliding disabled); treat as absent.
+      if (!(v->is_boolean() && !v->get<bool>())) sw.size = r_.positive_int64(*v, "sliding_window");
+    }
+    const int n = spec_.num_hidden_layers;
+    if (const json* lt = get(cfg_, "layer_types")) {
+      if (!lt->is_array()) r_.fail("layer_types", "must be a list of strings", *lt);
+      if (n > 0 && static_cast<int>(lt->size()) != n)
+        r_.fail_value("layer_types", fmt::format("must have num_hidden_layers = {} entries", n),
+                      fmt::format("{} entries", lt->size()));
+      for (std::size_t i = 0; i < lt->size(); ++i) {
+        const std::string field = fmt::format("layer_types[{}]", i);
+        const std::string t = r_.string((*lt)[i], field);
+        if (t == "sliding_attention")
+          sw.layer_is_sliding.push_back(true);
+        else if (t == "full_attention")
+          sw.layer_is_sliding.push_back(false);
+        else
+          r_.fail(field, "expected 'sliding_attention' or 'full_attention'", (*lt)[i]);
+      }
+      const bool any = std::find(sw.layer_is_sliding.begin(), sw.layer_is_sliding.end(), true) !=
+                       sw.layer_is_sliding.end();
+      if (any && !sw.size) r_.fail("sliding_window", "required when layer_types has sliding layers");
+      sw.active = any;
+      sw.source = "layer_types";
+      return;
+    }
+    if (!sw.size) {
+      sw.source = "no sliding_window";
+      return;
+    }
+    using detail::SlidingRule;
+    const SlidingRule rule = arch_ ? arch_->sliding : SlidingRule::all_layers;
+    std::optional<bool> use;
+    if (const json* u = get(cfg_, "use_sliding_window"))
+      use = r_.boolean(*u, "use_sliding_window");
+    auto fill = [&](auto pred) {
+      sw.layer_is_sliding.clear();
+      for (int i = 0; i < n; ++i) sw.layer_is_sliding.push_back(pred(i));
+    };
+    switch (rule) {
+      case SlidingRule::none:
+        sw.active = false;
+        sw.source = fmt::format("sliding_window present but model_type '{}' does not use it",
+                                arch_->model_type);
+        return;
+      case SlidingRule::qwen: {
+        if (!use.value_or(false)) {
+          sw.active = false;
+          sw.source = "use_sliding_window false: the window is not used";
+          return;
+        }
+        int mwl = 0;
+        if (const json* v = get(cfg_, "max_window_layers"))
+          mwl = static_cast<int>(r_.integer(*v, "max_window_layers"));
+        fill([&](int i) { return i >= mwl; });
+        sw.active = n == 0 || mwl < n;
+        sw.source = fmt::format("use_sliding_window: layers >= max_window_layers {}", mwl);
+        return;
+      }
+      case SlidingRule::gemma2_alternate:
+        fill([](int i) { return (i + 1) % 2 != 0; });
+        sw.active = true;
+        sw.source = "Gemma-2: even layers sliding, odd layers global (implied by model_type)";
+        return;
+      case SlidingRule::gemma3_pattern: {
+        int pattern = 6;
+        if (const json* v = get(cfg_, "sliding_window_pattern"))
+          pattern = r_.positive_int(*v, "sliding_window_pattern");
+        fill([&](int i) { return (i + 1) % pattern != 0; });
+        sw.active = true;
+        sw.source = fmt::format("Gemma-3: every layer but each {}th is sliding", pattern);
+        return;
+      }
+      case SlidingRule::all_layers:
+        if (use && !*use) {
+          sw.active = false;
+          sw.source = "use_sliding_window false: the window is not used";
+          return;
+        }
+        fill([](int) { return true; });
+        sw.active = true;
+        sw.source = arch_ ? "every layer" : "every layer (assumed: architecture unknown)";
+        if (spec_.max_position_embeddings && *sw.size >= *spec_.max_position_embeddings)
+          sw.source += fmt::format("; window {} >= max_position_embeddings {}, so it never binds",
+                                   *sw.size, *spec_.max_position_embeddings);
+        return;
+    }
+  }
+
+  const json& cfg_;
+  Reader r_;
+  PositionalSpec spec_;
+  const detail::ArchTraits* arch_ = nullptr;
+};
+
+}  // namespace
+
+PositionalSpec parse_positional_spec(std::string_view json_text, std::string_view source,
+                                     const ConfigOptions& options) {
+  json cfg;
+  try {
+    cfg = json::parse(json_text.begin(), json_text.end());
+  } catch (const json::parse_error& e) {
+    throw ConfigError(
+        fmt::format("{}: malformed JSON at byte {}: {}", source, e.byte, e.what()));
+  }
+  return Parser(cfg, std::string(source), options).run();
+}
+
+PositionalSpec load_positional_spec(const std::filesystem::path& path, const ConfigOptions& options) {
+  const std::string text = read_file(path);
+  return parse_positional_spec(text, path.string(), options);
+}
+
+}  // namespace posenc
