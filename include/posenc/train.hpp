@@ -122,7 +122,7 @@ enum class TrainEncoding { nope, learned, sinusoidal, t5, alibi, rope, rope25 };
 std::string_view to_string(TrainEncoding pe);
 /// Parses the CLI names. Throws ConfigError naming `field` and the value.
 TrainEncoding parse_train_encoding(std::string_view text, std::string_view field = "--pe");
-PositionalFamily family_of(TrainEncoding pe);
+PositionFamily family_of(TrainEncoding pe);
 
 /// An inclusive range of input lengths, written "lo:hi" (or "lo:hi:step" for
 /// test lengths; step defaults to 8 there).

@@ -73,7 +73,7 @@ std::vector<ExactMatchCell> evaluate_exact_match(const Model& model, const Task&
   if (o.samples < 1) fail_field<InvalidArgument>("samples", "must be >= 1", o.samples);
   if (o.batch < 1) fail_field<InvalidArgument>("batch", "must be >= 1", o.batch);
   const bool scaled = o.rope_scaling != "default";
-  if (scaled && model.family() != PositionalFamily::rope)
+  if (scaled && model.family() != PositionFamily::rope)
     throw InvalidArgument(fmt::format("rope_scaling: {} applies to RoPE models; this one uses {}", o.rope_scaling,
                                       to_string(model.family())));
   const bool dynamic = scaled && find_rope_scaling(o.rope_scaling).depends_on_seq_len;

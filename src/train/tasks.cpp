@@ -81,17 +81,17 @@ TrainEncoding parse_train_encoding(std::string_view text, std::string_view field
       text));
 }
 
-PositionalFamily family_of(TrainEncoding pe) {
+PositionFamily family_of(TrainEncoding pe) {
   switch (pe) {
-    case TrainEncoding::nope: return PositionalFamily::nope;
-    case TrainEncoding::learned: return PositionalFamily::learned;
-    case TrainEncoding::sinusoidal: return PositionalFamily::sinusoidal;
-    case TrainEncoding::t5: return PositionalFamily::t5_bias;
-    case TrainEncoding::alibi: return PositionalFamily::alibi;
+    case TrainEncoding::nope: return PositionFamily::nope;
+    case TrainEncoding::learned: return PositionFamily::learned_absolute;
+    case TrainEncoding::sinusoidal: return PositionFamily::sinusoidal;
+    case TrainEncoding::t5: return PositionFamily::t5_bias;
+    case TrainEncoding::alibi: return PositionFamily::alibi;
     case TrainEncoding::rope:
-    case TrainEncoding::rope25: return PositionalFamily::rope;
+    case TrainEncoding::rope25: return PositionFamily::rope;
   }
-  return PositionalFamily::nope;
+  return PositionFamily::nope;
 }
 
 LengthRange parse_length_range(std::string_view text, std::string_view field, int default_step) {

@@ -78,7 +78,7 @@ PositionalConfig positional_config_for(const TrainConfig& t) {
   pc.t5_num_buckets = t.t5_num_buckets;
   pc.t5_max_distance = t.t5_max_distance;
   pc.sinusoidal_base = t.sinusoidal_base;
-  if (pc.family == PositionalFamily::rope) {
+  if (pc.family == PositionFamily::rope) {
     const int hd = t.dim / t.n_heads;
     RopeParams p;
     p.rope_type = "default";

@@ -48,16 +48,16 @@ TransformerImpl::TransformerImpl(const ModelConfig& c, const PositionalConfig& p
   norm_ = register_parameter("norm", torch::ones({D}));
   output_ = register_parameter("output", normal({V, D}, 1.0 / std::sqrt(D)));
   switch (pc.family) {
-    case PositionalFamily::learned:
+    case PositionFamily::learned_absolute:
       if (c.max_position_embeddings <= 0)
         fail_field<InvalidArgument>("max_position_embeddings", "must be positive for a learned table",
                                     c.max_position_embeddings);
       pos_embeddings_ = register_parameter("pos_embeddings", normal({c.max_position_embeddings, D}, 1.0));
       break;
-    case PositionalFamily::t5_bias:
+    case PositionFamily::t5_bias:
       t5_table_ = register_parameter("t5_relative_attention_bias", torch::zeros({pc.t5_num_buckets, c.n_heads}));
       break;
-    case PositionalFamily::rope:
+    case PositionFamily::rope:
       positional_.rope.freqs.validate();
       if (positional_.rope.freqs.head_dim != config_.head_dim)
         throw InvalidArgument(fmt::format("head_dim: RoPE frequencies for head_dim {}, the model has {}",
@@ -76,15 +76,15 @@ torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
   namespace F = torch::nn::functional;
   const int64_t B = tokens.size(0), T = tokens.size(1);
   const int64_t D = config_.dim, NH = config_.n_heads, HD = config_.head_dim;
-  const PositionalFamily family = positional_.family;
+  const PositionFamily family = positional_.family;
   torch::Tensor x = F::embedding(tokens, tok_embeddings_);  // [B, T, D]
-  if (family == PositionalFamily::learned) x = x + learned_positions(pos_embeddings_, T);
-  if (family == PositionalFamily::sinusoidal) x = add_sinusoidal(x, positional_.sinusoidal_base);
+  if (family == PositionFamily::learned_absolute) x = x + learned_positions(pos_embeddings_, T);
+  if (family == PositionFamily::sinusoidal) x = add_sinusoidal(x, positional_.sinusoidal_base);
 
   torch::Tensor mask =
       torch::full({T, T}, -std::numeric_limits<float>::infinity(), torch::kFloat32).triu(1);  // causal
   torch::Tensor t5;
-  if (family == PositionalFamily::t5_bias)
+  if (family == PositionFamily::t5_bias)
     t5 = t5_bias(t5_table_, T, positional_.t5_num_buckets, positional_.t5_max_distance);  // shared by all layers
   const double scale = 1.0 / std::sqrt(static_cast<double>(HD));
   const int rotary_dim = positional_.rope.freqs.rotary_dim;
@@ -95,7 +95,7 @@ torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
     torch::Tensor q = F::linear(h, L.wq).view({B, T, NH, HD});
     torch::Tensor k = F::linear(h, L.wk).view({B, T, NH, HD});
     torch::Tensor v = F::linear(h, L.wv).view({B, T, NH, HD});
-    if (family == PositionalFamily::rope) {
+    if (family == PositionFamily::rope) {
       q = rope_rotate(q, rotary_dim, theta, positional_.rope.layout);
       k = rope_rotate(k, rotary_dim, theta, positional_.rope.layout);
     }
@@ -103,8 +103,8 @@ torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens) {
     k = k.permute({0, 2, 1, 3});
     v = v.permute({0, 2, 1, 3});
     torch::Tensor scores = torch::matmul(q, k.transpose(-2, -1)) * scale;  // [B, NH, T, T]
-    if (family == PositionalFamily::alibi) scores = add_alibi(scores, positional_.alibi_max_bias);
-    if (family == PositionalFamily::t5_bias) scores = scores + t5;
+    if (family == PositionFamily::alibi) scores = add_alibi(scores, positional_.alibi_max_bias);
+    if (family == PositionFamily::t5_bias) scores = scores + t5;
     scores = scores + mask;
     const torch::Tensor att = torch::softmax(scores, -1);
     const torch::Tensor o = torch::matmul(att, v).permute({0, 2, 1, 3}).reshape({B, T, D});

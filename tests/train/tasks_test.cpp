@@ -132,7 +132,7 @@ TEST(TrainTasks, AnswersAreCorrect) {
 TEST(TrainTasks, NamesAndRangesParseWithFieldNamingErrors) {
   EXPECT_EQ(parse_task_kind("associative_recall"), TaskKind::associative_recall);
   EXPECT_EQ(parse_train_encoding("rope25"), TrainEncoding::rope25);
-  EXPECT_EQ(family_of(TrainEncoding::t5), PositionalFamily::t5_bias);
+  EXPECT_EQ(family_of(TrainEncoding::t5), PositionFamily::t5_bias);
   try {
     parse_train_encoding("xpos");
     FAIL();
