@@ -9,6 +9,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <omp.h>
 #include <nlohmann/json.hpp>
 
@@ -41,7 +42,8 @@ json train_settings(const TrainConfig& t) {
           {"weight_decay", t.weight_decay},
           {"warmup_steps", t.warmup_steps},
           {"min_lr_ratio", t.min_lr_ratio},
-          {"clip_norm", t.clip_norm}};
+          {"clip_norm", t.clip_norm},
+          {"ar_queries", t.ar_queries}};
 }
 
 /// What must match between a study directory and a resumed run.
@@ -413,6 +415,19 @@ StudyReport write_study_report(const fs::path& dir) {
       for (const auto& b : buckets) line += fmt::format(" {:>20}", fmt_cell(bucket_cell(m, b)));
       t += line + "\n";
     }
+  }
+  // The acceptance check: in-distribution accuracy (training range) >= 95%.
+  t += "\nIn-distribution (training lengths) exact match >= 95%?\n";
+  for (const auto& task : tasks) {
+    if (!by_len.count(task)) continue;
+    std::vector<std::string> below;
+    for (const auto& pe : pes) {
+      if (!by_len[task].count(pe)) continue;
+      const Cell c = bucket_cell(by_len[task][pe]["default"], buckets[test_lo < train_lo ? 1 : 0]);
+      if (c.samples > 0 && 100.0 * c.correct / c.samples < 95.0)
+        below.push_back(fmt::format("{} {:.1f}%", pe, 100.0 * c.correct / c.samples));
+    }
+    t += fmt::format("  {:<19} {}\n", task, below.empty() ? "all encodings" : "below: " + fmt::format("{}", fmt::join(below, ", ")));
   }
   auto print_mrr = [&](const std::string& title, const auto& list, int configs) {
     t += fmt::format("\nMean reciprocal rank, {} ({} complete (task, seed) configurations; score = mean accuracy "

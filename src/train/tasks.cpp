@@ -149,8 +149,7 @@ Task::Task(TaskKind kind) : kind_(kind) {
       for (int i = 0; i < kValues; ++i) symbols_.push_back(std::string(1, static_cast<char>('0' + i)));
       query_ = static_cast<int32_t>(symbols_.size());
       symbols_.push_back("?");
-      sep_ = static_cast<int32_t>(symbols_.size());
-      symbols_.push_back(">");
+      sep_ = -1;  // no separator: the query key ends the prompt
       break;
   }
 }
@@ -194,15 +193,17 @@ int Task::answer_length(int n) const {
 }
 
 int64_t Task::positions_needed(int n) const {
-  // prompt = 1 + n + 1, answer = answer_length(n); the last answer token is never read.
-  return static_cast<int64_t>(n) + 2 + answer_length(n) - 1;
+  // prompt = <bos> + n (+ separator), answer = answer_length(n); the last
+  // answer token is never read.
+  const int sep = kind_ == TaskKind::associative_recall ? 0 : 1;
+  return static_cast<int64_t>(n) + 1 + sep + answer_length(n) - 1;
 }
 
 TaskSample Task::sample(SampleRng& rng, int n) const {
   if (!valid_length(n)) fail_field<InvalidArgument>(fmt::format("{} input length", name()), "not a valid length", n);
   TaskSample s;
   s.input_length = n;
-  s.prompt.reserve(static_cast<std::size_t>(n) + 2);
+  s.prompt.reserve(static_cast<std::size_t>(n) + 2);  // <bos>, input, separator
   s.prompt.push_back(Tokenizer::kBos);
   auto letter = [&] { return static_cast<int32_t>(first_symbol_ + static_cast<int32_t>(rng.below(kLetters))); };
   switch (kind_) {
@@ -256,9 +257,39 @@ TaskSample Task::sample(SampleRng& rng, int n) const {
       break;
     }
   }
-  s.prompt.push_back(sep_);
+  if (sep_ >= 0) s.prompt.push_back(sep_);
   s.answer.push_back(Tokenizer::kEos);
   return s;
+}
+
+TrainingSequence Task::training_sequence(SampleRng& rng, int n, int queries) const {
+  const TaskSample s = sample(rng, n);
+  TrainingSequence t;
+  t.tokens = s.prompt;
+  t.tokens.insert(t.tokens.end(), s.answer.begin(), s.answer.end());
+  t.is_answer.assign(s.prompt.size(), 0);
+  t.is_answer.resize(t.tokens.size(), 1);
+  if (kind_ != TaskKind::associative_recall || queries <= 1) return t;
+  const int m = (n - 2) / 2;
+  const int32_t first = s.prompt.back();
+  std::vector<int> others;  // pair indices whose key is not the first query
+  for (int i = 0; i < m; ++i)
+    if (s.prompt[static_cast<std::size_t>(1 + 2 * i)] != first) others.push_back(i);
+  const int extra = std::min(queries - 1, static_cast<int>(others.size()));
+  for (int q = 0; q < extra; ++q) {  // partial Fisher-Yates: distinct keys
+    const auto j = static_cast<std::size_t>(q) + static_cast<std::size_t>(rng.below(others.size() - static_cast<std::size_t>(q)));
+    std::swap(others[static_cast<std::size_t>(q)], others[j]);
+    const auto i = static_cast<std::size_t>(others[static_cast<std::size_t>(q)]);
+    t.tokens.insert(t.tokens.end(), {query_, s.prompt[1 + 2 * i], s.prompt[2 + 2 * i], Tokenizer::kEos});
+    t.is_answer.insert(t.is_answer.end(), {0, 0, 1, 1});
+  }
+  return t;
+}
+
+int64_t Task::training_positions(int n, int queries) const {
+  int64_t p = positions_needed(n);
+  if (kind_ == TaskKind::associative_recall && queries > 1) p += 4 * std::min(queries - 1, (n - 2) / 2 - 1);
+  return p;
 }
 
 std::string Task::text(std::span<const int32_t> tokens) const {

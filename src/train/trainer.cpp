@@ -37,6 +37,7 @@ void validate(const TrainConfig& c) {
     fail_field<ConfigError>("min_lr_ratio", "must be in [0, 1]", c.min_lr_ratio);
   if (!(c.clip_norm > 0)) fail_field<ConfigError>("--clip", "must be > 0", c.clip_norm);
   if (c.threads < 0) fail_field<ConfigError>("--threads", "must be >= 0", c.threads);
+  if (c.ar_queries < 1) fail_field<ConfigError>("--ar-queries", "must be >= 1", c.ar_queries);
 }
 
 double lr_at(const TrainConfig& c, int step) {  // step: 0-based index of the update
@@ -49,9 +50,9 @@ double lr_at(const TrainConfig& c, int step) {  // step: 0-based index of the up
 
 }  // namespace
 
-int64_t trained_context_for(const Task& task, LengthRange r) {
+int64_t trained_context_for(const Task& task, LengthRange r, int ar_queries) {
   int64_t ctx = 0;
-  for (int n : task.lengths_in(r.lo, r.hi)) ctx = std::max(ctx, task.positions_needed(n));
+  for (int n : task.lengths_in(r.lo, r.hi)) ctx = std::max(ctx, task.training_positions(n, ar_queries));
   return ctx;
 }
 
@@ -65,7 +66,7 @@ ModelConfig model_config_for(const TrainConfig& t) {
   c.n_kv_heads = t.n_heads;
   c.head_dim = t.dim / t.n_heads;
   c.vocab_size = task.vocab_size();
-  c.max_position_embeddings = trained_context_for(task, t.train_lengths);
+  c.max_position_embeddings = trained_context_for(task, t.train_lengths, t.ar_queries);
   c.norm_eps = 1e-5f;
   c.shared_classifier = false;
   return c;
@@ -85,7 +86,7 @@ PositionalConfig positional_config_for(const TrainConfig& t) {
     p.rope_theta = t.rope_theta;
     p.head_dim = hd;
     p.rotary_dim = t.pe == TrainEncoding::rope25 ? hd / 4 : hd;
-    const int64_t ctx = trained_context_for(Task(t.task), t.train_lengths);
+    const int64_t ctx = trained_context_for(Task(t.task), t.train_lengths, t.ar_queries);
     p.max_position_embeddings = ctx;
     p.original_max_position_embeddings = ctx;
     pc.rope.params = p;
@@ -129,7 +130,7 @@ TrainResult train_model(const TrainConfig& cfg, const std::function<void(const T
 
   SampleRng rng(derive_seed(cfg.seed, fmt::format("train/{}", task.name())));
   const auto B = static_cast<std::size_t>(cfg.batch_size);
-  std::vector<TaskSample> batch(B);
+  std::vector<TrainingSequence> batch(B);
   std::vector<int64_t> tokens, targets;
   TrainResult res;
   res.trained_context = mc.max_position_embeddings;
@@ -142,20 +143,22 @@ TrainResult train_model(const TrainConfig& cfg, const std::function<void(const T
     // One input length per step (drawn uniformly from the valid lengths), so
     // a batch needs no padding; every sample reads T positions.
     const int n = lengths[static_cast<std::size_t>(rng.below(lengths.size()))];
-    const int64_t T = task.positions_needed(n);
-    for (auto& s : batch) s = task.sample(rng, n);
-    tokens.assign(B * static_cast<std::size_t>(T), 0);  // <pad>
+    const int64_t T = task.training_positions(n, cfg.ar_queries);
+    for (auto& s : batch) s = task.training_sequence(rng, n, cfg.ar_queries);
+    tokens.assign(B * static_cast<std::size_t>(T), 0);
     targets.assign(B * static_cast<std::size_t>(T), -100);
     for (std::size_t b = 0; b < B; ++b) {
       const auto& s = batch[b];
-      const std::size_t p = s.prompt.size(), a = s.answer.size();
+      if (static_cast<int64_t>(s.tokens.size()) - 1 != T)
+        throw InvalidArgument("train: sequence length differs from training_positions");
       int64_t* tok = tokens.data() + b * static_cast<std::size_t>(T);
       int64_t* tgt = targets.data() + b * static_cast<std::size_t>(T);
-      if (static_cast<int64_t>(p + a) - 1 != T) throw InvalidArgument("train: sample length differs from positions_needed");
-      for (std::size_t i = 0; i < p; ++i) tok[i] = s.prompt[i];
-      for (std::size_t i = 0; i + 1 < a; ++i) tok[p + i] = s.answer[i];
-      // Position p-1+i predicts answer token i: the loss covers the answer only.
-      for (std::size_t i = 0; i < a; ++i) tgt[p - 1 + i] = s.answer[i];
+      // Position i reads token i and predicts token i+1; only answer tokens
+      // are targets (the prompt is context, not something to predict).
+      for (int64_t i = 0; i < T; ++i) {
+        tok[i] = s.tokens[static_cast<std::size_t>(i)];
+        if (s.is_answer[static_cast<std::size_t>(i + 1)]) tgt[i] = s.tokens[static_cast<std::size_t>(i + 1)];
+      }
     }
     const torch::Tensor tok_t =
         torch::from_blob(tokens.data(), {static_cast<int64_t>(B), T}, torch::kInt64).clone();
@@ -199,6 +202,7 @@ TrainResult train_model(const TrainConfig& cfg, const std::function<void(const T
   meta["steps"] = cfg.steps;
   meta["batch_size"] = cfg.batch_size;
   meta["train_lengths"] = {cfg.train_lengths.lo, cfg.train_lengths.hi};
+  if (cfg.task == TaskKind::associative_recall) meta["ar_queries"] = cfg.ar_queries;
   meta["trained_context"] = res.trained_context;
   meta["optimizer"] = {{"name", "AdamW"},        {"lr", cfg.lr},
                        {"betas", {0.9, 0.98}},   {"weight_decay", cfg.weight_decay},

@@ -63,7 +63,8 @@ TEST(TrainTasks, SamplesHaveTheRequestedLengthAndFormat) {
     for (int n : t.lengths_in(1, 64)) {
       for (const auto& s : draw(t, 11, n, 5)) {
         ASSERT_EQ(s.input_length, n);
-        ASSERT_EQ(static_cast<int>(s.prompt.size()), n + 2) << t.name();
+        const int sep = k == TaskKind::associative_recall ? 0 : 1;
+        ASSERT_EQ(static_cast<int>(s.prompt.size()), n + 1 + sep) << t.name();
         EXPECT_EQ(s.prompt.front(), Tokenizer::kBos);
         EXPECT_EQ(s.answer.back(), Tokenizer::kEos);
         EXPECT_EQ(static_cast<int>(s.answer.size()), t.answer_length(n));
@@ -117,8 +118,8 @@ TEST(TrainTasks, AnswersAreCorrect) {
     std::set<int32_t> keys;
     for (int i = 0; i < m; ++i) keys.insert(s.prompt[static_cast<std::size_t>(1 + 2 * i)]);
     EXPECT_EQ(static_cast<int>(keys.size()), m);
-    const int32_t q = s.prompt[s.prompt.size() - 2];
-    EXPECT_EQ(ar.text(std::span(&s.prompt[s.prompt.size() - 3], 1)), "?");
+    const int32_t q = s.prompt.back();  // the query key ends the prompt
+    EXPECT_EQ(ar.text(std::span(&s.prompt[s.prompt.size() - 2], 1)), "?");
     int found = 0;
     for (int i = 0; i < m; ++i)
       if (s.prompt[static_cast<std::size_t>(1 + 2 * i)] == q) {
@@ -145,4 +146,38 @@ TEST(TrainTasks, NamesAndRangesParseWithFieldNamingErrors) {
   EXPECT_THROW(parse_length_range("32:8", "--train-lengths"), ConfigError);
   EXPECT_THROW(parse_length_range("8-32", "--train-lengths"), ConfigError);
   EXPECT_THROW(parse_length_range("0:4", "--train-lengths"), ConfigError);
+}
+
+TEST(TrainTasks, MultiQueryTrainingSequencesExtendTheEvaluationSample) {
+  const Task ar(TaskKind::associative_recall);
+  for (int n : {4, 8, 20, 32}) {
+    SampleRng a(21), b(21);
+    const TaskSample s = ar.sample(a, n);
+    const TrainingSequence t = ar.training_sequence(b, n, 4);
+    const int m = (n - 2) / 2;
+    const int extra = std::min(3, m - 1);
+    ASSERT_EQ(static_cast<int64_t>(t.tokens.size()) - 1, ar.training_positions(n, 4));
+    ASSERT_EQ(t.tokens.size(), s.prompt.size() + s.answer.size() + 4 * static_cast<std::size_t>(extra));
+    // The prefix is the single-query sample; only answers are targets.
+    EXPECT_TRUE(std::equal(s.prompt.begin(), s.prompt.end(), t.tokens.begin()));
+    for (std::size_t i = 0; i < s.prompt.size(); ++i) EXPECT_EQ(t.is_answer[i], 0);
+    std::set<int32_t> queried{s.prompt.back()};
+    for (int q = 0; q < extra; ++q) {
+      const std::size_t o = s.prompt.size() + s.answer.size() + 4 * static_cast<std::size_t>(q);
+      EXPECT_EQ(ar.text(std::span(&t.tokens[o], 1)), "?");
+      const int32_t key = t.tokens[o + 1];
+      EXPECT_TRUE(queried.insert(key).second) << "keys queried once";
+      for (int i = 0; i < m; ++i)
+        if (s.prompt[static_cast<std::size_t>(1 + 2 * i)] == key) EXPECT_EQ(t.tokens[o + 2], s.prompt[static_cast<std::size_t>(2 + 2 * i)]);
+      EXPECT_EQ(t.tokens[o + 3], Tokenizer::kEos);
+      EXPECT_EQ(std::vector<uint8_t>(t.is_answer.begin() + static_cast<std::ptrdiff_t>(o), t.is_answer.begin() + static_cast<std::ptrdiff_t>(o + 4)),
+                (std::vector<uint8_t>{0, 0, 1, 1}));
+    }
+  }
+  // Other tasks: the sample itself.
+  const Task copy(TaskKind::copy);
+  SampleRng r(3);
+  const TrainingSequence c = copy.training_sequence(r, 10, 4);
+  EXPECT_EQ(static_cast<int64_t>(c.tokens.size()) - 1, copy.positions_needed(10));
+  EXPECT_EQ(std::count(c.is_answer.begin(), c.is_answer.end(), 1), 11);
 }

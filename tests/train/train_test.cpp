@@ -124,7 +124,11 @@ TEST(TrainModel, TrainingIsDeterministicBySeed) {
   EXPECT_EQ(weights(d.path() / "a.pt"), weights(d.path() / "b.pt"));
   EXPECT_NE(weights(d.path() / "a.pt"), weights(d.path() / "c.pt"));
   const Model m = Model::load(d.path() / "a.pt");
-  EXPECT_EQ(m.config().max_position_embeddings, Task(TaskKind::associative_recall).positions_needed(12));
+  // Trained context: the longest multi-query training sequence (m = 5 pairs
+  // at 12 tokens, so 4 extra queries of 4 tokens each).
+  ASSERT_EQ(c.ar_queries, 8);
+  EXPECT_EQ(m.config().max_position_embeddings, Task(TaskKind::associative_recall).training_positions(12, 8));
+  EXPECT_EQ(m.config().max_position_embeddings, Task(TaskKind::associative_recall).positions_needed(12) + 4 * 4);
   EXPECT_EQ(m.embedded_symbols(), Task(TaskKind::associative_recall).symbols());
   const auto meta = nlohmann::json::parse(m.metadata_json());
   EXPECT_EQ(meta["task"], "associative_recall");

@@ -89,6 +89,8 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--layers", a->config.train.n_layers, "decoder layers")->capture_default_str();
   cmd->add_option("--heads", a->config.train.n_heads, "attention heads")->capture_default_str();
   cmd->add_option("--lr", a->config.train.lr, "peak learning rate")->capture_default_str();
+  cmd->add_option("--ar-queries", a->config.train.ar_queries, "associative_recall: queries per training context (MQAR)")
+      ->capture_default_str();
   cmd->add_option("--threads", a->config.train.threads, "torch/OpenMP threads")->capture_default_str();
   cmd->add_option("--out", a->out, "study directory (resumed if it exists)");
   CLI::App* report = cmd->add_subcommand("report", "Print the table, MRR and scalings; write summary.json/csv and plots");
