@@ -36,6 +36,11 @@ struct StudyConfig {
   /// RoPE scalings evaluated on the rope/rope25 models, besides "default".
   std::vector<std::string> scalings{"linear", "ntk", "yarn", "dynamic"};
   std::filesystem::path out;
+  /// Process only the units (in run order, 0-based) with index % shard_count ==
+  /// shard, so several processes can share one study directory (every file is
+  /// per unit and written atomically; study.json is identical for all shards).
+  int shard = 0;
+  int shard_count = 1;
 };
 
 /// The test lengths of `config` (before rounding to a task's valid lengths).

@@ -91,6 +91,8 @@ void run_study(const StudyConfig& cfg, const std::function<void(std::string_view
   if (cfg.tasks.empty() || cfg.pes.empty() || cfg.seeds.empty())
     throw ConfigError("--tasks/--pe/--seeds: each needs at least one entry");
   if (cfg.samples < 1) fail_field<ConfigError>("--samples", "must be >= 1", cfg.samples);
+  if (cfg.shard_count < 1 || cfg.shard < 0 || cfg.shard >= cfg.shard_count)
+    throw ConfigError(fmt::format("--shard: need 0 <= K < N (got {}/{})", cfg.shard, cfg.shard_count));
   for (const auto& s : cfg.scalings) (void)find_rope_scaling(s);  // ConfigError for unknown names
   // Evaluation runs the runtime's OpenMP kernels: use the training thread
   // count there too (with more threads than free cores, OpenMP's spin-waiting
@@ -128,6 +130,7 @@ void run_study(const StudyConfig& cfg, const std::function<void(std::string_view
     for (TaskKind tk : cfg.tasks)
       for (TrainEncoding pe : cfg.pes) {
         ++index;
+        if ((index - 1) % cfg.shard_count != cfg.shard) continue;
         const std::string name = unit_name(tk, pe, seed);
         const std::string tag = fmt::format("[{}/{}] {}", index, total, name);
         const fs::path model_path = cfg.out / "models" / (name + ".pt");
@@ -203,7 +206,7 @@ void run_study(const StudyConfig& cfg, const std::function<void(std::string_view
         const double unit_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_unit).count();
         work_seconds += unit_s;
         ++done_now;
-        const double eta = work_seconds / done_now * (total - index);
+        const double eta = work_seconds / done_now * (total - index) / cfg.shard_count;
         log(fmt::format("{}: in-distribution {:.1f}%, beyond {:.1f}%; eval {:.1f} s; elapsed {}, about {} left", tag,
                         id_n ? 100.0 * id_c / id_n : 0.0, ood_n ? 100.0 * ood_c / ood_n : 0.0, eval_s,
                         hms(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()),

@@ -34,6 +34,14 @@ TEST(TrainStudy, SmokeStudyRunsResumesAndReports) {
   TempDir d;
   const fs::path out = d.path() / "study";
   const std::string smoke = kSmoke + out.string() + " --samples 12";
+  // Shard 1 of 2 runs only the second model.
+  const auto r0 = run_cli(smoke + " --shard 1/2");
+  ASSERT_EQ(r0.exit_code, 0) << r0.err;
+  EXPECT_TRUE(fs::exists(out / "evals/copy-rope-s1.json"));
+  EXPECT_FALSE(fs::exists(out / "models/copy-learned-s1.pt"));
+  EXPECT_EQ(r0.err.find("[1/2]"), std::string::npos) << r0.err;
+  fs::remove(out / "models/copy-rope-s1.pt");
+  fs::remove(out / "evals/copy-rope-s1.json");
   const auto r1 = run_cli(smoke);
   ASSERT_EQ(r1.exit_code, 0) << r1.err;
   EXPECT_NE(r1.err.find("[1/2] copy-learned-s1: training 40 steps"), std::string::npos) << r1.err;

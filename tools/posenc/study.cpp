@@ -24,6 +24,7 @@ struct StudyArgs {
   std::string out;
   StudyConfig config;
   std::string report_dir;
+  std::string shard = "0/1";
   bool no_plots = false;
 };
 
@@ -61,6 +62,16 @@ void run_study_cmd(StudyArgs a) {
     for (const auto& s : split_list(a.scalings, "--scalings")) c.scalings.push_back(s);
   if (a.out.empty()) throw ConfigError("--out: required (the study directory, e.g. runs/study/)");
   c.out = a.out;
+  {
+    const auto slash = a.shard.find('/');
+    try {
+      if (slash == std::string::npos) throw std::invalid_argument("no /");
+      c.shard = std::stoi(a.shard.substr(0, slash));
+      c.shard_count = std::stoi(a.shard.substr(slash + 1));
+    } catch (const std::exception&) {
+      throw ConfigError(fmt::format("--shard: expected K/N (got '{}')", a.shard));
+    }
+  }
   run_study(c, [](std::string_view line) {
     fmt::print(stderr, "{}\n", line);
     std::fflush(stderr);
@@ -93,6 +104,8 @@ void add_study_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--threads", a->config.train.threads, "torch/OpenMP threads")->capture_default_str();
   cmd->add_option("--out", a->out, "study directory (resumed if it exists)");
+  cmd->add_option("--shard", a->shard, "K/N: run every N-th model starting at K (several processes, one directory)")
+      ->capture_default_str();
   CLI::App* report = cmd->add_subcommand("report", "Print the table, MRR and scalings; write summary.json/csv and plots");
   report->add_option("dir", a->report_dir, "study directory")->required();
   report->add_flag("--no-plots", a->no_plots, "skip the matplotlib plots");
