@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -43,8 +44,9 @@ const TrainEncoding kAllPe[] = {TrainEncoding::nope, TrainEncoding::learned, Tra
 // network is trained a few AdamW steps (so every table, the T5 bias included,
 // moves off its initial value), its logits on a sequence are taken, it is
 // saved as a posenc checkpoint, and the runtime's logits on the loaded file
-// are compared. Tolerance: |torch - runtime| <= 2e-4 * max(1, max|logit|)
-// (float32 with different summation orders and FMA in the runtime's kernels);
+// are compared. Tolerance: |torch - runtime| <= 1e-5 * max(1, max|logit|)
+// (float32 with different summation orders and FMA in the runtime's kernels;
+// measured: at most 1.0e-6 with |logit| up to 3.7, all seven encodings);
 // the greedy token must agree at every position.
 TEST(TrainModel, TorchForwardEqualsTheRuntimeOnTheSavedCheckpointForEveryEncoding) {
   at::set_num_threads(1);
@@ -88,7 +90,9 @@ TEST(TrainModel, TorchForwardEqualsTheRuntimeOnTheSavedCheckpointForEveryEncodin
     float maxabs = 1.0f, maxdiff = 0.0f;
     for (int64_t i = 0; i < ref.numel(); ++i) maxabs = std::max(maxabs, std::abs(r[i]));
     for (int64_t i = 0; i < ref.numel(); ++i) maxdiff = std::max(maxdiff, std::abs(r[i] - got[static_cast<std::size_t>(i)]));
-    EXPECT_LE(maxdiff, 2e-4f * maxabs) << "max |logit| " << maxabs;
+    EXPECT_LE(maxdiff, 1e-5f * maxabs) << "max |logit| " << maxabs;
+    ::testing::Test::RecordProperty(std::string("max_abs_logit_diff_") + std::string(to_string(pe)),
+                                    fmt::format("{:.3g} (max |logit| {:.3g})", maxdiff, maxabs));
     const int V = task.vocab_size();
     for (std::size_t p = 0; p < seq.size(); ++p) {
       const auto* a = r + p * static_cast<std::size_t>(V);
