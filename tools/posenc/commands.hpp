@@ -16,5 +16,7 @@ void add_inspect_command(CLI::App& app);
 void add_periods_command(CLI::App& app);
 void add_decay_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
+void add_train_command(CLI::App& app);
+void add_study_command(CLI::App& app);
 
 }  // namespace posenc::cli

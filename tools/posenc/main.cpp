@@ -19,6 +19,8 @@ int main(int argc, char** argv) {
   posenc::cli::add_periods_command(app);
   posenc::cli::add_decay_command(app);
   posenc::cli::add_eval_command(app);
+  posenc::cli::add_train_command(app);
+  posenc::cli::add_study_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,54 @@
+// Working around the loaded OpenBLAS's kernel choice (see train.hpp).
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "posenc/train.hpp"
+
+namespace posenc {
+
+bool set_openblas_threads(int n) {
+  using SetThreads = void (*)(int);
+  auto* f = reinterpret_cast<SetThreads>(::dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  if (!f) return false;
+  f(n);
+  return true;
+}
+
+bool reexec_for_fast_openblas() {
+  if (std::getenv("OPENBLAS_CORETYPE")) return false;
+  using CoreName = char* (*)();
+  auto* corename = reinterpret_cast<CoreName>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
+  if (!corename) return false;
+  const char* core = corename();
+  if (!core || std::strcmp(core, "Cooperlake") != 0) return false;
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  for (std::size_t pos = 0; pos < cmdline.size();) {
+    const std::size_t end = cmdline.find('\0', pos);
+    args.push_back(cmdline.substr(pos, end == std::string::npos ? std::string::npos : end - pos));
+    if (end == std::string::npos) break;
+    pos = end + 1;
+  }
+  if (args.empty()) return false;
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
+  if (!std::getenv("OPENBLAS_NUM_THREADS")) ::setenv("OPENBLAS_NUM_THREADS", "1", 1);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  ::execv("/proc/self/exe", argv.data());
+  ::unsetenv("OPENBLAS_CORETYPE");  // exec failed: carry on with the slow kernels
+  return false;
+}
+
+}  // namespace posenc

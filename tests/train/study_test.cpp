@@ -1,0 +1,126 @@
+// The study smoke test (1 task x 2 encodings x 1 seed, few steps) through the
+// CLI, its resumption, and its report; plus the train -> generate round trip.
+#include <filesystem>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "posenc/error.hpp"
+#include "posenc/checkpoint.hpp"
+#include "posenc/study.hpp"
+#include "test_support.hpp"
+
+using namespace posenc;
+using posenc::test::run_cli;
+using posenc::test::slurp;
+using posenc::test::TempDir;
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kSmoke =
+    "study --tasks copy --pe learned,rope --seeds 1 --steps 40 --batch-size 8 --dim 32 --heads 4 "
+    "--train-lengths 4:8 --test-lengths 4:20:4 --scalings linear,dynamic --out ";
+
+std::vector<float> weights(const fs::path& p) {
+  std::vector<float> all;
+  for (const auto& t : Model::load(p).to_checkpoint().tensors) all.insert(all.end(), t.data.begin(), t.data.end());
+  return all;
+}
+
+}  // namespace
+
+TEST(TrainStudy, SmokeStudyRunsResumesAndReports) {
+  TempDir d;
+  const fs::path out = d.path() / "study";
+  const std::string smoke = kSmoke + out.string() + " --samples 12";
+  // Shard 1 of 2 runs only the second model.
+  const auto r0 = run_cli(smoke + " --shard 1/2");
+  ASSERT_EQ(r0.exit_code, 0) << r0.err;
+  EXPECT_TRUE(fs::exists(out / "evals/copy-rope-s1.json"));
+  EXPECT_FALSE(fs::exists(out / "models/copy-learned-s1.pt"));
+  EXPECT_EQ(r0.err.find("[1/2]"), std::string::npos) << r0.err;
+  fs::remove(out / "models/copy-rope-s1.pt");
+  fs::remove(out / "evals/copy-rope-s1.json");
+  const auto r1 = run_cli(smoke);
+  ASSERT_EQ(r1.exit_code, 0) << r1.err;
+  EXPECT_NE(r1.err.find("[1/2] copy-learned-s1: training 40 steps"), std::string::npos) << r1.err;
+  for (const char* n : {"copy-learned-s1", "copy-rope-s1"}) {
+    EXPECT_TRUE(fs::exists(out / "models" / (std::string(n) + ".pt")));
+    EXPECT_TRUE(fs::exists(out / "evals" / (std::string(n) + ".json")));
+  }
+  const auto rope_eval = nlohmann::json::parse(slurp(out / "evals/copy-rope-s1.json"));
+  EXPECT_EQ(rope_eval["results"].size(), 3u);  // default, linear, dynamic
+  const auto learned_eval = nlohmann::json::parse(slurp(out / "evals/copy-learned-s1.json"));
+  EXPECT_EQ(learned_eval["results"].size(), 1u);
+  const auto& cells = learned_eval["results"]["default"];
+  ASSERT_EQ(cells.size(), 5u);  // 4, 8, 12, 16, 20
+  EXPECT_TRUE(cells[1]["can_run"].get<bool>());
+  EXPECT_FALSE(cells[2]["can_run"].get<bool>());  // past the learned table
+  EXPECT_EQ(cells[2]["samples"], 0);
+
+  // Resume after a "kill": the finished model is not retrained (bytes and
+  // mtime unchanged); a lost evaluation and checkpoint are recomputed, and
+  // determinism makes the new checkpoint identical to the lost one.
+  const auto learned_pt = out / "models/copy-learned-s1.pt";
+  const auto rope_pt = out / "models/copy-rope-s1.pt";
+  const std::string learned_bytes = slurp(learned_pt);
+  const auto rope_weights = weights(rope_pt);
+  const auto learned_mtime = fs::last_write_time(learned_pt);
+  fs::remove(rope_pt);
+  fs::remove(out / "evals/copy-rope-s1.json");
+  const auto r2 = run_cli(smoke);
+  ASSERT_EQ(r2.exit_code, 0) << r2.err;
+  EXPECT_NE(r2.err.find("[1/2] copy-learned-s1: evaluated already, skipped"), std::string::npos) << r2.err;
+  EXPECT_NE(r2.err.find("[2/2] copy-rope-s1: training 40 steps"), std::string::npos) << r2.err;
+  EXPECT_EQ(fs::last_write_time(learned_pt), learned_mtime);
+  EXPECT_TRUE(slurp(learned_pt) == learned_bytes);
+  EXPECT_TRUE(weights(rope_pt) == rope_weights);  // the metadata differs: it holds the training time
+  // A checkpoint without its evaluation is evaluated, not retrained.
+  fs::remove(out / "evals/copy-learned-s1.json");
+  const auto r3 = run_cli(smoke);
+  ASSERT_EQ(r3.exit_code, 0) << r3.err;
+  EXPECT_NE(r3.err.find("[1/2] copy-learned-s1: checkpoint exists, training skipped"), std::string::npos) << r3.err;
+  EXPECT_TRUE(slurp(learned_pt) == learned_bytes);
+
+  // Other settings in the same directory are refused.
+  const auto r4 = run_cli(kSmoke + out.string() + " --samples 13");
+  EXPECT_EQ(r4.exit_code, 1);
+  EXPECT_NE(r4.err.find("other settings"), std::string::npos) << r4.err;
+
+  const auto rep = run_cli("study report --no-plots " + out.string());
+  ASSERT_EQ(rep.exit_code, 0) << rep.err;
+  EXPECT_NE(rep.out.find("2/2 models evaluated"), std::string::npos) << rep.out;
+  EXPECT_NE(rep.out.find("cannot run"), std::string::npos) << rep.out;
+  EXPECT_NE(rep.out.find("Mean reciprocal rank"), std::string::npos);
+  EXPECT_NE(rep.out.find("rope+dynamic"), std::string::npos);
+  const auto summary = nlohmann::json::parse(slurp(out / "summary.json"));
+  EXPECT_EQ(summary["evaluations"], 2);
+  EXPECT_EQ(summary["mrr_configurations"]["all"], 1);
+  // Two encodings ranked once: reciprocal ranks are {1, 1/2} or, tied, {2/3, 2/3}.
+  const double a = summary["mrr"]["all"]["rope"], b = summary["mrr"]["all"]["learned"];
+  EXPECT_NEAR(a + b, a == b ? 4.0 / 3.0 : 1.5, 1e-12);
+  EXPECT_NE(slurp(out / "summary.csv").find("copy,learned,default,12,0,0,,,,0,1"), std::string::npos);
+}
+
+TEST(TrainStudy, TrainedCheckpointRunsInPosencGenerate) {
+  TempDir d;
+  const auto model = d.path() / "ar.pt";
+  const auto r = run_cli("train --task associative_recall --pe alibi --steps 30 --batch-size 8 --dim 32 --heads 4 "
+                         "--train-lengths 4:10 --eval-samples 10 --out " + model.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("exact match at 4 input tokens:"), std::string::npos) << r.out;
+  // The embedded vocabulary is the tokenizer; one value then <eos>.
+  const auto g = run_cli("generate --model " + model.string() + " --prompt 'k3 7 k12 1 ? k3' --max-tokens 2");
+  ASSERT_EQ(g.exit_code, 0) << g.err;
+  EXPECT_EQ(g.out.rfind("k3 7 k12 1 ? k3", 0), 0u) << g.out;
+  EXPECT_GT(g.out.size(), std::string("k3 7 k12 1 ? k3\n").size());
+}
+
+TEST(TrainStudy, ReportOfAMissingStudyIsAnError) {
+  TempDir d;
+  EXPECT_THROW(write_study_report(d.path()), posenc::Error);
+  const auto r = run_cli("study report --no-plots " + d.path().string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("study.json missing"), std::string::npos) << r.err;
+}
