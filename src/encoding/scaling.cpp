@@ -132,6 +132,15 @@ int64_t require_max_position_embeddings(const RopeParams& p) {
   return *p.max_position_embeddings;
 }
 
+double factor_or_context_ratio(const RopeParams& p, int64_t original) {
+  if (p.factor) return require_factor(p);
+  if (!p.max_position_embeddings)
+    throw ConfigError(fmt::format(
+        "rope_scaling.factor: required for rope_type '{}' (missing, and no max_position_embeddings to derive it from)",
+        p.rope_type));
+  return static_cast<double>(require_max_position_embeddings(p)) / static_cast<double>(original);
+}
+
 int64_t original_max_position(const RopeParams& p) {
   if (p.original_max_position_embeddings) {
     if (*p.original_max_position_embeddings <= 0)

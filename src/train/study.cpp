@@ -404,7 +404,7 @@ StudyReport write_study_report(const fs::path& dir) {
                    "samples per length and seed\n",
                    dir.string(), rep.evaluations, rep.expected, train_lo, train_hi, test_lo, test_hi, st["test_lengths"][2].get<int>(), st["samples"].get<int>());
   t += "Exact-match accuracy (%) pooled over seeds and samples, [Wilson 95% interval]\n";
-  std::string header = fmt::format("{:<19} {:<13}", "task", "encoding");
+  std::string header = fmt::format("{:<19} {:<14}", "task", "encoding");
   for (const auto& b : buckets) header += fmt::format(" {:>20}", b.label);
   t += header + "\n";
   for (const auto& task : tasks) {
@@ -412,7 +412,7 @@ StudyReport write_study_report(const fs::path& dir) {
     for (const auto& pe : pes) {
       if (!by_len[task].count(pe)) continue;
       const auto& m = by_len[task][pe]["default"];
-      std::string line = fmt::format("{:<19} {:<13}", task, pe);
+      std::string line = fmt::format("{:<19} {:<14}", task, pe);
       for (const auto& b : buckets) line += fmt::format(" {:>20}", fmt_cell(bucket_cell(m, b)));
       t += line + "\n";
     }
@@ -452,7 +452,7 @@ StudyReport write_study_report(const fs::path& dir) {
         if (!by_len.count(task) || !by_len[task].count(pe)) continue;
         for (const auto& s : scalings) {
           if (!by_len[task][pe].count(s)) continue;
-          std::string line = fmt::format("{:<19} {:<13}", task, pe + (s == "default" ? "" : "+" + s));
+          std::string line = fmt::format("{:<19} {:<14}", task, pe + (s == "default" ? "" : "+" + s));
           for (const auto& b : buckets) line += fmt::format(" {:>20}", fmt_cell(bucket_cell(by_len[task][pe][s], b)));
           t += line + "\n";
         }

@@ -30,17 +30,7 @@ RopeFrequencies rope_longrope(const RopeParams& p, std::optional<int64_t> seq_le
                                 (*list)[i]);
   }
   const int64_t orig = original_max_position(p);
-  double factor = 0.0;
-  if (p.factor) {
-    factor = require_factor(p);
-  } else {
-    // Phi-3: the ratio of the extended to the original context.
-    if (!p.max_position_embeddings)
-      throw ConfigError(
-          "rope_scaling.factor: required for rope_type 'longrope' (missing, and no "
-          "max_position_embeddings to derive it from)");
-    factor = static_cast<double>(require_max_position_embeddings(p)) / static_cast<double>(orig);
-  }
+  const double factor = factor_or_context_ratio(p, orig);
   double attention_factor = 1.0;
   if (p.attention_factor) {
     attention_factor = *optional_positive(p.attention_factor, "attention_factor");

@@ -30,6 +30,11 @@ std::optional<double> optional_positive(const std::optional<double>& v, std::str
 double require_positive(const RopeParams& p, const std::optional<double>& v, std::string_view field);
 /// max_position_embeddings, required and > 0.
 int64_t require_max_position_embeddings(const RopeParams& p);
+/// params.factor when given (finite, > 0); else max_position_embeddings /
+/// `original` (the extended over the original context, as Phi-3's longrope and
+/// DeepSeek-V3's yarn configs imply). ConfigError naming rope_scaling.factor
+/// when neither is present.
+double factor_or_context_ratio(const RopeParams& p, int64_t original);
 /// original_max_position_embeddings, falling back to max_position_embeddings
 /// as HF's standardize_rope_params does for yarn/longrope/llama3; > 0.
 int64_t original_max_position(const RopeParams& p);

@@ -29,17 +29,7 @@ double find_correction_dim(double num_rotations, int dim, double base, double ma
 RopeFrequencies rope_yarn(const RopeParams& p, std::optional<int64_t>) {
   const int dim = resolve_rotary_dim(p);
   const int64_t orig = original_max_position(p);
-  double factor = 0.0;
-  if (p.factor) {
-    factor = require_factor(p);
-  } else {
-    // DeepSeek-V3 style: factor = max_position_embeddings / original.
-    if (!p.max_position_embeddings)
-      throw ConfigError(
-          "rope_scaling.factor: required for rope_type 'yarn' (missing, and no "
-          "max_position_embeddings to derive it from)");
-    factor = static_cast<double>(require_max_position_embeddings(p)) / static_cast<double>(orig);
-  }
+  const double factor = factor_or_context_ratio(p, orig);
 
   // Attention factor: explicit; else mscale/mscale_all_dim when both are
   // truthy; else g(factor, 1). A lone mscale, or a zero, is ignored.
