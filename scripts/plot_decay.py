@@ -13,14 +13,14 @@ value at r = 0, (d/2+1)/2, is given in the title). The PNG is written to a
 temporary file next to OUT.png and renamed. matplotlib Agg backend.
 """
 import json
-import os
 import sys
-import tempfile
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from plotio import save_png_atomic  # noqa: E402
 
 
 def main(argv):
@@ -45,17 +45,7 @@ def main(argv):
     ax.grid(True, which="both", linewidth=0.3, alpha=0.5)
     fig.tight_layout()
 
-    directory = os.path.dirname(os.path.abspath(out))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png", dir=directory)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    save_png_atomic(fig, out)
     return 0
 
 

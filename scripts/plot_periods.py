@@ -15,14 +15,14 @@ length. The PNG is written to a temporary file next to OUT.png and renamed,
 so OUT.png is never partial. Uses matplotlib's Agg backend (no display).
 """
 import json
-import os
 import sys
-import tempfile
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from plotio import save_png_atomic  # noqa: E402
 
 
 def main(argv):
@@ -52,17 +52,7 @@ def main(argv):
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
 
-    directory = os.path.dirname(os.path.abspath(out))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".plot-", suffix=".png", dir=directory)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    save_png_atomic(fig, out)
     return 0
 
 

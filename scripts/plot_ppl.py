@@ -19,6 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from plotio import save_png_atomic  # noqa: E402
+
 
 def _bucket_x(b):
     # Plot a bucket at the log2 of its midpoint (buckets double in size).
@@ -67,8 +69,7 @@ def plot_ppl(data, out_png, title=None):
         axes[k // cols][k % cols].axis("off")
     fig.suptitle(title or f"NLL by position bucket (dashed: trained context {trained})")
     fig.tight_layout()
-    fig.savefig(out_png, dpi=110)
-    plt.close(fig)
+    save_png_atomic(fig, out_png, dpi=110)
 
 
 def plot_ppl_by_scaling(data, out_prefix):
@@ -93,8 +94,7 @@ def plot_ppl_by_scaling(data, out_prefix):
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = f"{out_prefix}{s}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        save_png_atomic(fig, path, dpi=110)
         written.append(path)
     return written
 

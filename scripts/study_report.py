@@ -15,12 +15,13 @@ Writes, atomically (temporary file + rename):
 import json
 import os
 import sys
-import tempfile
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from plotio import save_png_atomic  # noqa: E402
 
 ORDER = ["nope", "learned", "sinusoidal", "t5", "alibi", "rope", "rope25"]
 COLORS = {
@@ -36,16 +37,7 @@ SCALING_STYLE = {"default": "-", "linear": "--", "ntk": ":", "yarn": "-.", "dyna
 
 
 def save_atomic(fig, path):
-    d = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=d)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=120, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    plt.close(fig)
+    save_png_atomic(fig, path, dpi=120, bbox_inches="tight")
 
 
 def series(rows, task, pe, scaling):
