@@ -123,6 +123,24 @@ class Task {
   /// Whitespace-separated symbols of `tokens` (for messages and prompts).
   std::string text(std::span<const int32_t> tokens) const;
 
+  /// associative_recall's vocabulary layout: ids (indices into symbols()) of
+  /// the keys k0..k{keys-1}, the values "0".."9" and the query mark "?".
+  /// Throws InvalidArgument for any other task.
+  struct RecallVocabulary {
+    int32_t first_key = 0;
+    int keys = 0;
+    int32_t first_value = 0;
+    int values = 0;
+    int32_t query = 0;
+  };
+  RecallVocabulary recall_vocabulary() const;
+  /// The associative_recall prompt in this task's ids: <bos>, then key_i value_i
+  /// for each pair, then "?" and the query key (no separator; what sample()
+  /// produces). Keys are indices in [0, keys), values in [0, values).
+  /// Throws InvalidArgument for another task, mismatched sizes or an index
+  /// out of range (naming it).
+  std::vector<int32_t> recall_prompt(std::span<const int> keys, std::span<const int> values, int query_key) const;
+
  private:
   TrainTaskKind kind_;
   std::vector<std::string> symbols_;

@@ -246,13 +246,9 @@ TrainSample Task::sample(SampleRng& rng, int n) const {
       }
       std::vector<int32_t> values(static_cast<std::size_t>(m));
       for (auto& v : values) v = static_cast<int32_t>(rng.below(kValues));
-      for (int i = 0; i < m; ++i) {
-        s.prompt.push_back(first_symbol_ + keys[static_cast<std::size_t>(i)]);
-        s.prompt.push_back(first_value_ + values[static_cast<std::size_t>(i)]);
-      }
       const auto q = static_cast<std::size_t>(rng.below(static_cast<uint64_t>(m)));
-      s.prompt.push_back(query_);
-      s.prompt.push_back(first_symbol_ + keys[q]);
+      const std::vector<int> k(keys.begin(), keys.begin() + m), v(values.begin(), values.end());
+      s.prompt = recall_prompt(k, v, k[q]);
       s.answer.push_back(first_value_ + values[q]);
       break;
     }
@@ -289,6 +285,35 @@ TrainingSequence Task::training_sequence(SampleRng& rng, int n, int queries) con
 int64_t Task::training_positions(int n, int queries) const {
   int64_t p = positions_needed(n);
   if (kind_ == TrainTaskKind::associative_recall && queries > 1) p += 4 * std::min(queries - 1, (n - 2) / 2 - 1);
+  return p;
+}
+
+Task::RecallVocabulary Task::recall_vocabulary() const {
+  if (kind_ != TrainTaskKind::associative_recall)
+    throw InvalidArgument(fmt::format("recall_vocabulary: task {} is not associative_recall", name()));
+  return {first_symbol_, kKeys, first_value_, kValues, query_};
+}
+
+std::vector<int32_t> Task::recall_prompt(std::span<const int> keys, std::span<const int> values, int query_key) const {
+  if (kind_ != TrainTaskKind::associative_recall)
+    throw InvalidArgument(fmt::format("recall_prompt: task {} is not associative_recall", name()));
+  if (keys.size() != values.size())
+    throw InvalidArgument(fmt::format("recall_prompt: {} keys but {} values", keys.size(), values.size()));
+  auto check = [](std::string_view field, int v, int n) {
+    if (v < 0 || v >= n) fail_field<InvalidArgument>(field, fmt::format("must be in [0, {})", n), v);
+  };
+  std::vector<int32_t> p;
+  p.reserve(2 * keys.size() + 3);
+  p.push_back(Tokenizer::kBos);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    check("recall_prompt key", keys[i], kKeys);
+    check("recall_prompt value", values[i], kValues);
+    p.push_back(first_symbol_ + keys[i]);
+    p.push_back(first_value_ + values[i]);
+  }
+  check("recall_prompt query key", query_key, kKeys);
+  p.push_back(query_);
+  p.push_back(first_symbol_ + query_key);
   return p;
 }
 

@@ -184,3 +184,31 @@ TEST(TrainTasks, MultiQueryTrainingSequencesExtendTheEvaluationSample) {
   EXPECT_EQ(static_cast<int64_t>(c.tokens.size()) - 1, copy.positions_needed(10));
   EXPECT_EQ(std::count(c.is_answer.begin(), c.is_answer.end(), 1), 11);
 }
+
+TEST(TrainTasks, RecallPromptIsTheSampleFormatAndChecksItsInput) {
+  const Task ar(TrainTaskKind::associative_recall);
+  const auto rv = ar.recall_vocabulary();
+  EXPECT_EQ(rv.keys, 128);
+  EXPECT_EQ(rv.values, 10);
+  EXPECT_EQ(ar.symbols()[static_cast<std::size_t>(rv.first_key + 5)], "k5");
+  EXPECT_EQ(ar.symbols()[static_cast<std::size_t>(rv.first_value + 7)], "7");
+  EXPECT_EQ(ar.symbols()[static_cast<std::size_t>(rv.query)], "?");
+  const std::vector<int> keys{3, 12}, values{7, 1};
+  EXPECT_EQ(ar.text(ar.recall_prompt(keys, values, 3)), "<bos> k3 7 k12 1 ? k3");
+  // Every sample's prompt is recall_prompt of its own pairs and query.
+  SampleRng rng(4);
+  for (int n : {4, 10, 30}) {
+    const TrainSample s = ar.sample(rng, n);
+    std::vector<int> k, v;
+    for (std::size_t i = 1; i + 2 < s.prompt.size(); i += 2) {
+      k.push_back(s.prompt[i] - rv.first_key);
+      v.push_back(s.prompt[i + 1] - rv.first_value);
+    }
+    EXPECT_EQ(ar.recall_prompt(k, v, s.prompt.back() - rv.first_key), s.prompt);
+  }
+  EXPECT_THROW(Task(TrainTaskKind::copy).recall_vocabulary(), InvalidArgument);
+  EXPECT_THROW(ar.recall_prompt(keys, std::vector<int>{1}, 3), InvalidArgument);
+  EXPECT_THROW(ar.recall_prompt(std::vector<int>{128}, std::vector<int>{1}, 3), InvalidArgument);
+  EXPECT_THROW(ar.recall_prompt(keys, std::vector<int>{1, 10}, 3), InvalidArgument);
+  EXPECT_THROW(ar.recall_prompt(keys, values, -1), InvalidArgument);
+}
