@@ -193,7 +193,7 @@ def main(argv):
            "padding:2px 6px;text-align:right} img{max-width:100%;margin:4px;border:1px solid #eee}</style></head><body>",
            f"<h1>posenc eval — run {html.escape(summary.get('run_id', ''))}</h1>",
            f"<p>model <code>{html.escape(run['model']['path'])}</code> (trained context {run['model']['trained_context']}), "
-           f"haystack <code>{html.escape(run['haystack']['path'])}</code>, {summary['cells_present']} of "
+           f"haystack <code>{html.escape(run['haystack']['path'] or 'none')}</code>, {summary['cells_present']} of "
            f"{summary['cells_expected']} cells, threshold {summary['threshold']} × baseline, "
            f"min baseline {summary['min_baseline']}, git {html.escape(str(run.get('git_hash')))}, date {html.escape(run.get('date', ''))}.</p>",
            "<h2>Summary</h2><pre>" + html.escape(text) + "</pre>"]

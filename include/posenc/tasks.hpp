@@ -27,6 +27,23 @@
 // (ties: the earlier boundary). Each sample records the realised depth =
 // (needle start - context start) / (context tokens - needle tokens) and the
 // needle's token position in the prompt (RULER's token_position_answer).
+//
+// associative_recall runs a model trained by `posenc train --task
+// associative_recall` (train.hpp) on the lab's grid: no haystack and no
+// natural text; its prompt is the training format `<bos> k3 7 k12 1 ... ? k3`
+// in the model's own symbol vocabulary (the ids are looked up by symbol in
+// the tokenizer, which must hold every symbol of
+// Task(TrainTaskKind::associative_recall).symbols()). The context is m
+// key-value pairs (records) with m = min(floor((length - 4) / 2), 128): BOS,
+// 2m pair tokens, "?", the query key and a one-token answer budget fit in the
+// length. Keys are distinct (a per-sample permutation of k0..k127), values
+// drawn uniformly from 0..9 per pair, both fixed per (seed, index) so a
+// longer length appends pairs. The queried pair goes to record index
+// g = round(depth x (m - 1)) (kv_retrieval's rule), the other pairs keep their
+// order; realised depth = g / (m - 1). Scored as forced choice: candidates =
+// the queried value and K-1 other values, taken first from the values other
+// keys hold in the context (first occurrence in pair order), then from the
+// rest of 0..9 in a per-sample order; K <= 10.
 #pragma once
 
 #include <cstdint>
@@ -83,11 +100,15 @@ class Haystack {
 ///  - swap: the answer-bearing value of the evidence is exchanged with a
 ///    distractor's (name_recall: the needle names the first distractor
 ///    candidate; niah_multikey and kv_retrieval: the queried key takes a
-///    distractor key's value); tasks without distractors get a fresh value.
+///    distractor key's value; associative_recall: the queried key's value is
+///    exchanged with that of the first other pair holding a different value,
+///    a fresh value if none does); tasks without distractors get a fresh value.
 ///  - shuffle: the answer-bearing value is shuffled (name_recall: the needle
 ///    names a random distractor; numbers/hex strings/variable names: their
 ///    characters are permuted into a different string; niah multi-key tasks:
-///    values are permuted among the keys).
+///    values are permuted among the keys; associative_recall: the values are
+///    permuted among all pairs of the context, redrawn until the queried key's
+///    value changes, which breaks every key->value binding learned in training).
 /// Every control sample also records the original (uncontrolled) answer, so a
 /// report can show whether the prediction moved with the evidence.
 enum class TaskControl { none, swap, shuffle };
@@ -99,6 +120,8 @@ TaskControl parse_task_control(std::string_view text, std::string_view field = "
 /// parts (preamble, needles, question) plus its answer budget: with a
 /// 512-token vocabulary several RULER templates need more than 256 tokens.
 /// The runner records such cells as "does not fit" instead of failing.
+/// associative_recall also throws it for lengths above 260 tokens: its 128
+/// distinct keys cannot fill more.
 class TaskDoesNotFit : public InvalidArgument {
  public:
   using InvalidArgument::InvalidArgument;
@@ -113,6 +136,7 @@ struct TaskInfo {
   std::string_view name;
   TaskKind kind;
   bool uses_depth;        ///< false: the depth axis does not apply (one cell per length)
+  bool uses_haystack;     ///< false: built without the haystack text (no --haystack needed)
   std::string_view metric;  ///< "choice", "all" (RULER string_match_all), "first_integer" (YaRN passkey)
   int answer_budget;      ///< tokens reserved after the prompt (generation: max_new_tokens)
   std::string_view summary;
@@ -120,7 +144,7 @@ struct TaskInfo {
 
 /// All tasks, in a stable order: name_recall, passkey, niah_single,
 /// niah_multikey, niah_multivalue, niah_multiquery, variable_tracking,
-/// common_words, kv_retrieval.
+/// common_words, kv_retrieval, associative_recall.
 std::span<const TaskInfo> eval_tasks();
 /// Throws ConfigError("tasks: unknown task ... (known: ...)").
 const TaskInfo& find_eval_task(std::string_view name);
@@ -173,14 +197,18 @@ struct TaskOptions {
 /// Makes samples from one haystack. Thread-safe (const).
 class TaskGenerator {
  public:
-  /// Throws InvalidArgument for choices outside [2, 16].
+  /// Throws InvalidArgument for choices outside [2, 16]. `haystack` may be
+  /// empty (Haystack{}) when only tasks with uses_haystack = false are made.
   TaskGenerator(const Tokenizer& tokenizer, const Haystack& haystack, const TaskOptions& options);
 
   /// Sample `index` of `task` at `length` tokens and `depth` in [0, 1] (ignored
   /// by tasks without a depth axis). Throws ConfigError for an unknown task,
   /// InvalidArgument for depth outside [0, 1], TaskDoesNotFit for a length too
   /// short to hold the task's fixed parts and answer budget (naming the task
-  /// and both numbers).
+  /// and both numbers), InvalidArgument for a haystack task on an empty
+  /// haystack. associative_recall: ConfigError naming the task and the missing
+  /// symbols if the tokenizer lacks the associative-recall vocabulary,
+  /// InvalidArgument if choices > 10 (it has 10 values).
   TaskSample make(std::string_view task, int64_t index, int64_t length, double depth,
                   TaskControl control = TaskControl::none) const;
 
@@ -193,6 +221,10 @@ class TaskGenerator {
   const Tokenizer& tok_;
   const Haystack& hay_;
   TaskOptions options_;
+  // associative_recall: tokenizer id of each symbol of the training task's
+  // vocabulary (index = the task's id), or why the tokenizer cannot run it.
+  std::vector<int32_t> recall_ids_;
+  std::string recall_error_;
 };
 
 /// RULER's prediction normalisation: strip surrounding whitespace, control

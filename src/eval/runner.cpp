@@ -285,6 +285,18 @@ void validate_eval_config(EvalConfig& c) {
   if (!(c.min_baseline >= 0.0 && c.min_baseline <= 1.0))
     fail_field<ConfigError>("--min-baseline", "must be in [0, 1]", c.min_baseline);
   if (c.ppl_tokens < -1) fail_field<ConfigError>("--ppl-tokens", "must be -1 (skip), 0 (whole text) or positive", c.ppl_tokens);
+  if (c.haystack_path.empty()) {
+    for (const auto& t : c.tasks)
+      if (find_eval_task(t).uses_haystack)
+        throw ConfigError(fmt::format("--haystack: required by task {} (its context is built from the text)", t));
+    if (c.ppl_tokens >= 0)
+      throw ConfigError(fmt::format("--haystack: required by the perplexity matrix (--ppl-tokens {}); "
+                                    "--ppl-tokens -1 skips it",
+                                    c.ppl_tokens));
+  }
+  if (c.choices > 10 && std::find(c.tasks.begin(), c.tasks.end(), "associative_recall") != c.tasks.end())
+    fail_field<ConfigError>("--choices", "must be <= 10 for associative_recall (its values are the digits 0..9)",
+                            c.choices);
   if (c.shard_count < 1 || c.shard_index < 0 || c.shard_index >= c.shard_count)
     throw ConfigError(fmt::format("--shard: must be i/n with 0 <= i < n (got {}/{})", c.shard_index, c.shard_count));
   if (c.out.empty()) throw ConfigError("--out: an output directory is required");
@@ -294,8 +306,10 @@ std::string eval_run_id(const EvalConfig& c, const Model& model) {
   json a;
   a["generator_version"] = kTaskGeneratorVersion;
   a["model"] = file_hash(c.model_path);
-  a["tokenizer"] = file_hash(c.tokenizer_path);
-  a["haystack"] = file_hash(c.haystack_path);
+  // An empty tokenizer path means the vocabulary embedded in the model file
+  // (hashed with it); an empty haystack path, no haystack (validated above).
+  a["tokenizer"] = c.tokenizer_path.empty() ? std::string("embedded") : file_hash(c.tokenizer_path);
+  a["haystack"] = c.haystack_path.empty() ? std::string("none") : file_hash(c.haystack_path);
   a["tasks"] = c.tasks;
   a["lengths"] = c.lengths;
   a["depths"] = c.depths;
@@ -540,10 +554,12 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
   res.run_id = eval_run_id(c, model);
   res.run_dir = c.out / res.run_id;
   const fs::path run_dir = res.run_dir;
-  fs::create_directories(run_dir / "cells");
-  write_file_atomic(c.out / "LATEST", res.run_id + "\n");
 
-  const Haystack hay = Haystack::build(haystack_text, tokenizer, TaskGenerator::candidate_names());
+  // The haystack only when a task or the perplexity matrix reads it.
+  const bool need_haystack =
+      std::any_of(c.tasks.begin(), c.tasks.end(), [](const std::string& t) { return find_eval_task(t).uses_haystack; });
+  const Haystack hay =
+      need_haystack ? Haystack::build(haystack_text, tokenizer, TaskGenerator::candidate_names()) : Haystack{};
   TaskOptions topt;
   topt.seed = c.seed;
   topt.choices = c.choices;
@@ -552,12 +568,15 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
   const int64_t trained = model.config().max_position_embeddings;
 
   // Every task must be generatable (a length too short for a task is not an
-  // error: its cells are recorded as "does not fit").
+  // error: its cells are recorded as "does not fit"). Checked before anything
+  // is written, so e.g. a model without a task's vocabulary leaves no run.
   for (const auto& t : c.tasks)
     for (int64_t L : c.lengths) try {
         gen.make(t, 0, L, c.depths.front(), TaskControl::none);
       } catch (const TaskDoesNotFit&) {
       }
+  fs::create_directories(run_dir / "cells");
+  write_file_atomic(c.out / "LATEST", res.run_id + "\n");
 
   // ---- run.json (written first, so a partial run is self-describing) ----
   json run;
@@ -598,13 +617,21 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
                   {"vocab_size", mc.vocab_size},
                   {"head_dim", mc.head_dim},
                   {"trained_context", trained}};
-  run["tokenizer"] = {{"path", c.tokenizer_path}, {"fnv1a64", file_hash(c.tokenizer_path)}, {"vocab_size", tokenizer.vocab_size()}};
-  run["haystack"] = {{"path", c.haystack_path},
-                     {"fnv1a64", hex16(hash_bytes(haystack_text))},
-                     {"sentences", hay.size()},
-                     {"sentences_dropped", hay.dropped()},
-                     {"tokens", hay.total_tokens()},
-                     {"filter", "sentences holding an ASCII digit or a name_recall candidate name are dropped"}};
+  if (c.tokenizer_path.empty())
+    run["tokenizer"] = {{"path", nullptr}, {"embedded", true}, {"vocab_size", tokenizer.vocab_size()}};
+  else
+    run["tokenizer"] = {{"path", c.tokenizer_path}, {"fnv1a64", file_hash(c.tokenizer_path)}, {"vocab_size", tokenizer.vocab_size()}};
+  if (need_haystack)
+    run["haystack"] = {{"path", c.haystack_path},
+                       {"fnv1a64", hex16(hash_bytes(haystack_text))},
+                       {"sentences", hay.size()},
+                       {"sentences_dropped", hay.dropped()},
+                       {"tokens", hay.total_tokens()},
+                       {"filter", "sentences holding an ASCII digit or a name_recall candidate name are dropped"}};
+  else
+    run["haystack"] = {{"path", c.haystack_path.empty() ? json(nullptr) : json(c.haystack_path)},
+                       {"used", false},
+                       {"note", "no task of this run reads a haystack"}};
   json encs = json::array();
   for (const auto& s : c.rope_scalings)
     for (int64_t L : c.lengths) {
@@ -631,6 +658,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
                      {"metric", std::string(i.metric)},
                      {"answer_budget", i.answer_budget},
                      {"uses_depth", i.uses_depth},
+                     {"uses_haystack", i.uses_haystack},
                      {"description", std::string(i.summary)}});
   }
   run["tasks"] = tasks;
@@ -705,6 +733,12 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
     p.current = current;
     on_progress(p);
   };
+
+  // The perplexity matrix's token stream, encoded before the groups so a text
+  // the tokenizer cannot encode (e.g. a symbol vocabulary) fails at once.
+  bool any_ppl = false;
+  for (const auto& u : units) any_ppl = any_ppl || u.is_ppl;
+  const std::vector<int32_t> stream = any_ppl ? encode_stream(tokenizer, haystack_text) : std::vector<int32_t>{};
 
   // ---- perplexity jobs first? No: groups first (they are the expensive part users wait for) ----
   for (std::size_t u = 0; u < units.size(); ++u) {
@@ -795,10 +829,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
   }
 
   // ---- perplexity matrix ----
-  bool any_ppl = false;
-  for (const auto& u : units) any_ppl = any_ppl || u.is_ppl;
   if (any_ppl) {
-    const auto stream = encode_stream(tokenizer, haystack_text);
     json header = run["ppl_header"];
     header["tokens_total"] = stream.size();
     run["ppl_header"] = header;

@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cmath>
 #include <set>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -12,6 +13,7 @@
 #include "eval/rng.hpp"
 #include "posenc/error.hpp"
 #include "posenc/perplexity.hpp"
+#include "posenc/train.hpp"
 
 namespace posenc {
 
@@ -164,31 +166,36 @@ TaskControl parse_task_control(std::string_view text, std::string_view field) {
 namespace {
 
 constexpr std::array kTasks{
-    TaskInfo{"name_recall", TaskKind::choice, true, "choice", 0,
+    TaskInfo{"name_recall", TaskKind::choice, true, true, "choice", 0,
              "needle 'There was a little <kind> named <Name>.' at the depth; the prompt ends 'The little <kind> was "
              "named'; candidates = the name + K-1 other common TinyStories names absent from the context; argmax of "
              "summed log-prob"},
-    TaskInfo{"passkey", TaskKind::generation, true, "first_integer", 8,
+    TaskInfo{"passkey", TaskKind::generation, true, true, "first_integer", 8,
              "landmark/YaRN passkey: 'The pass key is N. Remember it. N is the pass key.' (N: 5 digits) / 'What is "
              "the pass key? The pass key is'; the first integer of the reply must equal N (short preamble)"},
-    TaskInfo{"niah_single", TaskKind::generation, true, "all", 16,
+    TaskInfo{"niah_single", TaskKind::generation, true, true, "all", 16,
              "RULER niah_single_2 on TinyStories: 'One of the special magic numbers for <adj-noun> is: <7 digits>.' "
              "(RULER needle, shortened preamble/question)"},
-    TaskInfo{"niah_multikey", TaskKind::generation, true, "all", 16,
+    TaskInfo{"niah_multikey", TaskKind::generation, true, true, "all", 16,
              "RULER niah_multikey_1: the queried key's number among 3 distractor keys' needles"},
-    TaskInfo{"niah_multivalue", TaskKind::generation, true, "all", 48,
+    TaskInfo{"niah_multivalue", TaskKind::generation, true, true, "all", 48,
              "RULER niah_multivalue: all 4 numbers of one key"},
-    TaskInfo{"niah_multiquery", TaskKind::generation, true, "all", 48,
+    TaskInfo{"niah_multiquery", TaskKind::generation, true, true, "all", 48,
              "RULER niah_multiquery: the numbers of 4 queried keys"},
-    TaskInfo{"variable_tracking", TaskKind::generation, true, "all", 40,
+    TaskInfo{"variable_tracking", TaskKind::generation, true, true, "all", 40,
              "RULER vt: 'VAR A = 12345.' then 4 hops 'VAR B = VAR A.' (evidence spread from the depth to the end); all "
              "5 names bound to the value (no one-shot example)"},
-    TaskInfo{"common_words", TaskKind::generation, false, "all", 40,
+    TaskInfo{"common_words", TaskKind::generation, false, true, "all", 40,
              "RULER cwe, reduced: 5 words repeated 4 times in a numbered list of otherwise unique haystack words "
              "fitted to the length; all 5 must be named (no depth axis)"},
-    TaskInfo{"kv_retrieval", TaskKind::generation, true, "all", 16,
+    TaskInfo{"kv_retrieval", TaskKind::generation, true, false, "all", 16,
              "lost-in-the-middle kv retrieval with 8-hex-digit keys/values (UUIDs cost ~30 tokens each here), one "
              "JSON record per line fitted to the length; the queried pair at index round(depth x (n-1))"},
+    TaskInfo{"associative_recall", TaskKind::choice, true, false, "choice", 1,
+             "the trained associative-recall format in the model's own vocabulary (posenc train --task "
+             "associative_recall): '<bos> k3 7 k12 1 ... ? kq', m = min((length-4)/2, 128) pairs with distinct keys, "
+             "the queried pair at index round(depth x (m-1)); forced choice: the queried value vs K-1 other values "
+             "held by other keys in the context (K <= 10); no haystack"},
 };
 
 }  // namespace
@@ -402,10 +409,50 @@ std::string join_and(const std::vector<std::string>& v) {
 
 std::span<const std::string> TaskGenerator::candidate_names() { return names_list(); }
 
+namespace {
+
+// The training task whose vocabulary and prompt format associative_recall uses.
+const Task& recall_task() {
+  static const Task t(TrainTaskKind::associative_recall);
+  return t;
+}
+
+}  // namespace
+
 TaskGenerator::TaskGenerator(const Tokenizer& tokenizer, const Haystack& haystack, const TaskOptions& options)
     : tok_(tokenizer), hay_(haystack), options_(options) {
   if (options.choices < 2 || options.choices > 16)
     fail_field<InvalidArgument>("choices", "must be in [2, 16]", options.choices);
+  // associative_recall: map the training vocabulary onto the tokenizer by symbol.
+  const auto& symbols = recall_task().symbols();
+  if (!tok_.is_symbolic()) {
+    recall_error_ = fmt::format(
+        "tasks: associative_recall needs a model trained by `posenc train --task associative_recall` (its embedded "
+        "symbol vocabulary of {} symbols: k0..k127, 0..9, ?); this tokenizer is a llama2.c BPE vocabulary of {} pieces",
+        symbols.size(), tok_.vocab_size());
+    return;
+  }
+  std::unordered_map<std::string_view, int32_t> id_of;
+  for (int32_t i = 0; i < tok_.vocab_size(); ++i) id_of.emplace(tok_.piece(i), i);
+  std::vector<std::string> missing;
+  recall_ids_.assign(symbols.size(), -1);
+  for (std::size_t i = 0; i < symbols.size(); ++i) {
+    auto it = id_of.find(symbols[i]);
+    if (it == id_of.end())
+      missing.push_back(symbols[i]);
+    else
+      recall_ids_[i] = it->second;
+  }
+  if (!missing.empty()) {
+    std::string list;
+    for (std::size_t i = 0; i < missing.size() && i < 8; ++i) list += (i ? ", " : "") + missing[i];
+    if (missing.size() > 8) list += ", ...";
+    recall_error_ = fmt::format(
+        "tasks: associative_recall needs the associative-recall vocabulary (posenc train --task associative_recall); "
+        "the model's symbol vocabulary ({} symbols) lacks {} of its {} symbols: {}",
+        tok_.vocab_size(), missing.size(), symbols.size(), list);
+    recall_ids_.clear();
+  }
 }
 
 TaskSample TaskGenerator::make(std::string_view task, int64_t index, int64_t length, double depth,
@@ -423,8 +470,112 @@ TaskSample TaskGenerator::make(std::string_view task, int64_t index, int64_t len
   s.depth = info.uses_depth ? depth : -1.0;
   s.metric = std::string(info.metric);
   s.answer_budget = info.answer_budget;
+  if (info.uses_haystack && hay_.size() == 0)
+    throw InvalidArgument(fmt::format("haystack: task {} needs a haystack text (--haystack); this one is empty", info.name));
   const uint64_t key = detail::mix(detail::mix(options_.seed, detail::fnv1a64(info.name)), static_cast<uint64_t>(index));
   Rng content(detail::mix(key, 1)), hay_rng(detail::mix(key, 2)), ctl(detail::mix(key, 3));
+
+  if (info.name == "associative_recall") {
+    if (!recall_error_.empty()) throw ConfigError(recall_error_);
+    const Task& ar = recall_task();
+    const Task::RecallVocabulary rv = ar.recall_vocabulary();
+    const int K = options_.choices;
+    if (K > rv.values)
+      throw InvalidArgument(fmt::format("choices: associative_recall has {} values, so K must be <= {} (got {})",
+                                        rv.values, rv.values, K));
+    // Content fixed per (seed, index): a key permutation and a value per slot;
+    // slot 0 is the queried pair, slots 1.. the other pairs in context order.
+    std::vector<int> keys(static_cast<std::size_t>(rv.keys));
+    for (int i = 0; i < rv.keys; ++i) keys[static_cast<std::size_t>(i)] = i;
+    content.shuffle(keys);
+    std::vector<int> vals(static_cast<std::size_t>(rv.keys));
+    for (auto& v : vals) v = static_cast<int>(content.uniform(static_cast<uint64_t>(rv.values)));
+    std::vector<int> fallback(static_cast<std::size_t>(rv.values));  // candidate fill order past the context's values
+    for (int i = 0; i < rv.values; ++i) fallback[static_cast<std::size_t>(i)] = i;
+    content.shuffle(fallback);
+    std::vector<int> order(static_cast<std::size_t>(K));  // candidate presentation order
+    for (int i = 0; i < K; ++i) order[static_cast<std::size_t>(i)] = i;
+    content.shuffle(order);
+
+    const int64_t fixed = 1 + 2 + 2 + s.answer_budget;  // BOS, one pair, "?" + key, answer
+    if (length < fixed) too_short(s, fixed);
+    const int64_t max_length = 1 + 2 * static_cast<int64_t>(rv.keys) + 2 + s.answer_budget;
+    if (length > max_length)
+      throw TaskDoesNotFit(fmt::format("length: {} tokens exceed what task associative_recall can fill ({} distinct "
+                                       "keys make at most {} tokens)",
+                                       length, rv.keys, max_length));
+    const auto m = static_cast<std::size_t>(std::min<int64_t>((length - 4) / 2, rv.keys));
+    vals.resize(m);
+    const std::vector<int> original = vals;
+    if (control == TaskControl::swap) {
+      std::size_t j = 1;
+      while (j < m && vals[j] == vals[0]) ++j;
+      if (j < m) {
+        std::swap(vals[0], vals[j]);
+      } else {
+        do vals[0] = static_cast<int>(ctl.uniform(static_cast<uint64_t>(rv.values)));
+        while (vals[0] == original[0]);
+      }
+    } else if (control == TaskControl::shuffle) {
+      bool changed = false;
+      for (int attempt = 0; attempt < 64 && !changed; ++attempt) {
+        vals = original;
+        ctl.shuffle(vals);
+        changed = vals[0] != original[0];
+      }
+      if (!changed) {  // every pair holds the same value: a fresh one for the queried key
+        vals = original;
+        do vals[0] = static_cast<int>(ctl.uniform(static_cast<uint64_t>(rv.values)));
+        while (vals[0] == original[0]);
+      }
+    }
+    // Candidates: the original value, the controlled one, then values other
+    // keys hold in the (uncontrolled) context, then the fallback order.
+    std::vector<int> cands{original[0]};
+    auto add = [&](int v) {
+      if (static_cast<int>(cands.size()) < K && std::find(cands.begin(), cands.end(), v) == cands.end())
+        cands.push_back(v);
+    };
+    add(vals[0]);
+    for (std::size_t j = 1; j < m; ++j) add(original[j]);
+    for (int v : fallback) add(v);
+    const auto& sym = ar.symbols();
+    auto tok_id = [&](int32_t train_id) { return recall_ids_[static_cast<std::size_t>(train_id)]; };
+    for (int i = 0; i < K; ++i) {
+      const int c = cands[static_cast<std::size_t>(order[static_cast<std::size_t>(i)])];
+      const int32_t id = rv.first_value + c;
+      s.choices.push_back(" " + sym[static_cast<std::size_t>(id)]);
+      s.choice_tokens.push_back({tok_id(id)});
+      if (c == vals[0]) s.gold = i;
+      if (c == original[0]) s.original_gold = i;
+    }
+    // Context order: the other pairs in slot order, the queried pair at g.
+    const auto g = static_cast<std::size_t>(std::llround(depth * static_cast<double>(m - 1)));
+    std::vector<int> ck, cv;
+    for (std::size_t j = 1, i = 0; i < m; ++i) {
+      const std::size_t slot = i == g ? 0 : j++;
+      ck.push_back(keys[slot]);
+      cv.push_back(vals[slot]);
+    }
+    const std::vector<int32_t> train_prompt = ar.recall_prompt(ck, cv, keys[0]);
+    s.prompt_tokens.clear();
+    for (int32_t t : train_prompt) s.prompt_tokens.push_back(tok_id(t));
+    s.prompt_text = ar.text(std::span<const int32_t>(train_prompt).subspan(1));
+    s.context_start = 1;
+    s.context_tokens = 2 * static_cast<int64_t>(m);
+    s.haystack_sentences = static_cast<int64_t>(m);
+    NeedlePlacement p;
+    p.role = "evidence";
+    p.text = sym[static_cast<std::size_t>(rv.first_key + keys[0])] + " " +
+             sym[static_cast<std::size_t>(rv.first_value + vals[0])];
+    p.target_depth = depth;
+    p.sentence_index = static_cast<int64_t>(g);
+    p.token_position = s.context_start + 2 * static_cast<int64_t>(g);
+    p.tokens = 2;
+    s.needles.push_back(std::move(p));
+    finish_placements(s);
+    return s;
+  }
 
   if (info.name == "name_recall") {
     auto names = names_list();

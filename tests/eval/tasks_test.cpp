@@ -37,9 +37,12 @@ std::string serialize(const TaskSample& s) {
   return out;
 }
 
+// The tasks built with the llama2.c tokenizer (associative_recall runs on a
+// trained model's symbol vocabulary: tests/eval/recall_task_test.cpp).
 std::vector<std::string> all_tasks() {
   std::vector<std::string> v;
-  for (const auto& t : eval_tasks()) v.emplace_back(t.name);
+  for (const auto& t : eval_tasks())
+    if (t.name != "associative_recall") v.emplace_back(t.name);
   return v;
 }
 

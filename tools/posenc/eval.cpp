@@ -98,9 +98,11 @@ std::string fmt_duration(double s) {
 }
 
 void run_eval_cmd(const EvalArgs& a) {
-  if (a.model.model_path.empty() || a.model.tokenizer_path.empty())
-    throw ConfigError("eval: --model and --tokenizer are required (or use `eval report` / `eval merge`)");
-  if (a.haystack.empty()) throw ConfigError("eval: --haystack is required");
+  // --tokenizer may be omitted for posenc checkpoints with an embedded
+  // vocabulary (load_model); --haystack when no task and no perplexity matrix
+  // reads it (validate_eval_config names what needs it).
+  if (a.model.model_path.empty())
+    throw ConfigError("eval: --model is required (or use `eval report` / `eval merge`)");
   if (a.out.empty()) throw ConfigError("eval: --out is required");
   EvalConfig c;
   c.model_path = a.model.model_path;
@@ -127,7 +129,7 @@ void run_eval_cmd(const EvalArgs& a) {
   validate_eval_config(c);  // flag errors before loading anything
 
   auto [model, tok] = load_model(a.model);
-  const std::string text = read_file(a.haystack);
+  const std::string text = a.haystack.empty() ? std::string() : read_file(a.haystack);
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   if (!a.quiet)
     fmt::print(stderr, "model: {} ({})\n", a.model.model_path, describe(model));
@@ -188,7 +190,9 @@ void add_eval_command(CLI::App& app) {
   args->model.add_to(*cmd);
   cmd->get_option("--model")->required(false);
   cmd->get_option("--tokenizer")->required(false);
-  cmd->add_option("--haystack", args->haystack, "real text for the haystacks and the perplexity matrix");
+  cmd->add_option("--haystack", args->haystack,
+                  "real text for the haystacks and the perplexity matrix (not needed for kv_retrieval and "
+                  "associative_recall with --ppl-tokens -1)");
   std::string known;
   for (const auto& t : eval_tasks()) known += (known.empty() ? "" : ", ") + std::string(t.name);
   cmd->add_option("--tasks", args->tasks, "tasks, comma-separated: " + known)->capture_default_str();
