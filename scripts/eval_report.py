@@ -25,6 +25,7 @@ from matplotlib.colors import ListedColormap  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from plot_ppl import plot_ppl, plot_ppl_by_scaling  # noqa: E402
+from plotio import save_png_atomic  # noqa: E402
 
 
 def order(items):
@@ -82,8 +83,7 @@ def heatmap(cells, task, control, scaling, eff, path):
                  fontsize=9)
     fig.colorbar(im, ax=ax, label="accuracy")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_png_atomic(fig, path, dpi=110)
 
 
 def accuracy_plot(summary, task, control, path):
@@ -125,8 +125,7 @@ def accuracy_plot(summary, task, control, path):
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_png_atomic(fig, path, dpi=110)
     return True
 
 
