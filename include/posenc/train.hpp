@@ -238,6 +238,12 @@ struct TrainResult {
   std::string metadata_json;         ///< what the checkpoint's metadata holds
 };
 
+/// Checks the hyper-parameters of `config` (steps, batch size, dimensions,
+/// heads dividing dim with an even head_dim, rope25's head_dim multiple of 8,
+/// lr, weight decay, warmup, clipping, threads, ar_queries) without training.
+/// Throws ConfigError naming the CLI flag and the value.
+void validate_train_config(const TrainConfig& config);
+
 /// Trains a model per `config` and, if config.out is set, saves it as a posenc
 /// checkpoint with the task's symbols and metadata (task, pe, seed, steps,
 /// train_lengths, timing, loss curve). Loss: mean cross-entropy over the

@@ -874,6 +874,8 @@ PositionalSpec parse_positional_spec(std::string_view json_text, std::string_vie
   } catch (const json::parse_error& e) {
     throw ConfigError(
         fmt::format("{}: malformed JSON at byte {}: {}", source, e.byte, e.what()));
+  } catch (const json::exception& e) {  // e.g. out_of_range 406: a number like 1e999 overflows a double
+    throw ConfigError(fmt::format("{}: unusable JSON value: {}", source, e.what()));
   }
   return Parser(cfg, std::string(source), options).run();
 }

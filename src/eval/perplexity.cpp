@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include "core/parallel.hpp"
 #include "posenc/error.hpp"
 
 namespace posenc {
@@ -57,8 +58,10 @@ std::vector<int32_t> encode_stream(const Tokenizer& tokenizer, std::string_view 
   const auto blocks = split_blocks(text);
   if (blocks.empty()) throw InvalidArgument("text: holds no non-blank line, nothing to score");
   std::vector<std::vector<int32_t>> parts(blocks.size());
+  detail::FirstException error;  // e.g. TokenizerError for a piece outside the vocabulary
 #pragma omp parallel for schedule(dynamic, 16)
-  for (std::size_t i = 0; i < blocks.size(); ++i) parts[i] = tokenizer.encode(blocks[i], true, false);
+  for (std::size_t i = 0; i < blocks.size(); ++i) error.run([&] { parts[i] = tokenizer.encode(blocks[i], true, false); });
+  error.rethrow();
   std::vector<int32_t> stream;
   for (const auto& p : parts) stream.insert(stream.end(), p.begin(), p.end());
   return stream;
@@ -96,16 +99,27 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
   std::vector<double> sums(W * NB, 0.0);
   std::vector<int64_t> counts(W * NB, 0);
   const int V = model.config().vocab_size;
+  if (model.family() == PositionFamily::learned_absolute && model.config().max_position_embeddings > 0 &&
+      std::min(L, T) > model.config().max_position_embeddings)
+    throw PositionError(fmt::format(
+        "context: {} positions are past the learned position table (max_position_embeddings {})", std::min(L, T),
+        model.config().max_position_embeddings));
 
   const auto t0 = std::chrono::steady_clock::now();
   auto last_report = t0;
   int64_t done = 0, tokens_done = 0;
 
+  detail::FirstException error;
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::size_t w = 0; w < W; ++w) {
+    if (error.failed()) continue;
     const int64_t s = starts[w];
     const int64_t n = std::min(L, T - s);
-    const auto logits = model.score_window(stream.subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(n)));
+    std::vector<float> logits;
+    error.run([&] {
+      logits = model.score_window(stream.subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(n)));
+    });
+    if (error.failed()) continue;
     for (int64_t p = 0; p + 1 < n; ++p) {
       const float* row = logits.data() + p * V;
       double mx = row[0];
@@ -132,6 +146,8 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
       }
     }
   }
+
+  error.rethrow();
 
   PplResult r;
   r.context = L;

@@ -575,8 +575,12 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
         gen.make(t, 0, L, c.depths.front(), TaskControl::none);
       } catch (const TaskDoesNotFit&) {
       }
+  // The perplexity matrix's token stream, encoded before anything is written
+  // so a text the tokenizer cannot encode (an empty or binary file, a symbol
+  // vocabulary) fails at once and leaves no run behind.
+  const std::vector<int32_t> stream =
+      c.ppl_tokens >= 0 ? encode_stream(tokenizer, haystack_text) : std::vector<int32_t>{};
   fs::create_directories(run_dir / "cells");
-  write_file_atomic(c.out / "LATEST", res.run_id + "\n");
 
   // ---- run.json (written first, so a partial run is self-describing) ----
   json run;
@@ -673,6 +677,8 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
                        {"trained_context", trained}};
   run["threads"] = omp_get_max_threads();
   write_file_atomic(run_dir / "run.json", run.dump(2) + "\n");
+  // LATEST only ever names a run that has its run.json.
+  write_file_atomic(c.out / "LATEST", res.run_id + "\n");
 
   // ---- units of this shard ----
   const auto groups = groups_of(axes);
@@ -733,12 +739,6 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
     p.current = current;
     on_progress(p);
   };
-
-  // The perplexity matrix's token stream, encoded before the groups so a text
-  // the tokenizer cannot encode (e.g. a symbol vocabulary) fails at once.
-  bool any_ppl = false;
-  for (const auto& u : units) any_ppl = any_ppl || u.is_ppl;
-  const std::vector<int32_t> stream = any_ppl ? encode_stream(tokenizer, haystack_text) : std::vector<int32_t>{};
 
   // ---- perplexity jobs first? No: groups first (they are the expensive part users wait for) ----
   for (std::size_t u = 0; u < units.size(); ++u) {
@@ -829,6 +829,8 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
   }
 
   // ---- perplexity matrix ----
+  bool any_ppl = false;
+  for (const auto& u : units) any_ppl = any_ppl || u.is_ppl;
   if (any_ppl) {
     json header = run["ppl_header"];
     header["tokens_total"] = stream.size();

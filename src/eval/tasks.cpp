@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "eval/rng.hpp"
+#include "core/parallel.hpp"
 #include "posenc/error.hpp"
 #include "posenc/perplexity.hpp"
 #include "posenc/train.hpp"
@@ -114,8 +115,10 @@ Haystack Haystack::build(std::string_view text, const Tokenizer& tokenizer, std:
     }
   if (h.texts_.empty()) throw InvalidArgument("haystack: the text holds no usable sentence");
   std::vector<std::vector<int32_t>> toks(h.texts_.size());
+  detail::FirstException error;  // e.g. TokenizerError for a piece outside the vocabulary
 #pragma omp parallel for schedule(dynamic, 64)
-  for (std::size_t i = 0; i < h.texts_.size(); ++i) toks[i] = tokenizer.encode(h.texts_[i], false, false);
+  for (std::size_t i = 0; i < h.texts_.size(); ++i) error.run([&] { toks[i] = tokenizer.encode(h.texts_[i], false, false); });
+  error.rethrow();
   std::set<std::string> words;
   for (const auto& t : h.texts_) {
     std::size_t p = 0;

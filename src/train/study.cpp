@@ -92,6 +92,11 @@ void run_study(const StudyConfig& cfg, const std::function<void(std::string_view
   if (cfg.shard_count < 1 || cfg.shard < 0 || cfg.shard >= cfg.shard_count)
     throw ConfigError(fmt::format("--shard: need 0 <= K < N (got {}/{})", cfg.shard, cfg.shard_count));
   for (const auto& s : cfg.scalings) (void)find_rope_scaling(s);  // ConfigError for unknown names
+  for (TrainEncoding pe : cfg.pes) {  // bad hyper-parameters fail before study.json is written
+    TrainConfig t = cfg.train;
+    t.pe = pe;
+    validate_train_config(t);
+  }
   // Evaluation runs the runtime's OpenMP kernels: use the training thread
   // count there too (with more threads than free cores, OpenMP's spin-waiting
   // made one evaluation 20x slower in a measurement on this 2-core machine).

@@ -16,9 +16,7 @@
 
 namespace posenc {
 
-namespace {
-
-void validate(const TrainConfig& c) {
+void validate_train_config(const TrainConfig& c) {
   if (c.steps < 1) fail_field<ConfigError>("--steps", "must be >= 1", c.steps);
   if (c.batch_size < 1) fail_field<ConfigError>("--batch-size", "must be >= 1", c.batch_size);
   if (c.dim < 8) fail_field<ConfigError>("--dim", "must be >= 8", c.dim);
@@ -39,6 +37,8 @@ void validate(const TrainConfig& c) {
   if (c.threads < 0) fail_field<ConfigError>("--threads", "must be >= 0", c.threads);
   if (c.ar_queries < 1) fail_field<ConfigError>("--ar-queries", "must be >= 1", c.ar_queries);
 }
+
+namespace {
 
 double lr_at(const TrainConfig& c, int step) {  // step: 0-based index of the update
   if (step < c.warmup_steps) return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
@@ -99,7 +99,7 @@ PositionalConfig positional_config_for(const TrainConfig& t) {
 
 TrainResult train_model(const TrainConfig& cfg, const std::function<void(const TrainProgress&)>& on_progress,
                         int report_every) {
-  validate(cfg);
+  validate_train_config(cfg);
   const Task task(cfg.task);
   const std::vector<int> lengths = task.lengths_in(cfg.train_lengths.lo, cfg.train_lengths.hi);
   if (lengths.empty())

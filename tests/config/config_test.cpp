@@ -588,6 +588,8 @@ TEST(ConfigErrors, MalformedJsonNamesFileAndPosition) {
   expect_error("{\"model_type\": \"llama\",\n \"num_attention_heads\": 4,,}", {"malformed JSON", "byte"});
   expect_error("", {"malformed JSON"});
   expect_error("[1, 2]", {"must be a JSON object"});
+  // A number that overflows a double is a ConfigError too, not a raw json exception.
+  expect_error("{\"model_type\": \"llama\", \"rope_theta\": 1e999}", {"unusable JSON value", "1e999"});
 }
 
 TEST(ConfigErrors, UnknownArchitectureWithoutPositions) {

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <thread>
 
@@ -268,4 +270,24 @@ TEST(EvalCliSmall, CellsThatCannotFitAreRecordedNotFatal) {
                             " --shard 2/2 --out " + q(d.path()));
   EXPECT_EQ(bad2.exit_code, 1);
   EXPECT_NE(bad2.err.find("--shard"), std::string::npos) << bad2.err;
+}
+
+// A run that fails on its input leaves the output directory as it was: no
+// new run directory, LATEST still names the last good run.
+TEST(EvalCliSmall, AFailedRunLeavesLatestOnTheGoodRun) {
+  TempDir d;
+  const std::string base = "eval --model " + q(posenc::test::model_path()) + " --tokenizer " +
+                           q(posenc::test::tokenizer_path()) +
+                           " --tasks kv_retrieval --lengths 256 --depths 0.5 --samples 1 --quiet --out " + q(d.path());
+  ASSERT_EQ(run_cli(base + " --ppl-tokens -1").exit_code, 0);
+  const std::string latest = slurp(d.path() / "LATEST");
+  std::ofstream(d.path() / "empty.txt") << "\n  \n";
+  const auto bad = run_cli(base + " --ppl-tokens 100 --haystack " + q(d.path() / "empty.txt"));
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("text: holds no non-blank line"), std::string::npos) << bad.err;
+  EXPECT_EQ(slurp(d.path() / "LATEST"), latest);
+  int runs = 0;
+  for (const auto& e : std::filesystem::directory_iterator(d.path())) runs += e.is_directory();
+  EXPECT_EQ(runs, 1);
+  EXPECT_EQ(run_cli("eval report --no-plots " + q(d.path())).exit_code, 0);
 }

@@ -1,12 +1,16 @@
 // The study smoke test (1 task x 2 encodings x 1 seed, few steps) through the
 // CLI, its resumption, and its report; plus the train -> generate round trip.
 #include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "posenc/error.hpp"
 #include "posenc/checkpoint.hpp"
+#include "posenc/model.hpp"
 #include "posenc/study.hpp"
 #include "test_support.hpp"
 
@@ -123,4 +127,64 @@ TEST(TrainStudy, ReportOfAMissingStudyIsAnError) {
   const auto r = run_cli("study report --no-plots " + d.path().string());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("study.json missing"), std::string::npos) << r.err;
+}
+
+// Bad input on trained checkpoints: typed errors with exit code 1, never an
+// abort from inside a parallel loop (rc 134), and RoPE-less checkpoints score
+// with the default scaling list.
+TEST(TrainStudy, TrainedCheckpointsGiveTypedErrorsNotAborts) {
+  TempDir d;
+  const auto learned = d.path() / "learned.pt";
+  const auto r = run_cli("train --task copy --pe learned --steps 5 --batch-size 4 --dim 32 --heads 4 "
+                         "--train-lengths 4:8 --eval-samples 0 --out " + learned.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const int64_t table = Model::load(learned).config().max_position_embeddings;
+  ASSERT_GT(table, 0);
+  {
+    std::ofstream ok(d.path() / "ok.txt");
+    for (int i = 0; i < 4 * table; ++i) ok << "a b c > a b c\n\n";  // longer than the table
+    std::ofstream(d.path() / "oov.txt") << "a b c > a b c\n\nthis word is not a symbol\n";
+  }
+  // Windows longer than the learned table: PositionError before any work.
+  auto p = run_cli(fmt::format("ppl --model {} --text {} --context {}", learned.string(),
+                               (d.path() / "ok.txt").string(), 4 * table));
+  EXPECT_EQ(p.exit_code, 1) << p.err;
+  EXPECT_NE(p.err.find("past the learned position table (max_position_embeddings " + std::to_string(table)),
+            std::string::npos)
+      << p.err;
+  // A piece outside the embedded vocabulary: TokenizerError, not terminate().
+  p = run_cli(fmt::format("ppl --model {} --text {} --context 8", learned.string(), (d.path() / "oov.txt").string()));
+  EXPECT_EQ(p.exit_code, 1) << p.err;
+  EXPECT_EQ(p.err.find("terminate"), std::string::npos) << p.err;
+  // Default --rope-scaling on a learned-position model: only "default" is scored.
+  const auto json_path = d.path() / "ppl.json";
+  p = run_cli(fmt::format("ppl --model {} --text {} --context 8 --json {}", learned.string(),
+                          (d.path() / "ok.txt").string(), json_path.string()));
+  ASSERT_EQ(p.exit_code, 0) << p.err;
+  const auto j = nlohmann::json::parse(slurp(json_path));
+  ASSERT_EQ(j["results"].size(), 1u);
+  EXPECT_EQ(j["results"][0]["rope_scaling"], "default");
+  // An explicit RoPE scaling is refused up front.
+  p = run_cli(fmt::format("ppl --model {} --text {} --context 8 --rope-scaling linear", learned.string(),
+                          (d.path() / "ok.txt").string()));
+  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_NE(p.err.find("RoPE scalings do not apply (got linear)"), std::string::npos) << p.err;
+  // An output path that is a directory fails while parsing (usage error, 2).
+  p = run_cli(fmt::format("ppl --model {} --text {} --context 8 --json {}", learned.string(),
+                          (d.path() / "ok.txt").string(), d.path().string()));
+  EXPECT_EQ(p.exit_code, 2);
+  EXPECT_NE(p.err.find("is a directory"), std::string::npos) << p.err;
+}
+
+TEST(TrainStudy, BadSettingsLeaveNoStudyBehind) {
+  TempDir d;
+  const auto out = d.path() / "s";
+  auto r = run_cli("study --tasks copy --pe rope --seeds 1 --steps 0 --out " + out.string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--steps"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out / "study.json"));
+  r = run_cli("study --tasks copy --pe rope --seeds 1 --dim 30 --heads 4 --out " + out.string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--heads"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out / "study.json"));
 }

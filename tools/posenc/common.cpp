@@ -1,13 +1,36 @@
 #include "common.hpp"
 
+#include <unistd.h>
+
 #include <cctype>
 #include <charconv>
+#include <filesystem>
 
 #include <fmt/format.h>
 
 #include "posenc/error.hpp"
 
 namespace posenc::cli {
+
+CLI::Validator output_path(bool directory) {
+  return CLI::Validator(
+      [directory](std::string& text) -> std::string {
+        namespace fs = std::filesystem;
+        if (text.empty()) return "empty path";
+        std::error_code ec;
+        const fs::path p(text);
+        if (fs::exists(p, ec)) {
+          if (directory && !fs::is_directory(p, ec)) return fmt::format("{} exists and is not a directory", text);
+          if (!directory && fs::is_directory(p, ec)) return fmt::format("{} is a directory, not a file", text);
+        }
+        fs::path a = fs::absolute(p, ec).parent_path();
+        while (!fs::exists(a, ec) && a.has_parent_path() && a != a.parent_path()) a = a.parent_path();
+        if (!fs::is_directory(a, ec)) return fmt::format("{}: {} is not a directory", text, a.string());
+        if (::access(a.c_str(), W_OK) != 0) return fmt::format("{}: directory {} is not writable", text, a.string());
+        return "";
+      },
+      directory ? "DIR" : "FILE", directory ? "writable output directory" : "writable output file");
+}
 
 void ModelArgs::add_to(CLI::App& cmd) {
   cmd.add_option("--model", model_path, "llama2.c checkpoint (.bin) or posenc checkpoint")->required();

@@ -39,6 +39,13 @@ std::vector<int64_t> parse_lengths(const std::string& text, const std::string& f
 /// Splits "a,b,c" into its non-empty items. Throws ConfigError naming `flag` if empty.
 std::vector<std::string> split_list(const std::string& text, const std::string& flag);
 
+/// CLI11 check for an output option, run while the command line is parsed so
+/// a bad path fails before any work: the path must not be an existing
+/// directory (a file) or must be one (a directory, `directory` = true), and its
+/// nearest existing ancestor must be a writable directory (missing parent
+/// directories are created when the output is written).
+CLI::Validator output_path(bool directory = false);
+
 /// One-line description of the model and its positional setup.
 std::string describe(const Model& model);
 

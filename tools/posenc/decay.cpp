@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "common.hpp"
 #include "scripts.hpp"
 #include "posenc/analysis.hpp"
 #include "posenc/error.hpp"
@@ -82,8 +83,8 @@ void add_decay_command(CLI::App& app) {
   sub->add_option("--max-distance", opt->max_distance,
                   "Largest relative distance (K = 1024, M = 1048576)")
       ->capture_default_str();
-  sub->add_option("--csv", opt->csv, "Write distance,bound to FILE (atomically)");
-  sub->add_option("--plot", opt->plot, "Write a PNG of the curve");
+  sub->add_option("--csv", opt->csv, "Write distance,bound to FILE (atomically)")->check(output_path());
+  sub->add_option("--plot", opt->plot, "Write a PNG of the curve")->check(output_path());
   sub->callback([opt] { run_decay(*opt); });
 }
 

@@ -217,7 +217,7 @@ void add_eval_command(CLI::App& app) {
                   "perplexity matrix: scored tokens per (scaling, length) on the haystack text; 0 = all, -1 = skip")
       ->capture_default_str();
   cmd->add_option("--shard", args->shard, "run the deterministic share i of n of the work (i/n)")->capture_default_str();
-  cmd->add_option("--out", args->out, "output directory (the run goes to OUT/<run id>/)");
+  cmd->add_option("--out", args->out, "output directory (the run goes to OUT/<run id>/)")->check(output_path(true));
   cmd->add_flag("--log-prompts", args->log_prompts, "samples.jsonl also holds every prompt (large)");
   cmd->add_flag("--quiet", args->quiet, "no progress line");
 
@@ -230,7 +230,7 @@ void add_eval_command(CLI::App& app) {
 
   CLI::App* merge = cmd->add_subcommand("merge", "Combine the shards of one run into one run directory");
   merge->add_option("inputs", margs->inputs, "run directories (or --out directories) of the shards")->required();
-  merge->add_option("--out", margs->out, "output directory")->required();
+  merge->add_option("--out", margs->out, "output directory")->check(output_path(true))->required();
   merge->callback([margs] { run_merge_cmd(*margs); });
 
   cmd->callback([args, cmd, report, merge] {

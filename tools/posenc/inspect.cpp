@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "common.hpp"
 #include "posenc/analysis.hpp"
 #include "posenc/config.hpp"
 #include "posenc/error.hpp"
@@ -231,7 +232,7 @@ void add_inspect_command(CLI::App& app) {
   sub->add_flag("--json", opt->json_output, "Print one JSON object");
   sub->add_flag("--lenient", opt->lenient,
                 "Ignore unknown keys inside rope_scaling/rope_parameters (listed in the output)");
-  sub->add_option("-o,--output", opt->output, "Write to FILE (atomically) instead of stdout");
+  sub->add_option("-o,--output", opt->output, "Write to FILE (atomically) instead of stdout")->check(output_path());
   sub->callback([opt] { run_inspect(*opt); });
 }
 

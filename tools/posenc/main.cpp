@@ -24,7 +24,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help exits 0; a command line CLI11 rejects (unknown option, missing
+    // required option, a failed check such as an unwritable output path) is a
+    // usage error: exit 2. Bad input found while running exits 1.
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const posenc::Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "posenc: error: {}\n", e.what());

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
+#include "common.hpp"
 #include "scripts.hpp"
 #include "posenc/analysis.hpp"
 #include "posenc/error.hpp"
@@ -182,9 +183,9 @@ void add_periods_command(CLI::App& app) {
   sub->add_flag("--json", opt->json_output, "Print {\"rows\": [...]} as JSON");
   sub->add_flag("--csv", opt->csv_output,
                 "Print CSV (unwrapped_channels space-separated inside the field)");
-  sub->add_option("-o,--output", opt->output, "Write the table to FILE (atomically)");
+  sub->add_option("-o,--output", opt->output, "Write the table to FILE (atomically)")->check(output_path());
   sub->add_option("--plot", opt->plot,
-                  "Write a PNG: period per channel (log axis), lengths as horizontal lines");
+                  "Write a PNG: period per channel (log axis), lengths as horizontal lines")->check(output_path());
   sub->callback([opt] { run_periods(*opt); });
 }
 

@@ -1,6 +1,7 @@
 // posenc ppl: perplexity by position bucket, per context length and RoPE scaling.
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <map>
 
@@ -23,6 +24,7 @@ struct PplArgs {
   std::string text_path;
   std::string contexts = "256,512,1024,2048";
   std::string scalings = "default,linear";
+  CLI::Option* scalings_option = nullptr;  // to tell the default from an explicit --rope-scaling
   std::optional<double> rope_factor;
   int64_t max_tokens = 0;
   std::string json_path;
@@ -35,10 +37,21 @@ void run_ppl(const PplArgs& a) {
   for (int64_t L : contexts)
     if (L < 2 || L > (int64_t{1} << 20))
       throw ConfigError(fmt::format("--context: must be in [2, 1048576] (got {})", L));
-  const auto scalings = split_list(a.scalings, "--rope-scaling");
+  auto scalings = split_list(a.scalings, "--rope-scaling");
   for (const auto& s : scalings) find_rope_scaling(s);  // unknown name -> ConfigError before any work
+  if (a.rope_factor && !(std::isfinite(*a.rope_factor) && *a.rope_factor > 0))
+    throw ConfigError(fmt::format("--rope-factor: must be finite and > 0 (got {})", *a.rope_factor));
   if (a.max_tokens < 0) throw ConfigError(fmt::format("--max-tokens: must be >= 0 (got {})", a.max_tokens));
   auto [model, tok] = load_model(a.model);
+  if (model.family() != PositionFamily::rope) {
+    // RoPE scalings do not apply: the default list shrinks to "default"; an
+    // explicit scaling is an error before any work.
+    if (a.scalings_option == nullptr || a.scalings_option->count() == 0) scalings = {"default"};
+    for (const auto& s : scalings)
+      if (s != "default")
+        throw ConfigError(fmt::format("--rope-scaling: {} uses {} positions; RoPE scalings do not apply (got {})",
+                                      a.model.model_path, to_string(model.family()), s));
+  }
   const std::string text = read_file(a.text_path);
   const auto stream = encode_stream(tok, text);
   const bool tty = ::isatty(STDERR_FILENO) != 0;
@@ -54,9 +67,6 @@ void run_ppl(const PplArgs& a) {
       Model m = model;
       if (model.family() == PositionFamily::rope)
         m.set_rope(rope_setup_for_context(model.rope(), trained, s, L, a.rope_factor));
-      else if (s != "default")
-        throw ConfigError(fmt::format("--rope-scaling: {} uses {} positions; RoPE scalings do not apply (got {})",
-                                      a.model.model_path, to_string(model.family()), s));
       PplOptions o;
       o.context = L;
       o.max_tokens = a.max_tokens;
@@ -139,15 +149,15 @@ void add_ppl_command(CLI::App& app) {
   args->model.add_to(*cmd);
   cmd->add_option("--text", args->text_path, "UTF-8 text file to score")->required();
   cmd->add_option("--context", args->contexts, "window lengths L, comma-separated (K = 1024)")->capture_default_str();
-  cmd->add_option("--rope-scaling", args->scalings,
+  args->scalings_option = cmd->add_option("--rope-scaling", args->scalings,
                   "RoPE scalings (rope_type), comma-separated: default, linear, ntk, dynamic, yarn, ...")
       ->capture_default_str();
   cmd->add_option("--rope-factor", args->rope_factor,
                   "scaling factor s for every method (default: max(1, L / trained context))");
   cmd->add_option("--max-tokens", args->max_tokens, "stop after ceil(N/(L-1)) windows (0 = whole text)");
-  cmd->add_option("--json", args->json_path, "also write the results as JSON (atomically)");
+  cmd->add_option("--json", args->json_path, "also write the results as JSON (atomically)")->check(output_path());
   cmd->add_option("--plot", args->plot_path,
-                  "also draw NLL by position bucket, one line per scaling, one panel per context (PNG, matplotlib)");
+                  "also draw NLL by position bucket, one line per scaling, one panel per context (PNG, matplotlib)")->check(output_path());
   cmd->add_flag("--quiet", args->quiet, "no header or progress");
   cmd->callback([args] { run_ppl(*args); });
 }

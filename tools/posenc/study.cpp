@@ -96,7 +96,7 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--ar-queries", a->config.train.ar_queries, "associative_recall: queries per training context (MQAR)")
       ->capture_default_str();
   cmd->add_option("--threads", a->config.train.threads, "torch/OpenMP threads")->capture_default_str();
-  cmd->add_option("--out", a->out, "study directory (resumed if it exists)");
+  cmd->add_option("--out", a->out, "study directory (resumed if it exists)")->check(output_path(true));
   cmd->add_option("--shard", a->shard, "K/N: run every N-th model starting at K (several processes, one directory)")
       ->capture_default_str();
   CLI::App* report = cmd->add_subcommand("report", "Print the table, MRR and scalings; write summary.json/csv and plots");

@@ -74,7 +74,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--ar-queries", a->config.ar_queries, "associative_recall: queries per training context (MQAR)")
       ->capture_default_str();
   cmd->add_option("--threads", a->config.threads, "torch/OpenMP threads (fixed for determinism)")->capture_default_str();
-  cmd->add_option("--out", a->out, "posenc checkpoint to write (e.g. models/copy-rope-s1.pt)");
+  cmd->add_option("--out", a->out, "posenc checkpoint to write (e.g. models/copy-rope-s1.pt)")->check(output_path());
   cmd->add_option("--eval-samples", a->eval_samples, "after saving: samples per length of the in-distribution check (0 = skip)")
       ->capture_default_str();
   cmd->callback([a] { run_train(*a); });
