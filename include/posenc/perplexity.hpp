@@ -32,7 +32,8 @@ namespace posenc {
 std::vector<std::string> split_blocks(std::string_view text);
 
 /// Steps 1-2: the token stream of the whole text (BOS + block tokens, per block).
-/// Throws InvalidArgument if the text holds no block.
+/// Throws InvalidArgument if the text holds no block; TokenizerError (from the
+/// parallel encode, rethrown) for a piece a symbol vocabulary does not hold.
 std::vector<int32_t> encode_stream(const Tokenizer& tokenizer, std::string_view text);
 
 /// The position buckets [0,256) [256,512) [512,1024) ... that start below
@@ -76,7 +77,10 @@ struct PplOptions {
 /// Windows run in parallel over the OpenMP threads (one window per thread, each
 /// with its own KV cache); sums are reduced in window order, so the result does
 /// not depend on the thread count. Throws InvalidArgument for a context outside
-/// [2, 1048576], max_tokens < 0, or a stream shorter than 2 tokens.
+/// [2, 1048576], max_tokens < 0, or a stream shorter than 2 tokens;
+/// PositionError (before any window runs) when a learned-position model's
+/// table is shorter than the windows; any error of Model::score_window is
+/// rethrown after the parallel loop (never terminate()).
 PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> stream,
                               const PplOptions& options);
 
