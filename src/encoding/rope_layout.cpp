@@ -40,34 +40,39 @@ void check_permute_args(const char* what, int64_t rows, int head_dim, int rotary
     throw InvalidArgument(fmt::format("{}: rotary_dim {} exceeds head_dim {}", what, rotary_dim, head_dim));
 }
 
-}  // namespace
-
-void rope_interleaved_to_half(float* x, int64_t rows, int head_dim, int rotary_dim) {
-  check_permute_args("rope_interleaved_to_half", rows, head_dim, rotary_dim);
+// Channel pair i sits at (2i, 2i+1) in the interleaved layout and at (i, i+n)
+// in the half layout; `to_half` moves each row's rotary channels one way or
+// the other, leaving the pass-through tail alone.
+void permute_rotary(float* x, int64_t rows, int head_dim, int rotary_dim, bool to_half) {
   const int n = rotary_dim / 2;
   std::vector<float> tmp(static_cast<std::size_t>(rotary_dim));
   for (int64_t r = 0; r < rows; ++r) {
     float* row = x + r * head_dim;
     for (int i = 0; i < n; ++i) {
-      tmp[static_cast<std::size_t>(i)] = row[2 * i];
-      tmp[static_cast<std::size_t>(i + n)] = row[2 * i + 1];
+      const auto a = static_cast<std::size_t>(2 * i), b = static_cast<std::size_t>(2 * i + 1);
+      const auto lo = static_cast<std::size_t>(i), hi = static_cast<std::size_t>(i + n);
+      if (to_half) {
+        tmp[lo] = row[a];
+        tmp[hi] = row[b];
+      } else {
+        tmp[a] = row[lo];
+        tmp[b] = row[hi];
+      }
     }
     std::copy(tmp.begin(), tmp.end(), row);
   }
 }
 
+}  // namespace
+
+void rope_interleaved_to_half(float* x, int64_t rows, int head_dim, int rotary_dim) {
+  check_permute_args("rope_interleaved_to_half", rows, head_dim, rotary_dim);
+  permute_rotary(x, rows, head_dim, rotary_dim, /*to_half=*/true);
+}
+
 void rope_half_to_interleaved(float* x, int64_t rows, int head_dim, int rotary_dim) {
   check_permute_args("rope_half_to_interleaved", rows, head_dim, rotary_dim);
-  const int n = rotary_dim / 2;
-  std::vector<float> tmp(static_cast<std::size_t>(rotary_dim));
-  for (int64_t r = 0; r < rows; ++r) {
-    float* row = x + r * head_dim;
-    for (int i = 0; i < n; ++i) {
-      tmp[static_cast<std::size_t>(2 * i)] = row[i];
-      tmp[static_cast<std::size_t>(2 * i + 1)] = row[i + n];
-    }
-    std::copy(tmp.begin(), tmp.end(), row);
-  }
+  permute_rotary(x, rows, head_dim, rotary_dim, /*to_half=*/false);
 }
 
 void apply_rope_interleaved_in_half_out(float* x, int64_t tokens, int heads, int head_dim,
