@@ -1,6 +1,5 @@
 // posenc study: train and evaluate every (task, encoding, seed); `posenc study report DIR` summarises.
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 
 #include <fmt/format.h>
