@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -32,6 +33,9 @@ struct StudyConfig {
   LengthRange test_lengths{8, 128, 8};  ///< lo, lo+step, ..., <= hi (each rounded down to a valid length)
   /// Hyper-parameters of every model (task, pe, seed, train_lengths and out are set per model).
   TrainConfig train;
+  /// Per-task recipes applied on top of `train` (apply_recipe); a task absent
+  /// here trains with `train` as is. Default: every non-empty default_recipe().
+  std::map<TrainTaskKind, TaskRecipe> recipes = default_recipes();
   int samples = 100;  ///< evaluation samples per (model, length)
   /// RoPE scalings evaluated on the rope/rope25 models, besides "default".
   std::vector<std::string> scalings{"linear", "ntk", "yarn", "dynamic"};
@@ -74,7 +78,10 @@ struct StudyReport {
 ///    exact-match accuracy over the test lengths beyond the training range
 ///    (a length the model cannot run scores 0); tied scores share the
 ///    average of their ranks; the reciprocal ranks are averaged per encoding
-///    over all (task, seed). Reported over all encodings and over the paper's
+///    over all (task, seed) that some encoding learned (pooled accuracy over
+///    the training lengths >= 50%; the others are listed as left out: with
+///    every score ~0 they would only add the same 1/mean-rank to every
+///    encoding). Reported over all encodings and over the paper's
 ///    five (nope, t5, alibi, rope25 = "Rotary", sinusoidal = "APE");
 ///  - the scaling results of the RoPE models per bucket.
 /// Works on partial runs (what exists is reported, with the count).

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -220,6 +221,39 @@ struct TrainConfig {
   /// Where the posenc checkpoint is written (atomically). Empty = not saved.
   std::filesystem::path out;
 };
+
+/// A task's departures from TrainConfig's common defaults: the settings a task
+/// needs to be learned within the study's budget. Unset fields keep the
+/// common value.
+struct TaskRecipe {
+  std::optional<double> lr;
+  std::optional<int> steps;
+  std::optional<int> batch_size;
+  bool empty() const { return !lr && !steps && !batch_size; }
+  bool operator==(const TaskRecipe&) const = default;
+};
+
+/// posenc's default recipe for `task` (empty where the common defaults learn
+/// it). associative_recall: lr 1e-3 and 4000 steps. With the common lr 3e-3,
+/// full-RoPE, learned and sinusoidal models stay on the "emit any value of the
+/// context" plateau (loss ~0.65, ~30% exact match) for all 3000 steps; at lr
+/// 1e-3 a RoPE model (seed 1) leaves it near step 2000 while the lr is still
+/// ~8e-4 (6000-step schedule: loss 0.04 at 2400, 100% exact match), whereas
+/// a 3000-step schedule has decayed the lr by then and ends half-way (58-76%);
+/// with 16 sequences per step (lr 1e-3, 6000-step schedule) it was still on
+/// the plateau at step 4700 (it is the sequences seen, not the updates, that
+/// count).
+TaskRecipe default_recipe(TrainTaskKind task);
+/// default_recipe() of every task whose recipe is not empty.
+std::map<TrainTaskKind, TaskRecipe> default_recipes();
+/// Parses "lr=1e-3,steps=6000,batch-size=16" (any subset, any order) or
+/// "none" (the empty recipe). Throws ConfigError naming `field` and the bad
+/// entry (unknown key, unparsable or out-of-range value).
+TaskRecipe parse_task_recipe(std::string_view text, std::string_view field);
+/// "lr=0.001,steps=6000,batch-size=16" (set fields only; "none" if empty).
+std::string to_string(const TaskRecipe& recipe);
+/// Sets config's lr / steps / batch_size from the recipe's set fields.
+void apply_recipe(TrainConfig& config, const TaskRecipe& recipe);
 
 struct TrainProgress {
   int step = 0;  ///< steps done

@@ -1,11 +1,15 @@
 // train_model: AdamW + warmup/cosine + clipping on batches of task samples.
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include <malloc.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
@@ -36,6 +40,72 @@ void validate_train_config(const TrainConfig& c) {
   if (!(c.clip_norm > 0)) fail_field<ConfigError>("--clip", "must be > 0", c.clip_norm);
   if (c.threads < 0) fail_field<ConfigError>("--threads", "must be >= 0", c.threads);
   if (c.ar_queries < 1) fail_field<ConfigError>("--ar-queries", "must be >= 1", c.ar_queries);
+}
+
+TaskRecipe default_recipe(TrainTaskKind task) {
+  TaskRecipe r;
+  if (task == TrainTaskKind::associative_recall) {
+    r.lr = 1e-3;
+    r.steps = 4000;
+  }
+  return r;
+}
+
+std::map<TrainTaskKind, TaskRecipe> default_recipes() {
+  std::map<TrainTaskKind, TaskRecipe> out;
+  for (auto k : {TrainTaskKind::copy, TrainTaskKind::reverse, TrainTaskKind::addition, TrainTaskKind::sort,
+                 TrainTaskKind::associative_recall})
+    if (TaskRecipe r = default_recipe(k); !r.empty()) out.emplace(k, r);
+  return out;
+}
+
+TaskRecipe parse_task_recipe(std::string_view text, std::string_view field) {
+  TaskRecipe r;
+  if (text == "none") return r;
+  if (text.empty()) throw ConfigError(fmt::format("{}: empty recipe (use key=value pairs or 'none')", field));
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string_view entry = text.substr(pos, comma - pos);
+    const std::size_t eq = entry.find('=');
+    const std::string_view key = entry.substr(0, eq == std::string_view::npos ? entry.size() : eq);
+    const std::string_view value = eq == std::string_view::npos ? std::string_view{} : entry.substr(eq + 1);
+    auto bad = [&](std::string_view why) {
+      throw ConfigError(fmt::format("{}: '{}' {} (recipe keys: lr, steps, batch-size)", field, entry, why));
+    };
+    if (eq == std::string_view::npos || value.empty()) bad("is not key=value");
+    const char* b = value.data();
+    const char* e = value.data() + value.size();
+    if (key == "lr") {
+      double v = 0;
+      const auto [p, ec] = std::from_chars(b, e, v);
+      if (ec != std::errc{} || p != e || !std::isfinite(v) || !(v > 0)) bad("needs a finite lr > 0");
+      r.lr = v;
+    } else if (key == "steps" || key == "batch-size") {
+      int v = 0;
+      const auto [p, ec] = std::from_chars(b, e, v);
+      if (ec != std::errc{} || p != e || v < 1) bad("needs an integer >= 1");
+      (key == "steps" ? r.steps : r.batch_size) = v;
+    } else {
+      bad("has an unknown key");
+    }
+    pos = comma + 1;
+  }
+  return r;
+}
+
+std::string to_string(const TaskRecipe& r) {
+  std::vector<std::string> parts;
+  if (r.lr) parts.push_back(fmt::format("lr={}", *r.lr));
+  if (r.steps) parts.push_back(fmt::format("steps={}", *r.steps));
+  if (r.batch_size) parts.push_back(fmt::format("batch-size={}", *r.batch_size));
+  return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ","));
+}
+
+void apply_recipe(TrainConfig& c, const TaskRecipe& r) {
+  if (r.lr) c.lr = *r.lr;
+  if (r.steps) c.steps = *r.steps;
+  if (r.batch_size) c.batch_size = *r.batch_size;
 }
 
 namespace {

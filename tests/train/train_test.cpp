@@ -152,6 +152,29 @@ TEST(TrainModel, BadHyperParametersAreConfigErrors) {
   EXPECT_THROW(train_model(c), ConfigError);
 }
 
+TEST(TrainRecipe, ParsesAppliesAndNamesBadEntries) {
+  const TaskRecipe r = parse_task_recipe("steps=6000,lr=1e-3,batch-size=16", "--recipe");
+  EXPECT_EQ(to_string(r), "lr=0.001,steps=6000,batch-size=16");
+  EXPECT_EQ(parse_task_recipe("steps=4000,lr=1e-3", "--recipe"), default_recipe(TrainTaskKind::associative_recall));
+  EXPECT_EQ(parse_task_recipe(to_string(r), "--recipe"), r);  // round trip
+  EXPECT_TRUE(parse_task_recipe("none", "--recipe").empty());
+  EXPECT_TRUE(default_recipe(TrainTaskKind::copy).empty());
+  EXPECT_EQ(default_recipes().size(), 1u);
+  TrainConfig c;
+  apply_recipe(c, parse_task_recipe("lr=2e-3", "--recipe"));
+  EXPECT_EQ(c.lr, 2e-3);
+  EXPECT_EQ(c.steps, TrainConfig{}.steps);  // unset fields keep the common value
+  for (const char* bad : {"lr=0", "lr=-1", "lr=nan", "lr=1e999", "steps=0", "steps=1.5", "steps=x", "warmup=10", "lr",
+                          "lr=", "", "lr=1e-3,"}) {
+    try {
+      (void)parse_task_recipe(bad, "--recipe");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--recipe"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(TrainEvaluate, LearnedTablePastItsLengthCannotRunAndScalingsApplyToRope) {
   TempDir d;
   TrainConfig c = tiny(TrainTaskKind::copy, TrainEncoding::learned);

@@ -25,7 +25,12 @@ struct StudyArgs {
   StudyConfig config;
   std::string report_dir;
   std::string shard = "0/1";
+  std::vector<std::string> recipes;  // TASK:SPEC
   bool no_plots = false;
+  // Common flags given explicitly override the same field of the default recipes.
+  CLI::Option* steps_opt = nullptr;
+  CLI::Option* lr_opt = nullptr;
+  CLI::Option* batch_opt = nullptr;
 };
 
 void run_report(const StudyArgs& a) {
@@ -52,6 +57,22 @@ void run_study_cmd(StudyArgs a) {
   c.scalings.clear();
   if (a.scalings != "none")
     for (const auto& s : split_list(a.scalings, "--scalings")) c.scalings.push_back(s);
+  // Recipes: posenc's defaults, minus the fields set explicitly by --steps,
+  // --lr or --batch-size (those apply to every task), then each --recipe.
+  c.recipes = default_recipes();
+  for (auto& [task, r] : c.recipes) {
+    if (a.steps_opt->count() > 0) r.steps.reset();
+    if (a.lr_opt->count() > 0) r.lr.reset();
+    if (a.batch_opt->count() > 0) r.batch_size.reset();
+  }
+  for (const auto& spec : a.recipes) {
+    const auto colon = spec.find(':');
+    if (colon == std::string::npos)
+      throw ConfigError(fmt::format("--recipe: expected TASK:key=value[,key=value] or TASK:none (got '{}')", spec));
+    c.recipes[parse_task_kind(spec.substr(0, colon), "--recipe")] =
+        parse_task_recipe(std::string_view(spec).substr(colon + 1), "--recipe");
+  }
+  std::erase_if(c.recipes, [](const auto& kv) { return kv.second.empty(); });
   if (a.out.empty()) throw ConfigError("--out: required (the study directory, e.g. runs/study/)");
   c.out = a.out;
   {
@@ -86,12 +107,19 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--samples", a->config.samples, "evaluation samples per model and length")->capture_default_str();
   cmd->add_option("--scalings", a->scalings, "RoPE scalings evaluated on rope/rope25 models (or none)")
       ->capture_default_str();
-  cmd->add_option("--steps", a->config.train.steps, "optimizer steps per model")->capture_default_str();
-  cmd->add_option("--batch-size", a->config.train.batch_size, "sequences per step")->capture_default_str();
+  a->steps_opt = cmd->add_option("--steps", a->config.train.steps, "optimizer steps per model (every task)")
+                     ->capture_default_str();
+  a->batch_opt = cmd->add_option("--batch-size", a->config.train.batch_size, "sequences per step (every task)")
+                     ->capture_default_str();
   cmd->add_option("--dim", a->config.train.dim, "d_model")->capture_default_str();
   cmd->add_option("--layers", a->config.train.n_layers, "decoder layers")->capture_default_str();
   cmd->add_option("--heads", a->config.train.n_heads, "attention heads")->capture_default_str();
-  cmd->add_option("--lr", a->config.train.lr, "peak learning rate")->capture_default_str();
+  a->lr_opt = cmd->add_option("--lr", a->config.train.lr, "peak learning rate (every task)")->capture_default_str();
+  cmd->add_option("--recipe", a->recipes,
+                  "TASK:key=value[,...] (keys lr, steps, batch-size) or TASK:none; repeatable. Default: "
+                  "associative_recall:" + to_string(default_recipe(TrainTaskKind::associative_recall)) +
+                      " (fields also given by --steps/--lr/--batch-size yield to those)")
+      ->take_all();
   cmd->add_option("--ar-queries", a->config.train.ar_queries, "associative_recall: queries per training context (MQAR)")
       ->capture_default_str();
   cmd->add_option("--threads", a->config.train.threads, "torch/OpenMP threads")->capture_default_str();

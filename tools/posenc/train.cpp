@@ -19,6 +19,10 @@ struct TrainArgs {
   TrainConfig config;
   int eval_samples = 100;
   uint64_t eval_seed = 0;  // 0 = --seed
+  // The task's default recipe sets the fields not given explicitly.
+  CLI::Option* steps_opt = nullptr;
+  CLI::Option* lr_opt = nullptr;
+  CLI::Option* batch_opt = nullptr;
 };
 
 void run_train(TrainArgs a) {
@@ -28,8 +32,14 @@ void run_train(TrainArgs a) {
   c.pe = parse_train_encoding(a.pe, "--pe");
   c.train_lengths = parse_length_range(a.train_lengths, "--train-lengths", 1);
   c.out = a.out;
-  fmt::print(stderr, "posenc train: task {}, pe {}, lengths {}:{}, {} steps, batch {}, seed {}, {} threads\n", a.task,
-             a.pe, c.train_lengths.lo, c.train_lengths.hi, c.steps, c.batch_size, c.seed, c.threads);
+  TaskRecipe recipe = default_recipe(c.task);
+  if (a.steps_opt->count() > 0) recipe.steps.reset();
+  if (a.lr_opt->count() > 0) recipe.lr.reset();
+  if (a.batch_opt->count() > 0) recipe.batch_size.reset();
+  apply_recipe(c, recipe);
+  fmt::print(stderr, "posenc train: task {}, pe {}, lengths {}:{}, {} steps, batch {}, lr {}, seed {}, {} threads{}\n",
+             a.task, a.pe, c.train_lengths.lo, c.train_lengths.hi, c.steps, c.batch_size, c.lr, c.seed, c.threads,
+             recipe.empty() ? "" : fmt::format(" (task recipe {})", to_string(recipe)));
   const TrainResult r = train_model(c, [](const TrainProgress& p) {
     fmt::print(stderr, "  step {:5d}/{}  loss {:.4f}  lr {:.2e}  {:.1f} s\n", p.step, p.steps, p.loss, p.lr, p.seconds);
   });
@@ -57,17 +67,24 @@ void run_train(TrainArgs a) {
 void add_train_command(CLI::App& app) {
   auto a = std::make_shared<TrainArgs>();
   CLI::App* cmd = app.add_subcommand("train", "Train a tiny Transformer on a synthetic task (libtorch) and save it as a posenc checkpoint");
-  cmd->add_option("--task", a->task, "copy | reverse | addition | sort | associative_recall")->capture_default_str();
+  cmd->add_option("--task", a->task,
+                  "copy | reverse | addition | sort | associative_recall (its recipe " +
+                      to_string(default_recipe(TrainTaskKind::associative_recall)) +
+                      " sets --lr/--steps/--batch-size unless given)")
+      ->capture_default_str();
   cmd->add_option("--pe", a->pe, "nope | learned | sinusoidal | t5 | alibi | rope | rope25")->capture_default_str();
   cmd->add_option("--train-lengths", a->train_lengths, "input lengths lo:hi, drawn uniformly")->capture_default_str();
-  cmd->add_option("--steps", a->config.steps, "optimizer steps")->capture_default_str();
+  a->steps_opt = cmd->add_option("--steps", a->config.steps, "optimizer steps")
+                     ->capture_default_str();
   cmd->add_option("--seed", a->config.seed, "seed of the weights and the data")->capture_default_str();
-  cmd->add_option("--batch-size", a->config.batch_size, "sequences per step")->capture_default_str();
+  a->batch_opt = cmd->add_option("--batch-size", a->config.batch_size, "sequences per step")
+                     ->capture_default_str();
   cmd->add_option("--dim", a->config.dim, "d_model")->capture_default_str();
   cmd->add_option("--layers", a->config.n_layers, "decoder layers")->capture_default_str();
   cmd->add_option("--heads", a->config.n_heads, "attention heads")->capture_default_str();
   cmd->add_option("--hidden-dim", a->config.hidden_dim, "SwiGLU width (0 = 2 * dim)")->capture_default_str();
-  cmd->add_option("--lr", a->config.lr, "peak learning rate (AdamW)")->capture_default_str();
+  a->lr_opt = cmd->add_option("--lr", a->config.lr, "peak learning rate (AdamW)")
+                  ->capture_default_str();
   cmd->add_option("--weight-decay", a->config.weight_decay, "AdamW weight decay (matrices)")->capture_default_str();
   cmd->add_option("--warmup", a->config.warmup_steps, "linear warmup steps before the cosine decay")->capture_default_str();
   cmd->add_option("--clip", a->config.clip_norm, "gradient-norm clipping")->capture_default_str();
