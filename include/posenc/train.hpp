@@ -248,12 +248,18 @@ TaskRecipe default_recipe(TrainTaskKind task);
 std::map<TrainTaskKind, TaskRecipe> default_recipes();
 /// Parses "lr=1e-3,steps=6000,batch-size=16" (any subset, any order) or
 /// "none" (the empty recipe). Throws ConfigError naming `field` and the bad
-/// entry (unknown key, unparsable or out-of-range value).
+/// entry (unknown key, key given twice, unparsable or out-of-range value:
+/// lr in (0, kMaxLr], steps and batch-size >= 1).
 TaskRecipe parse_task_recipe(std::string_view text, std::string_view field);
 /// "lr=0.001,steps=6000,batch-size=16" (set fields only; "none" if empty).
 std::string to_string(const TaskRecipe& recipe);
 /// Sets config's lr / steps / batch_size from the recipe's set fields.
 void apply_recipe(TrainConfig& config, const TaskRecipe& recipe);
+/// Overwrites the fields of `into` that `recipe` sets (the others stay).
+void merge_recipe(TaskRecipe& into, const TaskRecipe& recipe);
+/// The largest learning rate accepted (--lr, recipes): AdamW steps beyond it
+/// are meaningless, and torch's float32 optimizer state overflows near 3e38.
+inline constexpr double kMaxLr = 10.0;
 
 struct TrainProgress {
   int step = 0;  ///< steps done

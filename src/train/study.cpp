@@ -51,11 +51,24 @@ json fixed_settings(const StudyConfig& c) {
          {"samples", c.samples},
          {"scalings", c.scalings},
          {"train", train_settings(c.train)}};
-  json recipes = json::object();
+  json recipes = json::object();  // of the study's tasks only: a recipe for a task not run changes nothing
   for (const auto& [task, r] : c.recipes)
-    if (!r.empty()) recipes[std::string(to_string(task))] = to_string(r);
+    if (!r.empty() && std::find(c.tasks.begin(), c.tasks.end(), task) != c.tasks.end())
+      recipes[std::string(to_string(task))] = to_string(r);
   if (!recipes.empty()) s["recipes"] = recipes;
   return s;
+}
+
+/// "train/lr: 0.003 in the directory, 0.01 requested; ..." for the leaves that differ.
+std::string settings_difference(const json& have, const json& want) {
+  const json a = have.flatten(), b = want.flatten();
+  std::vector<std::string> out;
+  auto shown = [](const json& j, const std::string& key) { return j.contains(key) ? j[key].dump() : "absent"; };
+  for (const auto& [key, v] : a.items())
+    if (!b.contains(key) || b[key] != v) out.push_back(fmt::format("{}: {} in the directory, {} requested", key.substr(1), v.dump(), shown(b, key)));
+  for (const auto& [key, v] : b.items())
+    if (!a.contains(key)) out.push_back(fmt::format("{}: absent in the directory, {} requested", key.substr(1), v.dump()));
+  return fmt::format("{}", fmt::join(out, "; "));
 }
 
 /// The TrainConfig of one model: the common settings, then the task's recipe.
@@ -121,9 +134,9 @@ void run_study(const StudyConfig& cfg, const std::function<void(std::string_view
     if (!study.is_object() || study.value("format", "") != "posenc-study")
       throw ConfigError(fmt::format("{}: not a posenc study file", study_json.string()));
     if (study["settings"] != fixed_settings(cfg))
-      throw ConfigError(fmt::format("--out: {} holds a study run with other settings ({}); the requested ones are {}; "
-                                    "use another --out",
-                                    cfg.out.string(), study["settings"].dump(), fixed_settings(cfg).dump()));
+      throw ConfigError(fmt::format("--out: {} holds a study run with other settings ({}); use the same settings to "
+                                    "resume it, or another --out",
+                                    cfg.out.string(), settings_difference(study["settings"], fixed_settings(cfg))));
   } else {
     study = {{"format", "posenc-study"}, {"version", 1}, {"settings", fixed_settings(cfg)},
              {"tasks", json::array()},   {"pes", json::array()},  {"seeds", json::array()}};
@@ -377,7 +390,8 @@ StudyReport write_study_report(const fs::path& dir) {
     }
     return n ? sum / n : 0.0;
   };
-  auto in_distribution_of = [&](const Run& r) {  // pooled accuracy over the training lengths
+  // Pooled accuracy over the training lengths; nullopt if none was tested.
+  auto in_distribution_of = [&](const Run& r) -> std::optional<double> {
     int64_t k = 0, n = 0;
     for (const auto& c : r.results["default"]) {
       const int len = c["length"].get<int>();
@@ -385,18 +399,21 @@ StudyReport write_study_report(const fs::path& dir) {
       k += c["correct"].get<int64_t>();
       n += c["samples"].get<int64_t>();
     }
-    return n ? static_cast<double>(k) / static_cast<double>(n) : 0.0;
+    if (n == 0) return std::nullopt;
+    return static_cast<double>(k) / static_cast<double>(n);
   };
   // A (task, seed) no encoding learned in distribution ranks nothing about
   // length generalization (every score is ~0): it is left out of the MRR and
-  // named in the report.
+  // named in the report. Without a test length in the training range there
+  // is no evidence either way, and the configuration is ranked.
   constexpr double kLearned = 0.5;
   std::vector<std::string> unlearned;
   auto learned_config = [&](const std::string& task, uint64_t seed) {
-    double best = 0.0;
+    std::optional<double> best;
     for (const Run& r : runs)
-      if (r.task == task && r.seed == seed) best = std::max(best, in_distribution_of(r));
-    return best >= kLearned;
+      if (r.task == task && r.seed == seed)
+        if (const auto a = in_distribution_of(r)) best = std::max(best.value_or(0.0), *a);
+    return !best || *best >= kLearned;
   };
   for (const auto& task : tasks)
     for (uint64_t seed : seeds) {
@@ -445,9 +462,10 @@ StudyReport write_study_report(const fs::path& dir) {
   t += fmt::format("posenc study {}: {}/{} models evaluated; train lengths {}-{}, test lengths {}-{} (step {}), {} "
                    "samples per length and seed\n",
                    dir.string(), rep.evaluations, rep.expected, train_lo, train_hi, test_lo, test_hi, st["test_lengths"][2].get<int>(), st["samples"].get<int>());
-  if (st.contains("recipes"))
+  if (st.contains("recipes") && st["recipes"].is_object())
     for (const auto& [task, r] : st["recipes"].items())
-      t += fmt::format("recipe for {}: {} (instead of the common settings)\n", task, r.get<std::string>());
+      t += fmt::format("recipe for {}: {} (instead of the common settings)\n", task,
+                       r.is_string() ? r.get<std::string>() : r.dump());
   t += "Exact-match accuracy (%) pooled over seeds and samples, [Wilson 95% interval]\n";
   std::string header = fmt::format("{:<19} {:<14}", "task", "encoding");
   for (const auto& b : buckets) header += fmt::format(" {:>20}", b.label);

@@ -32,7 +32,7 @@ void validate_train_config(const TrainConfig& c) {
   if (c.pe == TrainEncoding::rope25 && (hd % 8 != 0))
     fail_field<ConfigError>("head_dim", "rope25 rotates head_dim/4 channels, which must be even: head_dim must be a multiple of 8", hd);
   if (c.hidden_dim < 0) fail_field<ConfigError>("--hidden-dim", "must be >= 0 (0 = 2 * dim)", c.hidden_dim);
-  if (!(c.lr > 0) || !std::isfinite(c.lr)) fail_field<ConfigError>("--lr", "must be finite and > 0", c.lr);
+  if (!(c.lr > 0 && c.lr <= kMaxLr)) fail_field<ConfigError>("--lr", "must be in (0, 10]", c.lr);
   if (!(c.weight_decay >= 0)) fail_field<ConfigError>("--weight-decay", "must be >= 0", c.weight_decay);
   if (c.warmup_steps < 0) fail_field<ConfigError>("--warmup", "must be >= 0", c.warmup_steps);
   if (!(c.min_lr_ratio >= 0 && c.min_lr_ratio <= 1))
@@ -62,7 +62,9 @@ std::map<TrainTaskKind, TaskRecipe> default_recipes() {
 TaskRecipe parse_task_recipe(std::string_view text, std::string_view field) {
   TaskRecipe r;
   if (text == "none") return r;
-  if (text.empty()) throw ConfigError(fmt::format("{}: empty recipe (use key=value pairs or 'none')", field));
+  if (text.empty())
+    throw ConfigError(fmt::format("{}: empty recipe '{}' (use key=value pairs, e.g. lr=1e-3,steps=4000, or 'none')",
+                                  field, text));
   std::size_t pos = 0;
   while (pos <= text.size()) {
     const std::size_t comma = std::min(text.find(',', pos), text.size());
@@ -79,13 +81,16 @@ TaskRecipe parse_task_recipe(std::string_view text, std::string_view field) {
     if (key == "lr") {
       double v = 0;
       const auto [p, ec] = std::from_chars(b, e, v);
-      if (ec != std::errc{} || p != e || !std::isfinite(v) || !(v > 0)) bad("needs a finite lr > 0");
+      if (ec != std::errc{} || p != e || !(v > 0 && v <= kMaxLr)) bad("needs an lr in (0, 10]");
+      if (r.lr) bad("sets lr twice");
       r.lr = v;
     } else if (key == "steps" || key == "batch-size") {
       int v = 0;
       const auto [p, ec] = std::from_chars(b, e, v);
       if (ec != std::errc{} || p != e || v < 1) bad("needs an integer >= 1");
-      (key == "steps" ? r.steps : r.batch_size) = v;
+      std::optional<int>& slot = key == "steps" ? r.steps : r.batch_size;
+      if (slot) bad(fmt::format("sets {} twice", key));
+      slot = v;
     } else {
       bad("has an unknown key");
     }
@@ -100,6 +105,12 @@ std::string to_string(const TaskRecipe& r) {
   if (r.steps) parts.push_back(fmt::format("steps={}", *r.steps));
   if (r.batch_size) parts.push_back(fmt::format("batch-size={}", *r.batch_size));
   return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ","));
+}
+
+void merge_recipe(TaskRecipe& into, const TaskRecipe& r) {
+  if (r.lr) into.lr = r.lr;
+  if (r.steps) into.steps = r.steps;
+  if (r.batch_size) into.batch_size = r.batch_size;
 }
 
 void apply_recipe(TrainConfig& c, const TaskRecipe& r) {
@@ -246,7 +257,9 @@ TrainResult train_model(const TrainConfig& cfg, const std::function<void(const T
 
     const double l = loss.item<double>();
     if (!std::isfinite(l))
-      throw InvalidArgument(fmt::format("training diverged: loss {} at step {} (lower --lr?)", l, step + 1));
+      throw InvalidArgument(fmt::format("training diverged: loss {} at step {} with lr {} (lower the learning rate: "
+                                        "--lr, or the task's --recipe)",
+                                        l, step + 1, cfg.lr));
     window_loss += l;
     ++window_n;
     if (step >= cfg.steps - 100) {

@@ -90,7 +90,10 @@ TEST(TrainStudy, SmokeStudyRunsResumesAndReports) {
   // Other settings in the same directory are refused.
   const auto r4 = run_cli(kSmoke + out.string() + " --samples 13");
   EXPECT_EQ(r4.exit_code, 1);
-  EXPECT_NE(r4.err.find("other settings"), std::string::npos) << r4.err;
+  EXPECT_NE(r4.err.find("other settings (samples: 12 in the directory, 13 requested)"), std::string::npos) << r4.err;
+  const auto r5 = run_cli(kSmoke + out.string() + " --samples 12 --recipe copy:lr=0.01");
+  EXPECT_EQ(r5.exit_code, 1);
+  EXPECT_NE(r5.err.find("(recipes/copy: absent in the directory, \"lr=0.01\" requested)"), std::string::npos) << r5.err;
 
   const auto rep = run_cli("study report --no-plots " + out.string());
   ASSERT_EQ(rep.exit_code, 0) << rep.err;
@@ -113,9 +116,10 @@ namespace {
 
 // One evaluation file of a hand-made study: `in` correct of 10 at each
 // training length (8, 16) and `beyond` correct of 10 at 24 and 32.
-void write_eval(const fs::path& dir, const std::string& task, const std::string& pe, int in, int beyond) {
+void write_eval(const fs::path& dir, const std::string& task, const std::string& pe, int in, int beyond,
+                std::vector<int> lengths = {8, 16, 24, 32}) {
   nlohmann::json cells = nlohmann::json::array();
-  for (int len : {8, 16, 24, 32})
+  for (int len : lengths)
     cells.push_back({{"length", len}, {"samples", 10}, {"correct", len <= 16 ? in : beyond}, {"can_run", true},
                      {"note", ""}});
   const nlohmann::json ev{{"task", task},  {"pe", pe},     {"seed", 1}, {"samples", 10},
@@ -135,7 +139,7 @@ TEST(TrainStudy, MeanReciprocalRankOfKnownScores) {
       {"settings",
        {{"train_lengths", {8, 16}}, {"test_lengths", {8, 32, 8}}, {"samples", 10}, {"scalings", nlohmann::json::array()},
         {"recipes", {{"reverse", "lr=0.001"}}}}},
-      {"tasks", {"copy", "reverse"}},
+      {"tasks", {"copy", "reverse", "sort"}},
       {"pes", {"nope", "rope", "t5"}},
       {"seeds", {1}}};
   std::ofstream(dir / "study.json") << study.dump();
@@ -147,13 +151,17 @@ TEST(TrainStudy, MeanReciprocalRankOfKnownScores) {
   write_eval(dir, "reverse", "nope", 4, 0);
   write_eval(dir, "reverse", "rope", 3, 2);
   write_eval(dir, "reverse", "t5", 0, 0);
+  // sort was tested beyond the training range only: no evidence it was not
+  // learned, so it is ranked: t5 1 > nope 0.5 > rope 0.
+  for (const auto& [pe, beyond] : {std::pair{"nope", 5}, std::pair{"rope", 0}, std::pair{"t5", 10}})
+    write_eval(dir, "sort", pe, 0, beyond, {24, 32});
   const StudyReport r = write_study_report(dir);
   const auto s = nlohmann::json::parse(slurp(r.summary_json));
-  EXPECT_EQ(s["mrr_configurations"]["all"], 1);
+  EXPECT_EQ(s["mrr_configurations"]["all"], 2);
   EXPECT_EQ(s["mrr_left_out"], nlohmann::json::array({"reverse seed 1"}));
-  EXPECT_DOUBLE_EQ(s["mrr"]["all"]["nope"].get<double>(), 1.0);
-  EXPECT_DOUBLE_EQ(s["mrr"]["all"]["rope"].get<double>(), 1.0 / 2.5);
-  EXPECT_DOUBLE_EQ(s["mrr"]["all"]["t5"].get<double>(), 1.0 / 2.5);
+  EXPECT_DOUBLE_EQ(s["mrr"]["all"]["nope"].get<double>(), (1.0 + 0.5) / 2);
+  EXPECT_DOUBLE_EQ(s["mrr"]["all"]["rope"].get<double>(), (1.0 / 2.5 + 1.0 / 3) / 2);
+  EXPECT_DOUBLE_EQ(s["mrr"]["all"]["t5"].get<double>(), (1.0 / 2.5 + 1.0) / 2);
   EXPECT_NE(r.text.find("recipe for reverse: lr=0.001"), std::string::npos) << r.text;
   EXPECT_NE(r.text.find("below: t5 90.0%"), std::string::npos) << r.text;
 }

@@ -165,7 +165,7 @@ TEST(TrainRecipe, ParsesAppliesAndNamesBadEntries) {
   EXPECT_EQ(c.lr, 2e-3);
   EXPECT_EQ(c.steps, TrainConfig{}.steps);  // unset fields keep the common value
   for (const char* bad : {"lr=0", "lr=-1", "lr=nan", "lr=1e999", "steps=0", "steps=1.5", "steps=x", "warmup=10", "lr",
-                          "lr=", "", "lr=1e-3,"}) {
+                          "lr=", "", "lr=1e-3,", "lr=1e300", "lr=0.1,lr=0.2", "steps=1,steps=2"}) {
     try {
       (void)parse_task_recipe(bad, "--recipe");
       ADD_FAILURE() << "accepted '" << bad << "'";

@@ -1,6 +1,7 @@
 // posenc study: train and evaluate every (task, encoding, seed); `posenc study report DIR` summarises.
 #include <cstdio>
 #include <filesystem>
+#include <set>
 
 #include <fmt/format.h>
 
@@ -65,12 +66,19 @@ void run_study_cmd(StudyArgs a) {
     if (a.lr_opt->count() > 0) r.lr.reset();
     if (a.batch_opt->count() > 0) r.batch_size.reset();
   }
+  std::set<TrainTaskKind> given;
   for (const auto& spec : a.recipes) {
     const auto colon = spec.find(':');
     if (colon == std::string::npos)
       throw ConfigError(fmt::format("--recipe: expected TASK:key=value[,key=value] or TASK:none (got '{}')", spec));
-    c.recipes[parse_task_kind(spec.substr(0, colon), "--recipe")] =
-        parse_task_recipe(std::string_view(spec).substr(colon + 1), "--recipe");
+    const TrainTaskKind task = parse_task_kind(spec.substr(0, colon), "--recipe");
+    if (!given.insert(task).second)
+      throw ConfigError(fmt::format("--recipe: task '{}' given twice (put its keys in one --recipe)", to_string(task)));
+    const std::string_view body = std::string_view(spec).substr(colon + 1);
+    if (body == "none")
+      c.recipes.erase(task);
+    else
+      merge_recipe(c.recipes[task], parse_task_recipe(body, "--recipe"));  // on top of the default recipe
   }
   std::erase_if(c.recipes, [](const auto& kv) { return kv.second.empty(); });
   if (a.out.empty()) throw ConfigError("--out: required (the study directory, e.g. runs/study/)");
@@ -116,8 +124,9 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--heads", a->config.train.n_heads, "attention heads")->capture_default_str();
   a->lr_opt = cmd->add_option("--lr", a->config.train.lr, "peak learning rate (every task)")->capture_default_str();
   cmd->add_option("--recipe", a->recipes,
-                  "TASK:key=value[,...] (keys lr, steps, batch-size) or TASK:none; repeatable. Default: "
-                  "associative_recall:" + to_string(default_recipe(TrainTaskKind::associative_recall)) +
+                  "TASK:key=value[,...] (keys lr, steps, batch-size; set on top of the task's default recipe) or "
+                  "TASK:none (the common settings); repeatable. Default: associative_recall:" +
+                      to_string(default_recipe(TrainTaskKind::associative_recall)) +
                       " (fields also given by --steps/--lr/--batch-size yield to those)")
       ->take_all();
   cmd->add_option("--ar-queries", a->config.train.ar_queries, "associative_recall: queries per training context (MQAR)")
@@ -131,8 +140,12 @@ void add_study_command(CLI::App& app) {
   report->add_flag("--no-plots", a->no_plots, "skip the matplotlib plots");
   cmd->require_subcommand(0, 1);
   cmd->callback([a, report] {
-    if (report->parsed())
+    if (report->parsed()) {
+      if (!a->recipes.empty())
+        throw ConfigError("--recipe: applies when a study runs, not to `study report` (the report reads the recipes "
+                          "from study.json)");
       run_report(*a);
+    }
     else
       run_study_cmd(*a);
   });
