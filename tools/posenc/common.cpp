@@ -116,4 +116,11 @@ std::string describe(const Model& model) {
                      r.params.rope_theta, r.freqs.rotary_dim, to_string(r.layout), to_string(r.precision));
 }
 
+TaskRecipe RecipeFlags::without_explicit(TaskRecipe r) const {
+  if (steps != nullptr && steps->count() > 0) r.steps.reset();
+  if (lr != nullptr && lr->count() > 0) r.lr.reset();
+  if (batch_size != nullptr && batch_size->count() > 0) r.batch_size.reset();
+  return r;
+}
+
 }  // namespace posenc::cli

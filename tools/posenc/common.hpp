@@ -10,6 +10,7 @@
 
 #include "posenc/model.hpp"
 #include "posenc/tokenizer.hpp"
+#include "posenc/train.hpp"
 
 namespace posenc::cli {
 
@@ -45,6 +46,15 @@ std::vector<std::string> split_list(const std::string& text, const std::string& 
 /// nearest existing ancestor must be a writable directory (missing parent
 /// directories are created when the output is written).
 CLI::Validator output_path(bool directory = false);
+
+/// The --steps / --lr / --batch-size options a task recipe yields to: a field
+/// the user gave explicitly is removed from the recipe.
+struct RecipeFlags {
+  CLI::Option* steps = nullptr;
+  CLI::Option* lr = nullptr;
+  CLI::Option* batch_size = nullptr;
+  TaskRecipe without_explicit(TaskRecipe recipe) const;
+};
 
 /// One-line description of the model and its positional setup.
 std::string describe(const Model& model);

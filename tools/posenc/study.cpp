@@ -28,10 +28,7 @@ struct StudyArgs {
   std::string shard = "0/1";
   std::vector<std::string> recipes;  // TASK:SPEC
   bool no_plots = false;
-  // Common flags given explicitly override the same field of the default recipes.
-  CLI::Option* steps_opt = nullptr;
-  CLI::Option* lr_opt = nullptr;
-  CLI::Option* batch_opt = nullptr;
+  RecipeFlags flags;  // common flags given explicitly override that field of the default recipes
 };
 
 void run_report(const StudyArgs& a) {
@@ -61,11 +58,7 @@ void run_study_cmd(StudyArgs a) {
   // Recipes: posenc's defaults, minus the fields set explicitly by --steps,
   // --lr or --batch-size (those apply to every task), then each --recipe.
   c.recipes = default_recipes();
-  for (auto& [task, r] : c.recipes) {
-    if (a.steps_opt->count() > 0) r.steps.reset();
-    if (a.lr_opt->count() > 0) r.lr.reset();
-    if (a.batch_opt->count() > 0) r.batch_size.reset();
-  }
+  for (auto& [task, r] : c.recipes) r = a.flags.without_explicit(r);
   std::set<TrainTaskKind> given;
   for (const auto& spec : a.recipes) {
     const auto colon = spec.find(':');
@@ -115,14 +108,14 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--samples", a->config.samples, "evaluation samples per model and length")->capture_default_str();
   cmd->add_option("--scalings", a->scalings, "RoPE scalings evaluated on rope/rope25 models (or none)")
       ->capture_default_str();
-  a->steps_opt = cmd->add_option("--steps", a->config.train.steps, "optimizer steps per model (every task)")
+  a->flags.steps = cmd->add_option("--steps", a->config.train.steps, "optimizer steps per model (every task)")
                      ->capture_default_str();
-  a->batch_opt = cmd->add_option("--batch-size", a->config.train.batch_size, "sequences per step (every task)")
+  a->flags.batch_size = cmd->add_option("--batch-size", a->config.train.batch_size, "sequences per step (every task)")
                      ->capture_default_str();
   cmd->add_option("--dim", a->config.train.dim, "d_model")->capture_default_str();
   cmd->add_option("--layers", a->config.train.n_layers, "decoder layers")->capture_default_str();
   cmd->add_option("--heads", a->config.train.n_heads, "attention heads")->capture_default_str();
-  a->lr_opt = cmd->add_option("--lr", a->config.train.lr, "peak learning rate (every task)")->capture_default_str();
+  a->flags.lr = cmd->add_option("--lr", a->config.train.lr, "peak learning rate (every task)")->capture_default_str();
   cmd->add_option("--recipe", a->recipes,
                   "TASK:key=value[,...] (keys lr, steps, batch-size; set on top of the task's default recipe) or "
                   "TASK:none (the common settings); repeatable. Default: associative_recall:" +
@@ -145,9 +138,9 @@ void add_study_command(CLI::App& app) {
         throw ConfigError("--recipe: applies when a study runs, not to `study report` (the report reads the recipes "
                           "from study.json)");
       run_report(*a);
-    }
-    else
+    } else {
       run_study_cmd(*a);
+    }
   });
 }
 

@@ -19,10 +19,7 @@ struct TrainArgs {
   TrainConfig config;
   int eval_samples = 100;
   uint64_t eval_seed = 0;  // 0 = --seed
-  // The task's default recipe sets the fields not given explicitly.
-  CLI::Option* steps_opt = nullptr;
-  CLI::Option* lr_opt = nullptr;
-  CLI::Option* batch_opt = nullptr;
+  RecipeFlags flags;  // the task's default recipe sets the fields not given explicitly
 };
 
 void run_train(TrainArgs a) {
@@ -32,10 +29,7 @@ void run_train(TrainArgs a) {
   c.pe = parse_train_encoding(a.pe, "--pe");
   c.train_lengths = parse_length_range(a.train_lengths, "--train-lengths", 1);
   c.out = a.out;
-  TaskRecipe recipe = default_recipe(c.task);
-  if (a.steps_opt->count() > 0) recipe.steps.reset();
-  if (a.lr_opt->count() > 0) recipe.lr.reset();
-  if (a.batch_opt->count() > 0) recipe.batch_size.reset();
+  const TaskRecipe recipe = a.flags.without_explicit(default_recipe(c.task));
   apply_recipe(c, recipe);
   fmt::print(stderr, "posenc train: task {}, pe {}, lengths {}:{}, {} steps, batch {}, lr {}, seed {}, {} threads{}\n",
              a.task, a.pe, c.train_lengths.lo, c.train_lengths.hi, c.steps, c.batch_size, c.lr, c.seed, c.threads,
@@ -74,16 +68,16 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--pe", a->pe, "nope | learned | sinusoidal | t5 | alibi | rope | rope25")->capture_default_str();
   cmd->add_option("--train-lengths", a->train_lengths, "input lengths lo:hi, drawn uniformly")->capture_default_str();
-  a->steps_opt = cmd->add_option("--steps", a->config.steps, "optimizer steps")
+  a->flags.steps = cmd->add_option("--steps", a->config.steps, "optimizer steps")
                      ->capture_default_str();
   cmd->add_option("--seed", a->config.seed, "seed of the weights and the data")->capture_default_str();
-  a->batch_opt = cmd->add_option("--batch-size", a->config.batch_size, "sequences per step")
+  a->flags.batch_size = cmd->add_option("--batch-size", a->config.batch_size, "sequences per step")
                      ->capture_default_str();
   cmd->add_option("--dim", a->config.dim, "d_model")->capture_default_str();
   cmd->add_option("--layers", a->config.n_layers, "decoder layers")->capture_default_str();
   cmd->add_option("--heads", a->config.n_heads, "attention heads")->capture_default_str();
   cmd->add_option("--hidden-dim", a->config.hidden_dim, "SwiGLU width (0 = 2 * dim)")->capture_default_str();
-  a->lr_opt = cmd->add_option("--lr", a->config.lr, "peak learning rate (AdamW)")
+  a->flags.lr = cmd->add_option("--lr", a->config.lr, "peak learning rate (AdamW)")
                   ->capture_default_str();
   cmd->add_option("--weight-decay", a->config.weight_decay, "AdamW weight decay (matrices)")->capture_default_str();
   cmd->add_option("--warmup", a->config.warmup_steps, "linear warmup steps before the cosine decay")->capture_default_str();
