@@ -72,6 +72,8 @@ uint64_t derive_seed(uint64_t seed, std::string_view label, int64_t index = 0);
 ///                        the previous position).
 /// The separator is "=" for addition and ">" for copy, reverse and sort.
 enum class TrainTaskKind { copy, reverse, addition, sort, associative_recall };
+inline constexpr TrainTaskKind kTrainTaskKinds[] = {TrainTaskKind::copy, TrainTaskKind::reverse, TrainTaskKind::addition,
+                                                    TrainTaskKind::sort, TrainTaskKind::associative_recall};
 std::string_view to_string(TrainTaskKind kind);
 /// Parses the names above. Throws ConfigError naming `field` and the value.
 TrainTaskKind parse_task_kind(std::string_view text, std::string_view field = "--task");

@@ -53,7 +53,7 @@ std::string_view to_string(TrainTaskKind kind) {
 }
 
 TrainTaskKind parse_task_kind(std::string_view text, std::string_view field) {
-  for (auto k : {TrainTaskKind::copy, TrainTaskKind::reverse, TrainTaskKind::addition, TrainTaskKind::sort, TrainTaskKind::associative_recall})
+  for (auto k : kTrainTaskKinds)
     if (to_string(k) == text) return k;
   throw ConfigError(fmt::format("{}: unknown task '{}' (known: copy, reverse, addition, sort, associative_recall)",
                                 field, text));

@@ -53,8 +53,7 @@ TaskRecipe default_recipe(TrainTaskKind task) {
 
 std::map<TrainTaskKind, TaskRecipe> default_recipes() {
   std::map<TrainTaskKind, TaskRecipe> out;
-  for (auto k : {TrainTaskKind::copy, TrainTaskKind::reverse, TrainTaskKind::addition, TrainTaskKind::sort,
-                 TrainTaskKind::associative_recall})
+  for (auto k : kTrainTaskKinds)
     if (TaskRecipe r = default_recipe(k); !r.empty()) out.emplace(k, r);
   return out;
 }

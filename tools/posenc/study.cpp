@@ -109,9 +109,9 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--scalings", a->scalings, "RoPE scalings evaluated on rope/rope25 models (or none)")
       ->capture_default_str();
   a->flags.steps = cmd->add_option("--steps", a->config.train.steps, "optimizer steps per model (every task)")
-                     ->capture_default_str();
-  a->flags.batch_size = cmd->add_option("--batch-size", a->config.train.batch_size, "sequences per step (every task)")
-                     ->capture_default_str();
+                       ->capture_default_str();
+  a->flags.batch_size =
+      cmd->add_option("--batch-size", a->config.train.batch_size, "sequences per step (every task)")->capture_default_str();
   cmd->add_option("--dim", a->config.train.dim, "d_model")->capture_default_str();
   cmd->add_option("--layers", a->config.train.n_layers, "decoder layers")->capture_default_str();
   cmd->add_option("--heads", a->config.train.n_heads, "attention heads")->capture_default_str();
