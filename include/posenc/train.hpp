@@ -307,16 +307,27 @@ int64_t trained_context_for(const Task& task, LengthRange train_lengths, int ar_
 
 // ---- the BLAS under torch -------------------------------------------------------
 
-/// Debian's OpenBLAS 0.3.21 (DYNAMIC_ARCH) reports Cooper Lake CPUs as
-/// "Cooperlake" but then runs generic SSE3-era kernels: sgemm is ~5x slower
-/// than with its SkylakeX (AVX-512) kernels (OpenBLAS PR #3806 fixed the
-/// Cooper Lake selection later). The kernels are chosen when the library loads,
-/// from the environment variable OPENBLAS_CORETYPE. If the loaded OpenBLAS
-/// reports "Cooperlake" and OPENBLAS_CORETYPE is unset, this sets it to
-/// "SkylakeX" (plus OPENBLAS_NUM_THREADS=1, see set_openblas_threads) and
-/// re-executes the current program with the same arguments (/proc/self/exe,
-/// /proc/self/cmdline); it does not return then. Otherwise (another BLAS,
-/// another CPU, variable already set, exec failure) it returns false.
+/// Debian's OpenBLAS 0.3.21 (DYNAMIC_ARCH) picks slow kernels on recent Xeons:
+/// it reports Cooper Lake CPUs as "Cooperlake" but runs generic SSE3-era
+/// kernels (OpenBLAS PR #3806 fixed that later), and CPUs it does not know
+/// (Emerald Rapids, family 6 model 207) fall back to "Prescott". Either way
+/// sgemm runs SSE3 code: a training step of the study's model took 81 ms
+/// instead of 35 ms with the SkylakeX (AVX-512) kernels on an Emerald Rapids
+/// core. The kernels are chosen when the library loads, from the environment
+/// variable OPENBLAS_CORETYPE.
+///
+/// fast_openblas_coretype(reported) returns the core type to force for the
+/// core name the loaded OpenBLAS reported: "SkylakeX" when that name is
+/// "Cooperlake" or "Prescott" and the CPU has AVX-512 F/BW/VL/DQ, "Haswell"
+/// when it has AVX2 and FMA; nullptr otherwise (nothing to fix).
+const char* fast_openblas_coretype(const char* reported);
+
+/// If the loaded OpenBLAS reports a slow core (fast_openblas_coretype) and
+/// OPENBLAS_CORETYPE is unset, this sets it (plus OPENBLAS_NUM_THREADS=1, see
+/// set_openblas_threads) and re-executes the current program with the same
+/// arguments (/proc/self/exe, /proc/self/cmdline); it does not return then.
+/// Otherwise (another BLAS, a fast core, variable already set, exec failure)
+/// it returns false.
 bool reexec_for_fast_openblas();
 
 /// openblas_set_num_threads(n) when the loaded BLAS is OpenBLAS (looked up

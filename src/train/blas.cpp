@@ -22,13 +22,26 @@ bool set_openblas_threads(int n) {
   return true;
 }
 
+const char* fast_openblas_coretype(const char* reported) {
+  if (!reported) return nullptr;
+  const bool slow = std::strcmp(reported, "Cooperlake") == 0 || std::strcmp(reported, "Prescott") == 0;
+  if (!slow) return nullptr;
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  return nullptr;
+}
+
 bool reexec_for_fast_openblas() {
   if (std::getenv("OPENBLAS_CORETYPE")) return false;
   using CoreName = char* (*)();
   auto* corename = reinterpret_cast<CoreName>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
   if (!corename) return false;
   const char* core = corename();
-  if (!core || std::strcmp(core, "Cooperlake") != 0) return false;
+  const char* fast = fast_openblas_coretype(core);
+  if (!fast) return false;
   std::ifstream in("/proc/self/cmdline", std::ios::binary);
   const std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<std::string> args;
@@ -42,7 +55,7 @@ bool reexec_for_fast_openblas() {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
-  ::setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
+  ::setenv("OPENBLAS_CORETYPE", fast, 1);
   if (!std::getenv("OPENBLAS_NUM_THREADS")) ::setenv("OPENBLAS_NUM_THREADS", "1", 1);
   std::fflush(stdout);
   std::fflush(stderr);

@@ -239,3 +239,20 @@ TEST(TrainEvaluate, ExactMatchAgreesWithGreedyDecodingOneSampleAtATime) {
   }
   EXPECT_EQ(cells[0].correct, correct);
 }
+
+TEST(TrainBlas, SlowOpenBlasCoresAreReplacedByTheFastestTheCpuRuns) {
+  // Only the two names 0.3.21 falls back to on recent Xeons are replaced.
+  EXPECT_EQ(fast_openblas_coretype(nullptr), nullptr);
+  EXPECT_EQ(fast_openblas_coretype("SkylakeX"), nullptr);
+  EXPECT_EQ(fast_openblas_coretype("Haswell"), nullptr);
+  EXPECT_EQ(fast_openblas_coretype("Zen"), nullptr);
+  __builtin_cpu_init();
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const std::string expected = avx512 ? "SkylakeX" : avx2 ? "Haswell" : "";
+  for (const char* reported : {"Prescott", "Cooperlake"}) {
+    const char* fast = fast_openblas_coretype(reported);
+    EXPECT_EQ(fast ? std::string(fast) : std::string(), expected) << reported;
+  }
+}
