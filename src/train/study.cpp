@@ -41,6 +41,7 @@ json train_settings(const TrainConfig& t) {
           {"warmup_steps", t.warmup_steps},
           {"min_lr_ratio", t.min_lr_ratio},
           {"clip_norm", t.clip_norm},
+          {"curriculum", t.curriculum},
           {"ar_queries", t.ar_queries}};
 }
 

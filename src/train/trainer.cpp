@@ -39,6 +39,8 @@ void validate_train_config(const TrainConfig& c) {
     fail_field<ConfigError>("min_lr_ratio", "must be in [0, 1]", c.min_lr_ratio);
   if (!(c.clip_norm > 0)) fail_field<ConfigError>("--clip", "must be > 0", c.clip_norm);
   if (c.threads < 0) fail_field<ConfigError>("--threads", "must be >= 0", c.threads);
+  if (!(c.curriculum >= 0 && c.curriculum < 1))
+    fail_field<ConfigError>("curriculum", "must be in [0, 1) (a fraction of the steps)", c.curriculum);
   if (c.ar_queries < 1) fail_field<ConfigError>("--ar-queries", "must be >= 1", c.ar_queries);
 }
 
@@ -46,7 +48,7 @@ TaskRecipe default_recipe(TrainTaskKind task) {
   TaskRecipe r;
   if (task == TrainTaskKind::associative_recall) {
     r.lr = 1e-3;
-    r.steps = 4000;
+    r.steps = 6000;
   }
   return r;
 }
@@ -62,7 +64,7 @@ TaskRecipe parse_task_recipe(std::string_view text, std::string_view field) {
   TaskRecipe r;
   if (text == "none") return r;
   if (text.empty())
-    throw ConfigError(fmt::format("{}: empty recipe '{}' (use key=value pairs, e.g. lr=1e-3,steps=4000, or 'none')",
+    throw ConfigError(fmt::format("{}: empty recipe '{}' (use key=value pairs, e.g. lr=1e-3,steps=6000, or 'none')",
                                   field, text));
   std::size_t pos = 0;
   while (pos <= text.size()) {
@@ -72,7 +74,7 @@ TaskRecipe parse_task_recipe(std::string_view text, std::string_view field) {
     const std::string_view key = entry.substr(0, eq == std::string_view::npos ? entry.size() : eq);
     const std::string_view value = eq == std::string_view::npos ? std::string_view{} : entry.substr(eq + 1);
     auto bad = [&](std::string_view why) {
-      throw ConfigError(fmt::format("{}: '{}' {} (recipe keys: lr, steps, batch-size)", field, entry, why));
+      throw ConfigError(fmt::format("{}: '{}' {} (recipe keys: lr, steps, batch-size, curriculum)", field, entry, why));
     };
     if (eq == std::string_view::npos || value.empty()) bad("is not key=value");
     const char* b = value.data();
@@ -83,6 +85,12 @@ TaskRecipe parse_task_recipe(std::string_view text, std::string_view field) {
       if (ec != std::errc{} || p != e || !(v > 0 && v <= kMaxLr)) bad("needs an lr in (0, 10]");
       if (r.lr) bad("sets lr twice");
       r.lr = v;
+    } else if (key == "curriculum") {
+      double v = 0;
+      const auto [p, ec] = std::from_chars(b, e, v);
+      if (ec != std::errc{} || p != e || !(v >= 0 && v < 1)) bad("needs a fraction of the steps in [0, 1)");
+      if (r.curriculum) bad("sets curriculum twice");
+      r.curriculum = v;
     } else if (key == "steps" || key == "batch-size") {
       int v = 0;
       const auto [p, ec] = std::from_chars(b, e, v);
@@ -103,6 +111,7 @@ std::string to_string(const TaskRecipe& r) {
   if (r.lr) parts.push_back(fmt::format("lr={}", *r.lr));
   if (r.steps) parts.push_back(fmt::format("steps={}", *r.steps));
   if (r.batch_size) parts.push_back(fmt::format("batch-size={}", *r.batch_size));
+  if (r.curriculum) parts.push_back(fmt::format("curriculum={}", *r.curriculum));
   return parts.empty() ? "none" : fmt::format("{}", fmt::join(parts, ","));
 }
 
@@ -110,12 +119,14 @@ void merge_recipe(TaskRecipe& into, const TaskRecipe& r) {
   if (r.lr) into.lr = r.lr;
   if (r.steps) into.steps = r.steps;
   if (r.batch_size) into.batch_size = r.batch_size;
+  if (r.curriculum) into.curriculum = r.curriculum;
 }
 
 void apply_recipe(TrainConfig& c, const TaskRecipe& r) {
   if (r.lr) c.lr = *r.lr;
   if (r.steps) c.steps = *r.steps;
   if (r.batch_size) c.batch_size = *r.batch_size;
+  if (r.curriculum) c.curriculum = *r.curriculum;
 }
 
 namespace {
@@ -126,6 +137,18 @@ double lr_at(const TrainConfig& c, int step) {  // step: 0-based index of the up
   const double t = std::min(1.0, static_cast<double>(step - c.warmup_steps) / decay);
   const double cosine = 0.5 * (1.0 + std::cos(M_PI * t));
   return c.lr * (c.min_lr_ratio + (1.0 - c.min_lr_ratio) * cosine);
+}
+
+/// How many of the (ascending) valid lengths step `step` draws from: all of
+/// them after the curriculum; during it, those up to a bound that grows
+/// linearly from the shortest to the longest (at least one).
+std::size_t curriculum_count(const TrainConfig& c, const std::vector<int>& lengths, int step) {
+  const double ramp = c.curriculum * c.steps;
+  if (step >= ramp) return lengths.size();
+  const double bound = lengths.front() + (lengths.back() - lengths.front()) * (step + 1) / ramp;
+  std::size_t k = 1;
+  while (k < lengths.size() && lengths[k] <= bound) ++k;
+  return k;
 }
 
 }  // namespace
@@ -220,9 +243,10 @@ TrainResult train_model(const TrainConfig& cfg, const std::function<void(const T
   double window_loss = 0.0, tail_loss = 0.0;
   int window_n = 0, tail_n = 0;
   for (int step = 0; step < cfg.steps; ++step) {
-    // One input length per step (drawn uniformly from the valid lengths), so
-    // a batch needs no padding; every sample reads T positions.
-    const int n = lengths[static_cast<std::size_t>(rng.below(lengths.size()))];
+    // One input length per step (drawn uniformly from the valid lengths, up
+    // to the curriculum's bound), so a batch needs no padding; every sample
+    // reads T positions.
+    const int n = lengths[static_cast<std::size_t>(rng.below(curriculum_count(cfg, lengths, step)))];
     const int64_t T = task.training_positions(n, cfg.ar_queries);
     for (auto& s : batch) s = task.training_sequence(rng, n, cfg.ar_queries);
     tokens.assign(B * static_cast<std::size_t>(T), 0);
@@ -290,6 +314,7 @@ TrainResult train_model(const TrainConfig& cfg, const std::function<void(const T
                        {"betas", {0.9, 0.98}},   {"weight_decay", cfg.weight_decay},
                        {"warmup_steps", cfg.warmup_steps}, {"schedule", "linear warmup, cosine decay"},
                        {"min_lr_ratio", cfg.min_lr_ratio}, {"clip_norm", cfg.clip_norm}};
+  meta["curriculum"] = cfg.curriculum;
   meta["loss"] = "mean cross-entropy over answer tokens (output and <eos>)";
   meta["threads"] = cfg.threads;
   meta["parameters"] = res.parameters;

@@ -150,12 +150,16 @@ TEST(TrainModel, BadHyperParametersAreConfigErrors) {
   c = tiny(TrainTaskKind::associative_recall, TrainEncoding::rope);
   c.train_lengths = {3, 3, 1};  // no valid associative-recall length
   EXPECT_THROW(train_model(c), ConfigError);
+  c = tiny(TrainTaskKind::copy, TrainEncoding::rope);
+  c.curriculum = 1.0;  // the whole run would be a ramp that never reaches the longest length
+  EXPECT_THROW(train_model(c), ConfigError);
 }
 
 TEST(TrainRecipe, ParsesAppliesAndNamesBadEntries) {
-  const TaskRecipe r = parse_task_recipe("steps=6000,lr=1e-3,batch-size=16", "--recipe");
-  EXPECT_EQ(to_string(r), "lr=0.001,steps=6000,batch-size=16");
-  EXPECT_EQ(parse_task_recipe("steps=4000,lr=1e-3", "--recipe"), default_recipe(TrainTaskKind::associative_recall));
+  const TaskRecipe r = parse_task_recipe("curriculum=0.25,steps=6000,lr=1e-3,batch-size=16", "--recipe");
+  EXPECT_EQ(to_string(r), "lr=0.001,steps=6000,batch-size=16,curriculum=0.25");
+  EXPECT_EQ(parse_task_recipe("steps=6000,lr=1e-3", "--recipe"),
+            default_recipe(TrainTaskKind::associative_recall));
   EXPECT_EQ(parse_task_recipe(to_string(r), "--recipe"), r);  // round trip
   EXPECT_TRUE(parse_task_recipe("none", "--recipe").empty());
   EXPECT_TRUE(default_recipe(TrainTaskKind::copy).empty());
@@ -165,7 +169,8 @@ TEST(TrainRecipe, ParsesAppliesAndNamesBadEntries) {
   EXPECT_EQ(c.lr, 2e-3);
   EXPECT_EQ(c.steps, TrainConfig{}.steps);  // unset fields keep the common value
   for (const char* bad : {"lr=0", "lr=-1", "lr=nan", "lr=1e999", "steps=0", "steps=1.5", "steps=x", "warmup=10", "lr",
-                          "lr=", "", "lr=1e-3,", "lr=1e300", "lr=0.1,lr=0.2", "steps=1,steps=2"}) {
+                          "lr=", "", "lr=1e-3,", "lr=1e300", "lr=0.1,lr=0.2", "steps=1,steps=2", "curriculum=1",
+                          "curriculum=-0.1", "curriculum=nan", "curriculum=0.5,curriculum=0.5"}) {
     try {
       (void)parse_task_recipe(bad, "--recipe");
       ADD_FAILURE() << "accepted '" << bad << "'";

@@ -120,6 +120,7 @@ TaskRecipe RecipeFlags::without_explicit(TaskRecipe r) const {
   if (steps != nullptr && steps->count() > 0) r.steps.reset();
   if (lr != nullptr && lr->count() > 0) r.lr.reset();
   if (batch_size != nullptr && batch_size->count() > 0) r.batch_size.reset();
+  if (curriculum != nullptr && curriculum->count() > 0) r.curriculum.reset();
   return r;
 }
 

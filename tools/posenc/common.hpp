@@ -47,12 +47,13 @@ std::vector<std::string> split_list(const std::string& text, const std::string& 
 /// directories are created when the output is written).
 CLI::Validator output_path(bool directory = false);
 
-/// The --steps / --lr / --batch-size options a task recipe yields to: a field
+/// The --steps / --lr / --batch-size / --curriculum options a task recipe yields to: a field
 /// the user gave explicitly is removed from the recipe.
 struct RecipeFlags {
   CLI::Option* steps = nullptr;
   CLI::Option* lr = nullptr;
   CLI::Option* batch_size = nullptr;
+  CLI::Option* curriculum = nullptr;
   TaskRecipe without_explicit(TaskRecipe recipe) const;
 };
 

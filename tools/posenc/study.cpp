@@ -116,11 +116,15 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--layers", a->config.train.n_layers, "decoder layers")->capture_default_str();
   cmd->add_option("--heads", a->config.train.n_heads, "attention heads")->capture_default_str();
   a->flags.lr = cmd->add_option("--lr", a->config.train.lr, "peak learning rate (every task)")->capture_default_str();
+  a->flags.curriculum = cmd->add_option("--curriculum", a->config.train.curriculum,
+                                        "fraction of the steps over which the longest drawn length grows from the "
+                                        "shortest to the longest (every task; 0 = off)")
+                            ->capture_default_str();
   cmd->add_option("--recipe", a->recipes,
-                  "TASK:key=value[,...] (keys lr, steps, batch-size; set on top of the task's default recipe) or "
+                  "TASK:key=value[,...] (keys lr, steps, batch-size, curriculum; set on top of the task's default recipe) or "
                   "TASK:none (the common settings); repeatable. Default: associative_recall:" +
                       to_string(default_recipe(TrainTaskKind::associative_recall)) +
-                      " (fields also given by --steps/--lr/--batch-size yield to those)")
+                      " (fields also given by --steps/--lr/--batch-size/--curriculum yield to those)")
       ->take_all();
   cmd->add_option("--ar-queries", a->config.train.ar_queries, "associative_recall: queries per training context (MQAR)")
       ->capture_default_str();

@@ -31,8 +31,11 @@ void run_train(TrainArgs a) {
   c.out = a.out;
   const TaskRecipe recipe = a.flags.without_explicit(default_recipe(c.task));
   apply_recipe(c, recipe);
-  fmt::print(stderr, "posenc train: task {}, pe {}, lengths {}:{}, {} steps, batch {}, lr {}, seed {}, {} threads{}\n",
-             a.task, a.pe, c.train_lengths.lo, c.train_lengths.hi, c.steps, c.batch_size, c.lr, c.seed, c.threads,
+  fmt::print(stderr,
+             "posenc train: task {}, pe {}, lengths {}:{}, {} steps, batch {}, lr {}, curriculum {}, seed {}, {} "
+             "threads{}\n",
+             a.task, a.pe, c.train_lengths.lo, c.train_lengths.hi, c.steps, c.batch_size, c.lr, c.curriculum, c.seed,
+             c.threads,
              recipe.empty() ? "" : fmt::format(" (task recipe {})", to_string(recipe)));
   const TrainResult r = train_model(c, [](const TrainProgress& p) {
     fmt::print(stderr, "  step {:5d}/{}  loss {:.4f}  lr {:.2e}  {:.1f} s\n", p.step, p.steps, p.loss, p.lr, p.seconds);
@@ -64,7 +67,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--task", a->task,
                   "copy | reverse | addition | sort | associative_recall (its recipe " +
                       to_string(default_recipe(TrainTaskKind::associative_recall)) +
-                      " sets --lr/--steps/--batch-size unless given)")
+                      " sets --lr/--steps/--batch-size/--curriculum unless given)")
       ->capture_default_str();
   cmd->add_option("--pe", a->pe, "nope | learned | sinusoidal | t5 | alibi | rope | rope25")->capture_default_str();
   cmd->add_option("--train-lengths", a->train_lengths, "input lengths lo:hi, drawn uniformly")->capture_default_str();
@@ -80,6 +83,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--weight-decay", a->config.weight_decay, "AdamW weight decay (matrices)")->capture_default_str();
   cmd->add_option("--warmup", a->config.warmup_steps, "linear warmup steps before the cosine decay")->capture_default_str();
   cmd->add_option("--clip", a->config.clip_norm, "gradient-norm clipping")->capture_default_str();
+  a->flags.curriculum = cmd->add_option("--curriculum", a->config.curriculum,
+                                        "fraction of the steps over which the longest drawn length grows from the "
+                                        "shortest to the longest (0 = off)")
+                            ->capture_default_str();
   cmd->add_option("--ar-queries", a->config.ar_queries, "associative_recall: queries per training context (MQAR)")
       ->capture_default_str();
   cmd->add_option("--threads", a->config.threads, "torch/OpenMP threads (fixed for determinism)")->capture_default_str();
