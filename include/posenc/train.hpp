@@ -295,6 +295,13 @@ struct TrainResult {
   std::string metadata_json;         ///< what the checkpoint's metadata holds
 };
 
+/// How many of `lengths` (the task's valid training lengths, ascending) the
+/// 0-based step `step` draws from under config.curriculum: all of them once
+/// step >= curriculum * steps; before that, those up to a bound that grows
+/// linearly from lengths.front() (step 0) to lengths.back(), and at least one.
+/// 0 for an empty list.
+std::size_t curriculum_count(const TrainConfig& config, const std::vector<int>& lengths, int step);
+
 /// Checks the hyper-parameters of `config` (steps, batch size, dimensions,
 /// heads dividing dim with an even head_dim, rope25's head_dim multiple of 8,
 /// lr, weight decay, warmup, clipping, threads, ar_queries) without training.

@@ -464,6 +464,17 @@ StudyReport write_study_report(const fs::path& dir) {
   t += fmt::format("posenc study {}: {}/{} models evaluated; train lengths {}-{}, test lengths {}-{} (step {}), {} "
                    "samples per length and seed\n",
                    dir.string(), rep.evaluations, rep.expected, train_lo, train_hi, test_lo, test_hi, st["test_lengths"][2].get<int>(), st["samples"].get<int>());
+  if (st.contains("train") && st["train"].is_object()) {
+    const json& tr = st["train"];
+    auto num = [&](const char* key) { return tr.contains(key) && tr[key].is_number() ? tr[key].dump() : "?"; };
+    t += fmt::format("common settings: {} layers, d_model {}, {} heads; {} steps of {} sequences, AdamW lr {}, "
+                     "curriculum {}{}\n",
+                     num("n_layers"), num("dim"), num("n_heads"), num("steps"), num("batch_size"), num("lr"),
+                     tr.contains("curriculum") ? num("curriculum") : "0 (not recorded)",
+                     tr.contains("ar_queries") ? fmt::format("; associative recall trains {} queries per context",
+                                                             num("ar_queries"))
+                                               : "");
+  }
   if (st.contains("recipes") && st["recipes"].is_object())
     for (const auto& [task, r] : st["recipes"].items())
       t += fmt::format("recipe for {}: {} (instead of the common settings)\n", task,

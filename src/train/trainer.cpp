@@ -139,10 +139,10 @@ double lr_at(const TrainConfig& c, int step) {  // step: 0-based index of the up
   return c.lr * (c.min_lr_ratio + (1.0 - c.min_lr_ratio) * cosine);
 }
 
-/// How many of the (ascending) valid lengths step `step` draws from: all of
-/// them after the curriculum; during it, those up to a bound that grows
-/// linearly from the shortest to the longest (at least one).
+}  // namespace
+
 std::size_t curriculum_count(const TrainConfig& c, const std::vector<int>& lengths, int step) {
+  if (lengths.empty()) return 0;
   const double ramp = c.curriculum * c.steps;
   if (step >= ramp) return lengths.size();
   const double bound = lengths.front() + (lengths.back() - lengths.front()) * (step + 1) / ramp;
@@ -150,8 +150,6 @@ std::size_t curriculum_count(const TrainConfig& c, const std::vector<int>& lengt
   while (k < lengths.size() && lengths[k] <= bound) ++k;
   return k;
 }
-
-}  // namespace
 
 int64_t trained_context_for(const Task& task, LengthRange r, int ar_queries) {
   int64_t ctx = 0;

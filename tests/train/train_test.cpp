@@ -155,6 +155,28 @@ TEST(TrainModel, BadHyperParametersAreConfigErrors) {
   EXPECT_THROW(train_model(c), ConfigError);
 }
 
+TEST(TrainModel, CurriculumRampsTheLongestLengthOverItsFraction) {
+  TrainConfig c;
+  c.steps = 1000;
+  c.curriculum = 0.5;
+  const std::vector<int> lengths = Task(TrainTaskKind::associative_recall).lengths_in(8, 32);  // 8, 10, ..., 32
+  ASSERT_EQ(lengths.size(), 13u);
+  EXPECT_EQ(curriculum_count(c, lengths, 0), 1u);    // the shortest length only
+  EXPECT_EQ(curriculum_count(c, lengths, 249), 7u);  // half-way up the ramp: bound 20, lengths 8..20
+  EXPECT_EQ(curriculum_count(c, lengths, 499), 13u);
+  EXPECT_EQ(curriculum_count(c, lengths, 500), 13u);
+  std::size_t previous = 0;
+  for (int step = 0; step < c.steps; ++step) {  // never shrinks, never exceeds the list
+    const std::size_t k = curriculum_count(c, lengths, step);
+    EXPECT_GE(k, previous);
+    EXPECT_LE(k, lengths.size());
+    previous = k;
+  }
+  c.curriculum = 0.0;
+  EXPECT_EQ(curriculum_count(c, lengths, 0), 13u);
+  EXPECT_EQ(curriculum_count(c, {}, 0), 0u);
+}
+
 TEST(TrainRecipe, ParsesAppliesAndNamesBadEntries) {
   const TaskRecipe r = parse_task_recipe("curriculum=0.25,steps=6000,lr=1e-3,batch-size=16", "--recipe");
   EXPECT_EQ(to_string(r), "lr=0.001,steps=6000,batch-size=16,curriculum=0.25");
