@@ -40,7 +40,7 @@ void validate_train_config(const TrainConfig& c) {
   if (!(c.clip_norm > 0)) fail_field<ConfigError>("--clip", "must be > 0", c.clip_norm);
   if (c.threads < 0) fail_field<ConfigError>("--threads", "must be >= 0", c.threads);
   if (!(c.curriculum >= 0 && c.curriculum < 1))
-    fail_field<ConfigError>("curriculum", "must be in [0, 1) (a fraction of the steps)", c.curriculum);
+    fail_field<ConfigError>("--curriculum", "must be in [0, 1) (a fraction of the steps)", c.curriculum);
   if (c.ar_queries < 1) fail_field<ConfigError>("--ar-queries", "must be >= 1", c.ar_queries);
 }
 

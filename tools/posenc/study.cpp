@@ -119,7 +119,7 @@ void add_study_command(CLI::App& app) {
   a->flags.curriculum = cmd->add_option("--curriculum", a->config.train.curriculum,
                                         "fraction of the steps over which the longest drawn length grows from the "
                                         "shortest to the longest (every task; 0 = off)")
-                            ->capture_default_str();
+                            ->check(CLI::Number)->capture_default_str();
   cmd->add_option("--recipe", a->recipes,
                   "TASK:key=value[,...] (keys lr, steps, batch-size, curriculum; set on top of the task's default recipe) or "
                   "TASK:none (the common settings); repeatable. Default: associative_recall:" +

@@ -86,7 +86,7 @@ void add_train_command(CLI::App& app) {
   a->flags.curriculum = cmd->add_option("--curriculum", a->config.curriculum,
                                         "fraction of the steps over which the longest drawn length grows from the "
                                         "shortest to the longest (0 = off)")
-                            ->capture_default_str();
+                            ->check(CLI::Number)->capture_default_str();
   cmd->add_option("--ar-queries", a->config.ar_queries, "associative_recall: queries per training context (MQAR)")
       ->capture_default_str();
   cmd->add_option("--threads", a->config.threads, "torch/OpenMP threads (fixed for determinism)")->capture_default_str();
