@@ -79,28 +79,25 @@ TaskRecipe parse_task_recipe(std::string_view text, std::string_view field) {
     if (eq == std::string_view::npos || value.empty()) bad("is not key=value");
     const char* b = value.data();
     const char* e = value.data() + value.size();
-    if (key == "lr") {
-      double v = 0;
+    // Parses the value as a T, checks its range and that the key is new.
+    auto set = [&]<typename T>(std::optional<T>& slot, auto in_range, std::string_view why) {
+      T v{};
       const auto [p, ec] = std::from_chars(b, e, v);
-      if (ec != std::errc{} || p != e || !(v > 0 && v <= kMaxLr)) bad("needs an lr in (0, 10]");
-      if (r.lr) bad("sets lr twice");
-      r.lr = v;
-    } else if (key == "curriculum") {
-      double v = 0;
-      const auto [p, ec] = std::from_chars(b, e, v);
-      if (ec != std::errc{} || p != e || !(v >= 0 && v < 1)) bad("needs a fraction of the steps in [0, 1)");
-      if (r.curriculum) bad("sets curriculum twice");
-      r.curriculum = v;
-    } else if (key == "steps" || key == "batch-size") {
-      int v = 0;
-      const auto [p, ec] = std::from_chars(b, e, v);
-      if (ec != std::errc{} || p != e || v < 1) bad("needs an integer >= 1");
-      std::optional<int>& slot = key == "steps" ? r.steps : r.batch_size;
+      if (ec != std::errc{} || p != e || !in_range(v)) bad(why);
       if (slot) bad(fmt::format("sets {} twice", key));
       slot = v;
-    } else {
+    };
+    auto at_least_one = [](int v) { return v >= 1; };
+    if (key == "lr")
+      set(r.lr, [](double v) { return v > 0 && v <= kMaxLr; }, "needs an lr in (0, 10]");
+    else if (key == "curriculum")
+      set(r.curriculum, [](double v) { return v >= 0 && v < 1; }, "needs a fraction of the steps in [0, 1)");
+    else if (key == "steps")
+      set(r.steps, at_least_one, "needs an integer >= 1");
+    else if (key == "batch-size")
+      set(r.batch_size, at_least_one, "needs an integer >= 1");
+    else
       bad("has an unknown key");
-    }
     pos = comma + 1;
   }
   return r;

@@ -116,6 +116,16 @@ std::string describe(const Model& model) {
                      r.params.rope_theta, r.freqs.rotary_dim, to_string(r.layout), to_string(r.precision));
 }
 
+CLI::Option* add_curriculum_option(CLI::App* cmd, double& value, const std::string& scope) {
+  return cmd
+      ->add_option("--curriculum", value,
+                   "fraction of the steps over which the longest drawn length grows from the shortest to the "
+                   "longest (0 = off)" +
+                       (scope.empty() ? std::string() : " " + scope))
+      ->check(CLI::Number)
+      ->capture_default_str();
+}
+
 TaskRecipe RecipeFlags::without_explicit(TaskRecipe r) const {
   if (steps != nullptr && steps->count() > 0) r.steps.reset();
   if (lr != nullptr && lr->count() > 0) r.lr.reset();

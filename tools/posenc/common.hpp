@@ -57,6 +57,10 @@ struct RecipeFlags {
   TaskRecipe without_explicit(TaskRecipe recipe) const;
 };
 
+/// Adds --curriculum (TrainConfig::curriculum; must be a number) bound to
+/// `value`; `scope` is appended to its help text (e.g. "(every task)").
+CLI::Option* add_curriculum_option(CLI::App* cmd, double& value, const std::string& scope = "");
+
 /// One-line description of the model and its positional setup.
 std::string describe(const Model& model);
 

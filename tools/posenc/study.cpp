@@ -116,10 +116,7 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--layers", a->config.train.n_layers, "decoder layers")->capture_default_str();
   cmd->add_option("--heads", a->config.train.n_heads, "attention heads")->capture_default_str();
   a->flags.lr = cmd->add_option("--lr", a->config.train.lr, "peak learning rate (every task)")->capture_default_str();
-  a->flags.curriculum = cmd->add_option("--curriculum", a->config.train.curriculum,
-                                        "fraction of the steps over which the longest drawn length grows from the "
-                                        "shortest to the longest (every task; 0 = off)")
-                            ->check(CLI::Number)->capture_default_str();
+  a->flags.curriculum = add_curriculum_option(cmd, a->config.train.curriculum, "(every task)");
   cmd->add_option("--recipe", a->recipes,
                   "TASK:key=value[,...] (keys lr, steps, batch-size, curriculum; set on top of the task's default recipe) or "
                   "TASK:none (the common settings); repeatable. Default: associative_recall:" +

@@ -83,10 +83,7 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--weight-decay", a->config.weight_decay, "AdamW weight decay (matrices)")->capture_default_str();
   cmd->add_option("--warmup", a->config.warmup_steps, "linear warmup steps before the cosine decay")->capture_default_str();
   cmd->add_option("--clip", a->config.clip_norm, "gradient-norm clipping")->capture_default_str();
-  a->flags.curriculum = cmd->add_option("--curriculum", a->config.curriculum,
-                                        "fraction of the steps over which the longest drawn length grows from the "
-                                        "shortest to the longest (0 = off)")
-                            ->check(CLI::Number)->capture_default_str();
+  a->flags.curriculum = add_curriculum_option(cmd, a->config.curriculum);
   cmd->add_option("--ar-queries", a->config.ar_queries, "associative_recall: queries per training context (MQAR)")
       ->capture_default_str();
   cmd->add_option("--threads", a->config.threads, "torch/OpenMP threads (fixed for determinism)")->capture_default_str();
