@@ -1,10 +1,22 @@
 // posenc — tokenizers: llama2.c's SentencePiece-style BPE (tok512.bin,
-// tokenizer.bin) and the symbol vocabularies of posenc's synthetic-task models.
+// tokenizer.bin), Hugging Face tokenizer.json BPE models (SentencePiece-style
+// with byte_fallback, and byte-level), the vocabularies GGUF files embed, and
+// the symbol vocabularies of posenc's synthetic-task models.
 //
 // llama2.c file format (tokenizer.py export): int32 max_token_length, then for
 // each token: float32 score, int32 byte length, the bytes. The vocabulary size
 // is not stored: it is the number of entries up to the end of the file, and
 // must equal the model's vocab_size.
+//
+// tokenizer.json (Hugging Face `tokenizers`, the Rust library transformers
+// uses): model BPE with merges in either form ("a b" or ["a", "b"]),
+// byte_fallback, added/special tokens (matched in the text before
+// normalization, longest first), normalizers Prepend/Replace/NFC/Sequence,
+// pre-tokenizers ByteLevel (GPT-2 regex), Split (PCRE2 regex), Digits,
+// Metaspace, Sequence; post-processor TemplateProcessing / ByteLevel;
+// decoders Replace/ByteFallback/Fuse/Strip/ByteLevel/Metaspace. Encoding
+// equals the Rust library id for id (tests/model/data/hf_tokenizers/).
+// WordPiece and Unigram models are refused with a TokenizerError naming them.
 //
 // Symbol vocabularies: a list of whitespace-free symbols where ids 0, 1, 2 are
 // "<pad>", "<bos>", "<eos>"; text is a whitespace-separated sequence of
@@ -13,6 +25,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -21,8 +34,49 @@
 
 namespace posenc {
 
+namespace detail {
+class BpeTokenizer;  // tokenizer.json / GGUF gpt2 BPE engine (src/model/tokenizer_bpe.*)
+}
+
+/// A SentencePiece-style vocabulary with scores, as GGUF embeds it
+/// (tokenizer.ggml.model = "llama"): pieces use U+2581 for spaces, byte pieces
+/// are "<0xXX>", token_type follows llama.cpp (1 normal, 2 unknown, 3 control,
+/// 4 user-defined, 5 unused, 6 byte). Encoded as llama.cpp's SPM tokenizer
+/// (llm_tokenizer_spm): spaces -> U+2581, a U+2581 prefix when
+/// add_space_prefix, then merges of the adjacent pair whose concatenation has
+/// the highest score (leftmost on ties), byte fallback for pieces not in the
+/// vocabulary (unk_id if a byte piece is missing too).
+struct SentencePieceVocab {
+  std::vector<std::string> pieces;
+  std::vector<float> scores;        ///< same size as pieces
+  std::vector<int32_t> token_types; ///< same size as pieces, or empty (all normal)
+  std::optional<int32_t> bos_id, eos_id, unk_id;
+  bool add_bos = true;
+  bool add_eos = false;
+  bool add_space_prefix = true;
+  std::string source;  ///< for messages (file name)
+};
+
+/// A byte-level BPE vocabulary with merges, as GGUF embeds it
+/// (tokenizer.ggml.model = "gpt2"): tokens in GPT-2's byte-to-unicode
+/// alphabet, merges as "a b", `pre` = tokenizer.ggml.pre naming the
+/// pre-tokenizer regex ("default"/"gpt2", "llama-bpe", "qwen2", "smollm", ...;
+/// an unknown name is a TokenizerError naming it).
+struct BpeVocab {
+  std::vector<std::string> tokens;
+  std::vector<std::string> merges;
+  std::vector<int32_t> token_types;  ///< llama.cpp token types, or empty
+  std::string pre = "default";
+  std::optional<int32_t> bos_id, eos_id, unk_id;
+  bool add_bos = false;
+  bool add_eos = false;
+  std::string source;
+};
+
 class Tokenizer {
  public:
+  /// The fixed ids of llama2.c and symbol vocabularies. Other tokenizers
+  /// have their own: use bos_id() / eos_id().
   static constexpr int32_t kUnk = 0;
   static constexpr int32_t kBos = 1;
   static constexpr int32_t kEos = 2;
@@ -40,6 +94,54 @@ class Tokenizer {
   static Tokenizer from_symbols(std::vector<std::string> symbols);
   bool is_symbolic() const { return symbolic_; }
 
+  /// Loads a Hugging Face tokenizer.json; a tokenizer_config.json in the same
+  /// directory supplies add_bos_token / add_eos_token when present (as
+  /// transformers' LlamaTokenizerFast does). Throws IoError (unreadable),
+  /// TokenizerError naming the file and field: malformed JSON, a model type
+  /// other than BPE ("model.type: WordPiece is not supported ..."), a merge
+  /// naming a token not in the vocabulary, an unknown normalizer /
+  /// pre-tokenizer / decoder type, a regex PCRE2 rejects, duplicate ids.
+  static Tokenizer load_tokenizer_json(const std::filesystem::path& path);
+  /// Same from JSON text; `tokenizer_config_json` empty = none.
+  static Tokenizer from_tokenizer_json(std::string_view json, std::string_view source,
+                                       std::string_view tokenizer_config_json = {});
+  /// GGUF-embedded vocabularies (see SentencePieceVocab, BpeVocab). Throw
+  /// TokenizerError naming `source` and the field. A SentencePiece vocabulary
+  /// whose scores are all equal cannot reproduce any merge order (llama.cpp
+  /// then tokenizes wrongly): it loads, but encode() throws TokenizerError
+  /// saying so and advising --tokenizer tokenizer.json; see usable().
+  static Tokenizer from_sentencepiece_vocab(SentencePieceVocab vocab);
+  static Tokenizer from_bpe_vocab(BpeVocab vocab);
+
+  /// "llama2.c", "symbols", "tokenizer.json BPE (SentencePiece-style, byte_fallback)",
+  /// "tokenizer.json BPE (byte-level)", "GGUF llama (SentencePiece scores)",
+  /// "GGUF gpt2 (byte-level BPE)".
+  std::string describe() const;
+  /// false when encode() would throw for any non-empty text (see
+  /// from_sentencepiece_vocab); unusable_reason() says why.
+  bool usable() const;
+  const std::string& unusable_reason() const;
+
+  /// The token placed first when special tokens are added (llama2.c: 1;
+  /// tokenizer.json: the post-processor template's leading special token, or
+  /// tokenizer_config's bos_token when add_bos_token; GGUF:
+  /// tokenizer.ggml.bos_token_id when add_bos_token). nullopt: none (GPT-2).
+  std::optional<int32_t> bos_id() const;
+  /// The end-of-text token generation stops at (llama2.c: 2; tokenizer.json:
+  /// tokenizer_config eos_token, else "</s>", "<|endoftext|>", "<|im_end|>" or
+  /// "<|end_of_text|>" when present as added tokens; GGUF eos_token_id).
+  std::optional<int32_t> eos_id() const;
+  /// True when encode("x") begins with a token carrying a leading-space marker
+  /// that the text did not have (llama2.c's dummy prefix, SentencePiece-style
+  /// Prepend("▁"), Metaspace prepend, ByteLevel add_prefix_space): callers
+  /// that concatenate separately encoded pieces need to know.
+  bool adds_prefix_space() const;
+  /// True for ids that are special tokens (BOS/EOS/control/added special):
+  /// decode() skips them.
+  bool is_special(int32_t id) const;
+  /// Id of an exact vocabulary entry (piece), or nullopt.
+  std::optional<int32_t> token_id(std::string_view piece) const;
+
   int vocab_size() const { return static_cast<int>(pieces_.size()); }
   int max_token_length() const { return max_token_length_; }
   const std::string& piece(int32_t id) const;
@@ -54,15 +156,32 @@ class Tokenizer {
   /// concatenation is in the vocabulary with the highest score (leftmost on
   /// ties), optional EOS (id 2). Runs in O(n log n) with the same result as
   /// run.c's O(n^2) loop.
+  /// tokenizer.json / GGUF: encode_hf(text, false), then bos_id() prepended
+  /// when bos and eos_id() appended when eos (each only if the tokenizer has one).
   std::vector<int32_t> encode(std::string_view text, bool bos, bool eos) const;
+
+  /// Hugging Face semantics, Tokenizer.encode(text, add_special_tokens):
+  /// added tokens in the text are matched first, then normalize,
+  /// pre-tokenize, BPE; with add_special_tokens the post-processor's template
+  /// (or add_bos/add_eos) adds its special tokens. llama2.c and symbol
+  /// vocabularies: encode(text, add_special_tokens, false).
+  std::vector<int32_t> encode_hf(std::string_view text, bool add_special_tokens) const;
 
   /// The text of `token` as run.c's decode() prints it after `prev_token`:
   /// the leading space is dropped right after BOS; <0xXX> tokens give the raw byte.
   /// Symbol vocabularies: the symbol, preceded by a space unless it follows BOS
   /// or starts the text (prev_token < 0).
-  std::string_view decode(int32_t prev_token, int32_t token) const;
+  /// tokenizer.json / GGUF: the bytes `token` adds to the decoded text after
+  /// `prev_token` (prev_token < 0 or a special token: the token starts the
+  /// text, so the decoder's Strip / prefix-space removal applies); special
+  /// tokens give "". Byte-level and byte_fallback tokens give raw bytes, so
+  /// a piece can be part of a UTF-8 character; concatenating the pieces of a
+  /// sequence gives decode(tokens).
+  std::string decode(int32_t prev_token, int32_t token) const;
 
-  /// Concatenated decode of a token sequence (BOS/EOS tokens produce no text).
+  /// Concatenated decode of a token sequence; special tokens (BOS/EOS and, for
+  /// tokenizer.json, added special tokens) produce no text, as Hugging Face's
+  /// decode(ids, skip_special_tokens=True).
   std::string decode(const std::vector<int32_t>& tokens) const;
 
  private:
@@ -80,6 +199,12 @@ class Tokenizer {
   std::vector<std::string> byte_pieces_;  // 256 one-byte strings
   std::vector<int16_t> byte_of_token_;    // -1, or the byte a <0xXX> token stands for
   std::vector<std::string> spaced_;       // symbol vocabularies: " " + symbol
+  std::shared_ptr<const detail::BpeTokenizer> bpe_;  // tokenizer.json / GGUF gpt2 (all calls go there)
+  // GGUF llama vocabularies use this class's SPM engine with these ids.
+  std::optional<int32_t> bos_, eos_, unk_;
+  bool add_bos_ = true;
+  std::string describe_ = "llama2.c";
+  std::string unusable_;
 };
 
 }  // namespace posenc

@@ -228,16 +228,16 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, bool bos, bool eos
   return tokens;
 }
 
-std::string_view Tokenizer::decode(int32_t prev_token, int32_t token) const {
+std::string Tokenizer::decode(int32_t prev_token, int32_t token) const {
   const std::string& p = piece(token);
   if (symbolic_) {
-    return (prev_token < 0 || prev_token == kBos) ? std::string_view(p) : std::string_view(spaced_[static_cast<std::size_t>(token)]);
+    return (prev_token < 0 || prev_token == kBos) ? p : spaced_[static_cast<std::size_t>(token)];
   }
   const int16_t byte = byte_of_token_[static_cast<std::size_t>(token)];
   if (byte >= 0) return byte_pieces_[static_cast<std::size_t>(byte)];
   std::string_view s = p;
   if (prev_token == kBos && !s.empty() && s[0] == ' ') s.remove_prefix(1);
-  return s;
+  return std::string(s);
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& tokens) const {
@@ -248,6 +248,21 @@ std::string Tokenizer::decode(const std::vector<int32_t>& tokens) const {
     prev = t;
   }
   return out;
+}
+
+std::string Tokenizer::describe() const { return symbolic_ ? "symbols" : describe_; }
+bool Tokenizer::usable() const { return unusable_.empty(); }
+const std::string& Tokenizer::unusable_reason() const { return unusable_; }
+std::optional<int32_t> Tokenizer::bos_id() const { return kBos; }
+std::optional<int32_t> Tokenizer::eos_id() const { return kEos; }
+bool Tokenizer::adds_prefix_space() const { return !symbolic_; }
+bool Tokenizer::is_special(int32_t id) const { return id == kBos || id == kEos; }
+std::optional<int32_t> Tokenizer::token_id(std::string_view piece) const {
+  const int32_t id = lookup(piece);
+  return id < 0 ? std::nullopt : std::optional<int32_t>(id);
+}
+std::vector<int32_t> Tokenizer::encode_hf(std::string_view text, bool add_special_tokens) const {
+  return encode(text, add_special_tokens, false);
 }
 
 }  // namespace posenc
