@@ -14,6 +14,14 @@ inline std::filesystem::path shared_dir() { return POSENC_SHARED_DIR; }
 inline std::filesystem::path model_path() { return shared_dir() / "models/stories260K/stories260K.bin"; }
 inline std::filesystem::path tokenizer_path() { return shared_dir() / "models/stories260K/tok512.bin"; }
 inline std::filesystem::path text_path() { return shared_dir() / "data/tinystories_val.txt"; }
+/// tools/refs: reference-generation scripts; node_modules/ there once scripts/install-refs ran.
+inline std::filesystem::path refs_dir() { return POSENC_REFS_DIR; }
+/// True when the npm package `name` is installed under refs_dir() and `node` runs.
+inline bool ref_installed(const std::string& name) {
+  std::error_code ec;
+  if (!std::filesystem::exists(refs_dir() / "node_modules" / name / "package.json", ec)) return false;
+  return std::system("node --version >/dev/null 2>&1") == 0;
+}
 
 /// A fresh temporary directory, removed when the object dies.
 class TempDir {
