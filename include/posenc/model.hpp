@@ -3,9 +3,17 @@
 // classifier) running on posenc's attention engine and paged KV cache, with
 // the positional encoding as an explicit, overridable value.
 //
-// Numerics follow llama2.c's run.c forward() (RMSNorm eps 1e-5, softmax scale
-// 1/sqrt(head_dim)), with RoPE from posenc's RoPE core (float32 angles by
-// default, as the checkpoints were trained).
+// One forward pass, several loaders (src/model/formats/): llama2.c `.bin`,
+// posenc checkpoints, Hugging Face directories (config.json + safetensors +
+// tokenizer.json) and GGUF files each produce the same in-memory model.
+// Architecture knobs the forward honours: grouped-query attention, an explicit
+// head_dim (n_heads * head_dim may differ from dim), tied embeddings, q/k/v
+// (and o) biases (Qwen2, Llama attention_bias), per-head q/k RMSNorm (Qwen3),
+// sliding-window attention (Mistral), rms_norm_eps, partial rotary.
+//
+// Numerics follow Hugging Face's LlamaForCausalLM / llama2.c's run.c forward()
+// (RMSNorm in float32, softmax scale 1/sqrt(head_dim)), with RoPE from posenc's
+// RoPE core (float32 angles by default, as the checkpoints were trained).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +28,7 @@
 #include "posenc/kv_cache.hpp"
 #include "posenc/rope.hpp"
 #include "posenc/scaling.hpp"
+#include "posenc/tokenizer.hpp"
 
 namespace posenc {
 
@@ -28,19 +37,68 @@ struct RawModel;
 }
 struct PosencCheckpoint;
 
-/// Architecture hyper-parameters (llama2.c's Config, plus derived values).
+/// Architecture hyper-parameters (llama2.c's Config, plus the knobs of the
+/// Hugging Face Llama family).
 struct ModelConfig {
-  int dim = 0;          ///< d_model
-  int hidden_dim = 0;   ///< SwiGLU inner size
-  int n_layers = 0;
-  int n_heads = 0;      ///< query heads
+  int dim = 0;          ///< d_model (hidden_size)
+  int hidden_dim = 0;   ///< SwiGLU inner size (intermediate_size)
+  int n_layers = 0;     ///< num_hidden_layers
+  int n_heads = 0;      ///< query heads (num_attention_heads)
   int n_kv_heads = 0;   ///< num_key_value_heads
   int vocab_size = 0;
-  int head_dim = 0;     ///< dim / n_heads
-  int64_t max_position_embeddings = 0;  ///< the context the model was trained with (llama2.c seq_len)
-  float norm_eps = 1e-5f;
-  bool shared_classifier = true;  ///< classifier tied to the token embedding
+  /// Channels per head. 0 in a config being built means dim / n_heads;
+  /// validate_config resolves it. Qwen3/Gemma-style configs set it explicitly,
+  /// so n_heads * head_dim (the q width) may differ from dim.
+  int head_dim = 0;
+  int64_t max_position_embeddings = 0;  ///< the context the file says the model was trained with
+  float norm_eps = 1e-5f;               ///< rms_norm_eps
+  bool shared_classifier = true;        ///< classifier tied to the token embedding (tie_word_embeddings)
+  bool qkv_bias = false;    ///< biases on q, k, v projections (Qwen2; Llama attention_bias)
+  bool o_bias = false;      ///< bias on the output projection (Llama attention_bias)
+  bool mlp_bias = false;    ///< biases on gate/up/down (Llama mlp_bias)
+  bool qk_norm = false;     ///< RMSNorm over head_dim on each q and k head before RoPE (Qwen3)
+  int q_dim() const { return n_heads * head_dim; }
   int kv_dim() const { return n_kv_heads * head_dim; }
+};
+
+/// The file formats Model::load reads.
+///  - llama2c:      llama2.c legacy `.bin` (q/k stored for interleaved pairs)
+///  - posenc:       posenc's POSENC01 checkpoint (layout in its header)
+///  - hf_directory: config.json + model.safetensors (or sharded, with
+///                  model.safetensors.index.json) + tokenizer.json; q/k stored for
+///                  `half` (rotate_half)
+///  - gguf:         llama.cpp's GGUF (architecture llama: q/k stored for
+///                  interleaved pairs, because llama.cpp's converter permutes them)
+enum class ModelFormat { llama2c, posenc, hf_directory, gguf };
+std::string_view to_string(ModelFormat format);
+
+/// How products with quantized weights (GGUF Q8_0, Q4_0) are computed.
+///  - dequantize:     the blocks are expanded to float32 once at load; every
+///                    product is float32 (the reference forward).
+///  - q8_activations: the weights stay in their blocks; each activation row is
+///                    quantized to Q8_0 (blocks of 32: d = amax/127 rounded to
+///                    fp16, q = round(x/d)) and every block product is an exact
+///                    int8 dot product scaled by d_w*d_x — llama.cpp's CPU
+///                    arithmetic (ggml's vec_dot_type of Q8_0/Q4_0 is Q8_0).
+enum class QuantizedMatmul { dequantize, q8_activations };
+std::string_view to_string(QuantizedMatmul mode);
+/// Parses "dequantize" or "q8_activations". Throws ConfigError naming `field`.
+QuantizedMatmul parse_quantized_matmul(std::string_view text, std::string_view field);
+
+struct LoadOptions {
+  QuantizedMatmul quantized_matmul = QuantizedMatmul::dequantize;
+};
+
+/// Where a loaded model came from, and why its settings are what they are.
+struct ModelSource {
+  ModelFormat format = ModelFormat::llama2c;
+  std::filesystem::path path;
+  std::string architecture;            ///< "LlamaForCausalLM", "gguf llama", "llama2.c", "posenc"
+  std::string weights;                 ///< stored dtypes and how they are held, e.g. "Q8_0 (dequantized to float32)"
+  std::string layout_reason;           ///< why the RoPE layout is what it is (RoPE models)
+  std::string trained_context_source;  ///< "config.json max_position_embeddings", "GGUF llama.context_length", ...
+  std::string tokenizer;               ///< the bundled tokenizer ("tokenizer.json", "GGUF embedded llama vocabulary", "")
+  std::vector<std::string> notes;      ///< other provenance (defaults applied, values the file overstates, ...)
 };
 
 /// How positions enter attention in this run: the RoPE frequencies, the
@@ -73,6 +131,17 @@ struct PositionalConfig {
 
 class Model {
  public:
+  /// Which loader reads `path`: a directory is a Hugging Face directory; a
+  /// file starting with "GGUF" is GGUF, with "POSENC01" a posenc checkpoint;
+  /// anything else is read as llama2.c. Throws IoError if the path does not exist.
+  static ModelFormat detect_format(const std::filesystem::path& path);
+
+  /// Loads a model of any supported format (detect_format). Throws IoError,
+  /// CheckpointError naming the file and tensor/field (shape mismatch, missing
+  /// tensor, unsupported dtype), ConfigError for a config.json the runtime
+  /// cannot run ("architectures: GPT2LMHeadModel is not supported yet").
+  static Model load(const std::filesystem::path& path, const LoadOptions& options);
+
   /// Loads a llama2.c legacy (version 0) checkpoint: seven int32
   /// (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
   /// vocab_size < 0 = unshared classifier), then float32 weights in
@@ -85,9 +154,9 @@ class Model {
   /// (empty/truncated file, dim not divisible by n_heads, odd head_dim, ...).
   static Model load_llama2c(const std::filesystem::path& path);
 
-  /// Loads a posenc checkpoint (see checkpoint.hpp: any positional family,
-  /// optional embedded symbol vocabulary) or, when the file does not start
-  /// with the posenc magic, a llama2.c checkpoint. Throws as the loaders.
+  /// load(path, LoadOptions{}): any format (a posenc checkpoint with any
+  /// positional family and an optional embedded symbol vocabulary; a
+  /// llama2.c checkpoint when the file has no known magic). Throws as the loaders.
   static Model load(const std::filesystem::path& path);
 
   // Copies share the (immutable) weights and carry their own RopeSetup, so
@@ -99,6 +168,21 @@ class Model {
   ~Model();
 
   const ModelConfig& config() const;
+  const ModelSource& source() const;
+  /// The tokenizer the file brings (HF tokenizer.json, GGUF embedded
+  /// vocabulary, posenc symbol vocabulary), if any. A GGUF vocabulary that
+  /// cannot encode is returned with usable() false.
+  const std::optional<Tokenizer>& bundled_tokenizer() const;
+  /// The context the model was trained with, used to derive scaling factors
+  /// and default lengths: from the format (config.json
+  /// original_max_position_embeddings / max_position_embeddings, GGUF
+  /// context_length, llama2.c seq_len) unless set_trained_context changed it.
+  int64_t trained_context() const { return trained_context_; }
+  const std::string& trained_context_source() const { return trained_context_source_; }
+  /// Throws InvalidArgument for n <= 0.
+  void set_trained_context(int64_t n, std::string source);
+  /// How quantized weights are multiplied (LoadOptions).
+  QuantizedMatmul quantized_matmul() const;
   const PositionalConfig& positional() const { return positional_; }
   PositionFamily family() const { return positional_.family; }
   /// The RoPE setup (meaningful for family() == rope).
@@ -169,9 +253,11 @@ class Model {
  private:
   struct Weights;
   explicit Model(std::shared_ptr<const Weights> weights);
-  static Model build(detail::RawModel raw);
+  static Model build(detail::RawModel raw, const LoadOptions& options);
   std::shared_ptr<const Weights> w_;
   PositionalConfig positional_;
+  int64_t trained_context_ = 0;
+  std::string trained_context_source_;
   RopeChangePolicy policy_ = RopeChangePolicy::refuse;
   int64_t sliding_window_ = 0;
 };

@@ -183,10 +183,10 @@ namespace detail {
 
 RawModel read_posenc(const std::filesystem::path& path) {
   RawModel raw;
-  raw.file = MappedFile(path);
+  raw.files.emplace_back(path);
   const std::string name = path.string();
   const Reader R{name};
-  const auto bytes = raw.file.bytes();
+  const auto bytes = raw.files.back().bytes();
   if (bytes.size() < 16 || std::memcmp(bytes.data(), kMagic, 8) != 0)
     throw CheckpointError(fmt::format("{}: not a posenc checkpoint (magic POSENC01 missing or file too short)", name));
   uint64_t hl = 0;
@@ -312,16 +312,38 @@ RawModel read_posenc(const std::filesystem::path& path) {
                                         fmt::join(it->second.first, ", "), fmt::join(shape, ", ")));
   }
   auto get = [&](const std::string& n) { return tensors.at(n).second; };
-  raw.tok_embeddings = get("tok_embeddings");
+  auto mat = [&](const std::string& n) {
+    const auto& t = tensors.at(n);
+    return f32_matrix(t.second, t.first[0], t.first[1], n);
+  };
+  raw.tok_embeddings = mat("tok_embeddings");
   raw.norm = get("norm");
-  raw.output = c.shared_classifier ? raw.tok_embeddings : get("output");
+  raw.output = c.shared_classifier ? raw.tok_embeddings : mat("output");
   for (int l = 0; l < c.n_layers; ++l) {
     const std::string p = fmt::format("layers.{}.", l);
-    raw.layers.push_back({get(p + "attention_norm"), get(p + "wq"), get(p + "wk"), get(p + "wv"), get(p + "wo"),
-                          get(p + "ffn_norm"), get(p + "w1"), get(p + "w2"), get(p + "w3")});
+    RawLayer r;
+    r.attention_norm = get(p + "attention_norm");
+    r.wq = mat(p + "wq");
+    r.wk = mat(p + "wk");
+    r.wv = mat(p + "wv");
+    r.wo = mat(p + "wo");
+    r.ffn_norm = get(p + "ffn_norm");
+    r.w1 = mat(p + "w1");
+    r.w2 = mat(p + "w2");
+    r.w3 = mat(p + "w3");
+    raw.layers.push_back(std::move(r));
   }
   if (pc.family == PositionFamily::learned_absolute) raw.pos_embeddings = get("pos_embeddings");
   if (pc.family == PositionFamily::t5_bias) raw.t5_bias = get("t5_relative_attention_bias");
+  raw.source.format = ModelFormat::posenc;
+  raw.source.path = path;
+  raw.source.architecture = "posenc";
+  raw.source.weights = "F32";
+  if (pc.family == PositionFamily::rope)
+    raw.source.layout_reason = fmt::format("{}: stated in the checkpoint header (positional.layout)",
+                                           to_string(pc.rope.layout));
+  raw.source.trained_context_source = "posenc header config.max_position_embeddings";
+  if (!raw.symbols.empty()) raw.source.tokenizer = "embedded symbol vocabulary";
   return raw;
 }
 

@@ -1,6 +1,7 @@
 // Internal dense kernels of the model runtime (compiled with FMA contraction).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace posenc::detail {
@@ -17,5 +18,37 @@ void rmsnorm(const float* x, const float* weight, int64_t n, int d, float eps, f
 
 /// h1 = silu(h1) * h3 elementwise (SwiGLU), count elements.
 void swiglu(float* h1, const float* h3, int64_t count);
+
+}  // namespace posenc::detail
+
+namespace posenc::detail {
+
+// ---- ggml block formats (ggml-common.h): 32 weights per block ----
+constexpr int kQBlock = 32;
+constexpr int kQ8Bytes = 34;  ///< block_q8_0: fp16 d, int8 qs[32]; x = d * q
+constexpr int kQ4Bytes = 18;  ///< block_q4_0: fp16 d, uint8 qs[16]; x_j = d * ((qs[j] & 15) - 8), x_{j+16} = d * ((qs[j] >> 4) - 8)
+
+/// One Q8_0 / Q4_0 row of `cols` weights (cols % 32 == 0) to float32, as ggml's
+/// dequantize_row_q8_0 / dequantize_row_q4_0.
+void dequantize_q8_0_row(const std::byte* row, int64_t cols, float* out);
+void dequantize_q4_0_row(const std::byte* row, int64_t cols, float* out);
+
+/// Activations quantized as ggml-cpu's x86 quantize_row_q8_0 does (the
+/// arithmetic of llama.cpp's products with Q8_0/Q4_0 weights): per block of
+/// 32, amax = max|x|, d = fp16(amax / 127), q = round-half-even(x * (127 / amax)).
+/// x: [n, in] (in % 32 == 0); out: n * in/32 blocks of 34 bytes.
+void quantize_rows_q8_0(const float* x, int64_t n, int64_t in, std::byte* out);
+
+/// y[n, out] (+)= x_q[n, in] · W[out, in]^T for W in Q8_0 or Q4_0 blocks and x
+/// quantized by quantize_rows_q8_0: per block an exact int8 dot product in
+/// eight lanes of four bytes, accumulated per lane as fma(d_w * d_x, lane, acc),
+/// then summed ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)) — ggml's AVX2
+/// ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_q4_0_q8_0 order.
+/// `q4` selects the weight format. Parallel over rows/columns for big products.
+void matmul_q8(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,
+               bool accumulate);
+
+/// y[r, :] += bias for n rows of width d.
+void add_bias(float* y, int64_t n, int64_t d, const float* bias);
 
 }  // namespace posenc::detail

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <fstream>
 #include <set>
 
 #include <fmt/format.h>
@@ -22,46 +23,115 @@ namespace posenc {
 
 namespace {
 
-struct LayerWeights {
-  const float* rms_att;
-  const float* rms_ffn;
-  // Transposed copies [in, out] of the checkpoint's [out, in] matrices.
-  std::vector<float> wq_t, wk_t, wv_t, wo_t, w1_t, w2_t, w3_t;
-};
-
-std::vector<float> transpose(const float* w, int out, int in) {
-  std::vector<float> t(static_cast<std::size_t>(out) * static_cast<std::size_t>(in));
-  for (int o = 0; o < out; ++o)
-    for (int i = 0; i < in; ++i)
-      t[static_cast<std::size_t>(i) * static_cast<std::size_t>(out) + static_cast<std::size_t>(o)] =
-          w[static_cast<std::size_t>(o) * static_cast<std::size_t>(in) + static_cast<std::size_t>(i)];
+std::vector<float> transpose(const float* w, int64_t out, int64_t in) {
+  std::vector<float> t(static_cast<std::size_t>(out * in));
+  for (int64_t o = 0; o < out; ++o)
+    for (int64_t i = 0; i < in; ++i) t[static_cast<std::size_t>(i * out + o)] = w[o * in + i];
   return t;
 }
 
+/// y = x W^T (+ b): one projection, with its weights held as the load options
+/// say (float32 transposed for the float32 kernel, or the file's Q8_0/Q4_0
+/// blocks for the quantized-activation kernel).
+struct Linear {
+  int64_t out = 0, in = 0;
+  std::vector<float> wt;               // float32 [in, out]
+  detail::RawMatrix blocks;            // q8_0 / q4_0 [out, in] (q8_activations)
+  const float* bias = nullptr;         // [out] or nullptr
+  bool quantized() const { return !blocks.empty(); }
+  /// [out, in] float32 (for export).
+  std::vector<float> rows_f32() const {
+    if (quantized()) return blocks.to_f32();
+    return transpose(wt.data(), in, out);
+  }
+};
+
+Linear make_linear(const detail::RawMatrix& m, const float* bias, const LoadOptions& opt) {
+  Linear l;
+  l.out = m.rows;
+  l.in = m.cols;
+  l.bias = bias;
+  const bool q = m.type == detail::WeightType::q8_0 || m.type == detail::WeightType::q4_0;
+  if (q && opt.quantized_matmul == QuantizedMatmul::q8_activations) {
+    l.blocks = m;
+  } else if (m.type == detail::WeightType::f32) {
+    l.wt = transpose(reinterpret_cast<const float*>(m.data), m.rows, m.cols);
+  } else {
+    const std::vector<float> f = m.to_f32();
+    l.wt = transpose(f.data(), m.rows, m.cols);
+  }
+  return l;
+}
+
+struct LayerWeights {
+  const float* rms_att;
+  const float* rms_ffn;
+  const float* q_norm;  // [head_dim] or nullptr
+  const float* k_norm;
+  Linear wq, wk, wv, wo, w1, w2, w3;
+};
+
 struct Scratch {
   std::vector<float> x, xb, q, k, v, att, h1, h3, rows;
+  std::vector<std::byte> xq;  // quantized activations
   std::vector<KvBlock> blocks;
 };
+
+/// y[n, l.out] (+)= x[n, l.in] W^T + b.
+void project(const Linear& l, const float* x, int64_t n, float* y, bool accumulate, Scratch& s) {
+  if (l.quantized()) {
+    s.xq.resize(static_cast<std::size_t>(n * (l.in / detail::kQBlock) * detail::kQ8Bytes));
+    detail::quantize_rows_q8_0(x, n, l.in, s.xq.data());
+    detail::matmul_q8(s.xq.data(), n, l.in, l.blocks.data, l.blocks.type == detail::WeightType::q4_0, l.out, y,
+                      accumulate);
+  } else if (accumulate) {
+    detail::matmul_t_acc(x, n, static_cast<int>(l.in), l.wt.data(), static_cast<int>(l.out), y);
+  } else {
+    detail::matmul_t(x, n, static_cast<int>(l.in), l.wt.data(), static_cast<int>(l.out), y);
+  }
+  if (l.bias != nullptr) detail::add_bias(y, n, l.out, l.bias);
+}
 
 }  // namespace
 
 struct Model::Weights {
-  MappedFile file;
+  std::vector<MappedFile> files;
+  std::vector<std::vector<float>> owned;
   ModelConfig cfg;
-  const float* token_embedding = nullptr;  // [vocab, dim]
+  ModelSource source;
+  LoadOptions options;
+  const float* token_embedding = nullptr;  // [vocab, dim] float32
   const float* rms_final = nullptr;        // [dim]
   std::vector<LayerWeights> layers;
-  std::vector<float> wcls_t;               // [dim, vocab]
+  Linear classifier;                       // [vocab, dim]
   const float* pos_table = nullptr;        // learned: [pos_rows, dim]
   int64_t pos_rows = 0;
   const float* t5_table = nullptr;         // t5_bias: [num_buckets, n_heads]
   std::vector<float> alibi_slopes;         // alibi: [n_heads]
   std::vector<std::string> symbols;
   std::string metadata_json = "{}";
-  // The checkpoint's own [out, in] matrices (views into `file`), for export.
-  std::vector<detail::RawLayer> raw_layers;
-  const float* raw_output = nullptr;
+  std::optional<Tokenizer> tokenizer;
 };
+
+std::string_view to_string(ModelFormat format) {
+  switch (format) {
+    case ModelFormat::llama2c: return "llama2.c";
+    case ModelFormat::posenc: return "posenc";
+    case ModelFormat::hf_directory: return "Hugging Face directory";
+    case ModelFormat::gguf: return "GGUF";
+  }
+  return "?";
+}
+
+std::string_view to_string(QuantizedMatmul mode) {
+  return mode == QuantizedMatmul::dequantize ? "dequantize" : "q8_activations";
+}
+
+QuantizedMatmul parse_quantized_matmul(std::string_view text, std::string_view field) {
+  if (text == "dequantize") return QuantizedMatmul::dequantize;
+  if (text == "q8_activations") return QuantizedMatmul::q8_activations;
+  throw ConfigError(fmt::format("{}: must be dequantize or q8_activations (got '{}')", field, text));
+}
 
 namespace detail {
 namespace {
@@ -97,11 +167,16 @@ void Model::set_rope(const RopeSetup& rope) {
   positional_.rope = rope;
 }
 
-Model Model::build(detail::RawModel raw) {
+Model Model::build(detail::RawModel raw, const LoadOptions& options) {
   auto w = std::make_shared<Weights>();
   const ModelConfig& c = raw.cfg;
   w->cfg = c;
-  w->token_embedding = raw.tok_embeddings;
+  w->options = options;
+  // The embedding lookup reads float32 rows; a converted table is owned.
+  if (raw.tok_embeddings.type == detail::WeightType::f32)
+    w->token_embedding = reinterpret_cast<const float*>(raw.tok_embeddings.data);
+  else
+    w->token_embedding = raw.own(raw.tok_embeddings.to_f32());
   w->rms_final = raw.norm;
   w->layers.resize(static_cast<std::size_t>(c.n_layers));
   for (std::size_t l = 0; l < w->layers.size(); ++l) {
@@ -109,17 +184,17 @@ Model Model::build(detail::RawModel raw) {
     LayerWeights& lw = w->layers[l];
     lw.rms_att = r.attention_norm;
     lw.rms_ffn = r.ffn_norm;
-    lw.wq_t = transpose(r.wq, c.dim, c.dim);
-    lw.wk_t = transpose(r.wk, c.kv_dim(), c.dim);
-    lw.wv_t = transpose(r.wv, c.kv_dim(), c.dim);
-    lw.wo_t = transpose(r.wo, c.dim, c.dim);
-    lw.w1_t = transpose(r.w1, c.hidden_dim, c.dim);
-    lw.w2_t = transpose(r.w2, c.dim, c.hidden_dim);
-    lw.w3_t = transpose(r.w3, c.hidden_dim, c.dim);
+    lw.q_norm = r.q_norm;
+    lw.k_norm = r.k_norm;
+    lw.wq = make_linear(r.wq, r.bq, options);
+    lw.wk = make_linear(r.wk, r.bk, options);
+    lw.wv = make_linear(r.wv, r.bv, options);
+    lw.wo = make_linear(r.wo, r.bo, options);
+    lw.w1 = make_linear(r.w1, r.b1, options);
+    lw.w2 = make_linear(r.w2, r.b2, options);
+    lw.w3 = make_linear(r.w3, r.b3, options);
   }
-  w->wcls_t = transpose(raw.output, c.vocab_size, c.dim);
-  w->raw_layers = raw.layers;
-  w->raw_output = raw.output;
+  w->classifier = make_linear(raw.output, nullptr, options);
   w->pos_table = raw.pos_embeddings;
   w->pos_rows = raw.pos_rows;
   w->t5_table = raw.t5_bias;
@@ -127,52 +202,97 @@ Model Model::build(detail::RawModel raw) {
     w->alibi_slopes = alibi_slopes(c.n_heads, raw.positional.alibi_max_bias);
   w->symbols = std::move(raw.symbols);
   w->metadata_json = std::move(raw.metadata_json);
+  w->source = std::move(raw.source);
+  w->tokenizer = std::move(raw.tokenizer);
+  if (!w->tokenizer && !w->symbols.empty()) w->tokenizer = Tokenizer::from_symbols(w->symbols);
   PositionalConfig pc = raw.positional;
-  w->file = std::move(raw.file);
+  const int64_t window = raw.sliding_window;
+  const int64_t trained = raw.trained_context > 0 ? raw.trained_context : c.max_position_embeddings;
+  std::string trained_source = w->source.trained_context_source;
+  w->files = std::move(raw.files);
+  w->owned = std::move(raw.owned);
   Model m(std::move(w));
   m.positional_ = std::move(pc);
+  m.sliding_window_ = window;
+  m.trained_context_ = trained;
+  m.trained_context_source_ = std::move(trained_source);
   return m;
 }
 
-Model Model::load_llama2c(const std::filesystem::path& path) { return build(detail::read_llama2c(path)); }
+Model Model::load_llama2c(const std::filesystem::path& path) { return build(detail::read_llama2c(path), {}); }
 
-Model Model::load(const std::filesystem::path& path) {
-  return build(is_posenc_checkpoint(path) ? detail::read_posenc(path) : detail::read_llama2c(path));
+ModelFormat Model::detect_format(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec))
+    throw IoError(fmt::format("{}: no such file or directory", path.string()));
+  if (std::filesystem::is_directory(path, ec)) return ModelFormat::hf_directory;
+  if (is_posenc_checkpoint(path)) return ModelFormat::posenc;
+  std::ifstream in(path, std::ios::binary);
+  char m[4] = {};
+  if (in.read(m, 4) && std::memcmp(m, "GGUF", 4) == 0) return ModelFormat::gguf;
+  return ModelFormat::llama2c;
+}
+
+Model Model::load(const std::filesystem::path& path) { return load(path, LoadOptions{}); }
+
+Model Model::load(const std::filesystem::path& path, const LoadOptions& options) {
+  switch (detect_format(path)) {
+    case ModelFormat::posenc: return build(detail::read_posenc(path), options);
+    case ModelFormat::hf_directory: return build(detail::read_hf_directory(path), options);
+    case ModelFormat::gguf: return build(detail::read_gguf_model(path), options);
+    case ModelFormat::llama2c: break;
+  }
+  return build(detail::read_llama2c(path), options);
+}
+
+const ModelSource& Model::source() const { return w_->source; }
+const std::optional<Tokenizer>& Model::bundled_tokenizer() const { return w_->tokenizer; }
+QuantizedMatmul Model::quantized_matmul() const { return w_->options.quantized_matmul; }
+
+void Model::set_trained_context(int64_t n, std::string source) {
+  if (n <= 0) fail_field<InvalidArgument>("trained_context", "must be positive", n);
+  trained_context_ = n;
+  trained_context_source_ = std::move(source);
 }
 
 PosencCheckpoint Model::to_checkpoint() const {
   const Weights& w = *w_;
   const ModelConfig& c = w.cfg;
+  if (c.qkv_bias || c.o_bias || c.mlp_bias || c.qk_norm || c.q_dim() != c.dim)
+    throw InvalidArgument(
+        "to_checkpoint: the posenc checkpoint format holds Llama2-shaped models only (no biases, no q/k norm, "
+        "n_heads * head_dim == dim)");
   PosencCheckpoint ck;
   ck.config = c;
   ck.positional = positional_;
+  ck.config.max_position_embeddings = trained_context_;
   ck.symbols = w.symbols;
   ck.metadata_json = w.metadata_json;
-  auto add = [&](std::string name, std::vector<int64_t> shape, const float* p) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    ck.tensors.push_back({std::move(name), std::move(shape), std::vector<float>(p, p + n)});
+  auto add = [&](std::string name, std::vector<int64_t> shape, std::vector<float> data) {
+    ck.tensors.push_back({std::move(name), std::move(shape), std::move(data)});
   };
+  auto vec = [](const float* p, int64_t n) { return std::vector<float>(p, p + n); };
   const int64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, KV = c.kv_dim();
-  add("tok_embeddings", {V, D}, w.token_embedding);
+  add("tok_embeddings", {V, D}, vec(w.token_embedding, V * D));
   for (int l = 0; l < c.n_layers; ++l) {
-    const auto& r = w.raw_layers[static_cast<std::size_t>(l)];
+    const auto& r = w.layers[static_cast<std::size_t>(l)];
     const std::string p = fmt::format("layers.{}.", l);
-    add(p + "attention_norm", {D}, r.attention_norm);
-    add(p + "wq", {D, D}, r.wq);
-    add(p + "wk", {KV, D}, r.wk);
-    add(p + "wv", {KV, D}, r.wv);
-    add(p + "wo", {D, D}, r.wo);
-    add(p + "ffn_norm", {D}, r.ffn_norm);
-    add(p + "w1", {H, D}, r.w1);
-    add(p + "w2", {D, H}, r.w2);
-    add(p + "w3", {H, D}, r.w3);
+    add(p + "attention_norm", {D}, vec(r.rms_att, D));
+    add(p + "wq", {D, D}, r.wq.rows_f32());
+    add(p + "wk", {KV, D}, r.wk.rows_f32());
+    add(p + "wv", {KV, D}, r.wv.rows_f32());
+    add(p + "wo", {D, D}, r.wo.rows_f32());
+    add(p + "ffn_norm", {D}, vec(r.rms_ffn, D));
+    add(p + "w1", {H, D}, r.w1.rows_f32());
+    add(p + "w2", {D, H}, r.w2.rows_f32());
+    add(p + "w3", {H, D}, r.w3.rows_f32());
   }
-  add("norm", {D}, w.rms_final);
-  if (!c.shared_classifier) add("output", {V, D}, w.raw_output);
-  if (positional_.family == PositionFamily::learned_absolute) add("pos_embeddings", {w.pos_rows, D}, w.pos_table);
+  add("norm", {D}, vec(w.rms_final, D));
+  if (!c.shared_classifier) add("output", {V, D}, w.classifier.rows_f32());
+  if (positional_.family == PositionFamily::learned_absolute) add("pos_embeddings", {w.pos_rows, D}, vec(w.pos_table, w.pos_rows * D));
   if (positional_.family == PositionFamily::t5_bias)
-    add("t5_relative_attention_bias", {positional_.t5_num_buckets, c.n_heads}, w.t5_table);
+    add("t5_relative_attention_bias", {positional_.t5_num_buckets, c.n_heads},
+        vec(w.t5_table, static_cast<int64_t>(positional_.t5_num_buckets) * c.n_heads));
   return ck;
 }
 
@@ -286,14 +406,14 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
 
   // ---- the network ----
   thread_local Scratch s;
-  const int D = c.dim, KV = c.kv_dim(), HID = c.hidden_dim;
+  const int D = c.dim, Q = c.q_dim(), KV = c.kv_dim(), HID = c.hidden_dim, HD = c.head_dim;
   const auto sz = static_cast<std::size_t>(N);
   s.x.resize(sz * D);
   s.xb.resize(sz * D);
-  s.q.resize(sz * D);
+  s.q.resize(sz * Q);
   s.k.resize(sz * KV);
   s.v.resize(sz * KV);
-  s.att.resize(sz * D);
+  s.att.resize(sz * Q);
   s.h1.resize(sz * HID);
   s.h3.resize(sz * HID);
   for (std::size_t b = 0; b < B; ++b)
@@ -329,14 +449,18 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
     detail::rmsnorm(s.x.data(), w.rms_att, N, D, c.norm_eps, s.xb.data());
-    detail::matmul_t(s.xb.data(), N, D, w.wq_t.data(), D, s.q.data());
-    detail::matmul_t(s.xb.data(), N, D, w.wk_t.data(), KV, s.k.data());
-    detail::matmul_t(s.xb.data(), N, D, w.wv_t.data(), KV, s.v.data());
+    project(w.wq, s.xb.data(), N, s.q.data(), false, s);
+    project(w.wk, s.xb.data(), N, s.k.data(), false, s);
+    project(w.wv, s.xb.data(), N, s.v.data(), false, s);
+    if (w.q_norm != nullptr) {  // Qwen3: RMSNorm over each head's channels, before RoPE
+      detail::rmsnorm(s.q.data(), w.q_norm, N * c.n_heads, HD, c.norm_eps, s.q.data());
+      detail::rmsnorm(s.k.data(), w.k_norm, N * c.n_kv_heads, HD, c.norm_eps, s.k.data());
+    }
     for (std::size_t b = 0; b < B; ++b) {
       const int64_t r0 = offset[b], n = offset[b + 1] - offset[b];
       if (n == 0) continue;
       if (rope) {
-        apply_rope(s.q.data() + r0 * D, n, c.n_heads, c.head_dim, tables[b], states[b].layout);
+        apply_rope(s.q.data() + r0 * Q, n, c.n_heads, c.head_dim, tables[b], states[b].layout);
         apply_rope(s.k.data() + r0 * KV, n, c.n_kv_heads, c.head_dim, tables[b], states[b].layout);
       }
       for (int64_t i = 0; i < n; ++i) {
@@ -350,16 +474,16 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
       if (n == 0) continue;
       s.blocks.clear();
       cache.blocks(l, batch[b].seq, s.blocks);
-      attention_forward(spec, s.q.data() + r0 * D,
+      attention_forward(spec, s.q.data() + r0 * Q,
                         std::span<const int64_t>(pos).subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(n)),
-                        s.blocks, s.att.data() + r0 * D);
+                        s.blocks, s.att.data() + r0 * Q);
     }
-    detail::matmul_t_acc(s.att.data(), N, D, w.wo_t.data(), D, s.x.data());
+    project(w.wo, s.att.data(), N, s.x.data(), true, s);
     detail::rmsnorm(s.x.data(), w.rms_ffn, N, D, c.norm_eps, s.xb.data());
-    detail::matmul_t(s.xb.data(), N, D, w.w1_t.data(), HID, s.h1.data());
-    detail::matmul_t(s.xb.data(), N, D, w.w3_t.data(), HID, s.h3.data());
+    project(w.w1, s.xb.data(), N, s.h1.data(), false, s);
+    project(w.w3, s.xb.data(), N, s.h3.data(), false, s);
     detail::swiglu(s.h1.data(), s.h3.data(), N * HID);
-    detail::matmul_t_acc(s.h1.data(), N, HID, w.w2_t.data(), D, s.x.data());
+    project(w.w2, s.h1.data(), N, s.x.data(), true, s);
   }
 
   // ---- classifier on the requested rows ----
@@ -374,7 +498,7 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   }
   detail::rmsnorm(src, m.rms_final, rows, D, c.norm_eps, s.xb.data());
   logits.resize(static_cast<std::size_t>(rows) * static_cast<std::size_t>(c.vocab_size));
-  detail::matmul_t(s.xb.data(), rows, D, m.wcls_t.data(), c.vocab_size, logits.data());
+  project(m.classifier, s.xb.data(), rows, logits.data(), false, s);
 }
 
 void Model::forward_padded(KvCache& cache, std::span<const KvCache::SeqId> seqs, std::span<const int32_t> tokens,

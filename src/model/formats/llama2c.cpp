@@ -11,14 +11,22 @@
 namespace posenc::detail {
 
 void validate_config(const std::string& name, ModelConfig& c) {
-  if (c.dim % c.n_heads != 0)
+  if (c.n_heads <= 0 || c.n_kv_heads <= 0 || c.dim <= 0)
+    throw CheckpointError(fmt::format("{}: dim {}, n_heads {}, n_kv_heads {} must be positive", name, c.dim,
+                                      c.n_heads, c.n_kv_heads));
+  if (c.head_dim == 0 && c.dim % c.n_heads != 0)
     throw CheckpointError(fmt::format("{}: dim {} is not divisible by n_heads {}", name, c.dim, c.n_heads));
   if (c.n_kv_heads > c.n_heads || c.n_heads % c.n_kv_heads != 0)
     throw CheckpointError(fmt::format("{}: n_heads {} is not a multiple of n_kv_heads {}", name, c.n_heads,
                                       c.n_kv_heads));
-  c.head_dim = c.dim / c.n_heads;
+  if (c.head_dim == 0) c.head_dim = c.dim / c.n_heads;
+  if (c.head_dim <= 0 || c.head_dim > (1 << 14))
+    throw CheckpointError(fmt::format("{}: head_dim must be in [2, 16384] (got {})", name, c.head_dim));
   if (c.head_dim % 2 != 0)
-    throw CheckpointError(fmt::format("{}: head_dim = dim/n_heads = {} must be even for RoPE", name, c.head_dim));
+    throw CheckpointError(fmt::format("{}: head_dim {} must be even for RoPE", name, c.head_dim));
+  if (static_cast<int64_t>(c.n_heads) * c.head_dim > (1 << 20))
+    throw CheckpointError(fmt::format("{}: n_heads * head_dim = {} is too large", name,
+                                      static_cast<int64_t>(c.n_heads) * c.head_dim));
 }
 
 void check_finite(const std::string& name, const std::string& tensor, const float* p, uint64_t n) {
@@ -29,9 +37,9 @@ void check_finite(const std::string& name, const std::string& tensor, const floa
 
 RawModel read_llama2c(const std::filesystem::path& path) {
   RawModel raw;
-  raw.file = MappedFile(path);
+  raw.files.emplace_back(path);
   const std::string name = path.string();
-  const auto bytes = raw.file.bytes();
+  const auto bytes = raw.files.back().bytes();
   if (bytes.empty()) throw CheckpointError(fmt::format("{}: empty file, expected a llama2.c checkpoint", name));
   if (bytes.size() < 28)
     throw CheckpointError(fmt::format("{}: truncated header: {} bytes, the llama2.c header needs 28", name,
@@ -85,7 +93,8 @@ RawModel read_llama2c(const std::filesystem::path& path) {
     p += n;
     return r;
   };
-  raw.tok_embeddings = take(V * dim);
+  const float* tok = take(V * dim);
+  raw.tok_embeddings = f32_matrix(tok, static_cast<int64_t>(V), static_cast<int64_t>(dim), "token_embedding_table");
   const float* rms_att = take(L * dim);
   const float* wq = take(L * dim * dim);
   const float* wk = take(L * dim * kv);
@@ -98,12 +107,23 @@ RawModel read_llama2c(const std::filesystem::path& path) {
   raw.norm = take(dim);
   take(S * hs / 2);  // freq_cis_real (unused: RoPE comes from posenc's RoPE core)
   take(S * hs / 2);  // freq_cis_imag
-  raw.output = c.shared_classifier ? raw.tok_embeddings : take(V * dim);
+  raw.output = c.shared_classifier ? raw.tok_embeddings
+                                   : f32_matrix(take(V * dim), static_cast<int64_t>(V), static_cast<int64_t>(dim), "wcls");
   raw.layers.resize(static_cast<std::size_t>(L));
-  for (uint64_t l = 0; l < L; ++l)
-    raw.layers[l] = {rms_att + l * dim, wq + l * dim * dim, wk + l * dim * kv, wv + l * dim * kv,
-                     wo + l * dim * dim, rms_ffn + l * dim, w1 + l * dim * hid, w2 + l * hid * dim,
-                     w3 + l * dim * hid};
+  const auto D = static_cast<int64_t>(dim), KV = static_cast<int64_t>(kv), H = static_cast<int64_t>(hid);
+  for (uint64_t l = 0; l < L; ++l) {
+    RawLayer& r = raw.layers[l];
+    auto layer_name = [&](const char* t) { return fmt::format("{}[{}]", t, l); };
+    r.attention_norm = rms_att + l * dim;
+    r.wq = f32_matrix(wq + l * dim * dim, D, D, layer_name("wq"));
+    r.wk = f32_matrix(wk + l * dim * kv, KV, D, layer_name("wk"));
+    r.wv = f32_matrix(wv + l * dim * kv, KV, D, layer_name("wv"));
+    r.wo = f32_matrix(wo + l * dim * dim, D, D, layer_name("wo"));
+    r.ffn_norm = rms_ffn + l * dim;
+    r.w1 = f32_matrix(w1 + l * dim * hid, H, D, layer_name("w1"));
+    r.w2 = f32_matrix(w2 + l * hid * dim, D, H, layer_name("w2"));
+    r.w3 = f32_matrix(w3 + l * dim * hid, H, D, layer_name("w3"));
+  }
 
   // llama2.c models: RoPE, theta 10000, interleaved pairs, float32 angles.
   RopeParams rp;
@@ -118,6 +138,13 @@ RawModel read_llama2c(const std::filesystem::path& path) {
   raw.positional.rope.freqs = compute_rope_frequencies(rp);
   raw.positional.rope.layout = RopeLayout::interleaved;
   raw.positional.rope.precision = AnglePrecision::float32;
+  raw.source.format = ModelFormat::llama2c;
+  raw.source.path = path;
+  raw.source.architecture = "llama2.c";
+  raw.source.weights = "F32";
+  raw.source.layout_reason = "interleaved: llama2.c checkpoints are trained with interleaved pairs (run.c rotates 2i, 2i+1)";
+  raw.source.trained_context_source = "llama2.c header seq_len";
+  raw.source.notes.push_back("rope_theta 10000: llama2.c's fixed value (the file stores no theta)");
   return raw;
 }
 
