@@ -16,7 +16,13 @@
 // file before anything is allocated or read: a truncated file, a string
 // length or element count of 2^60, a tensor past the end of the file,
 // overlapping tensors, an extent product that overflows, or an unknown tensor
-// type is a CheckpointError naming the file, the field and the value.
+// type is a CheckpointError naming the file, the field and the value. Also
+// refused: duplicate keys or tensor names, empty ones, a bool byte other than
+// 0/1, a non-uint32 or non-power-of-two `general.alignment`, misaligned
+// tensor offsets, rows that are not whole blocks of the type, n_dims > 4,
+// arrays nested more than 16 deep, version 1 (32-bit counts), versions above
+// 3 and byte-swapped (big-endian) files. Strings are taken as bytes (UTF-8 is
+// not validated). Tensors may appear in the data section in any order.
 #pragma once
 
 #include <cstddef>

@@ -217,7 +217,20 @@ class Reader {
     v.array_type = et;
     v.array_size = n;
     if (et == VT::string) {
-      for (uint64_t i = 0; i < n; ++i) v.strings.push_back(string(fmt::format("{}[{}]", field, i)));
+      for (uint64_t i = 0; i < n; ++i) {
+        // fast path without naming the element; string() names it when the element is bad
+        if (left() >= 8) {
+          uint64_t len;
+          std::memcpy(&len, b_.data() + pos_, 8);
+          if (len <= left() - 8) {
+            pos_ += 8;
+            const auto s = bytes(len);
+            v.strings.emplace_back(reinterpret_cast<const char*>(s.data()), s.size());
+            continue;
+          }
+        }
+        (void)string(fmt::format("{}[{}]", field, i));  // throws
+      }
       return;
     }
     if (et == VT::array) {
@@ -251,7 +264,12 @@ class Reader {
       case VT::uint32: return scalar<uint32_t>(field);
       case VT::int32: return scalar<int32_t>(field);
       case VT::int64: return scalar<int64_t>(field);
-      default: return boolean(fmt::format("{}[{}]", field, i)) ? 1 : 0;
+      default: {
+        const auto x = static_cast<uint8_t>(b_[pos_]);  // in the file: n * 1 <= left() was checked
+        if (x > 1) return boolean(fmt::format("{}[{}]", field, i));  // throws, naming the element
+        ++pos_;
+        return x;
+      }
     }
   }
 

@@ -142,12 +142,14 @@ void ggml_dequantize(GgmlType type, std::span<const std::byte> src, std::span<fl
                                       ggml_type_name(static_cast<uint32_t>(type))));
   const auto [block, block_bytes] = ggml_block_shape(type);
   const auto n = static_cast<int64_t>(dst.size());
-  if (n % block != 0 || static_cast<uint64_t>(n / block) * static_cast<uint64_t>(block_bytes) != src.size())
-    throw CheckpointError(fmt::format("ggml_dequantize: {} {} elements need {} bytes in blocks of {} (got {} bytes)",
-                                      dst.size(), ggml_type_name(static_cast<uint32_t>(type)),
-                                      n % block != 0 ? std::string("(not a whole number of blocks)")
-                                                     : std::to_string(n / block * block_bytes),
-                                      block, src.size()));
+  const std::string name = ggml_type_name(static_cast<uint32_t>(type));
+  if (n % block != 0)
+    throw CheckpointError(fmt::format("ggml_dequantize: the element count must be a multiple of the {} block size {} "
+                                      "(got {})",
+                                      name, block, dst.size()));
+  if (static_cast<uint64_t>(n / block) * static_cast<uint64_t>(block_bytes) != src.size())
+    throw CheckpointError(fmt::format("ggml_dequantize: {} {} elements take {} bytes (got {} bytes)", dst.size(), name,
+                                      n / block * block_bytes, src.size()));
   const std::byte* s = src.data();
   float* y = dst.data();
   switch (type) {

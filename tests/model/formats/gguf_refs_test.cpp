@@ -11,7 +11,7 @@
 
 namespace {
 
-std::string quoted(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
+std::string quoted(const std::filesystem::path& p) { return fmt::format("'{}'", p.string()); }
 
 bool has_gguf_py(const std::filesystem::path& src) {
   std::error_code ec;
