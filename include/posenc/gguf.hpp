@@ -16,7 +16,13 @@
 // file before anything is allocated or read: a truncated file, a string
 // length or element count of 2^60, a tensor past the end of the file,
 // overlapping tensors, an extent product that overflows, or an unknown tensor
-// type is a CheckpointError naming the file, the field and the value.
+// type is a CheckpointError naming the file, the field and the value. Also
+// refused: duplicate keys or tensor names, empty ones, a bool byte other than
+// 0/1, a non-uint32 or non-power-of-two `general.alignment`, misaligned
+// tensor offsets, rows that are not whole blocks of the type, n_dims > 4,
+// arrays nested more than 16 deep, version 1 (32-bit counts), versions above
+// 3 and byte-swapped (big-endian) files. Strings are taken as bytes (UTF-8 is
+// not validated). Tensors may appear in the data section in any order.
 #pragma once
 
 #include <cstddef>
@@ -34,9 +40,14 @@
 
 namespace posenc {
 
-/// Tensor element types (ggml_type numbering). Readable and dequantizable:
-/// f32, f16, bf16, q8_0, q4_0. K-quants and the others are recognised by name
-/// and refused ("tensor blk.0.attn_q.weight: ggml type q4_K is not supported").
+/// Tensor element types (ggml_type numbering, ggml.h at llama.cpp de3ff81).
+/// Readable and dequantizable: f32, f16, bf16, q8_0, q4_0. The others are
+/// known by name and block size: a file holding them parses (its tensor
+/// infos, sizes and offsets are validated), and the tensor is refused by name
+/// when its data are requested (tensor_data, to_float32, ggml_dequantize:
+/// "tensor blk.0.attn_q.weight: ggml type q4_K is not supported"). A number
+/// that is no ggml type (e.g. 77, or the removed 4, 5, 31-33, 36-38) is
+/// refused when the file is parsed.
 enum class GgmlType : uint32_t {
   f32 = 0,
   f16 = 1,
@@ -70,6 +81,9 @@ enum class GgmlType : uint32_t {
   tq1_0 = 34,
   tq2_0 = 35,
   mxfp4 = 39,
+  nvfp4 = 40,
+  q1_0 = 41,
+  q2_0 = 42,
 };
 
 /// "f32", "q8_0", "q4_K", ...; "type 77" for an unknown value.
@@ -78,7 +92,7 @@ std::string ggml_type_name(uint32_t type);
 bool ggml_type_supported(uint32_t type);
 /// Elements per block and bytes per block of a supported type (f32: 1, 4;
 /// f16/bf16: 1, 2; q8_0: 32, 34; q4_0: 32, 18). Throws CheckpointError for
-/// an unsupported type.
+/// an unsupported type (known or not).
 std::pair<int64_t, int64_t> ggml_block_shape(GgmlType type);
 
 /// One metadata value. Arrays hold one vector per element type.
@@ -89,7 +103,7 @@ struct GgufValue {
   };
   Type type = Type::uint32;
   Type array_type = Type::uint32;  ///< element type when type == array
-  // Scalars (every integer type widened; float32/float64 -> double).
+  // Scalars: uint8/16/32/64 -> uint64_t, int8/16/32/64 -> int64_t, float32/float64 -> double.
   std::variant<std::monostate, uint64_t, int64_t, double, bool, std::string> scalar;
   // Arrays (element type -> one of these).
   std::vector<int64_t> ints;         ///< every signed/unsigned integer element type, and bool
@@ -97,7 +111,9 @@ struct GgufValue {
   std::vector<double> floats;        ///< float32 / float64 elements
   std::vector<std::string> strings;  ///< string elements
   std::vector<GgufValue> arrays;     ///< arrays of arrays
-  uint64_t array_size = 0;
+  uint64_t array_size = 0;           ///< element count when type == array
+
+  bool operator==(const GgufValue&) const = default;
 };
 
 std::string_view to_string(GgufValue::Type type);
@@ -122,6 +138,8 @@ class GgufFile {
 
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
+  /// File offset of the data section (tensor offsets are relative to it).
+  uint64_t data_offset() const { return data_offset_; }
   const std::string& source() const { return source_; }
   /// Metadata by key (a key that appears twice is a CheckpointError).
   const std::map<std::string, GgufValue>& metadata() const { return kv_; }
@@ -141,8 +159,14 @@ class GgufFile {
   std::optional<std::vector<int64_t>> get_int_array(std::string_view key) const;
 
   const GgufTensorInfo* find_tensor(std::string_view name) const;
-  /// The raw bytes of a tensor (inside the map; n_bytes long).
+  /// The raw bytes of a tensor (inside the map; n_bytes long). Throws
+  /// CheckpointError naming the file, tensor and type if the type is not
+  /// supported (ggml_type_supported), InvalidArgument if `t` is not a tensor
+  /// of this file.
   std::span<const std::byte> tensor_data(const GgufTensorInfo& t) const;
+  /// The tensor's n_elements() values as float32, in ggml order (ne[0]
+  /// fastest), dequantized by ggml_dequantize. Errors as tensor_data.
+  std::vector<float> to_float32(const GgufTensorInfo& t) const;
 
  private:
   MappedFile file_;
@@ -161,15 +185,19 @@ class GgufFile {
 /// unsupported type or a size mismatch.
 void ggml_dequantize(GgmlType type, std::span<const std::byte> src, std::span<float> dst);
 
-/// Quantizes float32 rows into `type` (f32, f16, q8_0, q4_0) exactly as
-/// ggml's quantize_row_*_ref does (f16: round to nearest even). `src.size()`
-/// must be a multiple of the block size. Returns the encoded bytes.
+/// Quantizes float32 rows into `type` (f32, f16, bf16, q8_0, q4_0) exactly as
+/// ggml's quantize_row_*_ref does (f16: round to nearest even, NaN -> 0x7e00,
+/// as ggml_compute_fp32_to_fp16; bf16: ggml_compute_fp32_to_bf16). `src.size()`
+/// must be a multiple of the block size. Returns the encoded bytes. Throws
+/// InvalidArgument for another type or a size that is not a whole number of blocks.
 std::vector<std::byte> ggml_quantize(GgmlType type, std::span<const float> src);
 
 // ---- writing ----------------------------------------------------------------
 
 /// Builder for a GGUF v3 file. Metadata keys are written in insertion order;
-/// tensors at `general.alignment` (32) boundaries.
+/// tensors in insertion order at `general.alignment` boundaries (32 unless a
+/// uint32 `general.alignment` key, a power of two, was added), each padded with
+/// zeros to the next boundary.
 class GgufWriter {
  public:
   void add_string(std::string key, std::string value);
@@ -180,9 +208,16 @@ class GgufWriter {
   void add_string_array(std::string key, std::vector<std::string> values);
   void add_float32_array(std::string key, std::vector<float> values);
   void add_int32_array(std::string key, std::vector<int32_t> values);
+  /// Any value, including the types without a typed adder (uint8, int64,
+  /// float64, arrays of arrays, ...). Throws InvalidArgument if the value is
+  /// inconsistent (array_size or array_type not matching the filled vector,
+  /// an element out of range of its type, arrays nested deeper than the
+  /// reader accepts).
+  void add_value(std::string key, GgufValue value);
   /// A tensor with ggml extents `ne` (innermost first) already encoded in
-  /// `type` (see ggml_quantize). Throws InvalidArgument if the byte size does
-  /// not match or the name is used twice.
+  /// `type` (see ggml_quantize; any known ggml type is accepted). Throws
+  /// InvalidArgument if the byte size does not match or the name is used twice.
+  /// Keys, too, are refused when empty or used twice.
   void add_tensor(std::string name, std::vector<int64_t> ne, GgmlType type, std::vector<std::byte> data);
   /// Writes the file atomically (write_file_atomic). Throws IoError.
   void write(const std::filesystem::path& path) const;
