@@ -142,6 +142,15 @@ def make_configs():
         "marian": {"model_type": "marian", "encoder_attention_heads": 8, "d_model": 512,
                    "max_position_embeddings": 512},
     }
+    # Regressions: signed int overflows UBSan found in config.cpp (now computed in int64 / range-checked).
+    configs["regression_head_dim_times_heads"] = {"model_type": "llama", "num_attention_heads": 65536,
+                                                  "hidden_size": 64, "head_dim": 65536}
+    configs["regression_mrope_section_sum"] = {"model_type": "qwen2_vl", "num_attention_heads": 2, "hidden_size": 64,
+                                               "rope_scaling": {"type": "mrope",
+                                                                "mrope_section": [1000000000] * 3}}
+    configs["regression_roberta_pad_token_id"] = {"model_type": "roberta", "num_attention_heads": 4,
+                                                  "hidden_size": 256, "max_position_embeddings": 514,
+                                                  "pad_token_id": 2147483647}
     for name, c in configs.items():
         write("config", name + ".json", json.dumps(c, indent=2))
 
@@ -188,7 +197,7 @@ def align64(x):
 
 
 def posenc_checkpoint(family, dim=8, hidden=12, layers=1, heads=2, kv_heads=1, vocab=6, ctx=8, shared=True,
-                      symbols=None):
+                      symbols=None, header_format="posenc-checkpoint"):
     head = dim // heads
     kvd = kv_heads * head
     shapes = [("tok_embeddings", [vocab, dim])]
@@ -220,7 +229,7 @@ def posenc_checkpoint(family, dim=8, hidden=12, layers=1, heads=2, kv_heads=1, v
         tensors.append({"name": name, "shape": shape, "offset": len(data)})
         data += floats(n)
         data += bytes(align64(len(data)) - len(data))
-    header = {"format": "posenc-checkpoint", "version": 1,
+    header = {"format": header_format, "version": 1,
               "config": {"dim": dim, "hidden_dim": hidden, "n_layers": layers, "n_heads": heads,
                          "n_kv_heads": kv_heads, "vocab_size": vocab, "max_position_embeddings": ctx,
                          "norm_eps": 1e-5, "shared_classifier": shared},
@@ -239,6 +248,8 @@ def make_posenc_checkpoint():
     write("posenc_checkpoint", "rope_unshared_symbols.posenc",
           posenc_checkpoint("rope", layers=2, shared=False, symbols=["<pad>", "<bos>", "<eos>", "a", "b", "c"]))
     write("posenc_checkpoint", "llama2c.bin", llama2c(8, 16, 1, 2, 1, 8, 4))
+    # Regression: a non-string "format" made the reader throw nlohmann's type_error instead of CheckpointError.
+    write("posenc_checkpoint", "regression_format_object.posenc", posenc_checkpoint("rope", header_format={"dim": 8}))
 
 
 if __name__ == "__main__":

@@ -635,3 +635,13 @@ TEST(SafetensorsCheckpoint, BadIndexes) {
                                   {"model-00002-of-00002.safetensors", "5 bytes"});
   }
 }
+
+// nlohmann parses and destroys deep nesting without recursion; the reader must not
+// recurse either (it never dump()s a container into a message).
+TEST(Safetensors, DeeplyNestedHeaderIsRefused) {
+  const std::size_t depth = 200000;
+  const std::string header = "{\"w\": " + std::string(depth, '[') + std::string(depth, ']') + "}";
+  expect_bad(raw_file(header), {"tensor w", "entry must be an object", "an array of 1 elements"});
+  const std::string meta = "{\"__metadata__\": {\"k\": " + std::string(depth, '[') + std::string(depth, ']') + "}}";
+  expect_bad(raw_file(meta), {"__metadata__.k", "an array of 1 elements"});
+}
