@@ -53,6 +53,7 @@ class SafetensorsFile {
 
   const std::string& source() const { return source_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  /// Sorted by name.
   const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }
   const SafetensorsTensor* find(std::string_view name) const;
   std::span<const std::byte> data(const SafetensorsTensor& t) const;

@@ -442,7 +442,7 @@ class Parser {
                        p.head_dim));
     } else if (const json* hd = get(cfg_, "head_dim")) {
       p.head_dim = r_.positive_int(*hd, "head_dim");
-      if (spec_.hidden_size > 0 && spec_.hidden_size != p.head_dim * spec_.num_attention_heads)
+      if (spec_.hidden_size > 0 && spec_.hidden_size != int64_t{p.head_dim} * spec_.num_attention_heads)
         note(fmt::format("head_dim {} explicit (hidden_size/num_attention_heads = {}/{} would "
                          "give {})",
                          p.head_dim, spec_.hidden_size, spec_.num_attention_heads,
@@ -656,7 +656,7 @@ class Parser {
     if (const json* ms = get(d, "mrope_section")) {
       if (!ms->is_array() || ms->empty())
         r_.fail(field("mrope_section"), "must be a list of positive integers", *ms);
-      int sum = 0;
+      int64_t sum = 0;  // each section <= 1e9: an int sum could overflow
       for (std::size_t i = 0; i < ms->size(); ++i) {
         const int s = r_.positive_int((*ms)[i], fmt::format("{}[{}]", field("mrope_section"), i));
         spec_.mrope_section.push_back(s);
@@ -749,8 +749,11 @@ class Parser {
               "max_seq_len)");
     if (spec_.position_offset != 0) {
       if (arch_ && (arch_->model_type == "roberta" || arch_->model_type == "xlm-roberta")) {
-        if (const json* pad = get(cfg_, "pad_token_id"))
-          spec_.position_offset = static_cast<int>(r_.integer(*pad, "pad_token_id")) + 1;
+        if (const json* pad = get(cfg_, "pad_token_id")) {
+          const int64_t pad_id = r_.integer(*pad, "pad_token_id");
+          if (pad_id < 0 || pad_id >= 1'000'000'000) r_.fail("pad_token_id", "must be in [0, 1e9)", *pad);
+          spec_.position_offset = static_cast<int>(pad_id) + 1;
+        }
         note(fmt::format("positions start at padding_idx + 1 = {}", spec_.position_offset));
       } else {
         note(fmt::format("position ids are offset by {} into the table", spec_.position_offset));

@@ -199,7 +199,8 @@ RawModel read_posenc(const std::filesystem::path& path) {
   } catch (const nlohmann::json::exception& e) {
     throw CheckpointError(fmt::format("{}: malformed JSON header: {}", name, e.what()));
   }
-  if (!h.is_object() || h.value("format", "") != "posenc-checkpoint")
+  // (json::value() would throw type_error for a non-string "format": compare as JSON instead.)
+  if (!h.is_object() || !h.contains("format") || h["format"] != "posenc-checkpoint")
     throw CheckpointError(fmt::format("{}: header field format must be \"posenc-checkpoint\"", name));
   if (R.integer(h, "version", "version", 1, 1000) != 1)
     throw CheckpointError(fmt::format("{}: unsupported version {} (this build reads version 1)", name, h["version"].dump()));
