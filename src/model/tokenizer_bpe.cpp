@@ -946,7 +946,7 @@ void BpeTokenizer::bpe_word(const std::string& w, std::vector<int32_t>& out) con
     if (n > 0) sym.back().next = n;
     sym.push_back({id, n - 1, -1, true});
   };
-  std::optional<int32_t> pending_unk;
+  int32_t pending_unk = -1;  // a pending (possibly fused) unk
   std::string s;
   for (std::size_t i = 0; i < w.size();) {
     char32_t cp;
@@ -959,7 +959,7 @@ void BpeTokenizer::bpe_word(const std::string& w, std::vector<int32_t>& out) con
     i += n;
     auto it = vocab.find(s);
     if (it != vocab.end()) {
-      if (pending_unk) add(*pending_unk), pending_unk.reset();
+      if (pending_unk >= 0) add(pending_unk), pending_unk = -1;
       add(it->second);
       continue;
     }
@@ -973,11 +973,11 @@ void BpeTokenizer::bpe_word(const std::string& w, std::vector<int32_t>& out) con
       }
     }
     if (unk_id) {
-      if (pending_unk && !fuse_unk) add(*pending_unk);
+      if (pending_unk >= 0 && !fuse_unk) add(pending_unk);
       pending_unk = *unk_id;
     }
   }
-  if (pending_unk) add(*pending_unk);
+  if (pending_unk >= 0) add(pending_unk);
 
   // Word::merge_all: lowest rank first, leftmost on ties; an entry is stale
   // when the pair at its position no longer merges into the same token.

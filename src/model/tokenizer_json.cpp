@@ -16,7 +16,17 @@ namespace {
 
 using nlohmann::json;
 
+// A value for a message: scalars as JSON, containers summarized (never
+// serialized whole: a deep or large one would make a huge or deep dump).
 std::string show(const json& j) {
+  if (j.is_object()) {
+    std::string keys;
+    std::size_t n = 0;
+    for (auto it = j.begin(); it != j.end() && n < 4; ++it, ++n) keys += (n ? ", \"" : "\"") + it.key() + "\"";
+    if (j.size() > 4) keys += ", ...";
+    return "an object {" + keys + "}";
+  }
+  if (j.is_array()) return fmt::format("an array of {} items", j.size());
   std::string s = j.dump(-1, ' ', false, json::error_handler_t::replace);
   if (s.size() > 120) s = s.substr(0, 117) + "...";
   return s;
@@ -417,18 +427,22 @@ std::shared_ptr<BpeTokenizer> parse_tokenizer_json(std::string_view json_text, s
   const json* model = c.opt(root, "model");
   if (!model) c.fail("model", "missing", "nothing");
   c.object(*model, "model");
-  std::string type;
+  // Older files (GPT-2, bert-base-uncased, t5-base) have no "type": the Rust
+  // library tells the models apart by their fields, and so do we.
+  std::string type, inferred;
   if (const json* t = c.opt(*model, "type")) {
     type = c.str(*t, "model.type");
-  } else if (c.opt(*model, "merges")) {
-    type = "BPE";  // GPT-2's file predates the "type" tag; the Rust library infers BPE from the fields
   } else {
-    c.fail("model.type", "missing, and the model has no merges; posenc supports BPE tokenizer.json files",
-           "nothing");
+    const json* v = c.opt(*model, "vocab");
+    if (c.opt(*model, "merges")) type = "BPE";
+    else if (c.opt(*model, "max_input_chars_per_word")) type = "WordPiece";
+    else if (v && v->is_array()) type = "Unigram";
+    else type = "WordLevel";
+    inferred = " (no \"type\"; inferred from the fields)";
   }
   if (type != "BPE")
-    throw TokenizerError(fmt::format("{}: model.type: {} is not supported; posenc supports BPE tokenizer.json files",
-                                     source, type));
+    throw TokenizerError(fmt::format(
+        "{}: model.type: {} is not supported; posenc supports BPE tokenizer.json files{}", source, type, inferred));
 
   auto tok = std::make_shared<BpeTokenizer>();
   BpeTokenizer& t = *tok;
