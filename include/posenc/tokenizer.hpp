@@ -205,6 +205,12 @@ class Tokenizer {
   bool add_bos_ = true;
   std::string describe_ = "llama2.c";
   std::string unusable_;
+  bool spm_gguf_ = false;            // spaces -> U+2581, byte fallback through <0xXX> pieces, llama.cpp merges
+  bool add_eos_ = false, add_space_prefix_ = true;
+  std::vector<int32_t> byte_token_;  // GGUF llama: id for each byte (<0xXX> piece), or -1
+  std::vector<bool> special_;        // GGUF llama: control/unknown/BOS/EOS ids (never from text, not decoded)
+  std::vector<int32_t> user_defined_;  // GGUF llama: user-defined ids, matched in the text first, longest first
+  void spm_encode(std::string_view text, bool prefix, std::vector<int32_t>& out) const;
 };
 
 }  // namespace posenc
