@@ -27,6 +27,7 @@
 // the next token is the argmax of the raw logits (lowest id on ties, as llama.cpp's greedy
 // sampler and posenc's generate), checked against node-llama-cpp's greedy sampler.
 // A fixed number of tokens is generated: EOS/BOS do not stop it (their first index is recorded).
+import {execFileSync} from "node:child_process";
 import {createHash} from "node:crypto";
 import {createRequire} from "node:module";
 import {mkdirSync, readFileSync, writeFileSync, renameSync, statSync} from "node:fs";
@@ -139,6 +140,14 @@ function pkgVersion(name) {
   return JSON.parse(readFileSync(join(pkgDir(name), "package.json"), "utf8")).version;
 }
 
+/// A path as recorded in summary.json: relative to the working directory when inside it
+/// (the repository root, as the README's commands run), else as given.
+function rel(p) {
+  if (p == null) return p;
+  const cwd = process.cwd() + "/";
+  return p.startsWith(cwd) ? p.slice(cwd.length) : p;
+}
+
 /// Dense float32 logits [vocab] from node-llama-cpp's Map(token -> logit); throws if any id is missing.
 function denseLogits(map, vocab, where) {
   if (!(map instanceof Map) || map.size !== vocab) {
@@ -186,6 +195,18 @@ function stringify(value, indent = "") {
   return JSON.stringify(value);
 }
 
+/// The llama.cpp commit node-llama-cpp bundles (llama/gitRelease.bundle; its prebuilt binaries are built
+/// from it), or null when git is unavailable.
+function bundledLlamaCppCommit() {
+  try {
+    const out = execFileSync("git", ["bundle", "list-heads", join(pkgDir("node-llama-cpp"), "llama", "gitRelease.bundle")],
+                             {encoding: "utf8", stdio: ["ignore", "pipe", "ignore"]});
+    return out.trim().split(/\s+/)[0] || null;
+  } catch {
+    return null;
+  }
+}
+
 function writeAtomic(path, data) {
   const tmp = `${path}.tmp${process.pid}`;
   writeFileSync(tmp, data);
@@ -216,7 +237,7 @@ async function main() {
     if (p.ids) { prompts.push({ids: p.ids, tokenized_by: "given"}); continue; }
     if (hf) {
       const enc = await hf.encode(p.text, null, {addSpecialTokens: true});
-      prompts.push({text: p.text, ids: enc.getIds(), tokenized_by: `tokenizers@${pkgVersion("tokenizers")} ${args.hfTokenizer} encode(text, addSpecialTokens=true)`});
+      prompts.push({text: p.text, ids: enc.getIds(), tokenized_by: `tokenizers@${pkgVersion("tokenizers")} ${rel(args.hfTokenizer)} encode(text, addSpecialTokens=true)`});
     } else {
       prompts.push({text: p.text, ids: [model.tokens.bos, ...model.tokenize(p.text)],
                     tokenized_by: "llama.cpp (node-llama-cpp model.tokenize(text)) with BOS prepended"});
@@ -264,11 +285,13 @@ async function main() {
       llama_cpp_release: llama.llamaCppRelease,
       llama_cpp_info_json: JSON.parse(readFileSync(join(pkgDir("node-llama-cpp"), "llama", "llama.cpp.info.json"), "utf8")),
       binaries_github_release_json: JSON.parse(readFileSync(join(pkgDir("node-llama-cpp"), "llama", "binariesGithubRelease.json"), "utf8")),
+      llama_cpp_bundle_commit: bundledLlamaCppCommit(),
+      prebuilt_build_metadata: JSON.parse(readFileSync(join(pkgDir("@node-llama-cpp/linux-x64"), "bins", "linux-x64", "_nlcBuildMetadata.json"), "utf8")),
       tokenizers: hf ? pkgVersion("tokenizers") : null,
     },
     host: {cpu: os.cpus()[0]?.model ?? null, cpus: os.cpus().length, loadavg: os.loadavg()},
     model: {
-      file: basename(args.model), path: args.model, sha256: sha256File(args.model), bytes: statSync(args.model).size,
+      file: basename(args.model), path: rel(args.model), sha256: sha256File(args.model), bytes: statSync(args.model).size,
       // the metadata llama.cpp printed while loading (what it actually uses)
       print_info: logs.filter((l) => l.includes("print_info:")).map((l) => l.replace(/^\[\w+\] print_info: /, "").trim()),
     },
@@ -306,7 +329,7 @@ async function main() {
     for (let i = 0; i < saved.length; ++i) buf.writeFloatLE(saved[i], i * 4);
     writeAtomic(join(args.out, "logits.f32"), buf);
     summary.window = {
-      n_tokens: n, ids: windowIds, source: args.tokens,
+      n_tokens: n, ids: windowIds, source: rel(args.tokens),
       nll_mean: mean, ppl: Math.exp(mean), predictions: nll.length,
       nll: nll,
       argmax: argmax,
@@ -359,7 +382,7 @@ async function main() {
 
   await new Promise((r) => setTimeout(r, 100));  // llama.cpp's log reaches the logger asynchronously
   const cpuBackend = logs.find((l) => l.includes("loaded CPU backend from"));
-  summary.settings.ggml_cpu_variant = cpuBackend ? cpuBackend.replace(/^.*loaded CPU backend from /, "").trim() : null;
+  summary.settings.ggml_cpu_variant = cpuBackend ? rel(cpuBackend.replace(/^.*loaded CPU backend from /, "").trim()) : null;
   summary.settings.weight_buffers = logs.filter((l) => /model buffer size|cannot be used with preferred buffer type|amx repack tensor/.test(l))
     .map((l) => l.replace(/^\[\w+\] /, "").trim());
   summary.settings.llama_context = logs.filter((l) => /llama_context: (n_ctx|n_batch|n_ubatch|flash_attn|freq_base|freq_scale|causal_attn)/.test(l) ||

@@ -120,7 +120,6 @@ int main(int argc, char** argv) {
       out["model"] = model_path;
       out["vocab_size"] = vocab;
       out["posenc_nll_mean"] = nll / static_cast<double>(window - 1);
-      out["logits_out"] = logits_out;
     }
     std::cout << out.dump() << "\n";
   } catch (const std::exception& e) {
