@@ -63,13 +63,21 @@ if [[ -x "$LLAMA_CPP_BIN/llama-quantize" ]]; then
     --label "TinyStories-656K-Q8_0.gguf dequantized to F32 (llama-quantize --allow-requantize ... F32 1), same window and prompts"
   node tools/refs/check_llama_cpp_data.mjs "$OUT/TinyStories-656K-Q8_0-dequantized-F32" --nll-range 3.5,4.5 \
     --expect-prompt-ids 0 '[1]' --expect-prompt-ids 1 "$HF_PROMPT_IDS"
+  if /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+    /usr/bin/python3 tools/refs/llama_cpp_emulation.py --gguf "$DEQ" \
+      --tokens "$OUT/TinyStories-656K-Q8_0-dequantized-F32/summary.json" --compare "$OUT/TinyStories-656K-Q8_0-dequantized-F32"
+  fi
 else
   echo "make_llama_cpp_data: $LLAMA_CPP_BIN/llama-quantize not found; TinyStories-656K-Q8_0-dequantized-F32 not regenerated" >&2
 fi
 
-# The Q8_0 arithmetic the README describes, restated in numpy, must reproduce llama.cpp's rows exactly.
+# The arithmetic the README describes, restated in numpy (tools/refs/llama_cpp_emulation.py), reproduces
+# llama.cpp's rows bit for bit on this machine (it prints how many; it does not fail otherwise: on another
+# CPU or libm the prebuilt library computes differently).
 if /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
-  /usr/bin/python3 tools/refs/q8_0_emulation.py --gguf "$Q656" --tokens "$OUT/TinyStories-656K-Q8_0/summary.json" \
+  /usr/bin/python3 tools/refs/llama_cpp_emulation.py --gguf "$S260/stories260K.gguf" \
+    --tokens "$OUT/stories260K/summary.json" --compare "$OUT/stories260K"
+  /usr/bin/python3 tools/refs/llama_cpp_emulation.py --gguf "$Q656" --tokens "$OUT/TinyStories-656K-Q8_0/summary.json" \
     --compare "$OUT/TinyStories-656K-Q8_0"
 fi
 du -sh "$OUT"

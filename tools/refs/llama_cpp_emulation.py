@@ -1,12 +1,12 @@
 #!/usr/bin/python3
-"""q8_0_emulation.py — a float32 numpy re-statement of the arithmetic llama.cpp's CPU backend uses
-for a Llama GGUF with Q8_0 weights (the AMX/AVX-512 build node-llama-cpp loads on this machine:
-libggml-cpu-sapphirerapids.so, F32 KV cache, flash attention off, one ubatch), written to check
-that tests/model/data/llama_cpp/README.md describes that arithmetic completely: on
-TinyStories-656K-Q8_0.gguf's 512-token reference window it reproduces llama.cpp's logits
-bit for bit (all 512 x 2048 values).
+"""llama_cpp_emulation.py — a float32 numpy re-statement of the arithmetic llama.cpp's CPU backend uses
+for a prefill (one ubatch of >= 2 tokens) of a Llama GGUF with F32 or Q8_0 weight matrices (the
+AVX-512/AMX build node-llama-cpp loads on this machine: libggml-cpu-sapphirerapids.so, F32 KV cache,
+flash attention off), written to check that tests/model/data/llama_cpp/README.md describes that
+arithmetic completely: on the reference windows it reproduces llama.cpp's logits bit for bit
+(TinyStories-656K-Q8_0.gguf, its F32 dequantization and stories260K.gguf).
 
-    /usr/bin/python3 tools/refs/q8_0_emulation.py --gguf TinyStories-656K-Q8_0.gguf \
+    /usr/bin/python3 tools/refs/llama_cpp_emulation.py --gguf TinyStories-656K-Q8_0.gguf \
         --tokens tests/model/data/llama_cpp/TinyStories-656K-Q8_0/summary.json \
         --compare tests/model/data/llama_cpp/TinyStories-656K-Q8_0 [--out logits.f32] [--fp-variant ...]
 
@@ -18,12 +18,28 @@ twice in rare cases). --fp-variant names alternatives that are NOT what llama.cp
 make rows differ; kept to show which details matter).
 """
 import argparse
+import ctypes
+import ctypes.util
 import json
 import sys
 
 import numpy as np
 
 F, D = np.float32, np.float64
+
+
+_libm = ctypes.CDLL(ctypes.util.find_library("m"))
+for _name in ("cosf", "sinf", "expf"):
+    getattr(_libm, _name).restype = ctypes.c_float
+    getattr(_libm, _name).argtypes = [ctypes.c_float]
+
+
+def libm(name, x):
+    """The system libm's float function (what the prebuilt library calls: cosf/sinf via sincosf, expf),
+    element by element; numpy's own float32 functions round differently."""
+    f = getattr(_libm, name)
+    x = np.asarray(x, F)
+    return np.fromiter((f(float(v)) for v in x.ravel()), F, x.size).reshape(x.shape)
 
 
 def fma(a, b, c):
@@ -57,6 +73,55 @@ def matmul_q8_0(w, x):
     for i in range(isum.shape[2]):
         acc = fma(isum[:, :, i].astype(F), dprod[:, :, i], acc)
     return acc
+
+
+def tinyblas_f32(w, x):
+    """llamafile tinyBLAS<16, __m512> (sgemm.cpp) for F32 x F32, used for n >= 2 rows when k % 16 == 0
+    and m % 4 == 0: each output has 16 float lanes, lane j FMA-accumulates l = j (mod 16) in order of l,
+    then _mm512_reduce_add_ps. w [M, K] (weight rows), x [N, K] -> [N, M]."""
+    m, k = w.shape
+    n = x.shape[0]
+    wl, xl = w.reshape(m, k // 16, 16), x.reshape(n, k // 16, 16)
+    acc = np.zeros((n, m, 16), F)
+    for c in range(k // 16):
+        acc = fma(np.broadcast_to(xl[:, None, c, :], acc.shape), np.broadcast_to(wl[None, :, c, :], acc.shape), acc)
+    return reduce_add_16(acc)
+
+
+def vec_dot_f32(w, x):
+    """ggml_vec_dot_f32 (vec.cpp, AVX-512) as the prebuilt library (GCC 11.4) executes it: 4 accumulators
+    of 16 lanes over 64-element chunks (FMA), reduced (0+2, 1+3, then 0+1, then reduce_add_ps) to a
+    float; then the k mod 64 tail `sumf += x[i]*y[i]`, which GCC vectorized: blocks of 16, then one of 8,
+    have their products rounded (vmulps) and added to sumf one by one in order; the last k mod 8
+    elements are contracted to scalar FMAs (vfmadd231ss). w [M, K], x [N, K] -> [N, M]."""
+    m, k = w.shape
+    n = x.shape[0]
+    np_ = k & ~63
+    acc = np.zeros((4, n, m, 16), F)
+    for i in range(0, np_, 64):
+        for j in range(4):
+            sl = slice(i + 16 * j, i + 16 * j + 16)
+            acc[j] = fma(np.broadcast_to(x[:, None, sl], acc.shape[1:]), np.broadcast_to(w[None, :, sl], acc.shape[1:]), acc[j])
+    a0 = ((acc[0] + acc[2]).astype(F) + (acc[1] + acc[3]).astype(F)).astype(F)
+    out = reduce_add_16(a0)
+    fma_from = k - (k - np_) % 8
+    for i in range(np_, k):
+        if i < fma_from:
+            out = (out + (x[:, None, i] * w[None, :, i]).astype(F)).astype(F)
+        else:
+            out = fma(np.broadcast_to(x[:, None, i], out.shape), np.broadcast_to(w[None, :, i], out.shape), out)
+    return out
+
+
+def matmul(w, x):
+    """ggml_mul_mat(w, x) of a prefill (x has >= 2 rows): Q8_0 weights through the AMX kernels,
+    F32 weights through tinyBLAS when k % 16 == 0 and m % 4 == 0, else ggml_vec_dot_f32."""
+    if w[0] == "q8_0":
+        return matmul_q8_0(w[1:], x)
+    wf = w[1]
+    if x.shape[0] >= 2 and wf.shape[1] % 16 == 0 and wf.shape[0] % 4 == 0:
+        return tinyblas_f32(wf, x.astype(F))
+    return vec_dot_f32(wf, x.astype(F))
 
 
 def v_expf(x):
@@ -99,7 +164,8 @@ def main():
     ap.add_argument("--out", help="write logits [n, vocab] float32 little-endian")
     ap.add_argument("--compare", help="a llama_cpp_refs.mjs output directory of the same window")
     ap.add_argument("--gguf-py", default="/work/refs/llama.cpp-src/gguf-py")
-    ap.add_argument("--fp-variant", default="", help="comma list: rope-no-fma, kq-fma (not llama.cpp's)")
+    ap.add_argument("--fp-variant", default="",
+                    help="comma list of deviations (not llama.cpp's): rope-no-fma, kq-fma, trig-rounded")
     a = ap.parse_args()
     variants = set(v for v in a.fp_variant.split(",") if v)
     sys.path.insert(0, a.gguf_py)
@@ -122,13 +188,16 @@ def main():
     if n_rot != hd:
         sys.exit("partial rotary dimension is not emulated")
 
-    def q8(name):
+    def weight(name):
+        """("q8_0", q [N, KB, 32] int, d [N, KB] float) or ("f32", w [N, K])."""
         t = tensors[name]
+        if t.tensor_type.name == "F32":
+            return ("f32", np.asarray(t.data, F).reshape(int(t.shape[1]), int(t.shape[0])))
         if t.tensor_type.name != "Q8_0":
-            sys.exit(f"{name}: {t.tensor_type.name}, only Q8_0 matrices are emulated")
+            sys.exit(f"{name}: {t.tensor_type.name}, only F32 and Q8_0 matrices are emulated")
         raw = t.data
         b = raw.reshape(raw.shape[0], raw.shape[1] // 34, 34)
-        return b[:, :, 2:].copy().view(np.int8).astype(np.int64), b[:, :, :2].copy().view("<f2")[:, :, 0].astype(F)
+        return ("q8_0", b[:, :, 2:].copy().view(np.int8).astype(np.int64), b[:, :, :2].copy().view("<f2")[:, :, 0].astype(F))
 
     def vec(name):
         return np.asarray(tensors[name].data, F)
@@ -137,10 +206,12 @@ def main():
     ids = j if isinstance(j, list) else (j.get("window_ids") or j.get("ids") or j.get("window", {}).get("ids"))
     L = len(ids)
 
-    emb = q8("token_embd.weight")
-    out_w = q8("output.weight") if "output.weight" in tensors else emb  # tied: the same Q8_0 matrix
-    # get_rows on Q8_0 = dequantize_row_q8_0: q * fp16_to_fp32(d), one float multiply
-    x = (emb[0][ids].astype(F) * emb[1][ids][:, :, None]).reshape(L, n_embd).astype(F)
+    emb = weight("token_embd.weight")
+    out_w = weight("output.weight") if "output.weight" in tensors else emb  # tied: the same matrix
+    if emb[0] == "q8_0":  # get_rows on Q8_0 = dequantize_row_q8_0: q * fp16_to_fp32(d), one float multiply
+        x = (emb[1][ids].astype(F) * emb[2][ids][:, :, None]).reshape(L, n_embd).astype(F)
+    else:
+        x = emb[1][ids].astype(F)
 
     # RoPE (ggml_rope_cache_init / rope_yarn, mode NORM = adjacent pairs): theta_scale = powf(base, -2/n_rot),
     # theta = p, then theta *= theta_scale per pair, in float; cos/sin = cosf/sinf(theta).
@@ -150,7 +221,10 @@ def main():
     for i in range(hd // 2):
         theta[:, i] = th
         th = (th * ts).astype(F)
-    cs, sn = np.cos(theta.astype(D)).astype(F), np.sin(theta.astype(D)).astype(F)
+    if "trig-rounded" in variants:  # correctly rounded cos/sin instead of glibc's
+        cs, sn = np.cos(theta.astype(D)).astype(F), np.sin(theta.astype(D)).astype(F)
+    else:
+        cs, sn = libm("cosf", theta), libm("sinf", theta)
 
     def rope(v):
         x0, x1 = v[..., 0::2], v[..., 1::2]
@@ -171,17 +245,18 @@ def main():
     for il in range(n_layer):
         p = f"blk.{il}."
         h = rms_norm_mul(x, vec(p + "attn_norm.weight"), eps)
-        q = rope(matmul_q8_0(q8(p + "attn_q.weight"), h).reshape(L, n_head, hd))
-        k = rope(matmul_q8_0(q8(p + "attn_k.weight"), h).reshape(L, n_head_kv, hd))
-        v = matmul_q8_0(q8(p + "attn_v.weight"), h).reshape(L, n_head_kv, hd)
+        q = rope(matmul(weight(p + "attn_q.weight"), h).reshape(L, n_head, hd))
+        k = rope(matmul(weight(p + "attn_k.weight"), h).reshape(L, n_head_kv, hd))
+        v = matmul(weight(p + "attn_v.weight"), h).reshape(L, n_head_kv, hd)
         kr, vr = np.repeat(k, rep, 1), np.repeat(v, rep, 1)  # query head h reads KV head h / rep
-        # kq = ggml_vec_dot_f32 (q is a permuted, non-contiguous view: no tinyBLAS); head_dim < 64 leaves
-        # only its scalar tail loop: sumf += x[i]*y[i] in float, in order
-        kq = np.zeros((n_head, L, L), F)
-        for i in range(hd):
-            prod = (q[:, :, i].T[:, :, None] * kr[:, :, i].T[:, None, :]).astype(F)
-            kq = fma(q[:, :, i].T[:, :, None] * np.ones((1, 1, L), F), kr[:, :, i].T[:, None, :] * np.ones((1, L, 1), F), kq) \
-                if "kq-fma" in variants else (kq + prod).astype(F)
+        # kq = ggml_vec_dot_f32 per (head, query, key): q is a permuted, non-contiguous view, so llamafile
+        # sgemm is skipped; head_dim < 64 leaves only vec_dot_f32's tail (see vec_dot_f32)
+        if "kq-fma" in variants:
+            kq = np.zeros((n_head, L, L), F)
+            for i in range(hd):
+                kq = fma(q[:, :, i].T[:, :, None] * np.ones((1, 1, L), F), kr[:, :, i].T[:, None, :] * np.ones((1, L, 1), F), kq)
+        else:
+            kq = np.stack([vec_dot_f32(kr[:, hh, :], q[:, hh, :]) for hh in range(n_head)])
         # soft_max_ext: w = kq * scale + mask, max, e = ggml_v_expf(w - max) per 16 lanes,
         # sum = double sum of per-16 reduce_add_ps, e * (float)(1/sum)
         wv = np.where(causal, (kq * kq_scale).astype(F), F(-np.inf))
@@ -197,14 +272,19 @@ def main():
         for c in range(sp.shape[2]):
             acc = fma(np.broadcast_to(sp[:, :, c, None, :], acc.shape), np.broadcast_to(vt[:, None, :, c, :], acc.shape), acc)
         o = reduce_add_16(acc).transpose(1, 0, 2).reshape(L, n_embd)
-        x = (x + matmul_q8_0(q8(p + "attn_output.weight"), o)).astype(F)
+        x = (x + matmul(weight(p + "attn_output.weight"), o)).astype(F)
         h = rms_norm_mul(x, vec(p + "ffn_norm.weight"), eps)
-        g = matmul_q8_0(q8(p + "ffn_gate.weight"), h)
-        u = matmul_q8_0(q8(p + "ffn_up.weight"), h)
-        # swiglu: ggml_v_silu(g) * u = (g / (1 + ggml_v_expf(-g))) * u, float32
-        act = ((g / (F(1) + v_expf(-g)).astype(F)).astype(F) * u).astype(F)
-        x = (x + matmul_q8_0(q8(p + "ffn_down.weight"), act)).astype(F)
-    logits = matmul_q8_0(out_w, rms_norm_mul(x, vec("output_norm.weight"), eps))
+        g = matmul(weight(p + "ffn_gate.weight"), h)
+        u = matmul(weight(p + "ffn_up.weight"), h)
+        # swiglu (ggml_vec_swiglu_f32): 16-lane chunks ggml_v_silu(g) * u = (g / (1 + ggml_v_expf(-g))) * u;
+        # the n mod 16 tail ggml_silu_f32(g) * u = (g / (1.0f + expf(-g))) * u with libm's expf
+        n16 = g.shape[1] & ~15
+        sil = np.empty_like(g)
+        sil[:, :n16] = (g[:, :n16] / (F(1) + v_expf(-g[:, :n16])).astype(F)).astype(F)
+        sil[:, n16:] = (g[:, n16:] / (F(1) + libm("expf", -g[:, n16:])).astype(F)).astype(F)
+        act = (sil * u).astype(F)
+        x = (x + matmul(weight(p + "ffn_down.weight"), act)).astype(F)
+    logits = matmul(out_w, rms_norm_mul(x, vec("output_norm.weight"), eps))
 
     if a.out:
         logits.astype("<f4").tofile(a.out)
