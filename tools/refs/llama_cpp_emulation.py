@@ -12,7 +12,7 @@ arithmetic completely: on the reference windows it reproduces llama.cpp's logits
 
 Needs numpy (Debian python3-numpy) and gguf-py (the reader in llama.cpp's source tree,
 --gguf-py DIR, default /work/refs/llama.cpp-src/gguf-py); nothing of llama.cpp runs.
-The README ("Q8_0: what llama.cpp computes") gives each step with its source reference.
+The README ("What llama.cpp computes, operation by operation") gives each step with its source reference.
 fma(a, b, c) is emulated as round_f32(a*b + c) in float64 (exact product; the sum can round
 twice in rare cases). --fp-variant names alternatives that are NOT what llama.cpp does (they
 make rows differ; kept to show which details matter).
