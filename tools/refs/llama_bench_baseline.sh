@@ -14,8 +14,10 @@
 #             files only.
 # Models: stories260K.gguf (F32), TinyStories-656K-Q8_0.gguf, and TinyStories-656K-Q8_0 dequantized to F32
 # by llama-quantize (no F32 GGUF of TinyStories-656K exists here: convert_hf_to_gguf.py needs torch and
-# transformers). Prompt processing of 128 and 512 tokens (one ubatch), generation of 128 tokens, 1 and 2
-# threads, 5 repetitions, flash attention off; llama-bench's KV cache is F16 (it accepts no F32 type).
+# transformers). Prompt processing of 128 and 512 tokens (one ubatch), generation of 128 and 256 tokens
+# (posenc's model_bench decodes 256 positions), 1 and 2
+# threads, REPS (default 10) repetitions, flash attention FA (default off); llama-bench's KV cache is F16 (it accepts no
+# F32 type).
 # The load average before and after each run is recorded: the machine is shared; repeat noisy runs.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -40,12 +42,30 @@ nice g++ -std=c++17 -O2 -DNDEBUG -I"$SRC/include" -I"$SRC/ggml/include" -I"$SRC/
   "$SRC/tools/llama-bench/llama-bench.cpp" "$SRC/tools/llama-bench/main.cpp" \
   -L"$TMP" -lllama-common -lllama -lggml -lggml-base -Wl,-rpath,"$PRE" -o "$TMP/llama-bench-prebuilt"
 
-args=(-p 128,512 -n 128 -t 1,2 -r 5 -fa off -o md)
+REPS="${REPS:-10}"
+FA="${FA:-off}"
+args=(-p 128,512 -n 128,256 -t 1,2 -r "$REPS" -fa "$FA")
+# llama-bench's md table gives mean ± stddev; on a shared machine a stalled repetition drags the mean,
+# so the JSON samples are kept too and summarized as median and best (max) tokens/s.
 run() {  # label binary model [env]
   echo
-  echo "\$ $1 -m $(basename "$3") ${args[*]}"
+  echo "\$ $1 -m $(basename "$3") ${args[*]} -o md"
   echo "loadavg before: $(cat /proc/loadavg)"
-  env $4 "$2" -m "$3" "${args[@]}" 2> "$TMP/err.log" | grep -v '^$' || { echo "(failed: $(tail -1 "$TMP/err.log"))"; }
+  if env $4 "$2" -m "$3" "${args[@]}" -o json > "$TMP/out.json" 2> "$TMP/err.log"; then
+    node -e '
+      const rows = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+      const med = (a) => { const s = [...a].sort((x, y) => x - y); const n = s.length; return n % 2 ? s[(n - 1) / 2] : (s[n / 2 - 1] + s[n / 2]) / 2; };
+      console.log("| model | threads | test | median t/s | best t/s | mean ± sd t/s (llama-bench) |");
+      console.log("|---|--:|---|--:|--:|--:|");
+      for (const r of rows) {
+        const test = r.n_prompt > 0 ? `pp${r.n_prompt}` : `tg${r.n_gen}`;
+        console.log(`| ${r.model_type} | ${r.n_threads} | ${test} | ${med(r.samples_ts).toFixed(0)} | ${Math.max(...r.samples_ts).toFixed(0)} | ${r.avg_ts.toFixed(0)} ± ${r.stddev_ts.toFixed(0)} |`);
+      }
+      console.log("samples (t/s): " + rows.map((r) => (r.n_prompt > 0 ? "pp" + r.n_prompt : "tg" + r.n_gen) + "/t" + r.n_threads + " [" + r.samples_ts.map((x) => x.toFixed(0)).join(" ") + "]").join("; "));
+    ' "$TMP/out.json"
+  else
+    echo "(failed: $(tail -1 "$TMP/err.log"))"
+  fi
   echo "loadavg after:  $(cat /proc/loadavg)"
 }
 {
