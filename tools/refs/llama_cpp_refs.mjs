@@ -246,6 +246,18 @@ async function main() {
 
   // node-llama-cpp lets a sequence hold contextSize - 1 tokens and silently shifts the
   // context (erases tokens, re-rotates keys) to make room beyond that: one cell to spare.
+  // llama.cpp fails a decode with an out-of-range id without saying which: check the ids first.
+  const embd = model.fileInfo.fullTensorInfo?.find((t) => t.name === "token_embd.weight");
+  const nVocabFile = embd ? Number(embd.dimensions[1]) : model.fileInfo.metadata?.tokenizer?.ggml?.tokens?.length;
+  if (Number.isInteger(nVocabFile)) {
+    const check = (ids, what) => {
+      const bad = ids.findIndex((t) => t < 0 || t >= nVocabFile);
+      if (bad >= 0) fail(`${what}: id ${ids[bad]} at index ${bad} is outside the model's vocabulary [0, ${nVocabFile})`, 1);
+    };
+    if (windowIds) check(windowIds, `--tokens ${args.tokens}`);
+    prompts.forEach((p, i) => check(p.ids, `greedy prompt ${i}`));
+  }
+
   const need = Math.max(512, windowIds ? windowIds.length + 1 : 0,
                         ...prompts.map((p) => p.ids.length + args.greedyTokens + 1));
   const contextSize = args.context ?? need;
