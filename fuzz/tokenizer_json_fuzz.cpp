@@ -4,6 +4,12 @@
 // special tokens and decoded back, whole and streamed. posenc::Error is the
 // expected answer to bad input; anything else (another exception, a crash, a
 // sanitizer report) is a finding.
+//
+// Build and run (from the repository root):
+//   clang++ -std=c++20 -g -O1 -fsanitize=fuzzer,address,undefined -Iinclude -Isrc fuzz/tokenizer_json_fuzz.cpp \
+//     src/model/tokenizer.cpp src/model/tokenizer_bpe.cpp src/model/tokenizer_json.cpp src/core/io.cpp \
+//     -lfmt -lpcre2-8 -lutf8proc -o /tmp/tokenizer_json_fuzz
+//   /tmp/tokenizer_json_fuzz -max_len=16384 -dict=fuzz/tokenizer_json.dict /tmp/corpus fuzz/corpus/tokenizer_json
 #include <cstddef>
 #include <cstdint>
 #include <string>

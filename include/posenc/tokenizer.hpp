@@ -13,10 +13,19 @@
 // byte_fallback, added/special tokens (matched in the text before
 // normalization, longest first), normalizers Prepend/Replace/NFC/Sequence,
 // pre-tokenizers ByteLevel (GPT-2 regex), Split (PCRE2 regex), Digits,
-// Metaspace, Sequence; post-processor TemplateProcessing / ByteLevel;
-// decoders Replace/ByteFallback/Fuse/Strip/ByteLevel/Metaspace. Encoding
-// equals the Rust library id for id (tests/model/data/hf_tokenizers/).
-// WordPiece and Unigram models are refused with a TokenizerError naming them.
+// Metaspace, Sequence (also NFD/NFKC/NFKD, Lowercase, Strip, StripAccents,
+// Whitespace, WhitespaceSplit, Punctuation, CharDelimiterSplit); post-processor
+// TemplateProcessing / ByteLevel / Sequence / Bert- and RobertaProcessing;
+// decoders Replace/ByteFallback/Fuse/Strip/ByteLevel/Metaspace/BPEDecoder.
+// Regexes run on PCRE2 (UTF + UCP), normalization on utf8proc. Encoding
+// equals the Rust library (tokenizers 0.23.2) id for id
+// (tests/model/data/hf_tokenizers/, tools/refs/hf_tokenizers_refs.mjs);
+// decode(ids) equals its decode(ids, skip_special_tokens=true) except that
+// bytes which are not valid UTF-8 stay raw bytes (the library prints U+FFFD).
+// Text that is not valid UTF-8 is encoded as if each invalid sequence were
+// U+FFFD (the library only accepts valid strings). truncation/padding and BPE
+// dropout in a file are ignored. WordPiece and Unigram models are refused
+// with a TokenizerError naming them.
 //
 // Symbol vocabularies: a list of whitespace-free symbols where ids 0, 1, 2 are
 // "<pad>", "<bos>", "<eos>"; text is a whitespace-separated sequence of
@@ -45,7 +54,11 @@ class BpeTokenizer;  // tokenizer.json / GGUF gpt2 BPE engine (src/model/tokeniz
 /// (llm_tokenizer_spm): spaces -> U+2581, a U+2581 prefix when
 /// add_space_prefix, then merges of the adjacent pair whose concatenation has
 /// the highest score (leftmost on ties), byte fallback for pieces not in the
-/// vocabulary (unk_id if a byte piece is missing too).
+/// vocabulary (unk_id if a byte piece is missing too). User-defined pieces
+/// (type 4) are cut out of the text first, longest first, and the text after
+/// one gets the U+2581 prefix again; control pieces are never produced from
+/// text (llama.cpp with parse_special = false). Equal to llama-tokenize
+/// (llama.cpp de3ff81) on stories260K.gguf (tests/model/data/llama_cpp/).
 struct SentencePieceVocab {
   std::vector<std::string> pieces;
   std::vector<float> scores;        ///< same size as pieces
@@ -60,8 +73,14 @@ struct SentencePieceVocab {
 /// A byte-level BPE vocabulary with merges, as GGUF embeds it
 /// (tokenizer.ggml.model = "gpt2"): tokens in GPT-2's byte-to-unicode
 /// alphabet, merges as "a b", `pre` = tokenizer.ggml.pre naming the
-/// pre-tokenizer regex ("default"/"gpt2", "llama-bpe", "qwen2", "smollm", ...;
-/// an unknown name is a TokenizerError naming it).
+/// pre-tokenizer regexes as llama.cpp's llm_tokenizer_bpe does ("default" or
+/// "", "gpt-2" (alias "gpt2"), "llama-bpe"/"llama3" (with ignore_merges),
+/// "qwen2", "smollm", and their llama.cpp aliases; an unknown name is a
+/// TokenizerError naming it). Control/unknown tokens (types 3, 2) are never
+/// matched in text and not decoded; user-defined ones (4) are matched first.
+/// add_bos / add_eos are used as given (llama.cpp defaults add_bos to true for
+/// llama-bpe when the GGUF has no tokenizer.ggml.add_bos_token: the reader
+/// must apply that).
 struct BpeVocab {
   std::vector<std::string> tokens;
   std::vector<std::string> merges;
@@ -96,7 +115,8 @@ class Tokenizer {
 
   /// Loads a Hugging Face tokenizer.json; a tokenizer_config.json in the same
   /// directory supplies add_bos_token / add_eos_token when present (as
-  /// transformers' LlamaTokenizerFast does). Throws IoError (unreadable),
+  /// transformers' LlamaTokenizerFast does: the template becomes [bos_token]
+  /// $A [eos_token]), and eos_token for eos_id(). Throws IoError (unreadable),
   /// TokenizerError naming the file and field: malformed JSON, a model type
   /// other than BPE ("model.type: WordPiece is not supported ..."), a merge
   /// naming a token not in the vocabulary, an unknown normalizer /
@@ -137,7 +157,12 @@ class Tokenizer {
   /// that concatenate separately encoded pieces need to know.
   bool adds_prefix_space() const;
   /// True for ids that are special tokens (BOS/EOS/control/added special):
-  /// decode() skips them.
+  /// decode() skips them. tokenizer.json: exactly the ids the Rust library's
+  /// decode(ids, skip_special_tokens=true) skips, i.e. added tokens marked
+  /// special whose id_to_token string is their content; a "normalized" special
+  /// token under a normalizer that changes it (TinyStories-656K's
+  /// <|start_story|>, decoded as "\u2581<|start_story|>") is not skipped there,
+  /// so it is not special here either.
   bool is_special(int32_t id) const;
   /// Id of an exact vocabulary entry (piece), or nullopt.
   std::optional<int32_t> token_id(std::string_view piece) const;
@@ -176,7 +201,9 @@ class Tokenizer {
   /// text, so the decoder's Strip / prefix-space removal applies); special
   /// tokens give "". Byte-level and byte_fallback tokens give raw bytes, so
   /// a piece can be part of a UTF-8 character; concatenating the pieces of a
-  /// sequence gives decode(tokens).
+  /// sequence gives decode(tokens) (for tokenizer.json, as long as no special
+  /// token follows the first token: decode(tokens) drops specials before its
+  /// decoder runs, so a Strip there applies to the first token only).
   std::string decode(int32_t prev_token, int32_t token) const;
 
   /// Concatenated decode of a token sequence; special tokens (BOS/EOS and, for

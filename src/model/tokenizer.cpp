@@ -165,7 +165,7 @@ void Tokenizer::spm_encode(std::string_view text, bool prefix, std::vector<int32
     if (prefix) {
       const int32_t space = lookup(" ");
       if (space < 0) throw TokenizerError("tokenizer: vocabulary has no ' ' token for the dummy prefix");
-      buf = " ";
+      buf.push_back(' ');
     }
     buf.append(text);
     s = buf;
