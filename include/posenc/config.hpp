@@ -203,4 +203,43 @@ PositionalSpec parse_positional_spec(std::string_view json_text, std::string_vie
 PositionalSpec load_positional_spec(const std::filesystem::path& path,
                                     const ConfigOptions& options = {});
 
+/// The decoder a config.json describes, as far as posenc's runtime needs it.
+/// The runtime runs the Llama family (Hugging Face class names):
+///  - LlamaForCausalLM   (attention_bias: q/k/v/o biases; mlp_bias)
+///  - MistralForCausalLM (sliding_window)
+///  - Qwen2ForCausalLM   (q/k/v biases always; sliding window per use_sliding_window)
+///  - Qwen3ForCausalLM   (q_norm/k_norm: RMSNorm over head_dim; attention_bias)
+/// Defaults are those of the transformers config classes (rms_norm_eps 1e-6,
+/// tie_word_embeddings false, hidden_act silu, head_dim hidden_size /
+/// num_attention_heads).
+struct DecoderSpec {
+  PositionalSpec positional;   ///< positions (rope params, layout, sliding window)
+  std::string architecture;    ///< architectures[0] (or model_type when absent)
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_hidden_layers = 0;
+  int num_attention_heads = 0;
+  int num_key_value_heads = 0;
+  int head_dim = 0;
+  int vocab_size = 0;
+  double rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+  bool qkv_bias = false;
+  bool o_bias = false;
+  bool mlp_bias = false;
+  bool qk_norm = false;
+  std::string torch_dtype;     ///< "" when absent
+};
+
+/// The architectures parse_decoder_spec accepts, for messages.
+std::string_view supported_decoder_architectures();
+
+/// Parses a config.json for the runtime. Throws ConfigError naming the field:
+/// an architecture the runtime does not run ("architectures: GPT2LMHeadModel
+/// is not supported yet (the runtime runs ...)"), a missing
+/// hidden_size/intermediate_size/num_hidden_layers/num_attention_heads/
+/// vocab_size, hidden_act other than silu, a positional family other than
+/// RoPE, and everything parse_positional_spec refuses.
+DecoderSpec parse_decoder_spec(std::string_view json_text, std::string_view source = "<config>");
+
 }  // namespace posenc

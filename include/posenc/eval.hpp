@@ -76,9 +76,11 @@ std::vector<double> score_candidates(const Model& model, KvCache& cache, KvCache
                                      std::span<const std::vector<int32_t>> candidates);
 
 /// Greedy continuation of sequence `seq` whose last-token logits are given:
-/// at most max_new_tokens, stopping before BOS or EOS. Appends to `seq`.
+/// at most max_new_tokens, stopping before any of `stop_ids` (the tokenizer's
+/// BOS and EOS). Appends to `seq`.
 std::vector<int32_t> greedy_continue(const Model& model, KvCache& cache, KvCache::SeqId seq,
-                                     std::vector<float> last_logits, int max_new_tokens);
+                                     std::vector<float> last_logits, int max_new_tokens,
+                                     std::span<const int32_t> stop_ids);
 
 // ---------------------------------------------------------------- runs
 

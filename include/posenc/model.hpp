@@ -36,6 +36,7 @@ namespace detail {
 struct RawModel;
 }
 struct PosencCheckpoint;
+struct CheckpointTensor;
 
 /// Architecture hyper-parameters (llama2.c's Config, plus the knobs of the
 /// Hugging Face Llama family).
@@ -142,6 +143,11 @@ class Model {
   /// cannot run ("architectures: GPT2LMHeadModel is not supported yet").
   static Model load(const std::filesystem::path& path, const LoadOptions& options);
 
+  /// The tokenizer a model file brings, without loading its weights: a HF
+  /// directory's tokenizer.json, a GGUF's embedded vocabulary (possibly not
+  /// usable()), a posenc checkpoint's symbols; nullopt for llama2.c. Throws as load.
+  static std::optional<Tokenizer> load_bundled_tokenizer(const std::filesystem::path& path);
+
   /// Loads a llama2.c legacy (version 0) checkpoint: seven int32
   /// (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
   /// vocab_size < 0 = unshared classifier), then float32 weights in
@@ -196,8 +202,22 @@ class Model {
   /// Free-form JSON metadata of a posenc checkpoint ("{}" otherwise).
   const std::string& metadata_json() const;
   /// The model as a posenc checkpoint value (tensors copied, current
-  /// positional setup), e.g. to convert a llama2.c checkpoint.
+  /// positional setup), e.g. to convert a llama2.c checkpoint. Throws
+  /// InvalidArgument for models the format cannot hold (biases, q/k norm,
+  /// n_heads * head_dim != dim).
   PosencCheckpoint to_checkpoint() const;
+
+  /// Every weight as float32 (converted or dequantized), row-major, matrices
+  /// [out, in], named as the posenc checkpoint names them (see checkpoint.hpp)
+  /// plus, when the model has them, layers.{l}.bq/bk/bv [q or kv width],
+  /// .bo [dim], .q_norm/.k_norm [head_dim], .b1/.b3 [hidden_dim], .b2 [dim].
+  /// q/k rows are in the order the loader's layout implies (rope().layout as
+  /// loaded: half for Hugging Face, interleaved for GGUF/llama2.c); "output"
+  /// is absent when the classifier is tied.
+  std::vector<struct CheckpointTensor> export_tensors() const;
+  /// The RoPE layout the weights are stored for (the loader's, whatever
+  /// set_rope changed since).
+  RopeLayout stored_layout() const;
   /// With a length-dependent method (rope_type dynamic/longrope), each forward
   /// recomputes the frequencies for the sequence length max(position_ids)+1 (Hugging
   /// Face's dynamic_rope_update rule) and the cache applies `policy` when they

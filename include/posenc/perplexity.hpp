@@ -85,15 +85,27 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
                               const PplOptions& options);
 
 /// The RoPE setup for evaluating `model` at window length `context` with the
-/// scaling `rope_type` ("default", "linear", "ntk", "dynamic", "yarn", ...).
-/// The factor s is `factor` if given, else max(1, context / trained context).
-/// Parameters follow Hugging Face semantics with original_max_position_embeddings
-/// = max_position_embeddings = the trained context (yarn: beta_fast 32, beta_slow 1
-/// defaults; dynamic: HF's rule with factor s and seq_len = context).
-/// Layout and angle precision are kept from `base`.
+/// scaling `rope_type` ("default", "linear", "ntk", "dynamic", "yarn", ...,
+/// or "native": `base` unchanged, the model's own parameters as loaded or as
+/// --config set them).
+/// When `rope_type` is base's own (non-default) type and no `factor` is
+/// given, base's parameters are used as they are (e.g. a Llama-3.1 config's
+/// llama3 factor 8 and original_max_position_embeddings 8192). Otherwise the
+/// factor s is `factor` if given, else max(1, context / trained context), with
+/// original_max_position_embeddings = max_position_embeddings = the trained
+/// context, and every other parameter taken from base (so a --config's
+/// low_freq_factor, beta_fast, long_factor, ... reach the method). Parameters
+/// follow Hugging Face semantics (yarn: beta_fast 32, beta_slow 1 defaults;
+/// dynamic: HF's rule with factor s and seq_len = context). Layout and angle
+/// precision are kept from `base`. Throws ConfigError for a method whose
+/// required parameters are missing (llama3 without low_freq_factor, ...).
 RopeSetup rope_setup_for_context(const RopeSetup& base, int64_t trained_context,
                                  std::string_view rope_type, int64_t context,
                                  std::optional<double> factor);
+
+/// True for the names rope_setup_for_context accepts ("native" and the
+/// registry's rope_types); throws ConfigError listing them otherwise.
+bool is_rope_scaling_name(std::string_view name);
 
 }  // namespace posenc
 

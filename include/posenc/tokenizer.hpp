@@ -39,6 +39,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <variant>
 #include <vector>
 
 namespace posenc {
@@ -166,6 +167,21 @@ class Tokenizer {
   bool is_special(int32_t id) const;
   /// Id of an exact vocabulary entry (piece), or nullopt.
   std::optional<int32_t> token_id(std::string_view piece) const;
+
+  /// This vocabulary as a GGUF file embeds it (for `posenc convert`):
+  ///  - llama2.c, GGUF llama, symbol vocabularies and SentencePiece-style
+  ///    tokenizer.json (byte_fallback, "▁" for spaces): a SentencePieceVocab
+  ///    (spaces as U+2581; token types 1 normal, 2 unknown, 3 control, 6 byte).
+  ///    A tokenizer.json's merges become scores: the token that merge rank r
+  ///    makes scores -r (the lowest rank that makes it), so llama.cpp's
+  ///    highest-score-first merging follows the merge order; multi-character
+  ///    tokens no merge makes score -1e9.
+  ///  - byte-level BPE (tokenizer.json ByteLevel, GGUF gpt2): a BpeVocab with
+  ///    merges in rank order and `pre` = "gpt2" (a plain GPT-2 ByteLevel
+  ///    pre-tokenizer) or the GGUF file's own name.
+  /// Throws TokenizerError for a byte-level tokenizer.json whose pre-tokenizer
+  /// has no llama.cpp name posenc knows (Split/Digits sequences).
+  std::variant<SentencePieceVocab, BpeVocab> gguf_vocabulary() const;
 
   int vocab_size() const { return static_cast<int>(pieces_.size()); }
   int max_token_length() const { return max_token_length_; }

@@ -888,4 +888,69 @@ PositionalSpec load_positional_spec(const std::filesystem::path& path, const Con
   return parse_positional_spec(text, path.string(), options);
 }
 
+std::string_view supported_decoder_architectures() {
+  return "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM";
+}
+
+DecoderSpec parse_decoder_spec(std::string_view json_text, std::string_view source) {
+  DecoderSpec d;
+  d.positional = parse_positional_spec(json_text, source);
+  const json cfg = json::parse(json_text.begin(), json_text.end());  // valid: parse_positional_spec read it
+  const Reader r{std::string(source), ConfigOptions{}};
+  const PositionalSpec& ps = d.positional;
+  d.architecture = !ps.architecture.empty() ? ps.architecture : ps.model_type;
+  enum class Kind { llama, mistral, qwen2, qwen3 };
+  Kind kind;
+  const std::string& a = ps.architecture;
+  const std::string& mt = ps.model_type;
+  if (a == "LlamaForCausalLM" || (a.empty() && mt == "llama"))
+    kind = Kind::llama;
+  else if (a == "MistralForCausalLM" || (a.empty() && mt == "mistral"))
+    kind = Kind::mistral;
+  else if (a == "Qwen2ForCausalLM" || (a.empty() && mt == "qwen2"))
+    kind = Kind::qwen2;
+  else if (a == "Qwen3ForCausalLM" || (a.empty() && mt == "qwen3"))
+    kind = Kind::qwen3;
+  else
+    throw ConfigError(fmt::format("{}: {}: {} is not supported yet (the runtime runs {})", source,
+                                  a.empty() ? "model_type" : "architectures", d.architecture.empty() ? "(none)" : d.architecture,
+                                  supported_decoder_architectures()));
+  if (ps.family != PositionFamily::rope || !ps.rope)
+    r.fail_value("rope", "the runtime runs RoPE decoders; this config's positions are", to_string(ps.family));
+  auto required = [&](std::string_view key) {
+    const json* v = get(cfg, key);
+    if (v == nullptr) r.fail(key, "required field missing");
+    return r.positive_int(*v, key);
+  };
+  d.hidden_size = required("hidden_size");
+  d.intermediate_size = required("intermediate_size");
+  d.num_hidden_layers = required("num_hidden_layers");
+  d.num_attention_heads = required("num_attention_heads");
+  d.vocab_size = required("vocab_size");
+  d.num_key_value_heads = ps.num_key_value_heads > 0 ? ps.num_key_value_heads : d.num_attention_heads;
+  d.head_dim = ps.rope->head_dim;
+  if (const json* v = get(cfg, "rms_norm_eps")) d.rms_norm_eps = r.positive(*v, "rms_norm_eps");
+  if (const json* v = get(cfg, "tie_word_embeddings")) d.tie_word_embeddings = r.boolean(*v, "tie_word_embeddings");
+  if (const json* v = get(cfg, "hidden_act")) {
+    const std::string act = r.string(*v, "hidden_act");
+    if (act != "silu" && act != "swish") r.fail(std::string_view("hidden_act"), "the runtime runs SwiGLU (silu) MLPs", *v);
+  }
+  if (const json* v = get(cfg, "torch_dtype")) d.torch_dtype = r.string(*v, "torch_dtype");
+  const json* attention_bias = get(cfg, "attention_bias");
+  const bool ab = attention_bias != nullptr && r.boolean(*attention_bias, "attention_bias");
+  switch (kind) {
+    case Kind::llama:
+      d.qkv_bias = d.o_bias = ab;
+      if (const json* v = get(cfg, "mlp_bias")) d.mlp_bias = r.boolean(*v, "mlp_bias");
+      break;
+    case Kind::mistral: break;
+    case Kind::qwen2: d.qkv_bias = true; break;
+    case Kind::qwen3:
+      d.qkv_bias = d.o_bias = ab;
+      d.qk_norm = true;
+      break;
+  }
+  return d;
+}
+
 }  // namespace posenc

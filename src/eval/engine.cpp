@@ -49,13 +49,12 @@ std::size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b
 
 RopeSetup eval_rope_setup(const Model& model, std::string_view rope_scaling, int64_t length,
                           std::optional<double> rope_factor) {
-  RopeSetup r = rope_setup_for_context(model.rope(), model.config().max_position_embeddings, rope_scaling, length,
-                                       rope_factor);
-  if (find_rope_scaling(rope_scaling).depends_on_seq_len) {
+  RopeSetup r = rope_setup_for_context(model.rope(), model.trained_context(), rope_scaling, length, rope_factor);
+  if (find_rope_scaling(r.params.rope_type).depends_on_seq_len) {
     // The frequencies the forward itself computes for a full window of
     // `length` tokens (max(position_ids)+1 = length; dynamic NTK in HF's
     // forward-path float32 arithmetic) ...
-    r.freqs = rope_scaling == "dynamic"
+    r.freqs = r.params.rope_type == "dynamic"
                   ? dynamic_ntk_frequencies(r.params, length, DynamicNtkArithmetic::tensor_float32)
                   : compute_rope_frequencies(r.params, length);
     // ... frozen for every token of the sample (prompt, candidates, generated tokens).
@@ -109,14 +108,15 @@ std::vector<double> score_candidates(const Model& model, KvCache& cache, KvCache
 }
 
 std::vector<int32_t> greedy_continue(const Model& model, KvCache& cache, KvCache::SeqId seq,
-                                     std::vector<float> logits, int max_new_tokens) {
+                                     std::vector<float> logits, int max_new_tokens,
+                                     std::span<const int32_t> stop_ids) {
   const int V = model.config().vocab_size;
   if (logits.size() != static_cast<std::size_t>(V))
     throw InvalidArgument(fmt::format("last_logits: {} values for vocab_size {}", logits.size(), V));
   std::vector<int32_t> out;
   for (int step = 0; step < max_new_tokens; ++step) {
     const int32_t next = argmax(logits.data(), V);
-    if (next == Tokenizer::kBos || next == Tokenizer::kEos) break;
+    if (std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) break;
     out.push_back(next);
     if (step + 1 == max_new_tokens) break;
     const int32_t tok[1] = {next};
@@ -144,6 +144,9 @@ std::vector<SampleOutcome> evaluate_samples(const Model& model, const Tokenizer&
     if (j + 1 < m) run = std::min(run, common_prefix(samples[j].prompt_tokens, samples[j + 1].prompt_tokens));
     c[j] = std::min(run, samples[j].prompt_tokens.size() - 1);
   }
+  std::vector<int32_t> stop_ids;
+  if (tokenizer.bos_id()) stop_ids.push_back(*tokenizer.bos_id());
+  if (tokenizer.eos_id()) stop_ids.push_back(*tokenizer.eos_id());
   KvCache cache = model.make_cache(16);
   const KvCache::SeqId trunk = cache.create();
   std::size_t t = 0;  // tokens in the trunk (= prefix of every remaining prompt)
@@ -170,7 +173,7 @@ std::vector<SampleOutcome> evaluate_samples(const Model& model, const Tokenizer&
       o.kept_original = o.predicted == s.original_gold;
       o.prediction = s.choices[static_cast<std::size_t>(o.predicted)];
     } else {
-      o.new_tokens = greedy_continue(model, cache, seq, logits, s.answer_budget);
+      o.new_tokens = greedy_continue(model, cache, seq, logits, s.answer_budget, stop_ids);
       int32_t prev = s.prompt_tokens.back();
       for (int32_t id : o.new_tokens) {
         o.prediction += tokenizer.decode(prev, id);

@@ -178,6 +178,12 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
   return r;
 }
 
+bool is_rope_scaling_name(std::string_view name) {
+  if (name == "native") return true;
+  find_rope_scaling(name);  // throws ConfigError listing the known names
+  return true;
+}
+
 RopeSetup rope_setup_for_context(const RopeSetup& base, int64_t trained_context, std::string_view rope_type,
                                  int64_t context, std::optional<double> factor) {
   if (trained_context <= 0)
@@ -185,15 +191,29 @@ RopeSetup rope_setup_for_context(const RopeSetup& base, int64_t trained_context,
   if (context <= 0) fail_field<InvalidArgument>("context", "must be positive", context);
   if (factor && (!std::isfinite(*factor) || *factor <= 0))
     fail_field<ConfigError>("rope_factor", "must be finite and > 0", *factor);
-  const double s = factor ? *factor
-                          : std::max(1.0, static_cast<double>(context) / static_cast<double>(trained_context));
   RopeSetup r = base;
+  if (rope_type == "native") {
+    // The model's own parameters, exactly as loaded (or as --config set them).
+    if (find_rope_scaling(base.params.rope_type).depends_on_seq_len)
+      r.freqs = compute_rope_frequencies(base.params, context);
+    return r;
+  }
   RopeParams p = base.params;
+  const bool same = p.rope_type == rope_type && p.rope_type != "default";
   p.rope_type = std::string(rope_type);
-  p.original_max_position_embeddings = trained_context;
-  // HF's dynamic rule reads max_position_embeddings as the trained length.
-  p.max_position_embeddings = trained_context;
-  p.factor = rope_type == "default" ? std::optional<double>{} : std::optional<double>{s};
+  if (same && !factor) {
+    // The base already carries this method's real parameters (from the
+    // checkpoint's config or --config): keep factor and original context.
+    if (!p.original_max_position_embeddings) p.original_max_position_embeddings = trained_context;
+    if (!p.max_position_embeddings) p.max_position_embeddings = trained_context;
+  } else {
+    const double s = factor ? *factor
+                            : std::max(1.0, static_cast<double>(context) / static_cast<double>(trained_context));
+    p.original_max_position_embeddings = trained_context;
+    // HF's dynamic rule reads max_position_embeddings as the trained length.
+    p.max_position_embeddings = trained_context;
+    p.factor = rope_type == "default" ? std::optional<double>{} : std::optional<double>{s};
+  }
   r.params = p;
   // Dynamic methods take the window length as the sequence length.
   r.freqs = compute_rope_frequencies(p, context);

@@ -9,6 +9,7 @@
 #include <thread>
 #include <ctime>
 #include <exception>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <set>
@@ -37,7 +38,20 @@ std::string hex16(uint64_t h) { return fmt::format("{:016x}", h); }
 
 uint64_t hash_bytes(std::string_view bytes) { return detail::fnv1a64(bytes); }
 
-std::string file_hash(const std::string& path) { return hex16(hash_bytes(read_file(path))); }
+// A file's content hash; for a directory (a Hugging Face model), the hash of
+// every regular file's name and content hash, in name order.
+std::string file_hash(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return hex16(hash_bytes(read_file(path)));
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(path, ec))
+    if (e.is_regular_file(ec)) files.push_back(e.path());
+  std::sort(files.begin(), files.end());
+  std::string all;
+  for (const auto& f : files) all += f.filename().string() + ":" + hex16(hash_bytes(read_file(f))) + "\n";
+  return hex16(hash_bytes(all));
+}
 
 std::string depth_key(double d) { return d < 0 ? "na" : fmt::format("{:g}", d); }
 
@@ -268,7 +282,7 @@ void validate_eval_config(EvalConfig& c) {
   {
     std::set<std::string> seen;
     for (const auto& s : c.rope_scalings) {
-      find_rope_scaling(s);
+      is_rope_scaling_name(s);
       if (!seen.insert(s).second) throw ConfigError(fmt::format("--rope-scaling: '{}' listed twice", s));
     }
   }
@@ -325,6 +339,21 @@ std::string eval_run_id(const EvalConfig& c, const Model& model) {
   a["rope_layout"] = std::string(to_string(model.rope().layout));
   a["angle_precision"] = std::string(to_string(model.rope().precision));
   a["rope_theta"] = model.rope().params.rope_theta;
+  // Positional overrides and load options that change results (--config,
+  // --trained-context, --quantized-matmul); added only when not the defaults,
+  // so the ids of earlier runs stay valid.
+  const RopeParams& rp = model.rope().params;
+  if (rp.rope_type != "default" || rp.factor) {
+    const auto& f = model.rope().freqs;
+    a["rope_type"] = rp.rope_type;
+    a["inv_freq"] = hex16(hash_bytes(std::string_view(reinterpret_cast<const char*>(f.inv_freq.data()),
+                                                      f.inv_freq.size() * sizeof(float))));
+    a["attention_factor"] = f.attention_factor;
+    a["rope_factor_native"] = rp.factor ? json(*rp.factor) : json(nullptr);
+  }
+  if (model.trained_context() != model.config().max_position_embeddings) a["trained_context"] = model.trained_context();
+  if (model.quantized_matmul() != QuantizedMatmul::dequantize)
+    a["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
   return hex16(hash_bytes(a.dump()));
 }
 
@@ -565,7 +594,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
   topt.choices = c.choices;
   const TaskGenerator gen(tokenizer, hay, topt);
   const Axes axes = axes_from_config(c);
-  const int64_t trained = model.config().max_position_embeddings;
+  const int64_t trained = model.trained_context();
 
   // Every task must be generatable (a length too short for a task is not an
   // error: its cells are recorded as "does not fit"). Checked before anything

@@ -117,7 +117,10 @@ Haystack Haystack::build(std::string_view text, const Tokenizer& tokenizer, std:
   std::vector<std::vector<int32_t>> toks(h.texts_.size());
   detail::FirstException error;  // e.g. TokenizerError for a piece outside the vocabulary
 #pragma omp parallel for schedule(dynamic, 64)
-  for (std::size_t i = 0; i < h.texts_.size(); ++i) error.run([&] { toks[i] = tokenizer.encode(h.texts_[i], false, false); });
+  for (std::size_t i = 0; i < h.texts_.size(); ++i) error.run([&] {
+    // Sentences are joined with spaces: a tokenizer without a dummy prefix must see that space.
+    toks[i] = tokenizer.encode(tokenizer.adds_prefix_space() ? h.texts_[i] : " " + h.texts_[i], false, false);
+  });
   error.rethrow();
   std::set<std::string> words;
   for (const auto& t : h.texts_) {
@@ -246,22 +249,33 @@ struct Piece {
   std::vector<int32_t> tokens;
 };
 
+/// The tokens a prompt starts with: the tokenizer's BOS, when it has one.
+std::vector<int32_t> start_tokens(const Tokenizer& tok) {
+  return tok.bos_id() ? std::vector<int32_t>{*tok.bos_id()} : std::vector<int32_t>{};
+}
+
 Piece make_piece(const Tokenizer& tok, std::string text, bool newline_led = false) {
   Piece p;
   p.newline_led = newline_led;
   if (newline_led) {
     if (text.empty() || text.front() != '\n')
       throw InvalidArgument("task template: a newline-led piece must start with '\\n'");
-    // encode() adds the dummy-prefix space token, which cannot merge with the
-    // byte-fallback newline token that follows; drop it.
-    auto t = tok.encode(text, false, false);
-    const auto nl = tok.encode("\n", false, false);  // [dummy prefix, newline byte]
-    if (t.size() < 2 || nl.size() != 2 || t.front() != nl.front())
-      throw TokenizerError("task template: unexpected encoding of a newline-led piece");
-    p.tokens.assign(t.begin() + 1, t.end());
+    if (tok.adds_prefix_space()) {
+      // encode() adds the dummy-prefix space token, which cannot merge with the
+      // newline token that follows; drop it.
+      auto t = tok.encode(text, false, false);
+      const auto nl = tok.encode("\n", false, false);  // [dummy prefix, newline]
+      if (t.size() < 2 || nl.size() != 2 || t.front() != nl.front())
+        throw TokenizerError("task template: unexpected encoding of a newline-led piece");
+      p.tokens.assign(t.begin() + 1, t.end());
+    } else {
+      p.tokens = tok.encode(text, false, false);
+    }
   } else {
     if (text.empty() || is_space(text.front())) throw InvalidArgument("task template: empty or space-led piece");
-    p.tokens = tok.encode(text, false, false);
+    // Pieces are joined with a space (append): a tokenizer without a dummy
+    // prefix (byte-level BPE) must see that space to give the same tokens.
+    p.tokens = tok.encode(tok.adds_prefix_space() ? text : " " + text, false, false);
   }
   p.text = std::move(text);
   return p;
@@ -314,9 +328,9 @@ void finish_placements(TaskSample& s) {
 
 // The haystack tasks' common assembly: BOS, preamble, haystack sentences with
 // the needles at their depths, query.
-void assemble_haystack(const Haystack& hay, TaskSample& s, Rng& hay_rng, const Piece* preamble,
+void assemble_haystack(const std::vector<int32_t>& start_ids, const Haystack& hay, TaskSample& s, Rng& hay_rng, const Piece* preamble,
                        std::vector<NeedleIn> needles, const Piece& query) {
-  int64_t fixed = 1 + static_cast<int64_t>(query.tokens.size()) + s.answer_budget;
+  int64_t fixed = static_cast<int64_t>(start_ids.size() + query.tokens.size()) + s.answer_budget;
   if (preamble) fixed += static_cast<int64_t>(preamble->tokens.size());
   for (const auto& n : needles) fixed += static_cast<int64_t>(n.piece.tokens.size());
   if (fixed > s.length) too_short(s, fixed);
@@ -343,7 +357,7 @@ void assemble_haystack(const Haystack& hay, TaskSample& s, Rng& hay_rng, const P
 
   s.haystack_start = static_cast<int64_t>(start);
   s.haystack_sentences = static_cast<int64_t>(idx.size());
-  s.prompt_tokens.assign(1, Tokenizer::kBos);
+  s.prompt_tokens = start_ids;
   s.prompt_text.clear();
   if (preamble) append(s, *preamble);
   s.context_start = static_cast<int64_t>(s.prompt_tokens.size());
@@ -596,7 +610,9 @@ TaskSample TaskGenerator::make(std::string_view task, int64_t index, int64_t len
     for (int i = 0; i < K; ++i) {
       const int c = order[static_cast<std::size_t>(i)];
       s.choices.push_back(" " + cands[static_cast<std::size_t>(c)]);
-      s.choice_tokens.push_back(tok_.encode(cands[static_cast<std::size_t>(c)], false, false));
+      s.choice_tokens.push_back(tok_.encode(tok_.adds_prefix_space() ? cands[static_cast<std::size_t>(c)]
+                                                                        : " " + cands[static_cast<std::size_t>(c)],
+                                                   false, false));
       max_tokens = std::max(max_tokens, static_cast<int>(s.choice_tokens.back().size()));
       if (c == named) s.gold = i;
       if (c == 0) s.original_gold = i;
@@ -606,7 +622,7 @@ TaskSample TaskGenerator::make(std::string_view task, int64_t index, int64_t len
     std::vector<NeedleIn> needles{
         {make_piece(tok_, fmt::format("There was a little {} named {}.", kind, name)), "evidence", depth}};
     const Piece query = make_piece(tok_, fmt::format("The little {} was named", kind));
-    assemble_haystack(hay_, s, hay_rng, nullptr, std::move(needles), query);
+    assemble_haystack(start_tokens(tok_), hay_, s, hay_rng, nullptr, std::move(needles), query);
     return s;
   }
 
@@ -630,7 +646,7 @@ TaskSample TaskGenerator::make(std::string_view task, int64_t index, int64_t len
         {make_piece(tok_, fmt::format("The pass key is {0}. Remember it. {0} is the pass key.", used)), "evidence",
          depth}};
     const Piece query = make_piece(tok_, "What is the pass key? The pass key is");
-    assemble_haystack(hay_, s, hay_rng, &pre, std::move(needles), query);
+    assemble_haystack(start_tokens(tok_), hay_, s, hay_rng, &pre, std::move(needles), query);
     return s;
   }
 
@@ -710,7 +726,7 @@ TaskSample TaskGenerator::make(std::string_view task, int64_t index, int64_t len
                   ? fmt::format("What is the special magic number for {0}? The special magic number for {0} is", q)
                   : fmt::format("What are all the special magic numbers for {0}? The special magic numbers for {0} are",
                                 q));
-    assemble_haystack(hay_, s, hay_rng, &pre, std::move(needles), query);
+    assemble_haystack(start_tokens(tok_), hay_, s, hay_rng, &pre, std::move(needles), query);
     return s;
   }
 
@@ -752,7 +768,7 @@ TaskSample TaskGenerator::make(std::string_view task, int64_t index, int64_t len
         tok_, fmt::format("Question: Which variables are assigned the value {0}? Answer: The variables assigned the "
                           "value {0} are:",
                           value));
-    assemble_haystack(hay_, s, hay_rng, &pre, std::move(needles), query);
+    assemble_haystack(start_tokens(tok_), hay_, s, hay_rng, &pre, std::move(needles), query);
     return s;
   }
 
@@ -788,7 +804,7 @@ TaskSample TaskGenerator::make(std::string_view task, int64_t index, int64_t len
       for (std::size_t i = 0; i < n; ++i) list.push_back(words[static_cast<std::size_t>(kCommon) + i]);
       Rng lr(detail::mix(detail::mix(key, 4), n));
       lr.shuffle(list);
-      out.prompt_tokens.assign(1, Tokenizer::kBos);
+      out.prompt_tokens = start_tokens(tok_);
       out.prompt_text.clear();
       append(out, pre);
       out.context_start = static_cast<int64_t>(out.prompt_tokens.size());
@@ -871,7 +887,7 @@ TaskSample TaskGenerator::make(std::string_view task, int64_t index, int64_t len
     s.answers = {value};
     s.original_answers = {gold_value};
     const int64_t g = std::llround(depth * static_cast<double>(n - 1));
-    s.prompt_tokens.assign(1, Tokenizer::kBos);
+    s.prompt_tokens = start_tokens(tok_);
     s.prompt_text.clear();
     append(s, pre);
     s.context_start = static_cast<int64_t>(s.prompt_tokens.size());

@@ -20,6 +20,14 @@ int32_t argmax(const float* x, int n) {
   return best;
 }
 
+double log_softmax_at(const float* x, int n, int32_t i) {
+  double mx = x[0];
+  for (int j = 1; j < n; ++j) mx = std::max(mx, static_cast<double>(x[j]));
+  double sum = 0;
+  for (int j = 0; j < n; ++j) sum += std::exp(static_cast<double>(x[j]) - mx);
+  return static_cast<double>(x[i]) - mx - std::log(sum);
+}
+
 int32_t sample(const float* logits, int n, float temperature, float top_p, std::mt19937_64& rng) {
   std::vector<double> p(static_cast<std::size_t>(n));
   double mx = logits[0];
@@ -64,8 +72,18 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::str
                                      tokenizer.vocab_size(), V));
   GenerateResult res;
   res.prompt_tokens = tokenizer.encode(prompt, true, false);
-  for (std::size_t i = 1; i < res.prompt_tokens.size(); ++i) {
-    const auto piece = tokenizer.decode(res.prompt_tokens[i - 1], res.prompt_tokens[i]);
+  if (res.prompt_tokens.empty())
+    throw InvalidArgument("prompt: encodes to no tokens (empty prompt and a tokenizer without BOS)");
+  const std::optional<int32_t> bos = tokenizer.bos_id(), eos = tokenizer.eos_id();
+  // The text starts after the BOS the encoder added (as run.c prints it; some
+  // tokenizer.json files would otherwise decode it as text).
+  const std::size_t first = bos && res.prompt_tokens.front() == *bos ? 1 : 0;
+  for (std::size_t i = first; i < res.prompt_tokens.size(); ++i) {
+    // The first piece decodes as the start of the text: after the BOS when the
+    // tokenizer treats it as special (llama2.c strips the dummy-prefix space
+    // there), else with no previous token (a decoder's Strip applies).
+    const int32_t prev = i > first ? res.prompt_tokens[i - 1] : first == 1 && tokenizer.is_special(*bos) ? *bos : -1;
+    const auto piece = tokenizer.decode(prev, res.prompt_tokens[i]);
     res.text += piece;
     if (on_piece) on_piece(piece);
   }
@@ -75,12 +93,21 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::str
   Model::SequenceInput in{seq, res.prompt_tokens, {}};
   model.forward(cache, std::span<const Model::SequenceInput>(&in, 1), Model::LogitsMode::last, logits);
   std::mt19937_64 rng(o.seed);
-  int32_t prev = res.prompt_tokens.back();
+  int32_t prev = res.prompt_tokens.size() > first ? res.prompt_tokens.back() : -1;
+  res.stop_reason = "max_tokens";
   for (int step = 0; step < o.max_new_tokens; ++step) {
     const int32_t next = o.temperature == 0.0f ? argmax(logits.data(), V)
                                                : sample(logits.data(), V, o.temperature, o.top_p, rng);
-    if (o.stop_at_bos && next == Tokenizer::kBos) break;
+    if (o.stop_at_bos && bos && next == *bos) {
+      res.stop_reason = "bos";
+      break;
+    }
+    if (o.stop_at_eos && eos && next == *eos) {
+      res.stop_reason = "eos";
+      break;
+    }
     res.new_tokens.push_back(next);
+    res.new_token_logprobs.push_back(log_softmax_at(logits.data(), V, next));
     const auto piece = tokenizer.decode(prev, next);
     res.text += piece;
     if (on_piece) on_piece(piece);

@@ -40,10 +40,11 @@ void dequantize_q4_0_row(const std::byte* row, int64_t cols, float* out);
 void quantize_rows_q8_0(const float* x, int64_t n, int64_t in, std::byte* out);
 
 /// y[n, out] (+)= x_q[n, in] · W[out, in]^T for W in Q8_0 or Q4_0 blocks and x
-/// quantized by quantize_rows_q8_0: per block an exact int8 dot product in
-/// eight lanes of four bytes, accumulated per lane as fma(d_w * d_x, lane, acc),
-/// then summed ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)) — ggml's AVX2
-/// ggml_vec_dot_q8_0_q8_0 / ggml_vec_dot_q4_0_q8_0 order.
+/// quantized by quantize_rows_q8_0: over the blocks in ascending order,
+/// acc = fmaf((float) isum, d_w * d_x, acc) with isum the exact int32 block dot
+/// product — the order of llama.cpp's AMX/VNNI kernels (ggml-cpu/amx/mmq.cpp,
+/// the path its x86 builds take on CPUs with AMX; its AVX2 vec_dot keeps eight
+/// partial lanes instead and differs in the last bits).
 /// `q4` selects the weight format. Parallel over rows/columns for big products.
 void matmul_q8(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,
                bool accumulate);

@@ -18,24 +18,22 @@ inline float load_fp16(const std::byte* p) {
   return f16_to_f32(h);
 }
 
-/// Eight int32 lanes of the block dot product: lane k sums bytes 4k..4k+3.
-inline void block_lanes(const int8_t* a, const int8_t* b, int32_t lanes[8]) {
-  for (int k = 0; k < 8; ++k) {
-    int32_t s = 0;
-    for (int j = 0; j < 4; ++j) s += static_cast<int32_t>(a[4 * k + j]) * static_cast<int32_t>(b[4 * k + j]);
-    lanes[k] = s;
-  }
+/// Exact int32 dot product of one block of 32 int8 pairs.
+inline int32_t block_dot(const int8_t* a, const int8_t* b) {
+  int32_t s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int j = 0; j < kQBlock; ++j) s += static_cast<int32_t>(a[j]) * static_cast<int32_t>(b[j]);
+  return s;
 }
 
 inline float dot_row(const std::byte* w, bool q4, const std::byte* xq, int64_t blocks) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  float acc = 0.0f;
   int8_t wq[kQBlock];
-  int32_t lanes[8];
   const int wb = q4 ? kQ4Bytes : kQ8Bytes;
   for (int64_t b = 0; b < blocks; ++b) {
     const std::byte* wblk = w + b * wb;
     const std::byte* xblk = xq + b * kQ8Bytes;
-    const float d = load_fp16(wblk) * load_fp16(xblk);
+    const float d = load_fp16(wblk) * load_fp16(xblk);  // exact: two fp16 significands fit in float
     const int8_t* wv;
     if (q4) {
       const auto* qs = reinterpret_cast<const uint8_t*>(wblk + 2);
@@ -47,11 +45,9 @@ inline float dot_row(const std::byte* w, bool q4, const std::byte* xq, int64_t b
     } else {
       wv = reinterpret_cast<const int8_t*>(wblk + 2);
     }
-    block_lanes(wv, reinterpret_cast<const int8_t*>(xblk + 2), lanes);
-    for (int k = 0; k < 8; ++k) acc[k] = std::fma(d, static_cast<float>(lanes[k]), acc[k]);
+    acc = std::fma(static_cast<float>(block_dot(wv, reinterpret_cast<const int8_t*>(xblk + 2))), d, acc);
   }
-  const float r0 = acc[0] + acc[4], r1 = acc[1] + acc[5], r2 = acc[2] + acc[6], r3 = acc[3] + acc[7];
-  return (r0 + r2) + (r1 + r3);
+  return acc;
 }
 
 }  // namespace

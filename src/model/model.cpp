@@ -96,6 +96,7 @@ void project(const Linear& l, const float* x, int64_t n, float* y, bool accumula
 
 struct Model::Weights {
   std::vector<MappedFile> files;
+  std::vector<std::shared_ptr<const void>> keep_alive;
   std::vector<std::vector<float>> owned;
   ModelConfig cfg;
   ModelSource source;
@@ -111,6 +112,7 @@ struct Model::Weights {
   std::vector<std::string> symbols;
   std::string metadata_json = "{}";
   std::optional<Tokenizer> tokenizer;
+  RopeLayout stored_layout = RopeLayout::interleaved;
 };
 
 std::string_view to_string(ModelFormat format) {
@@ -206,10 +208,12 @@ Model Model::build(detail::RawModel raw, const LoadOptions& options) {
   w->tokenizer = std::move(raw.tokenizer);
   if (!w->tokenizer && !w->symbols.empty()) w->tokenizer = Tokenizer::from_symbols(w->symbols);
   PositionalConfig pc = raw.positional;
+  w->stored_layout = pc.rope.layout;
   const int64_t window = raw.sliding_window;
   const int64_t trained = raw.trained_context > 0 ? raw.trained_context : c.max_position_embeddings;
   std::string trained_source = w->source.trained_context_source;
   w->files = std::move(raw.files);
+  w->keep_alive = std::move(raw.keep_alive);
   w->owned = std::move(raw.owned);
   Model m(std::move(w));
   m.positional_ = std::move(pc);
@@ -245,6 +249,28 @@ Model Model::load(const std::filesystem::path& path, const LoadOptions& options)
   return build(detail::read_llama2c(path), options);
 }
 
+std::optional<Tokenizer> Model::load_bundled_tokenizer(const std::filesystem::path& path) {
+  switch (detect_format(path)) {
+    case ModelFormat::hf_directory: {
+      std::error_code ec;
+      const auto tj = path / "tokenizer.json";
+      if (!std::filesystem::exists(tj, ec)) return std::nullopt;
+      return Tokenizer::load_tokenizer_json(tj);
+    }
+    case ModelFormat::gguf: {
+      std::string describe;
+      return detail::read_gguf_tokenizer(path, describe);
+    }
+    case ModelFormat::posenc: {
+      auto raw = detail::read_posenc(path);
+      if (raw.symbols.empty()) return std::nullopt;
+      return Tokenizer::from_symbols(std::move(raw.symbols));
+    }
+    case ModelFormat::llama2c: break;
+  }
+  return std::nullopt;
+}
+
 const ModelSource& Model::source() const { return w_->source; }
 const std::optional<Tokenizer>& Model::bundled_tokenizer() const { return w_->tokenizer; }
 QuantizedMatmul Model::quantized_matmul() const { return w_->options.quantized_matmul; }
@@ -255,9 +281,58 @@ void Model::set_trained_context(int64_t n, std::string source) {
   trained_context_source_ = std::move(source);
 }
 
-PosencCheckpoint Model::to_checkpoint() const {
+std::vector<CheckpointTensor> Model::export_tensors() const {
   const Weights& w = *w_;
   const ModelConfig& c = w.cfg;
+  std::vector<CheckpointTensor> out;
+  auto add = [&](std::string name, std::vector<int64_t> shape, std::vector<float> data) {
+    out.push_back({std::move(name), std::move(shape), std::move(data)});
+  };
+  auto vec = [](const float* p, int64_t n) { return std::vector<float>(p, p + n); };
+  const int64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, KV = c.kv_dim(), Q = c.q_dim(), HD = c.head_dim;
+  add("tok_embeddings", {V, D}, vec(w.token_embedding, V * D));
+  for (int l = 0; l < c.n_layers; ++l) {
+    const auto& r = w.layers[static_cast<std::size_t>(l)];
+    const std::string p = fmt::format("layers.{}.", l);
+    add(p + "attention_norm", {D}, vec(r.rms_att, D));
+    add(p + "wq", {Q, D}, r.wq.rows_f32());
+    add(p + "wk", {KV, D}, r.wk.rows_f32());
+    add(p + "wv", {KV, D}, r.wv.rows_f32());
+    add(p + "wo", {D, Q}, r.wo.rows_f32());
+    if (r.wq.bias != nullptr) {
+      add(p + "bq", {Q}, vec(r.wq.bias, Q));
+      add(p + "bk", {KV}, vec(r.wk.bias, KV));
+      add(p + "bv", {KV}, vec(r.wv.bias, KV));
+    }
+    if (r.wo.bias != nullptr) add(p + "bo", {D}, vec(r.wo.bias, D));
+    if (r.q_norm != nullptr) {
+      add(p + "q_norm", {HD}, vec(r.q_norm, HD));
+      add(p + "k_norm", {HD}, vec(r.k_norm, HD));
+    }
+    add(p + "ffn_norm", {D}, vec(r.rms_ffn, D));
+    add(p + "w1", {H, D}, r.w1.rows_f32());
+    add(p + "w2", {D, H}, r.w2.rows_f32());
+    add(p + "w3", {H, D}, r.w3.rows_f32());
+    if (r.w1.bias != nullptr) {
+      add(p + "b1", {H}, vec(r.w1.bias, H));
+      add(p + "b2", {D}, vec(r.w2.bias, D));
+      add(p + "b3", {H}, vec(r.w3.bias, H));
+    }
+  }
+  add("norm", {D}, vec(w.rms_final, D));
+  if (!c.shared_classifier) add("output", {V, D}, w.classifier.rows_f32());
+  if (positional_.family == PositionFamily::learned_absolute)
+    add("pos_embeddings", {w.pos_rows, D}, vec(w.pos_table, w.pos_rows * D));
+  if (positional_.family == PositionFamily::t5_bias)
+    add("t5_relative_attention_bias", {positional_.t5_num_buckets, c.n_heads},
+        vec(w.t5_table, static_cast<int64_t>(positional_.t5_num_buckets) * c.n_heads));
+  return out;
+}
+
+RopeLayout Model::stored_layout() const { return w_->stored_layout; }
+
+PosencCheckpoint Model::to_checkpoint() const {
+  const ModelConfig& c = w_->cfg;
   if (c.qkv_bias || c.o_bias || c.mlp_bias || c.qk_norm || c.q_dim() != c.dim)
     throw InvalidArgument(
         "to_checkpoint: the posenc checkpoint format holds Llama2-shaped models only (no biases, no q/k norm, "
@@ -266,33 +341,9 @@ PosencCheckpoint Model::to_checkpoint() const {
   ck.config = c;
   ck.positional = positional_;
   ck.config.max_position_embeddings = trained_context_;
-  ck.symbols = w.symbols;
-  ck.metadata_json = w.metadata_json;
-  auto add = [&](std::string name, std::vector<int64_t> shape, std::vector<float> data) {
-    ck.tensors.push_back({std::move(name), std::move(shape), std::move(data)});
-  };
-  auto vec = [](const float* p, int64_t n) { return std::vector<float>(p, p + n); };
-  const int64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, KV = c.kv_dim();
-  add("tok_embeddings", {V, D}, vec(w.token_embedding, V * D));
-  for (int l = 0; l < c.n_layers; ++l) {
-    const auto& r = w.layers[static_cast<std::size_t>(l)];
-    const std::string p = fmt::format("layers.{}.", l);
-    add(p + "attention_norm", {D}, vec(r.rms_att, D));
-    add(p + "wq", {D, D}, r.wq.rows_f32());
-    add(p + "wk", {KV, D}, r.wk.rows_f32());
-    add(p + "wv", {KV, D}, r.wv.rows_f32());
-    add(p + "wo", {D, D}, r.wo.rows_f32());
-    add(p + "ffn_norm", {D}, vec(r.rms_ffn, D));
-    add(p + "w1", {H, D}, r.w1.rows_f32());
-    add(p + "w2", {D, H}, r.w2.rows_f32());
-    add(p + "w3", {H, D}, r.w3.rows_f32());
-  }
-  add("norm", {D}, vec(w.rms_final, D));
-  if (!c.shared_classifier) add("output", {V, D}, w.classifier.rows_f32());
-  if (positional_.family == PositionFamily::learned_absolute) add("pos_embeddings", {w.pos_rows, D}, vec(w.pos_table, w.pos_rows * D));
-  if (positional_.family == PositionFamily::t5_bias)
-    add("t5_relative_attention_bias", {positional_.t5_num_buckets, c.n_heads},
-        vec(w.t5_table, static_cast<int64_t>(positional_.t5_num_buckets) * c.n_heads));
+  ck.symbols = w_->symbols;
+  ck.metadata_json = w_->metadata_json;
+  ck.tensors = export_tensors();
   return ck;
 }
 

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -61,7 +62,8 @@ struct RawLayer {
 };
 
 struct RawModel {
-  std::vector<MappedFile> files;           // every map the views point into
+  std::vector<MappedFile> files;           // maps the views point into
+  std::vector<std::shared_ptr<const void>> keep_alive;  // other owners of mapped data (parsed GGUF/safetensors files)
   std::vector<std::vector<float>> owned;   // converted buffers (their data never moves)
   ModelConfig cfg;
   PositionalConfig positional;
@@ -94,6 +96,9 @@ RawModel read_posenc(const std::filesystem::path& path);
 RawModel read_hf_directory(const std::filesystem::path& dir);
 /// GGUF files (src/model/formats/gguf_model.cpp).
 RawModel read_gguf_model(const std::filesystem::path& path);
+/// A GGUF file's embedded tokenizer (nullopt when it has none); `describe`
+/// receives a description of it.
+std::optional<Tokenizer> read_gguf_tokenizer(const std::filesystem::path& path, std::string& describe);
 
 /// Shared validation of architecture sizes (head_dim 0 -> dim / n_heads);
 /// throws CheckpointError prefixed with `name`.

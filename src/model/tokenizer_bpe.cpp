@@ -1150,6 +1150,7 @@ std::shared_ptr<BpeTokenizer> make_gguf_bpe(const BpeVocab& v) {
   BpeTokenizer& t = *tok;
   t.source = src;
   t.describe = "GGUF gpt2 (byte-level BPE)";
+  t.gguf_pre = v.pre;
   const std::size_t n = v.tokens.size();
   t.id_to_token = v.tokens;
   t.assigned.assign(n, true);

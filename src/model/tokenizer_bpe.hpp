@@ -203,6 +203,7 @@ class BpeTokenizer {
   std::vector<TemplatePiece> single_template;  // empty: no special tokens added
   std::optional<int32_t> bos, eos;
   bool prefix_space = false;
+  std::string gguf_pre;  ///< GGUF gpt2 vocabularies: tokenizer.ggml.pre (kept for re-export)
   /// GGUF vocabularies: token attributes following llama.cpp (special = control or unknown type).
   std::vector<bool> special_ids;  // filled by finalize(): ids skipped by decode
 

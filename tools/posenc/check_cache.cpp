@@ -21,7 +21,9 @@ struct CheckArgs {
 };
 
 void run_check(const CheckArgs& a) {
-  auto [model, tok] = load_model(a.model);
+  LoadedModel lm = load_model(a.model);
+  Model& model = lm.model;
+  const Tokenizer& tok = lm.tokenizer;
   const auto stream = encode_stream(tok, read_file(a.text_path));
   const ConsistencyReport r = check_cache_consistency(model, stream, a.options);
   if (a.json) {

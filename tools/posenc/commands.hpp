@@ -18,5 +18,7 @@ void add_decay_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_study_command(CLI::App& app);
+void add_tokenize_command(CLI::App& app);
+void add_convert_command(CLI::App& app);
 
 }  // namespace posenc::cli

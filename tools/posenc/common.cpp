@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 
 #include "posenc/error.hpp"
+#include "posenc/io.hpp"
+#include "posenc/overrides.hpp"
 
 namespace posenc::cli {
 
@@ -33,39 +35,106 @@ CLI::Validator output_path(bool directory) {
 }
 
 void ModelArgs::add_to(CLI::App& cmd) {
-  cmd.add_option("--model", model_path, "llama2.c checkpoint (.bin) or posenc checkpoint")->required();
+  cmd.add_option("--model", model_path,
+                 "the model: a Hugging Face directory (config.json + safetensors + tokenizer.json), a .gguf file, a "
+                 "llama2.c .bin or a posenc checkpoint")
+      ->required();
   cmd.add_option("--tokenizer", tokenizer_path,
-                 "llama2.c tokenizer (.bin); optional for posenc checkpoints with an embedded vocabulary");
+                 "tokenizer.json (or a directory holding one) or a llama2.c tokenizer .bin; default: the one the model "
+                 "brings (tokenizer.json of a HF directory, a GGUF's embedded vocabulary, a posenc checkpoint's "
+                 "symbols); required for llama2.c checkpoints");
+  cmd.add_option("--config", config_path,
+                 "positional parameters from a config.json or a bare rope_scaling object "
+                 "({\"rope_type\": \"llama3\", \"factor\": 8, ...}); the layout stays the loader's")
+      ->check(CLI::ExistingFile);
+  cmd.add_option("--rope-theta", rope_theta, "override rope_theta (applied after --config)");
   cmd.add_option("--rope-layout", rope_layout,
                  "override the RoPE layout: half (rotate_half/GPT-NeoX) or interleaved "
-                 "(GPT-J/llama2.c); default: the checkpoint's (interleaved for llama2.c)");
+                 "(GPT-J/llama2.c); default: the loader's (half for Hugging Face, interleaved for GGUF llama and "
+                 "llama2.c)");
   cmd.add_option("--angle-precision", angle_precision,
                  "float32 (reproduces training/reference numerics; default) or exact (angle in double)")
       ->capture_default_str();
+  cmd.add_option("--trained-context", trained_context,
+                 "the context the model was trained with (scaling factors and default lengths derive from it); "
+                 "default: from the file (config.json, GGUF context_length, llama2.c seq_len)");
+  cmd.add_option("--quantized-matmul", quantized_matmul,
+                 "products with Q8_0/Q4_0 weights: dequantize (to float32 at load; default) or q8_activations "
+                 "(activations quantized to Q8_0, llama.cpp's CPU arithmetic)")
+      ->capture_default_str();
+}
+
+Tokenizer load_tokenizer_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    if (!fs::exists(fs::path(path) / "tokenizer.json", ec))
+      throw IoError(fmt::format("--tokenizer {}: directory without tokenizer.json", path));
+    return Tokenizer::load_tokenizer_json(fs::path(path) / "tokenizer.json");
+  }
+  const MappedFile f(path);
+  const auto b = f.bytes();
+  std::size_t i = 0;
+  while (i < b.size() && std::isspace(static_cast<unsigned char>(b[i]))) ++i;
+  if (i < b.size() && static_cast<char>(b[i]) == '{') return Tokenizer::load_tokenizer_json(path);
+  return Tokenizer::load_llama2c(path);
 }
 
 LoadedModel load_model(const ModelArgs& args) {
-  Model model = Model::load(args.model_path);
+  LoadOptions lo;
+  lo.quantized_matmul = parse_quantized_matmul(args.quantized_matmul, "--quantized-matmul");
+  Model model = Model::load(args.model_path, lo);
+  const ModelConfig& c = model.config();
+  std::string tok_source;
   Tokenizer tok = [&] {
-    if (!args.tokenizer_path.empty()) return Tokenizer::load_llama2c(args.tokenizer_path);
-    if (!model.embedded_symbols().empty()) return Tokenizer::from_symbols(model.embedded_symbols());
-    throw ConfigError(fmt::format("--tokenizer: required, {} has no embedded vocabulary", args.model_path));
+    if (!args.tokenizer_path.empty()) {
+      tok_source = args.tokenizer_path;
+      return load_tokenizer_file(args.tokenizer_path);
+    }
+    if (model.bundled_tokenizer()) {
+      tok_source = "bundled: " + model.source().tokenizer;
+      return *model.bundled_tokenizer();
+    }
+    throw ConfigError(fmt::format("--tokenizer: required, {} brings no tokenizer", args.model_path));
   }();
-  if (tok.vocab_size() != model.config().vocab_size)
-    throw TokenizerError(fmt::format("{}: vocab_size {} does not match the model's vocab_size {} ({})",
-                                     args.tokenizer_path, tok.vocab_size(), model.config().vocab_size,
-                                     args.model_path));
-  const AnglePrecision precision = parse_angle_precision(args.angle_precision, "--angle-precision");
-  if (model.family() == PositionFamily::rope) {
-    RopeSetup r = model.rope();
-    if (!args.rope_layout.empty()) r.layout = parse_rope_layout(args.rope_layout, "--rope-layout");
-    r.precision = precision;
-    model.set_rope(r);
-  } else if (!args.rope_layout.empty()) {
-    throw ConfigError(fmt::format("--rope-layout: {} uses {} positions, not RoPE", args.model_path,
-                                  to_string(model.family())));
-  }
-  return {std::move(model), std::move(tok)};
+  if (!tok.usable())
+    throw TokenizerError(fmt::format("{}: {}", tok_source, tok.unusable_reason()));
+  // A llama2.c vocabulary is the model's whole vocabulary; a tokenizer.json may
+  // have fewer ids than a model whose embedding is padded, never more.
+  const bool exact = !tok.is_symbolic() && tok.describe() == "llama2.c";
+  if (exact ? tok.vocab_size() != c.vocab_size : tok.vocab_size() > c.vocab_size)
+    throw TokenizerError(fmt::format("{}: vocab_size {} does not {} the model's vocab_size {} ({})", tok_source,
+                                     tok.vocab_size(), exact ? "match" : "fit", c.vocab_size, args.model_path));
+  PositionalOverrides o;
+  if (!args.config_path.empty()) o.config = args.config_path;
+  o.rope_theta = args.rope_theta;
+  if (!args.rope_layout.empty()) o.layout = parse_rope_layout(args.rope_layout, "--rope-layout");
+  o.precision = parse_angle_precision(args.angle_precision, "--angle-precision");
+  o.trained_context = args.trained_context;
+  if (model.family() != PositionFamily::rope) o.precision.reset();
+  auto notes = apply_positional_overrides(model, o);
+  return {std::move(model), std::move(tok), std::move(tok_source), std::move(notes)};
+}
+
+void print_model_header(std::FILE* out, const LoadedModel& m, const ModelArgs& args) {
+  const Model& model = m.model;
+  const ModelSource& s = model.source();
+  fmt::print(out, "model: {} ({}, {})\n", args.model_path, to_string(s.format), s.architecture);
+  fmt::print(out, "  {}\n", describe(model));
+  const bool quantized = s.weights.find("q8_0") != std::string::npos || s.weights.find("q4_0") != std::string::npos;
+  fmt::print(out, "  weights: {}{}\n", s.weights,
+             !quantized ? ""
+             : model.quantized_matmul() == QuantizedMatmul::q8_activations
+                 ? " (kept in blocks; products with Q8_0-quantized activations, llama.cpp's arithmetic)"
+                 : " (dequantized to float32 at load; --quantized-matmul q8_activations for llama.cpp's arithmetic)");
+  if (model.family() == PositionFamily::rope && !s.layout_reason.empty())
+    fmt::print(out, "  layout: {}{}\n", args.rope_layout.empty() ? s.layout_reason : to_string(model.rope().layout),
+               args.rope_layout.empty() ? "" : " (--rope-layout)");
+  fmt::print(out, "  trained context: {} ({})\n", model.trained_context(), model.trained_context_source());
+  fmt::print(out, "  tokenizer: {} ({}, {} tokens)\n", m.tokenizer_source, m.tokenizer.describe(),
+             m.tokenizer.vocab_size());
+  for (const auto& n : s.notes) fmt::print(out, "  note: {}\n", n);
+  for (const auto& n : m.overrides) fmt::print(out, "  override: {}\n", n);
 }
 
 std::vector<std::string> split_list(const std::string& text, const std::string& flag) {
@@ -108,12 +177,16 @@ std::string describe(const Model& model) {
   const auto& c = model.config();
   std::string arch = fmt::format("dim {}, {} layers, {} heads / {} KV heads, head_dim {}, vocab {}, trained context {}",
                                  c.dim, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size,
-                                 c.max_position_embeddings);
+                                 model.trained_context());
+  if (c.qkv_bias) arch += ", q/k/v bias";
+  if (c.qk_norm) arch += ", q/k norm";
+  if (model.sliding_window() > 0) arch += fmt::format(", sliding window {}", model.sliding_window());
   if (model.family() != PositionFamily::rope)
     return fmt::format("{}; positional family {}", arch, to_string(model.family()));
   const auto& r = model.rope();
-  return fmt::format("{}; RoPE rope_theta {:g}, rotary_dim {}, layout {}, angle_precision {}", arch,
-                     r.params.rope_theta, r.freqs.rotary_dim, to_string(r.layout), to_string(r.precision));
+  return fmt::format("{}; RoPE rope_type {}, rope_theta {:g}, rotary_dim {}, layout {}, angle_precision {}", arch,
+                     r.params.rope_type, r.params.rope_theta, r.freqs.rotary_dim, to_string(r.layout),
+                     to_string(r.precision));
 }
 
 CLI::Option* add_curriculum_option(CLI::App* cmd, double& value, const std::string& scope) {

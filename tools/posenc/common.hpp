@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,24 +15,40 @@
 
 namespace posenc::cli {
 
-/// --model / --tokenizer / --rope-layout / --angle-precision, shared by every
-/// command that runs the model.
+/// --model / --tokenizer and the positional overrides (--config, --rope-theta,
+/// --rope-layout, --angle-precision, --trained-context) and --quantized-matmul,
+/// shared by every command that runs the model.
 struct ModelArgs {
   std::string model_path;
   std::string tokenizer_path;
-  std::string rope_layout;  // empty = the checkpoint's
+  std::string config_path;  // --config: config.json or a bare rope_scaling object
+  std::optional<double> rope_theta;
+  std::string rope_layout;  // empty = the loader's
   std::string angle_precision = "float32";
+  std::optional<int64_t> trained_context;
+  std::string quantized_matmul = "dequantize";
   void add_to(CLI::App& cmd);
 };
 
 struct LoadedModel {
   Model model;
   Tokenizer tokenizer;
+  std::string tokenizer_source;        ///< the file, or "bundled: ..."
+  std::vector<std::string> overrides;  ///< one line per applied override
 };
 
-/// Loads the checkpoint and the tokenizer, checks that their vocabulary sizes
-/// agree, applies --rope-layout / --angle-precision. Throws posenc::Error.
+/// A tokenizer file by its content: a directory holding tokenizer.json, a
+/// tokenizer.json (JSON text), or a llama2.c tokenizer. Throws posenc::Error.
+Tokenizer load_tokenizer_file(const std::string& path);
+
+/// Loads the model (any format) and its tokenizer (--tokenizer, else the one
+/// the model brings), checks that the tokenizer's ids fit the model, applies
+/// the positional overrides. Throws posenc::Error.
 LoadedModel load_model(const ModelArgs& args);
+
+/// Prints the model's provenance (format, weights, layout and why, trained
+/// context and its source, tokenizer, overrides) to `out`, one item a line.
+void print_model_header(std::FILE* out, const LoadedModel& m, const ModelArgs& args);
 
 /// Parses "256,512,4K,1M" (K = 1024, M = 1048576) into positive integers.
 /// Throws ConfigError naming `flag`.

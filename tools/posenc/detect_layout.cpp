@@ -20,10 +20,12 @@ struct DetectArgs {
 };
 
 void run_detect(const DetectArgs& a) {
-  auto [model, tok] = load_model(a.model);
+  LoadedModel lm = load_model(a.model);
+  Model& model = lm.model;
+  const Tokenizer& tok = lm.tokenizer;
   const std::string text = read_file(a.text_path);
   const auto stream = encode_stream(tok, text);
-  const int64_t L = a.context > 0 ? a.context : model.config().max_position_embeddings;
+  const int64_t L = a.context > 0 ? a.context : model.trained_context();
   const LayoutEvidence e = detect_rope_layout(model, stream, L, a.max_tokens);
   if (a.json) {
     nlohmann::json j{{"likely_layout", std::string(to_string(e.likely))},
@@ -32,7 +34,11 @@ void run_detect(const DetectArgs& a) {
                      {"margin", e.margin},
                      {"tokens", e.tokens},
                      {"context", e.context},
-                     {"angle_precision", std::string(to_string(model.rope().precision))}};
+                     {"angle_precision", std::string(to_string(model.rope().precision))},
+                     {"model_format", std::string(to_string(model.source().format))},
+                     {"loader_layout", std::string(to_string(model.rope().layout))},
+                     {"loader_layout_reason", model.source().layout_reason},
+                     {"agrees_with_loader", e.likely == model.rope().layout}};
     fmt::print("{}\n", j.dump(2));
     return;
   }
@@ -44,6 +50,9 @@ void run_detect(const DetectArgs& a) {
              e.nll_interleaved, std::exp(e.nll_interleaved));
   fmt::print("likely layout: {} (margin {:.4f} nats/token{})\n", to_string(e.likely), e.margin,
              e.margin < 0.05 ? "; weak evidence: score more text" : "");
+  fmt::print("loader's layout: {} ({}): {}\n", to_string(model.rope().layout),
+             a.model.rope_layout.empty() ? model.source().layout_reason : "--rope-layout",
+             e.likely == model.rope().layout ? "the evidence agrees" : "THE EVIDENCE DISAGREES");
 }
 
 }  // namespace

@@ -128,11 +128,12 @@ void run_eval_cmd(const EvalArgs& a) {
   c.git_hash = source_git_hash();
   validate_eval_config(c);  // flag errors before loading anything
 
-  auto [model, tok] = load_model(a.model);
+  LoadedModel lm = load_model(a.model);
+  Model& model = lm.model;
+  const Tokenizer& tok = lm.tokenizer;
   const std::string text = a.haystack.empty() ? std::string() : read_file(a.haystack);
   const bool tty = ::isatty(STDERR_FILENO) != 0;
-  if (!a.quiet)
-    fmt::print(stderr, "model: {} ({})\n", a.model.model_path, describe(model));
+  if (!a.quiet) print_model_header(stderr, lm, a.model);
   std::function<void(const EvalProgress&)> progress;
   if (!a.quiet)
     progress = [tty, last = -100.0](const EvalProgress& p) mutable {

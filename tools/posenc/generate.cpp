@@ -3,6 +3,9 @@
 #include <cstdio>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "posenc/io.hpp"
 
 #include "commands.hpp"
 #include "common.hpp"
@@ -17,17 +20,47 @@ struct GenerateArgs {
   std::string prompt;
   GenerateOptions options;
   bool stats = false;
+  bool ignore_eos = false;
+  std::string json_path;
+  bool verbose = false;
 };
 
 void run_generate(const GenerateArgs& a) {
-  auto [model, tok] = load_model(a.model);
+  LoadedModel lm = load_model(a.model);
+  Model& model = lm.model;
+  const Tokenizer& tok = lm.tokenizer;
+  if (a.verbose) print_model_header(stderr, lm, a.model);
+  GenerateOptions opt = a.options;
+  if (a.ignore_eos) opt.stop_at_bos = opt.stop_at_eos = false;
   const auto t0 = std::chrono::steady_clock::now();
-  const auto res = generate(model, tok, a.prompt, a.options, [](std::string_view piece) {
+  const auto res = generate(model, tok, a.prompt, opt, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   });
   std::fputc('\n', stdout);
   std::fflush(stdout);
+  if (!a.json_path.empty()) {
+    nlohmann::json j;
+    j["model"] = a.model.model_path;
+    j["model_format"] = std::string(to_string(model.source().format));
+    j["tokenizer"] = lm.tokenizer_source;
+    j["prompt"] = a.prompt;
+    j["prompt_ids"] = res.prompt_tokens;
+    j["generated_ids"] = res.new_tokens;
+    j["generated_logprobs"] = res.new_token_logprobs;
+    j["text"] = res.text;
+    j["stop_reason"] = res.stop_reason;
+    j["temperature"] = opt.temperature;
+    j["top_p"] = opt.top_p;
+    j["seed"] = opt.seed;
+    if (model.family() == PositionFamily::rope) {
+      j["rope_type"] = model.rope().params.rope_type;
+      j["rope_layout"] = std::string(to_string(model.rope().layout));
+      j["angle_precision"] = std::string(to_string(model.rope().precision));
+    }
+    j["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
+    write_file_atomic(a.json_path, j.dump(2) + "\n");
+  }
   if (a.stats) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print(stderr, "{} prompt + {} new tokens in {:.3f} s ({:.0f} tokens/s)\n", res.prompt_tokens.size(),
@@ -47,6 +80,12 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--top-p", args->options.top_p, "nucleus sampling threshold")->capture_default_str();
   cmd->add_option("--seed", args->options.seed, "sampling seed")->capture_default_str();
   cmd->add_flag("--stats", args->stats, "print tokens/s to stderr");
+  cmd->add_flag("--ignore-eos", args->ignore_eos, "do not stop at the tokenizer's BOS/EOS: always --max-tokens tokens");
+  cmd->add_option("--json", args->json_path,
+                  "also write prompt ids, generated ids, their log-probabilities (temperature 1) and the text as JSON "
+                  "(atomically)")
+      ->check(output_path());
+  cmd->add_flag("--verbose", args->verbose, "print the model's provenance (format, layout, trained context) to stderr");
   cmd->callback([args] { run_generate(*args); });
 }
 

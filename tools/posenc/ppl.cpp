@@ -38,11 +38,13 @@ void run_ppl(const PplArgs& a) {
     if (L < 2 || L > (int64_t{1} << 20))
       throw ConfigError(fmt::format("--context: must be in [2, 1048576] (got {})", L));
   auto scalings = split_list(a.scalings, "--rope-scaling");
-  for (const auto& s : scalings) find_rope_scaling(s);  // unknown name -> ConfigError before any work
+  for (const auto& s : scalings) is_rope_scaling_name(s);  // unknown name -> ConfigError before any work
   if (a.rope_factor && !(std::isfinite(*a.rope_factor) && *a.rope_factor > 0))
     throw ConfigError(fmt::format("--rope-factor: must be finite and > 0 (got {})", *a.rope_factor));
   if (a.max_tokens < 0) throw ConfigError(fmt::format("--max-tokens: must be >= 0 (got {})", a.max_tokens));
-  auto [model, tok] = load_model(a.model);
+  LoadedModel lm = load_model(a.model);
+  Model& model = lm.model;
+  const Tokenizer& tok = lm.tokenizer;
   if (model.family() != PositionFamily::rope) {
     // RoPE scalings do not apply: the default list shrinks to "default"; an
     // explicit scaling is an error before any work.
@@ -55,12 +57,14 @@ void run_ppl(const PplArgs& a) {
   const std::string text = read_file(a.text_path);
   const auto stream = encode_stream(tok, text);
   const bool tty = ::isatty(STDERR_FILENO) != 0;
-  if (!a.quiet)
-    fmt::print("model: {} ({})\ntext:  {} ({} tokens incl. one BOS per block)\n\n", a.model.model_path,
-               describe(model), a.text_path, stream.size());
+  if (!a.quiet) {
+    print_model_header(stdout, lm, a.model);
+    fmt::print("text:  {} ({} tokens{})\n\n", a.text_path, stream.size(),
+               tok.bos_id() ? " incl. one BOS per block" : "; this tokenizer adds no BOS");
+  }
   std::fflush(stdout);
 
-  const int64_t trained = model.config().max_position_embeddings;
+  const int64_t trained = model.trained_context();
   std::vector<PplResult> results;
   for (int64_t L : contexts)
     for (const auto& s : scalings) {
@@ -118,6 +122,10 @@ void run_ppl(const PplArgs& a) {
       j["angle_precision"] = std::string(to_string(model.rope().precision));
     }
     j["trained_context"] = trained;
+    j["trained_context_source"] = model.trained_context_source();
+    j["model_format"] = std::string(to_string(model.source().format));
+    if (model.family() == PositionFamily::rope) j["rope_type"] = model.rope().params.rope_type;
+    j["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
     j["results"] = nlohmann::json::array();
     for (const auto& r : results) {
       nlohmann::json jr{{"context", r.context}, {"rope_scaling", r.rope_scaling}, {"factor", r.factor},
@@ -150,7 +158,8 @@ void add_ppl_command(CLI::App& app) {
   cmd->add_option("--text", args->text_path, "UTF-8 text file to score")->required();
   cmd->add_option("--context", args->contexts, "window lengths L, comma-separated (K = 1024)")->capture_default_str();
   args->scalings_option = cmd->add_option("--rope-scaling", args->scalings,
-                  "RoPE scalings (rope_type), comma-separated: default, linear, ntk, dynamic, yarn, ...")
+                  "RoPE scalings (rope_type), comma-separated: default, linear, ntk, dynamic, yarn, llama3, longrope, ... "
+                  "or native (the model's own parameters, or --config's)")
       ->capture_default_str();
   cmd->add_option("--rope-factor", args->rope_factor,
                   "scaling factor s for every method (default: max(1, L / trained context))");

@@ -1,0 +1,211 @@
+// Hugging Face model directories: config.json + safetensors (one file or
+// shards with model.safetensors.index.json) + tokenizer.json.
+//
+// Tensor names and shapes are those of transformers' LlamaForCausalLM family
+// (modeling_llama.py, modeling_qwen2.py, modeling_qwen3.py): weights
+// [out_features, in_features]. q/k rows are stored for the `half` layout
+// (rotate_half): transformers' convert_llama_weights_to_hf.py permutes Meta's
+// interleaved q/k rows into that order.
+#include <filesystem>
+#include <memory>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "model/raw_model.hpp"
+#include "posenc/config.hpp"
+#include "posenc/error.hpp"
+#include "posenc/io.hpp"
+#include "posenc/safetensors.hpp"
+#include "posenc/scaling.hpp"
+
+namespace posenc::detail {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+class TensorSource {
+ public:
+  TensorSource(const SafetensorsCheckpoint& ck, RawModel& raw, std::string dir) : ck_(ck), raw_(raw), dir_(std::move(dir)) {}
+
+  bool has(const std::string& name) const { return ck_.find(name).file != nullptr; }
+
+  /// A matrix of the given shape; CheckpointError naming the tensor when it is
+  /// missing, misshapen or of a dtype the runtime cannot read.
+  RawMatrix matrix(const std::string& name, int64_t rows, int64_t cols) const {
+    const auto e = entry(name, {rows, cols});
+    RawMatrix m;
+    m.rows = rows;
+    m.cols = cols;
+    m.name = name;
+    const auto bytes = e.file->data(*e.tensor);
+    switch (e.tensor->dtype) {
+      case SafetensorsDtype::F32:
+        if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
+          m.type = WeightType::f32;
+          m.data = bytes.data();
+        } else {  // safetensors does not promise alignment: copy
+          m.type = WeightType::f32;
+          m.data = reinterpret_cast<const std::byte*>(raw_.own(e.file->to_float32(*e.tensor)));
+        }
+        return m;
+      case SafetensorsDtype::F16: m.type = WeightType::f16; m.data = bytes.data(); return m;
+      case SafetensorsDtype::BF16: m.type = WeightType::bf16; m.data = bytes.data(); return m;
+      default: break;
+    }
+    throw CheckpointError(fmt::format("{}: tensor {}: dtype {} is not supported (F32, F16, BF16 are)", where(e),
+                                      name, to_string(e.tensor->dtype)));
+  }
+
+  /// A float32 vector of `n` values (converted when stored as F16/BF16).
+  const float* vector(const std::string& name, int64_t n) const {
+    const auto e = entry(name, {n});
+    const auto bytes = e.file->data(*e.tensor);
+    if (e.tensor->dtype == SafetensorsDtype::F32 && reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0)
+      return reinterpret_cast<const float*>(bytes.data());
+    return raw_.own(e.file->to_float32(*e.tensor));
+  }
+
+ private:
+  SafetensorsCheckpoint::Entry entry(const std::string& name, const std::vector<int64_t>& shape) const {
+    const auto e = ck_.find(name);
+    if (e.file == nullptr)
+      throw CheckpointError(fmt::format("{}: tensor {} is missing (config.json implies shape [{}])", dir_, name,
+                                        fmt::join(shape, ", ")));
+    if (e.tensor->shape != shape)
+      throw CheckpointError(fmt::format("{}: tensor {} has shape [{}], config.json implies [{}]", where(e), name,
+                                        fmt::join(e.tensor->shape, ", "), fmt::join(shape, ", ")));
+    return e;
+  }
+  static std::string where(const SafetensorsCheckpoint::Entry& e) { return e.file->source(); }
+
+  const SafetensorsCheckpoint& ck_;
+  RawModel& raw_;
+  std::string dir_;
+};
+
+}  // namespace
+
+RawModel read_hf_directory(const std::filesystem::path& dir) {
+  const std::string name = dir.string();
+  const fs::path config_path = dir / "config.json";
+  std::error_code ec;
+  if (!fs::exists(config_path, ec))
+    throw CheckpointError(fmt::format("{}: not a Hugging Face model directory: config.json is missing", name));
+  const DecoderSpec d = parse_decoder_spec(read_file(config_path), config_path.string());
+  const PositionalSpec& ps = d.positional;
+
+  RawModel raw;
+  ModelConfig& c = raw.cfg;
+  c.dim = d.hidden_size;
+  c.hidden_dim = d.intermediate_size;
+  c.n_layers = d.num_hidden_layers;
+  c.n_heads = d.num_attention_heads;
+  c.n_kv_heads = d.num_key_value_heads;
+  c.vocab_size = d.vocab_size;
+  c.head_dim = d.head_dim;
+  c.norm_eps = static_cast<float>(d.rms_norm_eps);
+  c.qkv_bias = d.qkv_bias;
+  c.o_bias = d.o_bias;
+  c.mlp_bias = d.mlp_bias;
+  c.qk_norm = d.qk_norm;
+  c.max_position_embeddings = ps.max_position_embeddings.value_or(0);
+  validate_config(config_path.string(), c);
+
+  auto ckp = std::make_shared<const SafetensorsCheckpoint>(SafetensorsCheckpoint::open(dir));
+  raw.keep_alive.push_back(ckp);  // the maps the weight views point into
+  const SafetensorsCheckpoint& ck = *ckp;
+  const TensorSource T(ck, raw, name);
+  const int64_t D = c.dim, Q = c.q_dim(), KV = c.kv_dim(), H = c.hidden_dim, V = c.vocab_size, HD = c.head_dim;
+
+  // Tied embeddings: transformers ties lm_head to embed_tokens; a file may keep
+  // either name (TinyStories-656K stores only lm_head.weight).
+  const bool has_embed = T.has("model.embed_tokens.weight"), has_head = T.has("lm_head.weight");
+  c.shared_classifier = d.tie_word_embeddings || !has_head || !has_embed;
+  if (!d.tie_word_embeddings && !(has_embed && has_head))
+    throw CheckpointError(fmt::format("{}: tie_word_embeddings is false but tensor {} is missing", name,
+                                      has_embed ? "lm_head.weight" : "model.embed_tokens.weight"));
+  raw.tok_embeddings = T.matrix(has_embed ? "model.embed_tokens.weight" : "lm_head.weight", V, D);
+  raw.output = c.shared_classifier ? raw.tok_embeddings : T.matrix("lm_head.weight", V, D);
+  raw.norm = T.vector("model.norm.weight", D);
+  raw.layers.resize(static_cast<std::size_t>(c.n_layers));
+  for (int l = 0; l < c.n_layers; ++l) {
+    RawLayer& r = raw.layers[static_cast<std::size_t>(l)];
+    const std::string p = fmt::format("model.layers.{}.", l);
+    r.attention_norm = T.vector(p + "input_layernorm.weight", D);
+    r.wq = T.matrix(p + "self_attn.q_proj.weight", Q, D);
+    r.wk = T.matrix(p + "self_attn.k_proj.weight", KV, D);
+    r.wv = T.matrix(p + "self_attn.v_proj.weight", KV, D);
+    r.wo = T.matrix(p + "self_attn.o_proj.weight", D, Q);
+    if (c.qkv_bias) {
+      r.bq = T.vector(p + "self_attn.q_proj.bias", Q);
+      r.bk = T.vector(p + "self_attn.k_proj.bias", KV);
+      r.bv = T.vector(p + "self_attn.v_proj.bias", KV);
+    }
+    if (c.o_bias) r.bo = T.vector(p + "self_attn.o_proj.bias", D);
+    if (c.qk_norm) {
+      r.q_norm = T.vector(p + "self_attn.q_norm.weight", HD);
+      r.k_norm = T.vector(p + "self_attn.k_norm.weight", HD);
+    }
+    r.ffn_norm = T.vector(p + "post_attention_layernorm.weight", D);
+    r.w1 = T.matrix(p + "mlp.gate_proj.weight", H, D);
+    r.w2 = T.matrix(p + "mlp.down_proj.weight", D, H);
+    r.w3 = T.matrix(p + "mlp.up_proj.weight", H, D);
+    if (c.mlp_bias) {
+      r.b1 = T.vector(p + "mlp.gate_proj.bias", H);
+      r.b2 = T.vector(p + "mlp.down_proj.bias", D);
+      r.b3 = T.vector(p + "mlp.up_proj.bias", H);
+    }
+  }
+
+  // Positions: the config's RoPE, layout from the architecture (half).
+  if (!ps.layout)
+    throw CheckpointError(fmt::format("{}: config.json does not imply a RoPE layout; posenc never guesses one", name));
+  RopeParams rp = *ps.rope;
+  raw.positional.family = PositionFamily::rope;
+  raw.positional.rope.params = rp;
+  raw.positional.rope.freqs = compute_rope_frequencies(rp);
+  raw.positional.rope.layout = *ps.layout;
+  raw.positional.rope.precision = AnglePrecision::float32;
+  if (ps.sliding_window.active && ps.sliding_window.size) {
+    for (bool sliding : ps.sliding_window.layer_is_sliding)
+      if (!sliding)
+        throw ConfigError(fmt::format("{}: sliding_window: a per-layer pattern ({}) is not run by this runtime yet",
+                                      config_path.string(), ps.sliding_window.source));
+    raw.sliding_window = *ps.sliding_window.size;
+  }
+
+  ModelSource& src = raw.source;
+  src.format = ModelFormat::hf_directory;
+  src.path = dir;
+  src.architecture = d.architecture;
+  std::string dtypes;
+  for (const auto& f : ck.files())
+    for (const auto& t : f.tensors())
+      if (dtypes.find(std::string(to_string(t.dtype))) == std::string::npos)
+        dtypes += (dtypes.empty() ? "" : "+") + std::string(to_string(t.dtype));
+  src.weights = fmt::format("{} safetensors ({})", dtypes, ck.describe());
+  src.layout_reason = fmt::format("{}: Hugging Face checkpoints of model_type {} store q/k rows for {}",
+                                  to_string(*ps.layout), ps.model_type.empty() ? d.architecture : ps.model_type,
+                                  *ps.layout == RopeLayout::half ? "rotate_half" : "interleaved pairs");
+  if (rp.original_max_position_embeddings && rp.rope_type != "default") {
+    raw.trained_context = *rp.original_max_position_embeddings;
+    src.trained_context_source = "config.json rope_scaling.original_max_position_embeddings";
+  } else {
+    src.trained_context_source = "config.json max_position_embeddings";
+  }
+  if (c.max_position_embeddings <= 0 && raw.trained_context <= 0)
+    throw ConfigError(fmt::format("{}: max_position_embeddings: required field missing", config_path.string()));
+  for (const auto& n : ps.notes) src.notes.push_back(n);
+  if (c.shared_classifier && !d.tie_word_embeddings)
+    src.notes.push_back("tie_word_embeddings false but only one of embed_tokens/lm_head stored: tied");
+  const fs::path tok = dir / "tokenizer.json";
+  if (fs::exists(tok, ec)) {
+    raw.tokenizer = Tokenizer::load_tokenizer_json(tok);
+    src.tokenizer = tok.string();
+  }
+  return raw;
+}
+
+}  // namespace posenc::detail

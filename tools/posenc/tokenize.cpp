@@ -1,0 +1,107 @@
+// posenc tokenize: the ids (and pieces) a tokenizer gives for a text.
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "posenc/error.hpp"
+#include "posenc/io.hpp"
+
+namespace posenc::cli {
+
+namespace {
+
+struct TokenizeArgs {
+  std::string model_path;
+  std::string tokenizer_path;
+  std::string text_path;
+  std::optional<std::string> prompt;
+  bool no_special = false;
+  bool pieces = false;
+  std::string json_path;
+};
+
+/// A piece as a readable, unambiguous string: printable ASCII as is, other
+/// bytes and control characters escaped.
+std::string show(const std::string& s) {
+  std::string o;
+  for (unsigned char c : s) {
+    if (c == '\\') o += "\\\\";
+    else if (c == '\n') o += "\\n";
+    else if (c == '\t') o += "\\t";
+    else if (c == '\r') o += "\\r";
+    else if (c < 0x20 || c == 0x7f) o += fmt::format("\\x{:02x}", c);
+    else o += static_cast<char>(c);
+  }
+  return o;
+}
+
+void run_tokenize(const TokenizeArgs& a) {
+  if (a.model_path.empty() == a.tokenizer_path.empty())
+    throw ConfigError("tokenize: give exactly one of --model and --tokenizer");
+  if (a.text_path.empty() == !a.prompt.has_value())
+    throw ConfigError("tokenize: give exactly one of --text and --prompt");
+  std::string source;
+  Tokenizer tok = [&] {
+    if (!a.tokenizer_path.empty()) {
+      source = a.tokenizer_path;
+      return load_tokenizer_file(a.tokenizer_path);
+    }
+    auto t = Model::load_bundled_tokenizer(a.model_path);
+    if (!t) throw ConfigError(fmt::format("--model {}: brings no tokenizer; pass --tokenizer", a.model_path));
+    source = a.model_path + " (bundled)";
+    return std::move(*t);
+  }();
+  if (!tok.usable()) throw TokenizerError(fmt::format("{}: {}", source, tok.unusable_reason()));
+  const std::string text = a.prompt ? *a.prompt : read_file(a.text_path);
+  const std::vector<int32_t> ids = tok.encode_hf(text, !a.no_special);
+  if (!a.json_path.empty()) {
+    nlohmann::json j;
+    j["tokenizer"] = source;
+    j["tokenizer_kind"] = tok.describe();
+    j["vocab_size"] = tok.vocab_size();
+    j["add_special_tokens"] = !a.no_special;
+    j["text_bytes"] = text.size();
+    j["count"] = ids.size();
+    j["ids"] = ids;
+    std::vector<std::string> pieces;
+    for (int32_t id : ids) pieces.push_back(tok.piece(id));
+    j["pieces"] = nlohmann::json(pieces).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) ;
+    j["pieces"] = nlohmann::json::parse(j["pieces"].get<std::string>());
+    j["decoded"] = nlohmann::json(tok.decode(ids)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    j["decoded"] = nlohmann::json::parse(j["decoded"].get<std::string>());
+    write_file_atomic(a.json_path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  }
+  if (a.pieces) {
+    for (std::size_t i = 0; i < ids.size(); ++i)
+      fmt::print("{:>8} {:>7}  {}\n", i, ids[i], show(tok.piece(ids[i])));
+  } else {
+    std::string line;
+    for (std::size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
+    fmt::print("{}\n", line);
+  }
+  fmt::print(stderr, "{} tokens ({}, {}; special tokens {})\n", ids.size(), source, tok.describe(),
+             a.no_special ? "not added" : "added");
+}
+
+}  // namespace
+
+void add_tokenize_command(CLI::App& app) {
+  auto args = std::make_shared<TokenizeArgs>();
+  CLI::App* cmd = app.add_subcommand(
+      "tokenize", "Print the token ids (or pieces) a tokenizer gives for a text, as Hugging Face's "
+                  "encode(text, add_special_tokens) does");
+  cmd->add_option("--model", args->model_path, "use the tokenizer this model brings (HF directory, GGUF, posenc)");
+  cmd->add_option("--tokenizer", args->tokenizer_path, "tokenizer.json or llama2.c tokenizer .bin");
+  cmd->add_option("--text", args->text_path, "UTF-8 text file")->check(CLI::ExistingFile);
+  cmd->add_option("--prompt", args->prompt, "text given on the command line");
+  cmd->add_flag("--no-special", args->no_special, "do not add BOS/EOS/template tokens (add_special_tokens=False)");
+  cmd->add_flag("--pieces", args->pieces, "one line per token: index, id, piece (escaped)");
+  cmd->add_option("--json", args->json_path, "also write ids, pieces and the decoded text as JSON (atomically)")
+      ->check(output_path());
+  cmd->callback([args] { run_tokenize(*args); });
+}
+
+}  // namespace posenc::cli
