@@ -92,14 +92,25 @@ std::variant<SentencePieceVocab, BpeVocab> Tokenizer::gguf_vocabulary() const {
     return v;
   }
   const detail::BpeTokenizer& b = *bpe_;
+  // The file's own strings: the model vocabulary's entries, then the added
+  // tokens' raw content (id_to_token holds a normalized added token's
+  // normalized form, as the Rust library's id_to_token does).
+  std::vector<std::string> raw(static_cast<std::size_t>(n));
+  std::vector<bool> have(static_cast<std::size_t>(n), false);
+  for (const auto& [tok, id] : b.vocab)
+    if (id >= 0 && id < n) raw[static_cast<std::size_t>(id)] = tok, have[static_cast<std::size_t>(id)] = true;
+  for (const auto& a : b.added)
+    if (a.id >= 0 && a.id < n && !have[static_cast<std::size_t>(a.id)])
+      raw[static_cast<std::size_t>(a.id)] = a.content, have[static_cast<std::size_t>(a.id)] = true;
+  for (int i = 0; i < n; ++i)
+    if (!have[static_cast<std::size_t>(i)]) raw[static_cast<std::size_t>(i)] = fmt::format("[UNUSED{}]", i);
   const bool spm_style =
       b.byte_fallback && ((b.normalizer && normalizer_has_meta_replace(*b.normalizer)) ||
                           (b.pre_tokenizer && pre_has_metaspace(*b.pre_tokenizer)));
   if (spm_style) {
     SentencePieceVocab v;
     v.source = b.source;
-    v.pieces.assign(b.id_to_token.begin(), b.id_to_token.end());
-    v.pieces.resize(static_cast<std::size_t>(n));
+    v.pieces = raw;
     // Score of a token = -(lowest merge rank that makes it); tokens no merge
     // makes: 0 when one character long (never a merge result), else -1e9.
     constexpr float kNone = std::numeric_limits<float>::lowest();
@@ -118,7 +129,7 @@ std::variant<SentencePieceVocab, BpeVocab> Tokenizer::gguf_vocabulary() const {
         sc = chars <= 1 ? 0.0f : -1e9f;
       }
       if (is_byte_piece(p)) v.token_types[static_cast<std::size_t>(i)] = kByte;
-      if (b.is_special(i) || p.empty()) v.token_types[static_cast<std::size_t>(i)] = kControl;
+      if (b.is_special(i) || !have[static_cast<std::size_t>(i)]) v.token_types[static_cast<std::size_t>(i)] = kControl;
     }
     for (const auto& a : b.added)
       if (a.special && a.id >= 0 && a.id < n) v.token_types[static_cast<std::size_t>(a.id)] = kControl;
@@ -133,8 +144,7 @@ std::variant<SentencePieceVocab, BpeVocab> Tokenizer::gguf_vocabulary() const {
   }
   BpeVocab v;
   v.source = b.source;
-  v.tokens.assign(b.id_to_token.begin(), b.id_to_token.end());
-  v.tokens.resize(static_cast<std::size_t>(n));
+  v.tokens = raw;
   std::vector<std::pair<uint32_t, uint64_t>> ranked;
   for (const auto& e : b.merges.slots())
     if (e.key != detail::MergeTable::kEmpty) ranked.emplace_back(e.rank, e.key);
