@@ -65,6 +65,11 @@ void run_ppl(const PplArgs& a) {
   std::fflush(stdout);
 
   const int64_t trained = model.trained_context();
+  // Every (context, scaling) setup is built before any work, so a method
+  // missing its parameters (llama3 without --config, ...) fails at once.
+  if (model.family() == PositionFamily::rope)
+    for (int64_t L : contexts)
+      for (const auto& s : scalings) rope_setup_for_context(model.rope(), trained, s, L, a.rope_factor);
   std::vector<PplResult> results;
   for (int64_t L : contexts)
     for (const auto& s : scalings) {
