@@ -10,29 +10,52 @@ namespace {
 constexpr int kRows = 4;    // rows of x per micro-kernel
 constexpr int kCols = 64;   // output columns per micro-kernel (4 AVX-512 vectors)
 
+/// R rows (1..kRows) x kCols columns with the accumulators in registers.
+template <bool Acc, int R>
+inline void micro_full(const float* x, int in, const float* wt, int out, int c0, float* y) {
+  float acc[R][kCols];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < kCols; ++c) acc[r][c] = 0.0f;
+  for (int i = 0; i < in; ++i) {
+    const float* w = wt + static_cast<int64_t>(i) * out + c0;
+    for (int r = 0; r < R; ++r) {
+      const float xv = x[r * static_cast<int64_t>(in) + i];
+#pragma omp simd
+      for (int c = 0; c < kCols; ++c) acc[r][c] += xv * w[c];
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* yr = y + static_cast<int64_t>(r) * out + c0;
+    for (int c = 0; c < kCols; ++c) {
+      if constexpr (Acc)
+        yr[c] += acc[r][c];
+      else
+        yr[c] = acc[r][c];
+    }
+  }
+}
+
 template <bool Acc>
 inline void micro(const float* x, int64_t rows, int in, const float* wt, int out, int c0, int cw,
                   float* y) {
+  if (cw == kCols) {
+    switch (rows) {
+      case 4: micro_full<Acc, 4>(x, in, wt, out, c0, y); return;
+      case 3: micro_full<Acc, 3>(x, in, wt, out, c0, y); return;
+      case 2: micro_full<Acc, 2>(x, in, wt, out, c0, y); return;
+      case 1: micro_full<Acc, 1>(x, in, wt, out, c0, y); return;
+      default: break;
+    }
+  }
   float acc[kRows][kCols];
   for (int r = 0; r < kRows; ++r)
     for (int c = 0; c < kCols; ++c) acc[r][c] = 0.0f;
-  if (rows == kRows && cw == kCols) {
-    for (int i = 0; i < in; ++i) {
-      const float* w = wt + static_cast<int64_t>(i) * out + c0;
-      for (int r = 0; r < kRows; ++r) {
-        const float xv = x[r * static_cast<int64_t>(in) + i];
+  for (int i = 0; i < in; ++i) {
+    const float* w = wt + static_cast<int64_t>(i) * out + c0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float xv = x[r * in + i];
 #pragma omp simd
-        for (int c = 0; c < kCols; ++c) acc[r][c] += xv * w[c];
-      }
-    }
-  } else {
-    for (int i = 0; i < in; ++i) {
-      const float* w = wt + static_cast<int64_t>(i) * out + c0;
-      for (int64_t r = 0; r < rows; ++r) {
-        const float xv = x[r * in + i];
-#pragma omp simd
-        for (int c = 0; c < cw; ++c) acc[r][c] += xv * w[c];
-      }
+      for (int c = 0; c < cw; ++c) acc[r][c] += xv * w[c];
     }
   }
   for (int64_t r = 0; r < rows; ++r) {

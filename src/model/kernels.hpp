@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace posenc::detail {
 
@@ -48,6 +49,25 @@ void quantize_rows_q8_0(const float* x, int64_t n, int64_t in, std::byte* out);
 /// `q4` selects the weight format. Parallel over rows/columns for big products.
 void matmul_q8(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,
                bool accumulate);
+
+/// Q8_0/Q4_0 weights repacked for the AVX-512 VNNI product: tiles of 16
+/// output rows; per (tile, block): 8 groups x 16 rows x 4 int8 weights (the
+/// layout _mm512_dpbusd_epi32 reads), the 16 rows' scales as float, and their
+/// int32 weight sums (for the +128 offset that makes activations unsigned).
+/// Same results, bit for bit, as matmul_q8 on the original blocks.
+struct PackedQ8 {
+  int64_t out = 0, in = 0;
+  std::vector<std::byte> data;  // tiles * blocks * kPackedBlockBytes, 64-byte aligned start
+  static constexpr int kTile = 16;
+  static constexpr int kPackedBlockBytes = 8 * 16 * 4 + 16 * 4 + 16 * 4;  // qs, d (f32), wsum (i32)
+  bool empty() const { return data.empty(); }
+};
+/// True when this CPU runs the packed kernel (AVX-512 F/BW/VL + VNNI).
+bool packed_q8_supported();
+/// Repacks W[out, in] (Q8_0 or Q4_0 blocks). Requires packed_q8_supported().
+PackedQ8 pack_q8(const std::byte* w, bool q4, int64_t out, int64_t in);
+/// y[n, out] (+)= x_q[n, in] · W^T with x quantized by quantize_rows_q8_0.
+void matmul_q8_packed(const std::byte* x_q, int64_t n, const PackedQ8& w, float* y, bool accumulate);
 
 /// y[r, :] += bias for n rows of width d.
 void add_bias(float* y, int64_t n, int64_t d, const float* bias);

@@ -37,6 +37,7 @@ struct Linear {
   int64_t out = 0, in = 0;
   std::vector<float> wt;               // float32 [in, out]
   detail::RawMatrix blocks;            // q8_0 / q4_0 [out, in] (q8_activations)
+  detail::PackedQ8 packed;             // the same, repacked for the AVX-512 VNNI kernel when the CPU has it
   const float* bias = nullptr;         // [out] or nullptr
   bool quantized() const { return !blocks.empty(); }
   /// [out, in] float32 (for export).
@@ -54,6 +55,8 @@ Linear make_linear(const detail::RawMatrix& m, const float* bias, const LoadOpti
   const bool q = m.type == detail::WeightType::q8_0 || m.type == detail::WeightType::q4_0;
   if (q && opt.quantized_matmul == QuantizedMatmul::q8_activations) {
     l.blocks = m;
+    if (detail::packed_q8_supported())
+      l.packed = detail::pack_q8(m.data, m.type == detail::WeightType::q4_0, m.rows, m.cols);
   } else if (m.type == detail::WeightType::f32) {
     l.wt = transpose(reinterpret_cast<const float*>(m.data), m.rows, m.cols);
   } else {
@@ -82,8 +85,11 @@ void project(const Linear& l, const float* x, int64_t n, float* y, bool accumula
   if (l.quantized()) {
     s.xq.resize(static_cast<std::size_t>(n * (l.in / detail::kQBlock) * detail::kQ8Bytes));
     detail::quantize_rows_q8_0(x, n, l.in, s.xq.data());
-    detail::matmul_q8(s.xq.data(), n, l.in, l.blocks.data, l.blocks.type == detail::WeightType::q4_0, l.out, y,
-                      accumulate);
+    if (!l.packed.empty())
+      detail::matmul_q8_packed(s.xq.data(), n, l.packed, y, accumulate);
+    else
+      detail::matmul_q8(s.xq.data(), n, l.in, l.blocks.data, l.blocks.type == detail::WeightType::q4_0, l.out, y,
+                        accumulate);
   } else if (accumulate) {
     detail::matmul_t_acc(x, n, static_cast<int>(l.in), l.wt.data(), static_cast<int>(l.out), y);
   } else {
