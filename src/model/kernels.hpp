@@ -14,7 +14,9 @@ void matmul_t(const float* x, int64_t n, int in, const float* wt, int out, float
 /// y[n, out] += x[n, in] · wt[in, out].
 void matmul_t_acc(const float* x, int64_t n, int in, const float* wt, int out, float* y);
 
-/// out[r, :] = weight * x[r, :] / sqrt(mean(x[r, :]^2) + eps), for n rows of size d.
+/// out[r, :] = (x[r, :] * (1 / sqrt(mean + eps))) * weight, for n rows of size d, with
+/// mean = float(sum of float32 squares accumulated in double / d): llama.cpp's
+/// arithmetic (ggml_compute_forward_rms_norm_f32). `out` may alias `x`.
 void rmsnorm(const float* x, const float* weight, int64_t n, int d, float eps, float* out);
 
 /// h1 = silu(h1) * h3 elementwise (SwiGLU), count elements.

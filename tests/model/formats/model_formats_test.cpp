@@ -256,12 +256,12 @@ TEST(ModelFormats, TinyStoriesQ8GgufIsTheQuantizedHfModel) {
 
 // Same greedy text from BOS for 40 tokens; logits differ by what the Q8_0
 // weight error explains. Bound, and why: Q8_0 rounds each weight to within
-// half a step d/2 (d = amax/127 per block of 32), a relative weight error
-// ||dW|| / ||W|| of about 0.3%; the network is smooth enough that the relative
-// logit error stays of that order (measured: 0.47% of ||logits||, max
-// |dlogit| 0.095 over 512 positions, mean NLL +0.0016 nats). The test allows
-// twice the largest relative weight error of any matrix — a bound derived
-// from the weights, not from a logit measurement.
+// half a step d/2 (d = amax/127 per block of 32): a relative weight error
+// ||dW|| / ||W|| of at most 0.58% (measured, over every matrix); the network
+// is smooth enough that the relative logit error stays of that order
+// (measured: 1.07% of ||logits||, max |dlogit| 0.30 over 512 positions). The
+// test allows twice the largest relative weight error of any matrix — a bound
+// derived from the weights, not from a logit measurement.
 TEST(ModelFormats, TinyStoriesHfAndQ8GgufAgreeWithinTheQuantizationError) {
   const Tokenizer& tok = *hf().bundled_tokenizer();
   const auto stream = encode_stream(tok, read_file(test::text_path()).substr(0, 20000));
@@ -314,8 +314,8 @@ TEST(ModelFormats, DetectLayoutConfirmsBothTinyStoriesLoaders) {
   const LayoutEvidence eq = detect_rope_layout(q8(), stream, 512, 2048);
   EXPECT_EQ(eh.likely, RopeLayout::half);
   EXPECT_EQ(eq.likely, RopeLayout::interleaved);
-  EXPECT_GT(eh.margin, 0.3);
-  EXPECT_GT(eq.margin, 0.3);
+  EXPECT_GT(eh.margin, 1.0);  // measured 2.15 nats/token
+  EXPECT_GT(eq.margin, 1.0);  // measured 2.26
   // The text agrees: the right layout scores the same in both files (Q8_0 apart).
   EXPECT_NEAR(eh.nll_half, eq.nll_interleaved, 0.01);
 }
@@ -361,22 +361,19 @@ TEST(LlamaCpp, TinyStoriesQ8DequantizedMatchesLlamaCppOnF32Weights) {
 
 // llama.cpp multiplies Q8_0 weights by activations quantized to Q8_0;
 // posenc's q8_activations mode does the same arithmetic (ggml's activation
-// quantization, exact int8 block products, fma accumulation in block order):
-// with the same inputs it gives the same bits — position 0, where attention
-// is the identity, is bit-identical for all 2048 logits. From position 1 on,
-// the float32 arithmetic between the products differs from llama.cpp's in
-// the last bits (RoPE angles from a running product, RMS sums in double,
-// ggml's polynomial exp in softmax, other summation orders), and each such
-// ulp occasionally flips the rounding of one 8-bit activation, which moves a
-// row by ~0.1: measured here, mean NLL 0.016 nats from llama.cpp's (the
-// dequantized forward: 2e-3 from llama.cpp's Q8_0, <1e-4 from llama.cpp's F32
-// run of the same weights). What is shown instead of a 1e-3 match:
-//  - the products are llama.cpp's (bit-identical row 0);
-//  - the remaining difference is of the size of the activation quantization
-//    itself (RMS of q8a - llama.cpp Q8_0 <= RMS of llama.cpp Q8_0 - llama.cpp F32);
-//  - the dequantized forward is closer to the F32 Hugging Face model's logits
-//    than llama.cpp's Q8_0 result: the extra error is the 8-bit activations;
-//  - greedy ids identical to llama.cpp's for both prompts.
+// quantization, exact int8 block products, fma accumulation in block order,
+// RMS norm sums in double): with the same inputs it gives the same bits —
+// position 0, where attention is the identity, is bit-identical for all 2048
+// logits — and its mean NLL is within 1e-3 nats of llama.cpp's (measured
+// 3.2e-4; with float32 RMS sums it was 3.2e-3: the first quantization after
+// the norm meets many exact ties). From position 1 on the float32 arithmetic
+// between the products still differs from llama.cpp's in the last bits (RoPE
+// angles from a running product, ggml's polynomial exp in softmax, other
+// summation orders), and such an ulp occasionally flips the rounding of one
+// 8-bit activation. Also shown: the remaining difference is far below the
+// activation quantization's own effect, the dequantized forward is closer to
+// the F32 Hugging Face model than llama.cpp's Q8_0 result, and the greedy ids
+// equal llama.cpp's for both prompts.
 TEST(LlamaCpp, TinyStoriesQ8ActivationArithmeticIsLlamaCpps) {
   const LlamaCppRef ref = load_ref(refs() / "TinyStories-656K-Q8_0");
   const LlamaCppRef f32 = load_ref(refs() / "TinyStories-656K-Q8_0-dequantized-F32");
@@ -404,9 +401,9 @@ TEST(LlamaCpp, TinyStoriesQ8ActivationArithmeticIsLlamaCpps) {
   RecordProperty("nll_diff", std::to_string(nll - ref.nll_mean));
   RecordProperty("rms_ours_vs_llama_cpp_q8", std::to_string(std::sqrt(ours_vs_ref / (ref.positions.size() * V))));
   RecordProperty("rms_llama_cpp_q8_vs_f32", std::to_string(std::sqrt(act_noise / (ref.positions.size() * V))));
-  EXPECT_LE(ours_vs_ref, act_noise) << "the difference is no larger than the activation quantization's own effect";
+  EXPECT_LE(ours_vs_ref, act_noise / 4) << "the difference is far below the activation quantization's own effect";
   EXPECT_LT(dq_vs_hf, ref_vs_hf) << "dequantized weights are closer to the F32 model than llama.cpp's Q8_0 result";
-  EXPECT_NEAR(nll, ref.nll_mean, 0.03);  // measured 0.016
+  EXPECT_NEAR(nll, ref.nll_mean, 1e-3);  // measured 3.2e-4
   EXPECT_NEAR(window_nll(dq, ref.ids, ref.vocab), f32.nll_mean, 1e-4);
   for (const auto& gr : ref.greedy) {
     const auto want = gr["new_ids"].get<std::vector<int32_t>>();
@@ -551,7 +548,7 @@ TEST(LlamaCpp, ConvertedGgufQ8_0IsThePublishedQ8_0ForLlamaCpp) {
   const Model m = Model::load(converted().path("q8_0"), LoadOptions{QuantizedMatmul::q8_activations});
   const auto ours = m.score_window(ref.ids);
   for (int64_t j = 0; j < ref.vocab; ++j) ASSERT_EQ(ours[static_cast<std::size_t>(j)], ref.logits[static_cast<std::size_t>(j)]);
-  EXPECT_NEAR(window_nll(ours, ref.ids, ref.vocab), ref.nll_mean, 0.03);
+  EXPECT_NEAR(window_nll(ours, ref.ids, ref.vocab), ref.nll_mean, 0.01);
 }
 
 // Re-derives the comparison with llama.cpp itself on a freshly converted file
