@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -20,6 +21,7 @@
 #include "posenc/model.hpp"
 #include "posenc/perplexity.hpp"
 #include "posenc/rope.hpp"
+#include "posenc/safetensors.hpp"
 #include "test_support.hpp"
 
 using namespace posenc;
@@ -588,4 +590,86 @@ TEST(LlamaCppLive, Stories260KGgufReferenceIsReproducible) {
   EXPECT_EQ(fresh.greedy.at(0)["new_ids"], saved.greedy.at(0)["new_ids"]);
   const Compare c = compare_rows(Model::load(gguf260()).score_window(fresh.ids), fresh, 1e-4);
   EXPECT_LE(c.max_abs, 1e-4);
+}
+
+// ---------------------------------------------------------------- HF dtypes and shards
+
+namespace {
+
+/// Writes the real TinyStories-656K weights as safetensors with `dtype`
+/// (F32, F16, BF16) into `dir`, split into `shards` files with an index when
+/// shards > 1; config.json and tokenizer.json are copied.
+void write_hf_copy(const fs::path& dir, const std::string& dtype, int shards) {
+  fs::create_directories(dir);
+  fs::copy_file(hf656() / "config.json", dir / "config.json");
+  fs::copy_file(hf656() / "tokenizer.json", dir / "tokenizer.json");
+  fs::copy_file(hf656() / "tokenizer_config.json", dir / "tokenizer_config.json");
+  const SafetensorsFile src = SafetensorsFile::open(hf656() / "model.safetensors");
+  std::vector<json> headers(static_cast<std::size_t>(shards), json::object());
+  std::vector<std::string> data(static_cast<std::size_t>(shards));
+  json weight_map = json::object();
+  std::size_t i = 0;
+  for (const auto& t : src.tensors()) {
+    const std::size_t s = i++ % static_cast<std::size_t>(shards);
+    const std::vector<float> v = src.to_float32(t);
+    std::string bytes;
+    for (float x : v) {
+      if (dtype == "F32") {
+        bytes.append(reinterpret_cast<const char*>(&x), 4);
+      } else {
+        uint16_t h;
+        if (dtype == "F16") {
+          h = f32_to_f16(x);
+        } else {  // BF16, round to nearest even
+          uint32_t u;
+          std::memcpy(&u, &x, 4);
+          h = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+        }
+        bytes.append(reinterpret_cast<const char*>(&h), 2);
+      }
+    }
+    headers[s][t.name] = {{"dtype", dtype}, {"shape", t.shape},
+                          {"data_offsets", {data[s].size(), data[s].size() + bytes.size()}}};
+    data[s] += bytes;
+    weight_map[t.name] = shards == 1 ? "model.safetensors" : fmt::format("model-{:05}-of-{:05}.safetensors", s + 1, shards);
+  }
+  for (int s = 0; s < shards; ++s) {
+    const std::string h = headers[static_cast<std::size_t>(s)].dump();
+    const uint64_t n = h.size();
+    std::string file(reinterpret_cast<const char*>(&n), 8);
+    file += h + data[static_cast<std::size_t>(s)];
+    write_file_atomic(dir / (shards == 1 ? std::string("model.safetensors")
+                                         : fmt::format("model-{:05}-of-{:05}.safetensors", s + 1, shards)),
+                      file);
+  }
+  if (shards > 1) write_file_atomic(dir / "model.safetensors.index.json", json{{"metadata", json::object()}, {"weight_map", weight_map}}.dump());
+}
+
+}  // namespace
+
+// The same weights in every safetensors dtype and split into shards: the
+// TinyStories-656K weights hold bfloat16 values, so F32 shards and BF16 are
+// exact (identical logits); F16 rounds the smallest ones (subnormal in F16).
+TEST(ModelFormats, HfDirectoriesInEveryDtypeAndSharded) {
+  test::TempDir d;
+  write_hf_copy(d.path() / "sharded", "F32", 3);
+  write_hf_copy(d.path() / "bf16", "BF16", 1);
+  write_hf_copy(d.path() / "f16", "F16", 2);
+  const Tokenizer& tok = *hf().bundled_tokenizer();
+  const auto stream = encode_stream(tok, read_file(test::text_path()).substr(0, 6000));
+  const std::span<const int32_t> w(stream.data(), 256);
+  const auto ref = hf().score_window(w);
+  const Model sharded = Model::load(d.path() / "sharded");
+  EXPECT_NE(sharded.source().weights.find("3"), std::string::npos) << sharded.source().weights;
+  EXPECT_EQ(sharded.score_window(w), ref);
+  const Model bf16 = Model::load(d.path() / "bf16");
+  EXPECT_NE(bf16.source().weights.find("BF16"), std::string::npos);
+  EXPECT_EQ(bf16.score_window(w), ref) << "the weights are bfloat16 values: BF16 storage is exact";
+  const Model f16 = Model::load(d.path() / "f16");
+  const auto l16 = f16.score_window(w);
+  double mx = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) mx = std::max(mx, static_cast<double>(std::abs(l16[i] - ref[i])));
+  EXPECT_LT(mx, 1e-2);
+  const std::vector<int32_t> bos{1};
+  EXPECT_EQ(greedy_ids(f16, bos, 40), greedy_ids(hf(), bos, 40));
 }
