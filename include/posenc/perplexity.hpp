@@ -4,8 +4,11 @@
 //  1. The text is split into blocks: a block is a maximal run of non-blank
 //     lines (a blank line is empty or whitespace-only); its lines are joined
 //     with '\n' and the block is stripped of leading/trailing whitespace.
-//  2. Each block is encoded as llama2.c does, with BOS (id 1) and the
-//     leading-space prefix; blocks are concatenated in file order into one stream.
+//  2. Each block is encoded with tokenizer.encode(block, bos=true): the
+//     tokenizer's BOS when it has one, then its own normalization (llama2.c:
+//     BOS id 1 + the leading-space prefix, as run.c; tokenizer.json:
+//     encode(block, add_special_tokens=True)); blocks are concatenated in file
+//     order into one stream.
 //  3. Windows of L tokens are cut from the start of the stream without
 //     overlap; the last, shorter window is scored too when it has >= 2 tokens.
 //  4. In each window, the logits at position p score the token at p+1 (L-1

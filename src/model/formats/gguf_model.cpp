@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -43,7 +44,17 @@ class Tensors {
 
   const GgufTensorInfo* find(const std::string& name) const { return f_.find_tensor(name); }
 
+  /// Every tensor of the file must have been read (see hf.cpp's check).
+  void check_all_used() const {
+    for (const auto& t : f_.tensors())
+      if (!used_.count(t.name))
+        throw CheckpointError(fmt::format("{}: tensor {} is not used by the runtime's llama architecture: not "
+                                          "supported (a feature posenc does not run)",
+                                          f_.source(), t.name));
+  }
+
   const GgufTensorInfo& get(const std::string& name, const std::vector<int64_t>& ne) const {
+    used_.insert(name);
     const GgufTensorInfo* t = f_.find_tensor(name);
     if (t == nullptr)
       throw CheckpointError(fmt::format("{}: tensor {} is missing (the metadata imply extents [{}])", f_.source(), name,
@@ -81,6 +92,7 @@ class Tensors {
  private:
   const GgufFile& f_;
   RawModel& raw_;
+  mutable std::set<std::string> used_;
 };
 
 int64_t required_int(const GgufFile& f, const std::string& key, int64_t lo, int64_t hi) {
@@ -144,7 +156,12 @@ std::optional<Tokenizer> embedded_tokenizer(const GgufFile& f, std::string& desc
     v.bos_id = token_id(f, "tokenizer.ggml.bos_token_id", n);
     v.eos_id = token_id(f, "tokenizer.ggml.eos_token_id", n);
     v.unk_id = token_id(f, "tokenizer.ggml.unknown_token_id", n);
-    v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token").value_or(false);
+    // llama.cpp's default when the key is absent (llama-vocab.cpp, load): BOS for
+    // the Llama-3-style pre-tokenizers, tekken and chameleon; none for the others.
+    static const std::set<std::string> kBosByDefault{"llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1",
+                                                     "pixtral", "midm-2.0", "lfm2", "jina-v5-nano", "tekken",
+                                                     "chameleon"};
+    v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token").value_or(kBosByDefault.count(v.pre) > 0);
     v.add_eos = f.get_bool("tokenizer.ggml.add_eos_token").value_or(false);
     v.source = f.source();
     describe = "GGUF embedded gpt2 (byte-level BPE) vocabulary";
@@ -237,6 +254,8 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
     r.w2 = T.matrix(p + "ffn_down.weight", D, H);
     r.w3 = T.matrix(p + "ffn_up.weight", H, D);
   }
+
+  T.check_all_used();
 
   // Positions.
   RopeParams rp;

@@ -8,6 +8,7 @@
 // interleaved q/k rows into that order.
 #include <filesystem>
 #include <memory>
+#include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -30,6 +31,18 @@ class TensorSource {
   TensorSource(const SafetensorsCheckpoint& ck, RawModel& raw, std::string dir) : ck_(ck), raw_(raw), dir_(std::move(dir)) {}
 
   bool has(const std::string& name) const { return ck_.find(name).file != nullptr; }
+
+  /// Every stored tensor must have been read: one the runtime does not use
+  /// means a feature it does not implement (never a silently wrong forward).
+  /// Stored RoPE tables (rotary_emb.inv_freq of older checkpoints) are derived
+  /// from config.json instead and may be present.
+  void check_all_used(const std::string& architecture) const {
+    for (const auto& n : ck_.names())
+      if (!used_.count(n) && !n.ends_with("rotary_emb.inv_freq"))
+        throw CheckpointError(fmt::format("{}: tensor {} is not used by the runtime's {}: not supported (a feature "
+                                          "posenc does not run)",
+                                          dir_, n, architecture));
+  }
 
   /// A matrix of the given shape; CheckpointError naming the tensor when it is
   /// missing, misshapen or of a dtype the runtime cannot read.
@@ -69,6 +82,7 @@ class TensorSource {
 
  private:
   SafetensorsCheckpoint::Entry entry(const std::string& name, const std::vector<int64_t>& shape) const {
+    used_.insert(name);
     const auto e = ck_.find(name);
     if (e.file == nullptr)
       throw CheckpointError(fmt::format("{}: tensor {} is missing (config.json implies shape [{}])", dir_, name,
@@ -83,6 +97,7 @@ class TensorSource {
   const SafetensorsCheckpoint& ck_;
   RawModel& raw_;
   std::string dir_;
+  mutable std::set<std::string> used_;
 };
 
 }  // namespace
@@ -122,11 +137,13 @@ RawModel read_hf_directory(const std::filesystem::path& dir) {
   // Tied embeddings: transformers ties lm_head to embed_tokens; a file may keep
   // either name (TinyStories-656K stores only lm_head.weight).
   const bool has_embed = T.has("model.embed_tokens.weight"), has_head = T.has("lm_head.weight");
-  c.shared_classifier = d.tie_word_embeddings || !has_head || !has_embed;
+  c.shared_classifier = d.tie_word_embeddings;
   if (!d.tie_word_embeddings && !(has_embed && has_head))
     throw CheckpointError(fmt::format("{}: tie_word_embeddings is false but tensor {} is missing", name,
                                       has_embed ? "lm_head.weight" : "model.embed_tokens.weight"));
   raw.tok_embeddings = T.matrix(has_embed ? "model.embed_tokens.weight" : "lm_head.weight", V, D);
+  if (d.tie_word_embeddings && !has_embed)
+    raw.source.notes.push_back("tied embeddings stored only as lm_head.weight: used for both");
   raw.output = c.shared_classifier ? raw.tok_embeddings : T.matrix("lm_head.weight", V, D);
   raw.norm = T.vector("model.norm.weight", D);
   raw.layers.resize(static_cast<std::size_t>(c.n_layers));
@@ -158,6 +175,10 @@ RawModel read_hf_directory(const std::filesystem::path& dir) {
       r.b3 = T.vector(p + "mlp.up_proj.bias", H);
     }
   }
+
+  // With tied embeddings a stored lm_head.weight is the same matrix.
+  if (c.shared_classifier && has_embed && has_head) T.matrix("lm_head.weight", V, D);
+  T.check_all_used(d.architecture);
 
   // Positions: the config's RoPE, layout from the architecture (half).
   if (!ps.layout)
@@ -198,8 +219,6 @@ RawModel read_hf_directory(const std::filesystem::path& dir) {
   if (c.max_position_embeddings <= 0 && raw.trained_context <= 0)
     throw ConfigError(fmt::format("{}: max_position_embeddings: required field missing", config_path.string()));
   for (const auto& n : ps.notes) src.notes.push_back(n);
-  if (c.shared_classifier && !d.tie_word_embeddings)
-    src.notes.push_back("tie_word_embeddings false but only one of embed_tokens/lm_head stored: tied");
   const fs::path tok = dir / "tokenizer.json";
   if (fs::exists(tok, ec)) {
     raw.tokenizer = Tokenizer::load_tokenizer_json(tok);

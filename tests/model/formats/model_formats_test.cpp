@@ -599,7 +599,7 @@ namespace {
 /// Writes the real TinyStories-656K weights as safetensors with `dtype`
 /// (F32, F16, BF16) into `dir`, split into `shards` files with an index when
 /// shards > 1; config.json and tokenizer.json are copied.
-void write_hf_copy(const fs::path& dir, const std::string& dtype, int shards) {
+void write_hf_copy(const fs::path& dir, const std::string& dtype, int shards, const std::string& extra_tensor = "") {
   fs::create_directories(dir);
   fs::copy_file(hf656() / "config.json", dir / "config.json");
   fs::copy_file(hf656() / "tokenizer.json", dir / "tokenizer.json");
@@ -632,6 +632,16 @@ void write_hf_copy(const fs::path& dir, const std::string& dtype, int shards) {
                           {"data_offsets", {data[s].size(), data[s].size() + bytes.size()}}};
     data[s] += bytes;
     weight_map[t.name] = shards == 1 ? "model.safetensors" : fmt::format("model-{:05}-of-{:05}.safetensors", s + 1, shards);
+  }
+  if (!extra_tensor.empty()) {  // a [16] float32 tensor of ones in the first file
+    std::string bytes;
+    for (int k = 0; k < 16; ++k) {
+      const float one = 1.0f;
+      bytes.append(reinterpret_cast<const char*>(&one), 4);
+    }
+    headers[0][extra_tensor] = {{"dtype", "F32"}, {"shape", {16}}, {"data_offsets", {data[0].size(), data[0].size() + 64}}};
+    data[0] += bytes;
+    weight_map[extra_tensor] = shards == 1 ? "model.safetensors" : fmt::format("model-{:05}-of-{:05}.safetensors", 1, shards);
   }
   for (int s = 0; s < shards; ++s) {
     const std::string h = headers[static_cast<std::size_t>(s)].dump();
@@ -672,4 +682,20 @@ TEST(ModelFormats, HfDirectoriesInEveryDtypeAndSharded) {
   EXPECT_LT(mx, 1e-2);
   const std::vector<int32_t> bos{1};
   EXPECT_EQ(greedy_ids(f16, bos, 40), greedy_ids(hf(), bos, 40));
+}
+
+// A tensor the architecture does not use is a feature posenc would silently
+// skip: refused by name. (Qwen3's q_norm in a Llama checkpoint.)
+TEST(ModelFormats, UnusedTensorsAreRefusedByName) {
+  test::TempDir d;
+  write_hf_copy(d.path() / "m", "F32", 1, "model.layers.0.self_attn.q_norm.weight");
+  try {
+    Model::load(d.path() / "m");
+    FAIL() << "loaded a checkpoint with a tensor it does not use";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.0.self_attn.q_norm.weight is not used"), std::string::npos)
+        << e.what();
+  }
+  write_hf_copy(d.path() / "ok", "F32", 2, "model.layers.0.self_attn.rotary_emb.inv_freq");
+  EXPECT_NO_THROW(Model::load(d.path() / "ok"));  // stored RoPE tables are derived from config.json instead
 }
