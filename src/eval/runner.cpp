@@ -649,7 +649,13 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
                   {"n_kv_heads", mc.n_kv_heads},
                   {"vocab_size", mc.vocab_size},
                   {"head_dim", mc.head_dim},
-                  {"trained_context", trained}};
+                  {"trained_context", trained},
+                  {"trained_context_source", model.trained_context_source()},
+                  {"format", std::string(to_string(model.source().format))},
+                  {"architecture", model.source().architecture},
+                  {"weights", model.source().weights},
+                  {"quantized_matmul", std::string(to_string(model.quantized_matmul()))},
+                  {"layout_reason", model.source().layout_reason}};
   if (c.tokenizer_path.empty())
     run["tokenizer"] = {{"path", nullptr}, {"embedded", true}, {"vocab_size", tokenizer.vocab_size()}};
   else
