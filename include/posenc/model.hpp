@@ -99,6 +99,10 @@ struct ModelSource {
   std::string layout_reason;           ///< why the RoPE layout is what it is (RoPE models)
   std::string trained_context_source;  ///< "config.json max_position_embeddings", "GGUF llama.context_length", ...
   std::string tokenizer;               ///< the bundled tokenizer ("tokenizer.json", "GGUF embedded llama vocabulary", "")
+  /// Why the file's own tokenizer could not be read ("" when it could or there
+  /// is none): the model loads anyway (a --tokenizer can stand in), and
+  /// bundled_tokenizer() is then nullopt.
+  std::string tokenizer_error;
   std::vector<std::string> notes;      ///< other provenance (defaults applied, values the file overstates, ...)
 };
 

@@ -95,6 +95,11 @@ LoadedModel load_model(const ModelArgs& args) {
       tok_source = "bundled: " + model.source().tokenizer;
       return *model.bundled_tokenizer();
     }
+    if (const std::string& e = model.source().tokenizer_error; !e.empty())
+      throw TokenizerError(fmt::format("{}{}", e,
+                                       e.find("--tokenizer") != std::string::npos
+                                           ? ""
+                                           : "; pass --tokenizer with a tokenizer.json or llama2.c tokenizer .bin"));
     throw ConfigError(fmt::format("--tokenizer: required, {} brings no tokenizer", args.model_path));
   }();
   if (!tok.usable())
