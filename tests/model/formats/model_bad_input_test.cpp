@@ -760,3 +760,40 @@ TEST(CliBadInput, UsageErrorsOfTokenizeAndDetectLayout) {
   EXPECT_NE(r.err.find("--context"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("-1"), std::string::npos) << r.err;
 }
+
+// --config: a bare rope_parameters-style object with its own rope_theta was
+// always refused ("disagrees with top-level rope_theta", a key the wrapper
+// itself added); a config.json's sliding window was silently not applied.
+TEST(OverridesBadInput, ConfigRopeThetaAndSlidingWindow) {
+  TempDir d;
+  const auto ids = some_tokens(30, 2048);
+  Model a = Model::load(hf656()), b = Model::load(hf656());
+  PositionalOverrides with_theta;
+  with_theta.config = d.file("lin_theta.json", R"({"rope_type": "linear", "factor": 4, "rope_theta": 500})");
+  (void)apply_positional_overrides(a, with_theta);
+  PositionalOverrides separate;
+  separate.config = d.file("lin.json", R"({"rope_type": "linear", "factor": 4})");
+  separate.rope_theta = 500.0;
+  (void)apply_positional_overrides(b, separate);
+  EXPECT_EQ(a.rope().params.rope_theta, 500.0);
+  EXPECT_EQ(a.rope().params.rope_type, "linear");
+  EXPECT_EQ(max_abs_diff(a.score_window(ids), b.score_window(ids)), 0.0);
+
+  json c = real_config();
+  c["architectures"] = {"MistralForCausalLM"};
+  c["model_type"] = "mistral";
+  c["sliding_window"] = 8;
+  PositionalOverrides o;
+  o.config = d.file("mistral.json", c.dump());
+  Model m = Model::load(hf656());
+  try {
+    (void)apply_positional_overrides(m, o);
+    ADD_FAILURE() << "a sliding window of 8 was ignored";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("sliding window 8"), std::string::npos) << e.what();
+  }
+  // The model's own config.json (same window) is fine.
+  Model mistral = Model::load(hf_dir(d, "mistral_dir", c));
+  EXPECT_NO_THROW((void)apply_positional_overrides(mistral, o));
+  EXPECT_EQ(mistral.sliding_window(), 8);
+}
