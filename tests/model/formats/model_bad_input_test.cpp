@@ -797,3 +797,19 @@ TEST(OverridesBadInput, ConfigRopeThetaAndSlidingWindow) {
   EXPECT_NO_THROW((void)apply_positional_overrides(mistral, o));
   EXPECT_EQ(mistral.sliding_window(), 8);
 }
+
+// Model options given an empty value were taken as absent (--tokenizer ''
+// fell back to the bundled tokenizer, --rope-theta '' ran unchanged), and
+// --trained-context 99999999999999999999 ran as INT64_MAX: usage errors now.
+TEST(CliBadInput, EmptyAndOutOfRangeModelOptionsAreUsageErrors) {
+  const std::string base = "ppl --model " + q(hf656()) + " --text " + q(test::text_path()) + " --context 32 --quiet";
+  for (const std::string opt : std::vector<std::string>{"--tokenizer ''", "--rope-theta ''", "--rope-layout ''",
+                                                        "--trained-context ''", "--trained-context 99999999999999999999",
+                                                        "--trained-context 0", "--trained-context -5"}) {
+    const auto r = run_cli(base + " --max-tokens 64 " + opt);
+    EXPECT_EQ(r.exit_code, 2) << opt << ": " << r.err;
+    EXPECT_NE(r.err.find(opt.substr(0, opt.find(' '))), std::string::npos) << r.err;
+  }
+  const auto ok = run_cli(base + " --max-tokens 64 --trained-context 4294967296");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
