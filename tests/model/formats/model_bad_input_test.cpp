@@ -803,7 +803,7 @@ TEST(OverridesBadInput, ConfigRopeThetaAndSlidingWindow) {
 // --trained-context 99999999999999999999 ran as INT64_MAX: usage errors now.
 TEST(CliBadInput, EmptyAndOutOfRangeModelOptionsAreUsageErrors) {
   const std::string base = "ppl --model " + q(hf656()) + " --text " + q(test::text_path()) + " --context 32 --quiet";
-  for (const std::string opt : std::vector<std::string>{"--tokenizer ''", "--rope-theta ''", "--rope-layout ''",
+  for (const std::string& opt : std::vector<std::string>{"--tokenizer ''", "--rope-theta ''", "--rope-layout ''",
                                                         "--trained-context ''", "--trained-context 99999999999999999999",
                                                         "--trained-context 0", "--trained-context -5"}) {
     const auto r = run_cli(base + " --max-tokens 64 " + opt);
