@@ -813,3 +813,12 @@ TEST(CliBadInput, EmptyAndOutOfRangeModelOptionsAreUsageErrors) {
   const auto ok = run_cli(base + " --max-tokens 64 --trained-context 4294967296");
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
 }
+
+// A file of a Hugging Face directory given as the model was read as a
+// llama2.c header ("header field dim must be in [1, 65536] (got 538970747)").
+TEST(HfBadInput, FilesOfADirectoryAreNotModels) {
+  expect_refused(hf656() / "config.json", {"config.json: a JSON file, not a model", hf656().string()});
+  expect_refused(hf656() / "tokenizer.json", {"a JSON file, not a model"});
+  expect_refused(hf656() / "model.safetensors", {"model.safetensors: a safetensors file, not a model"});
+  EXPECT_EQ(load_error(test::model_path()), "");  // a llama2.c checkpoint is still one
+}
