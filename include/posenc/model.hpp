@@ -143,8 +143,12 @@ class Model {
 
   /// Loads a model of any supported format (detect_format). Throws IoError,
   /// CheckpointError naming the file and tensor/field (shape mismatch, missing
-  /// tensor, unsupported dtype), ConfigError for a config.json the runtime
-  /// cannot run ("architectures: GPT2LMHeadModel is not supported yet").
+  /// tensor, unsupported dtype, a weight that is not finite, a stored tensor
+  /// the config/metadata do not use, a JSON or safetensors file given instead
+  /// of its directory), ConfigError for a config.json the runtime cannot run
+  /// ("architectures: GPT2LMHeadModel is not supported yet", a model_type
+  /// that disagrees with architectures). A bundled tokenizer that cannot be
+  /// read does not fail the load: source().tokenizer_error says why.
   static Model load(const std::filesystem::path& path, const LoadOptions& options);
 
   /// The tokenizer a model file brings, without loading its weights: a HF
