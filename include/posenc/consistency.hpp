@@ -33,6 +33,9 @@ struct ConsistencyReport {
   bool passed = false;  ///< every scenario ok(tolerance)
 };
 
+/// The shortest ConsistencyOptions::length the scenarios fit in.
+inline constexpr int64_t kMinConsistencyLength = 96;
+
 struct ConsistencyOptions {
   int64_t length = 512;                        ///< tokens per sequence (<= the trained context)
   std::vector<int64_t> chunk_sizes{1, 7, 64, 512};
@@ -52,8 +55,9 @@ struct ConsistencyOptions {
 ///  cached keys, then continued); sliding_window_eviction (token by token with
 ///  blocks evicted outside a window, against one full forward under the
 ///  sliding-window mask).
-/// Throws InvalidArgument if the stream is shorter than 3 * length or the
-/// options are out of range.
+/// Throws InvalidArgument if length < kMinConsistencyLength, the stream is
+/// shorter than max(3 * length, 1.5 * length + 288) tokens or the options are
+/// out of range.
 ConsistencyReport check_cache_consistency(const Model& model, std::span<const int32_t> stream,
                                           const ConsistencyOptions& options);
 

@@ -99,6 +99,10 @@ struct ModelSource {
   std::string layout_reason;           ///< why the RoPE layout is what it is (RoPE models)
   std::string trained_context_source;  ///< "config.json max_position_embeddings", "GGUF llama.context_length", ...
   std::string tokenizer;               ///< the bundled tokenizer ("tokenizer.json", "GGUF embedded llama vocabulary", "")
+  /// Why the file's own tokenizer could not be read ("" when it could or there
+  /// is none): the model loads anyway (a --tokenizer can stand in), and
+  /// bundled_tokenizer() is then nullopt.
+  std::string tokenizer_error;
   std::vector<std::string> notes;      ///< other provenance (defaults applied, values the file overstates, ...)
 };
 
@@ -139,8 +143,12 @@ class Model {
 
   /// Loads a model of any supported format (detect_format). Throws IoError,
   /// CheckpointError naming the file and tensor/field (shape mismatch, missing
-  /// tensor, unsupported dtype), ConfigError for a config.json the runtime
-  /// cannot run ("architectures: GPT2LMHeadModel is not supported yet").
+  /// tensor, unsupported dtype, a weight that is not finite, a stored tensor
+  /// the config/metadata do not use, a JSON or safetensors file given instead
+  /// of its directory), ConfigError for a config.json the runtime cannot run
+  /// ("architectures: GPT2LMHeadModel is not supported yet", a model_type
+  /// that disagrees with architectures). A bundled tokenizer that cannot be
+  /// read does not fail the load: source().tokenizer_error says why.
   static Model load(const std::filesystem::path& path, const LoadOptions& options);
 
   /// The tokenizer a model file brings, without loading its weights: a HF

@@ -915,6 +915,16 @@ DecoderSpec parse_decoder_spec(std::string_view json_text, std::string_view sour
     throw ConfigError(fmt::format("{}: {}: {} is not supported yet (the runtime runs {})", source,
                                   a.empty() ? "model_type" : "architectures", d.architecture.empty() ? "(none)" : d.architecture,
                                   supported_decoder_architectures()));
+  // transformers' Auto classes build the model from model_type, other runtimes
+  // (vLLM, TGI) from architectures: when they name different models the
+  // config is ambiguous, and running either would be a guess.
+  static constexpr std::string_view kModelType[] = {"llama", "mistral", "qwen2", "qwen3"};
+  if (!a.empty() && !mt.empty() && mt != kModelType[static_cast<int>(kind)])
+    r.fail_value("model_type",
+                 fmt::format("disagrees with architectures {} (model_type {} expected): transformers would build "
+                             "another model than the architecture names",
+                             a, kModelType[static_cast<int>(kind)]),
+                 mt);
   if (ps.family != PositionFamily::rope || !ps.rope)
     r.fail_value("rope", "the runtime runs RoPE decoders; this config's positions are", to_string(ps.family));
   auto required = [&](std::string_view key) {

@@ -45,9 +45,15 @@ std::vector<float> chunked(const Model& m, Tokens tokens, int64_t chunk, int blo
 ConsistencyReport check_cache_consistency(const Model& model, std::span<const int32_t> stream,
                                           const ConsistencyOptions& o) {
   const int64_t n = o.length;
-  if (n < 32) fail_field<InvalidArgument>("length", "must be >= 32", n);
-  if (static_cast<int64_t>(stream.size()) < 3 * n)
-    throw InvalidArgument(fmt::format("text: {} tokens, the checker needs at least 3 * length = {}", stream.size(), 3 * n));
+  // The left-padded scenario's shortest prompt is n/2 - 40 tokens.
+  if (n < kMinConsistencyLength || n > (int64_t{1} << 40))
+    fail_field<InvalidArgument>("length", fmt::format("must be in [{}, 2^40]", kMinConsistencyLength), n);
+  // The furthest token read: the prefix-reuse forks' suffixes start at n + 97k
+  // (k <= 3) and are n - (n/2 + 3) long; the other scenarios stay below 3n.
+  const int64_t need = std::max(3 * n, n + 97 * 3 + (n - (n / 2 + 3)));
+  if (static_cast<int64_t>(stream.size()) < need)
+    throw InvalidArgument(fmt::format("text: {} tokens, the checker needs at least {} for length {}", stream.size(),
+                                      need, n));
   if (o.block_size <= 0) fail_field<InvalidArgument>("block_size", "must be positive", o.block_size);
   for (int64_t c : o.chunk_sizes)
     if (c <= 0) fail_field<InvalidArgument>("chunk_sizes", "must be positive", c);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <immintrin.h>
 
@@ -82,15 +83,22 @@ void quantize_rows_q8_0(const float* x, int64_t n, int64_t in, std::byte* out) {
       const float* xb = x + r * in + b * kQBlock;
       std::byte* ob = out + (r * blocks + b) * kQ8Bytes;
       float amax = 0.0f;
-      for (int j = 0; j < kQBlock; ++j) amax = std::max(amax, std::fabs(xb[j]));
-      const float d = amax / 127.0f;
+      bool nan = false;
+      for (int j = 0; j < kQBlock; ++j) {
+        amax = std::max(amax, std::fabs(xb[j]));
+        nan |= std::isnan(xb[j]);
+      }
+      // A non-finite activation (overflowed float32 arithmetic) is carried by
+      // the block's scale (NaN, or inf for an infinite amax); converting it to
+      // int8 would be undefined behaviour, so its quant is 0.
+      const float d = nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
       const uint16_t h = f32_to_f16(d);
       std::memcpy(ob, &h, 2);
       const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
       auto* qs = reinterpret_cast<int8_t*>(ob + 2);
       for (int j = 0; j < kQBlock; ++j) {
         const float v = xb[j] * id;
-        qs[j] = static_cast<int8_t>(std::nearbyint(v));  // default rounding mode: nearest, ties to even
+        qs[j] = std::isfinite(v) ? static_cast<int8_t>(std::nearbyint(v)) : int8_t{0};  // nearest, ties to even
       }
     }
 }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -245,6 +246,32 @@ ModelFormat Model::detect_format(const std::filesystem::path& path) {
 
 Model Model::load(const std::filesystem::path& path) { return load(path, LoadOptions{}); }
 
+namespace {
+/// A file of a Hugging Face directory (config.json, tokenizer.json, a
+/// safetensors shard) given as the model: read as a llama2.c header it would
+/// fail with a meaningless "dim 538970747".
+void refuse_directory_files(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  char b[16] = {};
+  in.read(b, sizeof b);
+  const auto n = static_cast<std::size_t>(in.gcount());
+  auto skip_space = [&](std::size_t i) {
+    while (i < n && std::isspace(static_cast<unsigned char>(b[i]))) ++i;
+    return i;
+  };
+  // JSON: '{' then '"' or '}' (a llama2.c header never has these bytes there);
+  // safetensors: a u64 header length below 2^32 (a llama2.c hidden_dim of 0) and '{'.
+  const std::size_t i = skip_space(0), j = i < n ? skip_space(i + 1) : n;
+  const bool json = i < n && b[i] == '{' && j < n && (b[j] == '"' || b[j] == '}');
+  const bool safetensors = n >= 9 && b[4] == 0 && b[5] == 0 && b[6] == 0 && b[7] == 0 && b[8] == '{';
+  if (json || safetensors)
+    throw CheckpointError(fmt::format("{}: a {} file, not a model; --model takes the Hugging Face directory that "
+                                      "holds it ({})",
+                                      path.string(), json ? "JSON" : "safetensors",
+                                      path.parent_path().empty() ? "." : path.parent_path().string()));
+}
+}  // namespace
+
 Model Model::load(const std::filesystem::path& path, const LoadOptions& options) {
   switch (detect_format(path)) {
     case ModelFormat::posenc: return build(detail::read_posenc(path), options);
@@ -252,6 +279,7 @@ Model Model::load(const std::filesystem::path& path, const LoadOptions& options)
     case ModelFormat::gguf: return build(detail::read_gguf_model(path), options);
     case ModelFormat::llama2c: break;
   }
+  refuse_directory_files(path);
   return build(detail::read_llama2c(path), options);
 }
 

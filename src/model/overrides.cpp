@@ -12,6 +12,15 @@
 
 namespace posenc {
 
+namespace {
+/// True for a bare rope_scaling / rope_parameters object (what rope_params_from_config wraps).
+bool bare_rope_object(const std::filesystem::path& path) {
+  const auto j = nlohmann::json::parse(read_file(path), nullptr, false);
+  return j.is_object() && !j.contains("model_type") && !j.contains("architectures") &&
+         !j.contains("num_attention_heads") && !j.contains("hidden_size");
+}
+}  // namespace
+
 std::pair<RopeParams, int64_t> rope_params_from_config(const std::filesystem::path& path, const RopeParams& base,
                                                        int64_t trained_context) {
   const std::string text = read_file(path);
@@ -37,13 +46,16 @@ std::pair<RopeParams, int64_t> rope_params_from_config(const std::filesystem::pa
                        {"num_attention_heads", 1},
                        {"hidden_size", base.head_dim},
                        {"head_dim", base.head_dim},
-                       {"rope_theta", base.rope_theta},
                        {"max_position_embeddings", trained_context}};
+    // The object's own rope_theta replaces the model's (a top-level one next
+    // to it would be a disagreement the parser refuses).
+    if (!j.contains("rope_theta")) cfg["rope_theta"] = base.rope_theta;
     cfg[j.contains("rope_theta") ? "rope_parameters" : "rope_scaling"] = j;
     config_text = cfg.dump();
   }
   const PositionalSpec ps = parse_positional_spec(config_text, src);
   if (!ps.rope) throw ConfigError(fmt::format("{}: the config describes {} positions, not RoPE", src, to_string(ps.family)));
+
   RopeParams p = *ps.rope;
   if (p.head_dim != base.head_dim)
     throw ConfigError(fmt::format("{}: head_dim {} does not match the model's head_dim {}", src, p.head_dim, base.head_dim));
@@ -71,6 +83,16 @@ std::vector<std::string> apply_positional_overrides(Model& model, const Position
     RopeSetup r = model.rope();
     if (o.config) {
       auto [p, trained] = rope_params_from_config(*o.config, r.params, model.trained_context());
+      // A config.json's attention mask is not taken over: one that describes
+      // another sliding window than the model runs with would be ignored.
+      if (!bare_rope_object(*o.config)) {
+        const PositionalSpec ps = load_positional_spec(*o.config);
+        const int64_t w = ps.sliding_window.active && ps.sliding_window.size ? *ps.sliding_window.size : 0;
+        if (w != model.sliding_window())
+          throw ConfigError(fmt::format("--config {}: sliding window {} ({}), the model runs with {}; --config "
+                                        "replaces the RoPE parameters only",
+                                        o.config->string(), w, ps.sliding_window.source, model.sliding_window()));
+      }
       r.params = p;
       r.freqs = compute_rope_frequencies(p);
       notes.push_back(fmt::format("--config {}: rope_type {}, rope_theta {:g}, rotary_dim {}", o.config->string(),

@@ -105,5 +105,8 @@ std::optional<Tokenizer> read_gguf_tokenizer(const std::filesystem::path& path, 
 void validate_config(const std::string& name, ModelConfig& cfg);
 /// Throws CheckpointError if any of the n floats is not finite, naming the tensor.
 void check_finite(const std::string& name, const std::string& tensor, const float* p, uint64_t n);
+/// Throws CheckpointError naming `file`, the tensor and the first element (or
+/// Q8_0/Q4_0 block scale) that is not finite.
+void check_finite(const std::string& file, const RawMatrix& m);
 
 }  // namespace posenc::detail

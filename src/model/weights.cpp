@@ -1,4 +1,5 @@
 // RawMatrix conversions: every stored dtype to float32, exactly.
+#include <cmath>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -53,6 +54,43 @@ std::vector<float> RawMatrix::to_f32() const {
   std::vector<float> out(static_cast<std::size_t>(rows * cols));
   for (int64_t r = 0; r < rows; ++r) row_to_f32(r, out.data() + r * cols);
   return out;
+}
+
+void check_finite(const std::string& file, const RawMatrix& m) {
+  auto fail = [&](int64_t r, int64_t c, float v, std::string_view what) {
+    throw CheckpointError(fmt::format("{}: tensor {}: {} [{}, {}] is not finite ({})", file, m.name, what, r, c, v));
+  };
+  for (int64_t r = 0; r < m.rows; ++r) {
+    const std::byte* p = m.data + r * m.row_bytes();
+    switch (m.type) {
+      case WeightType::f32:
+        for (int64_t i = 0; i < m.cols; ++i) {
+          float v;
+          std::memcpy(&v, p + 4 * i, 4);
+          if (!std::isfinite(v)) fail(r, i, v, "element");
+        }
+        break;
+      case WeightType::f16:
+      case WeightType::bf16:
+        for (int64_t i = 0; i < m.cols; ++i) {
+          uint16_t h;
+          std::memcpy(&h, p + 2 * i, 2);
+          const bool bad = m.type == WeightType::f16 ? (h & 0x7c00u) == 0x7c00u : (h & 0x7f80u) == 0x7f80u;
+          if (bad) fail(r, i, m.type == WeightType::f16 ? f16_to_f32(h) : bf16_to_f32(h), "element");
+        }
+        break;
+      case WeightType::q8_0:
+      case WeightType::q4_0: {
+        const int64_t block_bytes = m.type == WeightType::q8_0 ? kQ8Bytes : kQ4Bytes;
+        for (int64_t b = 0; b < m.cols / kQBlock; ++b) {
+          uint16_t h;
+          std::memcpy(&h, p + b * block_bytes, 2);
+          if ((h & 0x7c00u) == 0x7c00u) fail(r, b * kQBlock, f16_to_f32(h), "the scale of the block at");
+        }
+        break;
+      }
+    }
+  }
 }
 
 RawMatrix f32_matrix(const float* p, int64_t rows, int64_t cols, std::string name) {

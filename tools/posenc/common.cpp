@@ -34,6 +34,26 @@ CLI::Validator output_path(bool directory) {
       directory ? "DIR" : "FILE", directory ? "writable output directory" : "writable output file");
 }
 
+namespace {
+/// A value that must be given when the option is (CLI11 reads --opt '' as "not set").
+CLI::Validator non_empty() {
+  return CLI::Validator([](std::string& text) -> std::string { return text.empty() ? "empty value" : ""; }, "");
+}
+/// A context length: a decimal integer in [1, 2^32] (GGUF's uint32; CLI11 would
+/// clamp 10^20 to INT64_MAX silently).
+CLI::Validator context_length() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        int64_t v = 0;
+        const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (ec != std::errc() || p != text.data() + text.size() || v < 1 || v > (int64_t{1} << 32))
+          return fmt::format("must be an integer in [1, 4294967296] (got '{}')", text);
+        return "";
+      },
+      "");
+}
+}  // namespace
+
 void ModelArgs::add_to(CLI::App& cmd) {
   cmd.add_option("--model", model_path,
                  "the model: a Hugging Face directory (config.json + safetensors + tokenizer.json), a .gguf file, a "
@@ -42,22 +62,25 @@ void ModelArgs::add_to(CLI::App& cmd) {
   cmd.add_option("--tokenizer", tokenizer_path,
                  "tokenizer.json (or a directory holding one) or a llama2.c tokenizer .bin; default: the one the model "
                  "brings (tokenizer.json of a HF directory, a GGUF's embedded vocabulary, a posenc checkpoint's "
-                 "symbols); required for llama2.c checkpoints");
+                 "symbols); required for llama2.c checkpoints")
+      ->check(non_empty());
   cmd.add_option("--config", config_path,
                  "positional parameters from a config.json or a bare rope_scaling object "
                  "({\"rope_type\": \"llama3\", \"factor\": 8, ...}); the layout stays the loader's")
       ->check(CLI::ExistingFile);
-  cmd.add_option("--rope-theta", rope_theta, "override rope_theta (applied after --config)");
+  cmd.add_option("--rope-theta", rope_theta, "override rope_theta (applied after --config)")->check(non_empty());
   cmd.add_option("--rope-layout", rope_layout,
                  "override the RoPE layout: half (rotate_half/GPT-NeoX) or interleaved "
                  "(GPT-J/llama2.c); default: the loader's (half for Hugging Face, interleaved for GGUF llama and "
-                 "llama2.c)");
+                 "llama2.c)")
+      ->check(non_empty());
   cmd.add_option("--angle-precision", angle_precision,
                  "float32 (reproduces training/reference numerics; default) or exact (angle in double)")
       ->capture_default_str();
   cmd.add_option("--trained-context", trained_context,
                  "the context the model was trained with (scaling factors and default lengths derive from it); "
-                 "default: from the file (config.json, GGUF context_length, llama2.c seq_len)");
+                 "default: from the file (config.json, GGUF context_length, llama2.c seq_len)")
+      ->check(context_length());
   cmd.add_option("--quantized-matmul", quantized_matmul,
                  "products with Q8_0/Q4_0 weights: dequantize (to float32 at load; default) or q8_activations "
                  "(activations quantized to Q8_0, llama.cpp's CPU arithmetic)")
@@ -95,6 +118,11 @@ LoadedModel load_model(const ModelArgs& args) {
       tok_source = "bundled: " + model.source().tokenizer;
       return *model.bundled_tokenizer();
     }
+    if (const std::string& e = model.source().tokenizer_error; !e.empty())
+      throw TokenizerError(fmt::format("{}{}", e,
+                                       e.find("--tokenizer") != std::string::npos
+                                           ? ""
+                                           : "; pass --tokenizer with a tokenizer.json or llama2.c tokenizer .bin"));
     throw ConfigError(fmt::format("--tokenizer: required, {} brings no tokenizer", args.model_path));
   }();
   if (!tok.usable())

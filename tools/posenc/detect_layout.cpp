@@ -4,6 +4,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "posenc/error.hpp"
 #include "posenc/io.hpp"
 #include "posenc/perplexity.hpp"
 
@@ -20,6 +21,7 @@ struct DetectArgs {
 };
 
 void run_detect(const DetectArgs& a) {
+  if (a.context < 0) fail_field<ConfigError>("--context", "must be positive (0 or absent = the trained context)", a.context);
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;

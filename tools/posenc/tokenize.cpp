@@ -39,10 +39,11 @@ std::string show(const std::string& s) {
 }
 
 void run_tokenize(const TokenizeArgs& a) {
+  // Command-line usage errors (exit 2, as CLI11's own).
   if (a.model_path.empty() == a.tokenizer_path.empty())
-    throw ConfigError("tokenize: give exactly one of --model and --tokenizer");
+    throw CLI::ValidationError("tokenize", "give exactly one of --model and --tokenizer");
   if (a.text_path.empty() == !a.prompt.has_value())
-    throw ConfigError("tokenize: give exactly one of --text and --prompt");
+    throw CLI::ValidationError("tokenize", "give exactly one of --text and --prompt");
   std::string source;
   Tokenizer tok = [&] {
     if (!a.tokenizer_path.empty()) {

@@ -107,6 +107,16 @@ GgufExportReport write_model_gguf(const Model& model, const Tokenizer& tokenizer
   if (tokenizer.vocab_size() > c.vocab_size)
     throw InvalidArgument(fmt::format("convert: the tokenizer has {} tokens, the model {}", tokenizer.vocab_size(),
                                       c.vocab_size));
+  if (tokenizer.is_symbolic())
+    throw InvalidArgument(
+        "convert: a symbol vocabulary (whitespace-separated symbols, posenc-trained tasks) has no GGUF tokenizer: "
+        "written as a llama (SentencePiece) vocabulary, llama.cpp and posenc would split text into other ids");
+  // GGUF llama keeps context lengths as uint32 (llama.cpp reads them so).
+  auto context_u32 = [](std::string_view what, int64_t v) {
+    if (v <= 0 || v > int64_t{0xFFFFFFFF})
+      throw InvalidArgument(fmt::format("convert: {} {} does not fit GGUF's uint32", what, v));
+    return static_cast<uint32_t>(v);
+  };
 
   GgufExportReport report;
   GgufWriter w;
@@ -116,7 +126,7 @@ GgufExportReport write_model_gguf(const Model& model, const Tokenizer& tokenizer
   w.add_uint32("general.file_type", file_type(options.type));
   if (options.type == GgmlType::q8_0) w.add_uint32("general.quantization_version", 2);
   const std::string k = arch + ".";
-  w.add_uint32(k + "context_length", static_cast<uint32_t>(model.trained_context()));
+  w.add_uint32(k + "context_length", context_u32("trained context", model.trained_context()));
   w.add_uint32(k + "embedding_length", static_cast<uint32_t>(c.dim));
   w.add_uint32(k + "block_count", static_cast<uint32_t>(c.n_layers));
   w.add_uint32(k + "feed_forward_length", static_cast<uint32_t>(c.hidden_dim));
@@ -134,7 +144,8 @@ GgufExportReport write_model_gguf(const Model& model, const Tokenizer& tokenizer
     w.add_string(k + "rope.scaling.type", rp.rope_type);
     w.add_float32(k + "rope.scaling.factor", static_cast<float>(rp.factor.value_or(1.0)));
     w.add_uint32(k + "rope.scaling.original_context_length",
-                 static_cast<uint32_t>(rp.original_max_position_embeddings.value_or(model.trained_context())));
+                 context_u32("original_max_position_embeddings",
+                             rp.original_max_position_embeddings.value_or(model.trained_context())));
     if (rp.rope_type == "yarn") {
       if (rp.beta_fast) w.add_float32(k + "rope.scaling.yarn_beta_fast", static_cast<float>(*rp.beta_fast));
       if (rp.beta_slow) w.add_float32(k + "rope.scaling.yarn_beta_slow", static_cast<float>(*rp.beta_slow));
@@ -143,12 +154,18 @@ GgufExportReport write_model_gguf(const Model& model, const Tokenizer& tokenizer
   }
   for (auto& n : write_gguf_vocabulary(tokenizer, c.vocab_size, w)) report.notes.push_back(std::move(n));
 
-  // Tensors. q/k rows (and biases) move to interleaved pairs when the weights
-  // are stored for half: llama.cpp rotates architecture llama in pairs 2i, 2i+1.
-  const bool permute = model.stored_layout() == RopeLayout::half;
+  // Tensors. q/k rows (and biases) move to interleaved pairs when the model
+  // rotates them as half: llama.cpp rotates architecture llama in pairs 2i,
+  // 2i+1. The layout is the one the model runs with (a --rope-layout override
+  // included), so the file computes what the loaded model computes.
+  const bool permute = rope.layout == RopeLayout::half;
   if (permute)
     report.notes.push_back(
         "q/k rows permuted from half (rotate_half) to interleaved pairs, as llama.cpp's converter does");
+  if (rope.layout != model.stored_layout())
+    report.notes.push_back(fmt::format("the model runs with layout {}, not its file's {}: q/k rows written for {}",
+                                       to_string(rope.layout), to_string(model.stored_layout()),
+                                       to_string(rope.layout)));
   const int rotary = rope.freqs.rotary_dim;
   std::map<std::string, CheckpointTensor> t;
   for (auto& x : model.export_tensors()) t.emplace(x.name, std::move(x));

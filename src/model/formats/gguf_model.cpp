@@ -44,13 +44,13 @@ class Tensors {
 
   const GgufTensorInfo* find(const std::string& name) const { return f_.find_tensor(name); }
 
-  /// Every tensor of the file must have been read (see hf.cpp's check).
-  void check_all_used() const {
+  /// The first tensor of the file nothing read, or nullptr. llama.cpp refuses
+  /// such files too (llama_model_loader::done_getting_tensors: "wrong number
+  /// of tensors").
+  const GgufTensorInfo* first_unused() const {
     for (const auto& t : f_.tensors())
-      if (!used_.count(t.name))
-        throw CheckpointError(fmt::format("{}: tensor {} is not used by the runtime's llama architecture: not "
-                                          "supported (a feature posenc does not run)",
-                                          f_.source(), t.name));
+      if (!used_.contains(t.name)) return &t;
+    return nullptr;
   }
 
   const GgufTensorInfo& get(const std::string& name, const std::vector<int64_t>& ne) const {
@@ -72,9 +72,13 @@ class Tensors {
     RawMatrix m;
     m.type = weight_type(f_, t);
     m.data = f_.tensor_data(t).data();
+    // general.alignment may be 1 or 2: float32 data the runtime reads in place must be aligned.
+    if (m.type == WeightType::f32 && reinterpret_cast<uintptr_t>(m.data) % alignof(float) != 0)
+      m.data = reinterpret_cast<const std::byte*>(raw_.own(f_.to_float32(t)));
     m.rows = rows;
     m.cols = cols;
     m.name = name;
+    check_finite(f_.source(), m);
     return m;
   }
 
@@ -82,11 +86,17 @@ class Tensors {
   const float* vector(const std::string& name, int64_t n) const {
     const GgufTensorInfo& t = get(name, {n});
     const auto bytes = f_.tensor_data(t);
-    if (t.type == GgmlType::f32) return reinterpret_cast<const float*>(bytes.data());  // 32-byte aligned data
-    weight_type(f_, t);
-    std::vector<float> v(static_cast<std::size_t>(n));
-    ggml_dequantize(t.type, bytes, v);
-    return raw_.own(std::move(v));
+    const float* p;
+    if (t.type == GgmlType::f32 && reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0) {
+      p = reinterpret_cast<const float*>(bytes.data());
+    } else {
+      weight_type(f_, t);
+      std::vector<float> v(static_cast<std::size_t>(n));
+      ggml_dequantize(t.type, bytes, v);
+      p = raw_.own(std::move(v));
+    }
+    check_finite(f_.source(), name, p, static_cast<uint64_t>(n));
+    return p;
   }
 
  private:
@@ -105,7 +115,10 @@ int64_t required_int(const GgufFile& f, const std::string& key, int64_t lo, int6
 
 std::optional<int32_t> token_id(const GgufFile& f, const std::string& key, std::size_t vocab) {
   const auto v = f.get_int(key);
-  if (!v || *v < 0 || *v >= static_cast<int64_t>(vocab)) return std::nullopt;  // absent, or -1 / UINT32_MAX = none
+  if (!v || *v == -1 || *v == int64_t{0xFFFFFFFF}) return std::nullopt;  // absent, or -1 / UINT32_MAX = none
+  if (*v < 0 || *v >= static_cast<int64_t>(vocab))
+    throw CheckpointError(fmt::format("{}: {}: token id {} is not in the vocabulary of {} tokens", f.source(), key, *v,
+                                      vocab));
   return static_cast<int32_t>(*v);
 }
 
@@ -203,9 +216,6 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
   c.max_position_embeddings = required_int(f, k + "context_length", 1, int64_t{1} << 32);
   if (f.get_int(k + "attention.key_length"))
     c.head_dim = static_cast<int>(required_int(f, k + "attention.key_length", 2, 1 << 14));
-  if (auto vl = f.get_int(k + "attention.value_length"); vl && c.head_dim != 0 && *vl != c.head_dim)
-    throw CheckpointError(fmt::format("{}: {}attention.value_length {} differs from key_length {}: not supported", name,
-                                      k, *vl, c.head_dim));
   const auto eps = f.get_float(k + "attention.layer_norm_rms_epsilon");
   if (!eps || !(*eps > 0) || !std::isfinite(*eps))
     throw CheckpointError(fmt::format("{}: metadata key {}attention.layer_norm_rms_epsilon is missing or not positive",
@@ -224,6 +234,9 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
   c.qkv_bias = T.find("blk.0.attn_q.bias") != nullptr;
   c.o_bias = T.find("blk.0.attn_output.bias") != nullptr;
   validate_config(name, c);
+  if (auto vl = f.get_int(k + "attention.value_length"); vl && *vl != c.head_dim)
+    throw CheckpointError(fmt::format("{}: {}attention.value_length {} differs from the key head_dim {}: not supported",
+                                      name, k, *vl, c.head_dim));
   if (T.find("rope_freqs.weight") != nullptr)
     throw CheckpointError(fmt::format("{}: tensor rope_freqs.weight (per-channel frequency factors, e.g. Llama-3.1's) "
                                       "is not supported yet; run the Hugging Face directory, or pass --config with the "
@@ -234,9 +247,8 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
   raw.tok_embeddings = T.matrix("token_embd.weight", V, D);
   raw.output = c.shared_classifier ? raw.tok_embeddings : T.matrix("output.weight", V, D);
   raw.norm = T.vector("output_norm.weight", D);
-  raw.layers.resize(static_cast<std::size_t>(c.n_layers));
-  for (int l = 0; l < c.n_layers; ++l) {
-    RawLayer& r = raw.layers[static_cast<std::size_t>(l)];
+  for (int l = 0; l < c.n_layers; ++l) {  // one at a time: block_count is believed as far as the tensors go
+    RawLayer& r = raw.layers.emplace_back();
     const std::string p = fmt::format("blk.{}.", l);
     r.attention_norm = T.vector(p + "attn_norm.weight", D);
     r.wq = T.matrix(p + "attn_q.weight", Q, D);
@@ -254,8 +266,11 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
     r.w2 = T.matrix(p + "ffn_down.weight", D, H);
     r.w3 = T.matrix(p + "ffn_up.weight", H, D);
   }
-
-  T.check_all_used();
+  if (const GgufTensorInfo* u = T.first_unused())
+    throw CheckpointError(fmt::format("{}: tensor {} is not used by GGUF llama as the metadata describe it ({}block_count "
+                                      "{}{}): refusing to run the model without it (llama.cpp refuses it too)",
+                                      name, u->name, k, c.n_layers,
+                                      c.qkv_bias ? "" : "; no q/k/v bias, as blk.0 has none"));
 
   // Positions.
   RopeParams rp;
@@ -279,14 +294,22 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
     if (!rp.factor)
       throw CheckpointError(fmt::format("{}: {}rope.scaling.type is {} but rope.scaling.factor is missing", name, k,
                                         scaling));
-    if (auto o = f.get_int(k + "rope.scaling.original_context_length")) {
-      rp.original_max_position_embeddings = *o;
-      raw.trained_context = *o;
+    auto positive = [&](const std::string& key) -> std::optional<double> {
+      const auto v = f.get_float(k + key);
+      if (v && !(std::isfinite(*v) && *v > 0))
+        throw CheckpointError(fmt::format("{}: {}{} must be finite and > 0 (got {})", name, k, key, *v));
+      return v;
+    };
+    positive("rope.scaling.factor");
+    if (f.get_int(k + "rope.scaling.original_context_length")) {
+      rp.original_max_position_embeddings = required_int(f, k + "rope.scaling.original_context_length", 1,
+                                                         int64_t{1} << 32);
+      raw.trained_context = *rp.original_max_position_embeddings;
     }
     if (scaling == "yarn") {
-      if (auto v = f.get_float(k + "rope.scaling.yarn_beta_fast")) rp.beta_fast = *v;
-      if (auto v = f.get_float(k + "rope.scaling.yarn_beta_slow")) rp.beta_slow = *v;
-      if (auto v = f.get_float(k + "rope.scaling.attn_factor")) rp.attention_factor = *v;
+      rp.beta_fast = positive("rope.scaling.yarn_beta_fast");
+      rp.beta_slow = positive("rope.scaling.yarn_beta_slow");
+      rp.attention_factor = positive("rope.scaling.attn_factor");
     }
   } else {
     throw CheckpointError(fmt::format("{}: {}rope.scaling.type {} is not supported (none, linear, yarn are)", name, k,
@@ -294,7 +317,11 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
   }
   raw.positional.family = PositionFamily::rope;
   raw.positional.rope.params = rp;
-  raw.positional.rope.freqs = compute_rope_frequencies(rp);
+  try {
+    raw.positional.rope.freqs = compute_rope_frequencies(rp);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{}: the {}rope.* metadata: {}", name, k, e.what()));
+  }
   raw.positional.rope.layout = RopeLayout::interleaved;
   raw.positional.rope.precision = AnglePrecision::float32;
 
@@ -314,12 +341,20 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
   src.trained_context_source = raw.trained_context > 0 ? fmt::format("GGUF {}rope.scaling.original_context_length", k)
                                                        : fmt::format("GGUF {}context_length", k);
   if (!theta) src.notes.push_back(fmt::format("{}rope.freq_base absent: 10000 (llama.cpp's default)", k));
+  // A vocabulary posenc cannot use does not make the weights unusable: the
+  // error is kept for when the bundled tokenizer is asked for (--tokenizer can
+  // stand in).
   std::string tok_describe;
-  raw.tokenizer = embedded_tokenizer(f, tok_describe);
-  if (raw.tokenizer && raw.tokenizer->vocab_size() != c.vocab_size)
-    throw CheckpointError(fmt::format("{}: the embedded tokenizer has {} tokens, the model's vocab_size is {}", name,
-                                      raw.tokenizer->vocab_size(), c.vocab_size));
-  src.tokenizer = tok_describe;
+  try {
+    raw.tokenizer = embedded_tokenizer(f, tok_describe);
+    if (raw.tokenizer && raw.tokenizer->vocab_size() != c.vocab_size)
+      throw CheckpointError(fmt::format("{}: the embedded tokenizer has {} tokens, the model's vocab_size is {}", name,
+                                        raw.tokenizer->vocab_size(), c.vocab_size));
+    src.tokenizer = tok_describe;
+  } catch (const Error& e) {
+    raw.tokenizer.reset();
+    src.tokenizer_error = e.what();
+  }
   return raw;
 }
 

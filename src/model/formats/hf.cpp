@@ -31,17 +31,13 @@ class TensorSource {
   TensorSource(const SafetensorsCheckpoint& ck, RawModel& raw, std::string dir) : ck_(ck), raw_(raw), dir_(std::move(dir)) {}
 
   bool has(const std::string& name) const { return ck_.find(name).file != nullptr; }
-
-  /// Every stored tensor must have been read: one the runtime does not use
-  /// means a feature it does not implement (never a silently wrong forward).
-  /// Stored RoPE tables (rotary_emb.inv_freq of older checkpoints) are derived
-  /// from config.json instead and may be present.
-  void check_all_used(const std::string& architecture) const {
+  /// Marks a stored tensor as accounted for without reading it.
+  void ignore(const std::string& name) const { used_.insert(name); }
+  /// The first stored tensor nothing read or ignored (sorted by name), or "".
+  std::string first_unused() const {
     for (const auto& n : ck_.names())
-      if (!used_.count(n) && !n.ends_with("rotary_emb.inv_freq"))
-        throw CheckpointError(fmt::format("{}: tensor {} is not used by the runtime's {}: not supported (a feature "
-                                          "posenc does not run)",
-                                          dir_, n, architecture));
+      if (!used_.contains(n) && !n.ends_with("rotary_emb.inv_freq")) return n;  // inv_freq: a buffer, not a weight
+    return "";
   }
 
   /// A matrix of the given shape; CheckpointError naming the tensor when it is
@@ -62,22 +58,27 @@ class TensorSource {
           m.type = WeightType::f32;
           m.data = reinterpret_cast<const std::byte*>(raw_.own(e.file->to_float32(*e.tensor)));
         }
-        return m;
-      case SafetensorsDtype::F16: m.type = WeightType::f16; m.data = bytes.data(); return m;
-      case SafetensorsDtype::BF16: m.type = WeightType::bf16; m.data = bytes.data(); return m;
-      default: break;
+        break;
+      case SafetensorsDtype::F16: m.type = WeightType::f16; m.data = bytes.data(); break;
+      case SafetensorsDtype::BF16: m.type = WeightType::bf16; m.data = bytes.data(); break;
+      default:
+        throw CheckpointError(fmt::format("{}: tensor {}: dtype {} is not supported (F32, F16, BF16 are)", where(e),
+                                          name, to_string(e.tensor->dtype)));
     }
-    throw CheckpointError(fmt::format("{}: tensor {}: dtype {} is not supported (F32, F16, BF16 are)", where(e),
-                                      name, to_string(e.tensor->dtype)));
+    check_finite(where(e), m);
+    return m;
   }
 
   /// A float32 vector of `n` values (converted when stored as F16/BF16).
   const float* vector(const std::string& name, int64_t n) const {
     const auto e = entry(name, {n});
     const auto bytes = e.file->data(*e.tensor);
-    if (e.tensor->dtype == SafetensorsDtype::F32 && reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0)
-      return reinterpret_cast<const float*>(bytes.data());
-    return raw_.own(e.file->to_float32(*e.tensor));
+    const float* p =
+        e.tensor->dtype == SafetensorsDtype::F32 && reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) == 0
+            ? reinterpret_cast<const float*>(bytes.data())
+            : raw_.own(e.file->to_float32(*e.tensor));
+    check_finite(where(e), name, p, static_cast<uint64_t>(n));
+    return p;
   }
 
  private:
@@ -145,10 +146,12 @@ RawModel read_hf_directory(const std::filesystem::path& dir) {
   if (d.tie_word_embeddings && !has_embed)
     raw.source.notes.push_back("tied embeddings stored only as lm_head.weight: used for both");
   raw.output = c.shared_classifier ? raw.tok_embeddings : T.matrix("lm_head.weight", V, D);
+  if (c.shared_classifier && has_embed && has_head) T.ignore("lm_head.weight");  // transformers ties it to embed_tokens
   raw.norm = T.vector("model.norm.weight", D);
-  raw.layers.resize(static_cast<std::size_t>(c.n_layers));
+  // One layer at a time: num_hidden_layers is only believed as far as the
+  // tensors go (a config saying 10^9 layers must not allocate 10^9 layers).
   for (int l = 0; l < c.n_layers; ++l) {
-    RawLayer& r = raw.layers[static_cast<std::size_t>(l)];
+    RawLayer& r = raw.layers.emplace_back();
     const std::string p = fmt::format("model.layers.{}.", l);
     r.attention_norm = T.vector(p + "input_layernorm.weight", D);
     r.wq = T.matrix(p + "self_attn.q_proj.weight", Q, D);
@@ -176,9 +179,15 @@ RawModel read_hf_directory(const std::filesystem::path& dir) {
     }
   }
 
-  // With tied embeddings a stored lm_head.weight is the same matrix.
-  if (c.shared_classifier && has_embed && has_head) T.matrix("lm_head.weight", V, D);
-  T.check_all_used(d.architecture);
+  // A stored weight the config does not account for (a layer past
+  // num_hidden_layers, a bias with attention_bias false, ...) would be dropped:
+  // transformers only warns, posenc refuses to run a different model.
+  if (const std::string u = T.first_unused(); !u.empty())
+    throw CheckpointError(fmt::format("{}: tensor {} is not used by {} as config.json describes it (num_hidden_layers "
+                                      "{}, attention_bias/mlp_bias {}/{}, tie_word_embeddings {}): refusing to run the "
+                                      "model without it",
+                                      name, u, d.architecture, c.n_layers, c.qkv_bias || c.o_bias, c.mlp_bias,
+                                      d.tie_word_embeddings));
 
   // Positions: the config's RoPE, layout from the architecture (half).
   if (!ps.layout)
@@ -205,7 +214,7 @@ RawModel read_hf_directory(const std::filesystem::path& dir) {
   for (const auto& f : ck.files())
     for (const auto& t : f.tensors())
       if (dtypes.find(std::string(to_string(t.dtype))) == std::string::npos)
-        dtypes += (dtypes.empty() ? "" : "+") + std::string(to_string(t.dtype));
+        dtypes += fmt::format("{}{}", dtypes.empty() ? "" : "+", to_string(t.dtype));
   src.weights = fmt::format("{} safetensors ({})", dtypes, ck.describe());
   src.layout_reason = fmt::format("{}: Hugging Face checkpoints of model_type {} store q/k rows for {}",
                                   to_string(*ps.layout), ps.model_type.empty() ? d.architecture : ps.model_type,
@@ -221,8 +230,15 @@ RawModel read_hf_directory(const std::filesystem::path& dir) {
   for (const auto& n : ps.notes) src.notes.push_back(n);
   const fs::path tok = dir / "tokenizer.json";
   if (fs::exists(tok, ec)) {
-    raw.tokenizer = Tokenizer::load_tokenizer_json(tok);
-    src.tokenizer = tok.string();
+    // A tokenizer.json posenc cannot read (WordPiece, broken JSON) does not
+    // make the weights unusable: --tokenizer can stand in; the error is kept
+    // for when the bundled tokenizer is asked for.
+    try {
+      raw.tokenizer = Tokenizer::load_tokenizer_json(tok);
+      src.tokenizer = tok.string();
+    } catch (const Error& e) {
+      src.tokenizer_error = e.what();
+    }
   }
   return raw;
 }
