@@ -105,9 +105,12 @@ TEST(CliFormats, TokenizeGivesTheHuggingFaceIds) {
   EXPECT_EQ(t["ids"], json({1, 80, 147, 201, 282, 57}));
   EXPECT_EQ(t["count"], 6);
   EXPECT_EQ(t["pieces"].size(), 6u);
-  expect_failure(run_cli("tokenize --prompt x"), 1, "exactly one of --model and --tokenizer");
-  expect_failure(run_cli("tokenize --tokenizer " + q(hf()) + " --prompt x --text " + q(text())), 1,
+  expect_failure(run_cli("tokenize --prompt x"), 2, "give --model (its own tokenizer) or --tokenizer");
+  expect_failure(run_cli("tokenize --tokenizer " + q(hf()) + " --prompt x --text " + q(text())), 2,
                  "exactly one of --text and --prompt");
+  // --tokenizer overrides the one a model brings: the Q8_0 GGUF with tokenizer.json.
+  const auto o = run_cli("tokenize --model " + q(q8()) + " --tokenizer " + q(hf()) + " --prompt 'Once upon a time'");
+  EXPECT_EQ(o.out, "1 80 147 201 282 57\n") << o.err;
   expect_failure(run_cli("tokenize --model " + q(q8()) + " --prompt x"), 1, "--tokenizer");
   expect_failure(run_cli("tokenize --tokenizer " + q(posenc::test::shared_dir() / "tokenizers/bert-base-uncased") +
                          " --prompt x"),
@@ -194,7 +197,7 @@ TEST(CliFormats, PositionalOverrides) {
   EXPECT_NE(json::parse(posenc::read_file(d.path() / "th.json"))["results"][0]["nll"],
             json::parse(posenc::read_file(d.path() / "b.json"))["results"][0]["nll"]);
   expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --rope-theta -1"), 1, "--rope-theta");
-  expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --trained-context 0"), 1,
+  expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --trained-context 0"), 2,
                  "--trained-context");
   expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --quantized-matmul int4"), 1,
                  "--quantized-matmul");

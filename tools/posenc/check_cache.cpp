@@ -17,16 +17,17 @@ struct CheckArgs {
   ModelArgs model;
   std::string text_path;
   ConsistencyOptions options;
-  bool json = false;
+  std::string json;  // "" = none, "-" = stdout, else a file written atomically
 };
 
 void run_check(const CheckArgs& a) {
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
+  print_model_header(stderr, lm, a.model);
   const auto stream = encode_stream(tok, read_file(a.text_path));
   const ConsistencyReport r = check_cache_consistency(model, stream, a.options);
-  if (a.json) {
+  if (!a.json.empty()) {
     nlohmann::json j;
     j["scenarios"] = nlohmann::json::array();
     for (const auto& s : r.scenarios)
@@ -38,8 +39,9 @@ void run_check(const CheckArgs& a) {
     }
     j["tolerance"] = r.tolerance;
     j["passed"] = r.passed;
-    fmt::print("{}\n", j.dump(2));
-  } else {
+    emit_json(a.json, j);
+  }
+  if (a.json != "-") {
     fmt::print("{:<30} {:>18} {:>8}  {}\n", "scenario", "max |dlogit|", "tokens", "compared with");
     for (const auto& s : r.scenarios)
       fmt::print("{:<30} {:>18.3e} {:>8}  {}{}{}\n", s.name, s.max_abs_logit_diff, s.tokens, s.reference,
@@ -61,7 +63,7 @@ void add_check_cache_command(CLI::App& app) {
   cmd->add_option("--length", args->options.length, "tokens per sequence")->capture_default_str();
   cmd->add_option("--block-size", args->options.block_size, "KV cache block size")->capture_default_str();
   cmd->add_option("--tolerance", args->options.tolerance, "max |dlogit| allowed")->capture_default_str();
-  cmd->add_flag("--json", args->json, "print one JSON object");
+  add_json_option(cmd, args->json);
   cmd->callback([args] { run_check(*args); });
 }
 

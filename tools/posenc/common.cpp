@@ -147,21 +147,47 @@ LoadedModel load_model(const ModelArgs& args) {
 void print_model_header(std::FILE* out, const LoadedModel& m, const ModelArgs& args) {
   const Model& model = m.model;
   const ModelSource& s = model.source();
-  fmt::print(out, "model: {} ({}, {})\n", args.model_path, to_string(s.format), s.architecture);
+  const std::string format(to_string(s.format));
+  if (s.architecture.empty() || s.architecture == format || s.architecture.starts_with(format))
+    fmt::print(out, "model: {} ({})\n", args.model_path, s.architecture.empty() ? format : s.architecture);
+  else
+    fmt::print(out, "model: {} ({}, {})\n", args.model_path, format, s.architecture);
   fmt::print(out, "  {}\n", describe(model));
   const bool quantized = s.weights.find("q8_0") != std::string::npos || s.weights.find("q4_0") != std::string::npos;
   fmt::print(out, "  weights: {}{}\n", s.weights,
-             !quantized ? ""
+             !quantized ? (model.quantized_matmul() == QuantizedMatmul::q8_activations
+                               ? " (no Q8_0/Q4_0 weights: --quantized-matmul q8_activations changes nothing)"
+                               : "")
              : model.quantized_matmul() == QuantizedMatmul::q8_activations
                  ? " (kept in blocks; products with Q8_0-quantized activations, llama.cpp's arithmetic)"
                  : " (dequantized to float32 at load; --quantized-matmul q8_activations for llama.cpp's arithmetic)");
   if (model.family() == PositionFamily::rope && !s.layout_reason.empty())
     fmt::print(out, "  layout: {}{}\n", args.rope_layout.empty() ? s.layout_reason : to_string(model.rope().layout),
                args.rope_layout.empty() ? "" : " (--rope-layout)");
-  fmt::print(out, "  trained context: {} ({})\n", model.trained_context(), model.trained_context_source());
+  fmt::print(out, "  trained context: {} ({}{})\n", model.trained_context(), model.trained_context_source(),
+             s.format == ModelFormat::gguf && model.trained_context_source().starts_with("GGUF")
+                 ? "; GGUF files may overstate it, --trained-context sets it"
+                 : "");
+  if (model.family() == PositionFamily::rope) {
+    const RopeParams& p = model.rope().params;
+    if (p.rope_type != "default") {
+      std::string params = fmt::format("rope_type {}", p.rope_type);
+      if (p.factor) params += fmt::format(", factor {:g}", *p.factor);
+      if (p.original_max_position_embeddings)
+        params += fmt::format(", original_max_position_embeddings {}", *p.original_max_position_embeddings);
+      if (p.low_freq_factor) params += fmt::format(", low_freq_factor {:g}", *p.low_freq_factor);
+      if (p.high_freq_factor) params += fmt::format(", high_freq_factor {:g}", *p.high_freq_factor);
+      if (p.beta_fast) params += fmt::format(", beta_fast {:g}", *p.beta_fast);
+      if (p.beta_slow) params += fmt::format(", beta_slow {:g}", *p.beta_slow);
+      if (p.attention_factor) params += fmt::format(", attention_factor {:g}", *p.attention_factor);
+      if (!p.long_factor.empty()) params += fmt::format(", long_factor [{}]", p.long_factor.size());
+      fmt::print(out, "  rope scaling: {}; attention_factor {:g}\n", params, model.rope().freqs.attention_factor);
+    }
+  }
   fmt::print(out, "  tokenizer: {} ({}, {} tokens)\n", m.tokenizer_source, m.tokenizer.describe(),
              m.tokenizer.vocab_size());
-  for (const auto& n : s.notes) fmt::print(out, "  note: {}\n", n);
+  for (const auto& n : s.notes)
+    if (!n.starts_with("layout ")) fmt::print(out, "  note: {}\n", n);  // the layout line says it already
   for (const auto& n : m.overrides) fmt::print(out, "  override: {}\n", n);
 }
 
@@ -215,6 +241,25 @@ std::string describe(const Model& model) {
   return fmt::format("{}; RoPE rope_type {}, rope_theta {:g}, rotary_dim {}, layout {}, angle_precision {}", arch,
                      r.params.rope_type, r.params.rope_theta, r.freqs.rotary_dim, to_string(r.layout),
                      to_string(r.precision));
+}
+
+CLI::Option* add_json_option(CLI::App* cmd, std::string& target) {
+  const CLI::Validator file = output_path();
+  return cmd
+      ->add_option("--json", target,
+                   "print the result as one JSON object (or, given a FILE, write it there atomically)")
+      ->expected(0, 1)
+      ->default_str("-")
+      ->check(CLI::Validator(
+          [file](std::string& v) { return v == "-" ? std::string() : file(v); }, "[FILE]", "writable output file"));
+}
+
+void emit_json(const std::string& target, const nlohmann::json& j) {
+  if (target.empty()) return;
+  if (target == "-")
+    fmt::print("{}\n", j.dump(2));
+  else
+    write_file_atomic(target, j.dump(2) + "\n");
 }
 
 CLI::Option* add_curriculum_option(CLI::App* cmd, double& value, const std::string& scope) {

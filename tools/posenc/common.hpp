@@ -8,6 +8,7 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "posenc/model.hpp"
 #include "posenc/tokenizer.hpp"
@@ -77,6 +78,12 @@ struct RecipeFlags {
 /// Adds --curriculum (TrainConfig::curriculum; must be a number) bound to
 /// `value`; `scope` is appended to its help text (e.g. "(every task)").
 CLI::Option* add_curriculum_option(CLI::App* cmd, double& value, const std::string& scope = "");
+
+/// `--json [FILE]`: alone (or with "-") prints one JSON object on stdout; with
+/// a file name writes it there atomically. Bound to `target` ("" = not given).
+CLI::Option* add_json_option(CLI::App* cmd, std::string& target);
+/// Writes `j` as add_json_option's `target` says.
+void emit_json(const std::string& target, const nlohmann::json& j);
 
 /// One-line description of the model and its positional setup.
 std::string describe(const Model& model);

@@ -17,7 +17,7 @@ struct DetectArgs {
   std::string text_path;
   int64_t context = 0;
   int64_t max_tokens = 8192;
-  bool json = false;
+  std::string json;  // "" = none, "-" = stdout, else a file written atomically
 };
 
 void run_detect(const DetectArgs& a) {
@@ -25,11 +25,12 @@ void run_detect(const DetectArgs& a) {
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
+  print_model_header(stderr, lm, a.model);
   const std::string text = read_file(a.text_path);
   const auto stream = encode_stream(tok, text);
   const int64_t L = a.context > 0 ? a.context : model.trained_context();
   const LayoutEvidence e = detect_rope_layout(model, stream, L, a.max_tokens);
-  if (a.json) {
+  if (!a.json.empty()) {
     nlohmann::json j{{"likely_layout", std::string(to_string(e.likely))},
                      {"nll_half", e.nll_half},
                      {"nll_interleaved", e.nll_interleaved},
@@ -41,8 +42,8 @@ void run_detect(const DetectArgs& a) {
                      {"loader_layout", std::string(to_string(model.rope().layout))},
                      {"loader_layout_reason", model.source().layout_reason},
                      {"agrees_with_loader", e.likely == model.rope().layout}};
-    fmt::print("{}\n", j.dump(2));
-    return;
+    emit_json(a.json, j);
+    if (a.json == "-") return;
   }
   fmt::print("scored {} tokens in windows of {} (angle_precision {})\n", e.tokens, e.context,
              to_string(model.rope().precision));
@@ -67,7 +68,7 @@ void add_detect_layout_command(CLI::App& app) {
   cmd->add_option("--text", args->text_path, "UTF-8 text sample")->required();
   cmd->add_option("--context", args->context, "window length (default: the trained context)");
   cmd->add_option("--max-tokens", args->max_tokens, "predictions to score per layout")->capture_default_str();
-  cmd->add_flag("--json", args->json, "print one JSON object");
+  add_json_option(cmd, args->json);
   cmd->callback([args] { run_detect(*args); });
 }
 

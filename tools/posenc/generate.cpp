@@ -22,14 +22,14 @@ struct GenerateArgs {
   bool stats = false;
   bool ignore_eos = false;
   std::string json_path;
-  bool verbose = false;
+  bool quiet = false;
 };
 
 void run_generate(const GenerateArgs& a) {
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
-  if (a.verbose) print_model_header(stderr, lm, a.model);
+  if (!a.quiet) print_model_header(stderr, lm, a.model);
   GenerateOptions opt = a.options;
   if (a.ignore_eos) opt.stop_at_bos = opt.stop_at_eos = false;
   const auto t0 = std::chrono::steady_clock::now();
@@ -85,7 +85,8 @@ void add_generate_command(CLI::App& app) {
                   "also write prompt ids, generated ids, their log-probabilities (temperature 1) and the text as JSON "
                   "(atomically)")
       ->check(output_path());
-  cmd->add_flag("--verbose", args->verbose, "print the model's provenance (format, layout, trained context) to stderr");
+  cmd->add_flag("--quiet", args->quiet,
+                "do not print the model's provenance (format, layout, trained context) to stderr");
   cmd->callback([args] { run_generate(*args); });
 }
 

@@ -69,7 +69,13 @@ void run_ppl(const PplArgs& a) {
   // missing its parameters (llama3 without --config, ...) fails at once.
   if (model.family() == PositionFamily::rope)
     for (int64_t L : contexts)
-      for (const auto& s : scalings) rope_setup_for_context(model.rope(), trained, s, L, a.rope_factor);
+      for (const auto& s : scalings) try {
+          rope_setup_for_context(model.rope(), trained, s, L, a.rope_factor);
+        } catch (const ConfigError& e) {
+          throw ConfigError(fmt::format("--rope-scaling {}: {}; pass the method's parameters with --config (a "
+                                        "config.json or a bare rope_scaling object)",
+                                        s, e.what()));
+        }
   std::vector<PplResult> results;
   for (int64_t L : contexts)
     for (const auto& s : scalings) {

@@ -40,8 +40,8 @@ std::string show(const std::string& s) {
 
 void run_tokenize(const TokenizeArgs& a) {
   // Command-line usage errors (exit 2, as CLI11's own).
-  if (a.model_path.empty() == a.tokenizer_path.empty())
-    throw CLI::ValidationError("tokenize", "give exactly one of --model and --tokenizer");
+  if (a.model_path.empty() && a.tokenizer_path.empty())
+    throw CLI::ValidationError("tokenize", "give --model (its own tokenizer) or --tokenizer (which overrides it)");
   if (a.text_path.empty() == !a.prompt.has_value())
     throw CLI::ValidationError("tokenize", "give exactly one of --text and --prompt");
   std::string source;

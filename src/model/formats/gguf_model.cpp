@@ -158,6 +158,13 @@ std::optional<Tokenizer> embedded_tokenizer(const GgufFile& f, std::string& desc
     v.add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix").value_or(true);
     v.source = f.source();
     describe = "GGUF embedded llama (SentencePiece) vocabulary";
+    const bool bytes =
+        v.token_types.empty()
+            ? std::any_of(v.pieces.begin(), v.pieces.end(),
+                          [](const std::string& p) { return p.size() == 6 && p.compare(0, 3, "<0x") == 0; })
+            : std::any_of(v.token_types.begin(), v.token_types.end(), [](int32_t t) { return t == 6; });
+    if (!bytes)
+      describe += " without <0xXX> byte tokens (characters outside it: one <unk> per byte, as llama.cpp)";
     return Tokenizer::from_sentencepiece_vocab(std::move(v));
   }
   if (*model == "gpt2") {
