@@ -438,6 +438,12 @@ TEST(GgufModelBadInput, MetadataInconsistentWithTheTensors) {
   one({{"general.architecture", str("qwen2")}}, {"general.architecture", "qwen2"});
   one({}, {"general.architecture", "(missing)"}, {"general.architecture"});
   one({{"llama.vocab_size", u32(4096)}}, {"token_embd.weight", "[128, 4096]"});
+  GgufValue big;  // 2^32 + 2048: was cast to int (2048) before the range check and accepted
+  big.type = GgufValue::Type::uint64;
+  big.scalar = uint64_t{(uint64_t{1} << 32) + 2048};
+  one({{"llama.vocab_size", big}}, {"llama.vocab_size", "4294969344"});
+  big.scalar = uint64_t{(uint64_t{1} << 32) + 16};  // was cast to 16 and accepted
+  one({{"llama.rope.dimension_count", big}}, {"llama.rope.dimension_count", "4294967312"});
   one({{"llama.attention.head_count_kv", u32(3)}}, {"n_heads 8", "n_kv_heads 3"});
   one({{"llama.rope.freq_base", f32(std::nan(""))}}, {"llama.rope.freq_base", "nan"});
   one({{"llama.context_length", u32(0)}}, {"llama.context_length", "got 0"});
