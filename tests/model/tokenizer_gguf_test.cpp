@@ -294,6 +294,8 @@ TEST(TokenizerGguf, LlamaCppReferenceScriptReproducesSavedFile) {
   if (bin.empty()) bin = "/work/refs/llama.cpp-src/build/bin/llama-tokenize";
   if (!std::filesystem::exists(bin) || std::system("node --version >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "llama-tokenize not found (set POSENC_LLAMA_TOKENIZE) or node missing";
+  // The script imports hf_tokenizers_refs.mjs, which requires the tokenizers package (scripts/install-refs).
+  if (!ref_installed("tokenizers")) GTEST_SKIP() << "tools/refs/node_modules/tokenizers not installed (scripts/install-refs)";
   TempDir d;
   const std::string cmd =
       fmt::format("cd '{}' && node tools/refs/llama_cpp_tokenize_refs.mjs --shared '{}' --llama-tokenize '{}' --out '{}' 2>/dev/null",

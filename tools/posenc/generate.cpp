@@ -10,6 +10,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "posenc/generate.hpp"
+#include "posenc/scaling.hpp"
 
 namespace posenc::cli {
 
@@ -29,7 +30,23 @@ void run_generate(const GenerateArgs& a) {
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
-  if (!a.quiet) print_model_header(stderr, lm, a.model);
+  // Length-dependent RoPE (dynamic NTK, longrope) changes the frequencies once
+  // the text passes the original context: the cached keys are rotated again
+  // with the new frequencies. This is an approximation of a full forward at
+  // the new length (keys of layers >= 1 come from hidden states computed with
+  // the old frequencies); the default policy, refuse, stopped generation
+  // there with a CacheError that no flag could lift.
+  const bool length_dependent = model.family() == PositionFamily::rope &&
+                                find_rope_scaling(model.rope().params.rope_type).depends_on_seq_len;
+  if (length_dependent) model.set_rope_change_policy(RopeChangePolicy::rerotate);
+  if (!a.quiet) {
+    print_model_header(stderr, lm, a.model);
+    if (length_dependent)
+      fmt::print(stderr,
+                 "  cache: rope_type {} depends on the length: cached keys are re-rotated when it changes "
+                 "(approximate past the original context)\n",
+                 model.rope().params.rope_type);
+  }
   GenerateOptions opt = a.options;
   if (a.ignore_eos) opt.stop_at_bos = opt.stop_at_eos = false;
   const auto t0 = std::chrono::steady_clock::now();
@@ -57,6 +74,7 @@ void run_generate(const GenerateArgs& a) {
       j["rope_type"] = model.rope().params.rope_type;
       j["rope_layout"] = std::string(to_string(model.rope().layout));
       j["angle_precision"] = std::string(to_string(model.rope().precision));
+      j["rope_change_policy"] = length_dependent ? "rerotate" : "refuse";
     }
     j["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
     write_file_atomic(a.json_path, j.dump(2) + "\n");

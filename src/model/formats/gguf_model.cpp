@@ -234,9 +234,12 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
   if (emb->ne.size() != 2 || emb->ne[0] != c.dim)
     throw CheckpointError(fmt::format("{}: tensor token_embd.weight has extents [{}], expected [{}, vocab_size]", name,
                                       fmt::join(emb->ne, ", "), c.dim));
-  c.vocab_size = static_cast<int>(f.get_int(k + "vocab_size").value_or(emb->ne[1]));
-  if (c.vocab_size <= 0 || c.vocab_size > (1 << 22))
-    throw CheckpointError(fmt::format("{}: vocab_size must be in [1, 4194304] (got {})", name, c.vocab_size));
+  const int64_t vocab = f.get_int(k + "vocab_size").value_or(emb->ne[1]);  // range-checked before the int cast
+  if (vocab <= 0 || vocab > (1 << 22))
+    throw CheckpointError(fmt::format("{}: vocab_size ({}vocab_size, else token_embd.weight's rows) must be in [1, "
+                                      "4194304] (got {})",
+                                      name, k, vocab));
+  c.vocab_size = static_cast<int>(vocab);
   c.shared_classifier = T.find("output.weight") == nullptr;
   c.qkv_bias = T.find("blk.0.attn_q.bias") != nullptr;
   c.o_bias = T.find("blk.0.attn_output.bias") != nullptr;
@@ -282,10 +285,11 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
   // Positions.
   RopeParams rp;
   rp.head_dim = c.head_dim;
-  rp.rotary_dim = static_cast<int>(f.get_int(k + "rope.dimension_count").value_or(c.head_dim));
-  if (rp.rotary_dim <= 0 || rp.rotary_dim > c.head_dim || rp.rotary_dim % 2 != 0)
+  const int64_t rotary = f.get_int(k + "rope.dimension_count").value_or(c.head_dim);  // checked before the int cast
+  if (rotary <= 0 || rotary > c.head_dim || rotary % 2 != 0)
     throw CheckpointError(fmt::format("{}: {}rope.dimension_count must be even and in [2, head_dim {}] (got {})", name, k,
-                                      c.head_dim, rp.rotary_dim));
+                                      c.head_dim, rotary));
+  rp.rotary_dim = static_cast<int>(rotary);
   const auto theta = f.get_float(k + "rope.freq_base");
   rp.rope_theta = theta.value_or(10000.0);
   if (!(rp.rope_theta > 0) || !std::isfinite(rp.rope_theta))

@@ -438,6 +438,12 @@ TEST(GgufModelBadInput, MetadataInconsistentWithTheTensors) {
   one({{"general.architecture", str("qwen2")}}, {"general.architecture", "qwen2"});
   one({}, {"general.architecture", "(missing)"}, {"general.architecture"});
   one({{"llama.vocab_size", u32(4096)}}, {"token_embd.weight", "[128, 4096]"});
+  GgufValue big;  // 2^32 + 2048: was cast to int (2048) before the range check and accepted
+  big.type = GgufValue::Type::uint64;
+  big.scalar = uint64_t{(uint64_t{1} << 32) + 2048};
+  one({{"llama.vocab_size", big}}, {"llama.vocab_size", "4294969344"});
+  big.scalar = uint64_t{(uint64_t{1} << 32) + 16};  // was cast to 16 and accepted
+  one({{"llama.rope.dimension_count", big}}, {"llama.rope.dimension_count", "4294967312"});
   one({{"llama.attention.head_count_kv", u32(3)}}, {"n_heads 8", "n_kv_heads 3"});
   one({{"llama.rope.freq_base", f32(std::nan(""))}}, {"llama.rope.freq_base", "nan"});
   one({{"llama.context_length", u32(0)}}, {"llama.context_length", "got 0"});
@@ -821,4 +827,48 @@ TEST(HfBadInput, FilesOfADirectoryAreNotModels) {
   expect_refused(hf656() / "tokenizer.json", {"a JSON file, not a model"});
   expect_refused(hf656() / "model.safetensors", {"model.safetensors: a safetensors file, not a model"});
   EXPECT_EQ(load_error(test::model_path()), "");  // a llama2.c checkpoint is still one
+}
+
+// generate on a model whose config.json scales RoPE dynamically stopped with
+// a CacheError ("refusing to mix them (enable re-rotation ...)", no flag
+// could) once the text passed the original context: the cache is re-rotated
+// now. A cached decode is not a full forward (earlier tokens' hidden states
+// were computed at their own lengths), but with re-rotation the last token's
+// log-probability stays near the full forward's, nearer than with the
+// trained-context frequencies frozen.
+TEST(CliBadInput, GenerateWithLengthDependentRopePassesTheTrainedContext) {
+  TempDir d;
+  json c = real_config();
+  c["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 4.0}};
+  const fs::path dir = hf_dir(d, "dynamic", c);
+  const fs::path out = d.path() / "g.json";
+  const auto r = run_cli("generate --model " + q(dir) + " --prompt 'Once upon a time' --max-tokens 540 --ignore-eos --json " +
+                         q(out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(slurp(out));
+  EXPECT_EQ(j["rope_change_policy"], "rerotate");
+  std::vector<int32_t> ids = j["prompt_ids"].get<std::vector<int32_t>>();
+  const auto gen = j["generated_ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(gen.size(), 540u);
+  const std::size_t prompt = ids.size();
+  ids.insert(ids.end(), gen.begin(), gen.end());
+  ASSERT_GT(ids.size(), 512u);
+  auto logprob = [&](const Model& m, std::size_t n) {  // of ids[n] after ids[0..n)
+    const auto logits = m.score_window(std::span(ids).first(n));
+    const std::size_t V = 2048, row = n - 1;
+    double mx = -1e300, z = 0;
+    for (std::size_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(logits[row * V + v]));
+    for (std::size_t v = 0; v < V; ++v) z += std::exp(logits[row * V + v] - mx);
+    return logits[row * V + static_cast<std::size_t>(ids[n])] - mx - std::log(z);
+  };
+  const Model m = Model::load(dir);
+  const auto& lp = j["generated_logprobs"];
+  EXPECT_NEAR(lp.front().get<double>(), logprob(m, prompt), 1e-5);  // within the trained context: one forward
+  Model frozen = m;
+  RopeSetup rs = frozen.rope();
+  rs.update_with_length = false;
+  frozen.set_rope(rs);
+  const std::size_t n = ids.size() - 1;
+  const double got = lp.back().get<double>(), full = logprob(m, n), stale = logprob(frozen, n);
+  EXPECT_LT(std::fabs(got - full), std::fabs(got - stale) / 3) << got << " " << full << " " << stale;
 }
