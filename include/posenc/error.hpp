@@ -64,6 +64,15 @@ class CacheError : public Error {
   using Error::Error;
 };
 
+/// A file posenc wrote and reads back (an eval run directory's run.json and
+/// cells, a study directory's study.json and evals/*.json) is malformed,
+/// inconsistent with its name or settings, or was edited. Message:
+/// "<file>: <key path>: <what is wrong>".
+class DataError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Throws E with "<field>: <reason> (got <value>)".
 template <class E, class V>
 [[noreturn]] void fail_field(std::string_view field, std::string_view reason, const V& value) {

@@ -34,8 +34,26 @@ class MappedFile {
   std::filesystem::path path_;
 };
 
-/// Reads a whole file into a string. Throws IoError naming the path on failure.
-std::string read_file(const std::filesystem::path& path);
+/// Default cap of read_file: 4 GiB. Inputs read whole (text, config.json,
+/// tokenizer.json, run files) are far smaller; weights are memory-mapped.
+inline constexpr std::uint64_t kMaxReadBytes = std::uint64_t{4} << 30;
+
+/// Reads a whole regular file into a string, at most `max_bytes` bytes.
+/// The file is opened non-blocking and checked with fstat before anything is
+/// read: a FIFO, socket or device (`/dev/zero`, `/dev/stdin` on a pipe) is
+/// refused instead of hanging the open or growing memory without bound, and a
+/// file larger than `max_bytes` is refused before allocation.
+/// Every input posenc reads whole goes through this function (MappedFile uses
+/// the same opening rule).
+/// Throws IoError naming the path: "cannot open (<errno text>)",
+/// "is a directory, expected a file", "not a regular file (a FIFO)",
+/// "<size> bytes, more than the limit of <max_bytes>", "read error".
+std::string read_file(const std::filesystem::path& path, std::uint64_t max_bytes = kMaxReadBytes);
+
+/// The first `n` bytes of a regular file (fewer if the file is shorter), with
+/// read_file's opening rule. Used to sniff formats (magic numbers).
+/// Throws IoError as read_file does.
+std::string read_file_prefix(const std::filesystem::path& path, std::size_t n);
 
 /// Writes `contents` to `path` atomically: a temporary file in the same
 /// directory is written, flushed (fsync) and renamed over `path`, so a reader

@@ -8,8 +8,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
+#include <algorithm>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -19,32 +19,77 @@ namespace posenc {
 
 namespace {
 std::string errno_text() { return std::strerror(errno); }
+
+const char* file_kind(mode_t m) {
+  if (S_ISDIR(m)) return "a directory";
+  if (S_ISFIFO(m)) return "a FIFO";
+  if (S_ISSOCK(m)) return "a socket";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  return "not a regular file";
+}
+
+/// An fd owned for the scope.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+/// The one opening rule for inputs: O_NONBLOCK (opening a FIFO with no writer
+/// would block forever), then fstat: only regular files are read. Returns the
+/// size. The non-blocking flag is cleared again for the reads (regular files
+/// ignore it anyway).
+std::uint64_t open_regular(const std::filesystem::path& path, Fd& f) {
+  f.fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (f.fd < 0) {
+    if (errno == EISDIR) throw IoError(fmt::format("{}: is a directory, expected a file", path.string()));
+    throw IoError(fmt::format("{}: cannot open ({})", path.string(), errno_text()));
+  }
+  struct stat st {};
+  if (::fstat(f.fd, &st) != 0) throw IoError(fmt::format("{}: cannot stat ({})", path.string(), errno_text()));
+  if (S_ISDIR(st.st_mode)) throw IoError(fmt::format("{}: is a directory, expected a file", path.string()));
+  if (!S_ISREG(st.st_mode))
+    throw IoError(fmt::format("{}: not a regular file ({}); posenc reads inputs from regular files only",
+                              path.string(), file_kind(st.st_mode)));
+  const int flags = ::fcntl(f.fd, F_GETFL);
+  if (flags >= 0) ::fcntl(f.fd, F_SETFL, flags & ~O_NONBLOCK);
+  return static_cast<std::uint64_t>(st.st_size);
+}
+
+/// Reads up to `n` bytes from the start of f (stops early at end of file).
+std::string read_up_to(const std::filesystem::path& path, const Fd& f, std::size_t n) {
+  std::string out(n, '\0');
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::read(f.fd, out.data() + got, n - got);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      throw IoError(fmt::format("{}: read error ({})", path.string(), errno_text()));
+    }
+    if (r == 0) break;
+    got += static_cast<std::size_t>(r);
+  }
+  out.resize(got);
+  return out;
+}
 }  // namespace
 
 MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw IoError(fmt::format("{}: cannot open ({})", path.string(), errno_text()));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    std::string e = errno_text();
-    ::close(fd);
-    throw IoError(fmt::format("{}: cannot stat ({})", path.string(), e));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw IoError(fmt::format("{}: not a regular file", path.string()));
-  }
-  size_ = static_cast<std::size_t>(st.st_size);
+  Fd f;
+  const std::uint64_t size = open_regular(path, f);
+  if (size > std::numeric_limits<std::size_t>::max())
+    throw IoError(fmt::format("{}: {} bytes cannot be mapped", path.string(), size));
+  size_ = static_cast<std::size_t>(size);
   if (size_ > 0) {
-    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd, 0);
     if (p == MAP_FAILED) {
-      std::string e = errno_text();
-      ::close(fd);
-      throw IoError(fmt::format("{}: cannot mmap ({})", path.string(), e));
+      size_ = 0;
+      throw IoError(fmt::format("{}: cannot mmap ({})", path.string(), errno_text()));
     }
     data_ = static_cast<const std::byte*>(p);
   }
-  ::close(fd);
 }
 
 MappedFile::~MappedFile() { reset(); }
@@ -73,16 +118,21 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   return *this;
 }
 
-std::string read_file(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw IoError(fmt::format("{}: is a directory, expected a file", path.string()));
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw IoError(fmt::format("{}: cannot open ({})", path.string(), errno_text()));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw IoError(fmt::format("{}: read error", path.string()));
-  return std::move(ss).str();
+std::string read_file(const std::filesystem::path& path, std::uint64_t max_bytes) {
+  Fd f;
+  const std::uint64_t size = open_regular(path, f);
+  if (size > max_bytes)
+    throw IoError(fmt::format("{}: {} bytes, more than the limit of {} bytes for this input", path.string(), size,
+                              max_bytes));
+  // A file that grows while it is read is read up to its size at open (plus
+  // nothing): the limit holds.
+  return read_up_to(path, f, static_cast<std::size_t>(size));
+}
+
+std::string read_file_prefix(const std::filesystem::path& path, std::size_t n) {
+  Fd f;
+  const std::uint64_t size = open_regular(path, f);
+  return read_up_to(path, f, static_cast<std::size_t>(std::min<std::uint64_t>(size, n)));
 }
 
 void write_file_atomic(const std::filesystem::path& path, std::string_view contents) {

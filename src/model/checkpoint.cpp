@@ -106,9 +106,8 @@ struct Reader {
 }  // namespace
 
 bool is_posenc_checkpoint(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  char m[8] = {};
-  return in.read(m, 8) && std::memcmp(m, kMagic, 8) == 0;
+  const std::string m = read_file_prefix(path, 8);
+  return m.size() == 8 && std::memcmp(m.data(), kMagic, 8) == 0;
 }
 
 void save_posenc_checkpoint(const std::filesystem::path& path, const PosencCheckpoint& ck) {

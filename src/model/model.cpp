@@ -238,9 +238,7 @@ ModelFormat Model::detect_format(const std::filesystem::path& path) {
     throw IoError(fmt::format("{}: no such file or directory", path.string()));
   if (std::filesystem::is_directory(path, ec)) return ModelFormat::hf_directory;
   if (is_posenc_checkpoint(path)) return ModelFormat::posenc;
-  std::ifstream in(path, std::ios::binary);
-  char m[4] = {};
-  if (in.read(m, 4) && std::memcmp(m, "GGUF", 4) == 0) return ModelFormat::gguf;
+  if (read_file_prefix(path, 4) == "GGUF") return ModelFormat::gguf;
   return ModelFormat::llama2c;
 }
 
@@ -251,10 +249,8 @@ namespace {
 /// safetensors shard) given as the model: read as a llama2.c header it would
 /// fail with a meaningless "dim 538970747".
 void refuse_directory_files(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  char b[16] = {};
-  in.read(b, sizeof b);
-  const auto n = static_cast<std::size_t>(in.gcount());
+  const std::string b = read_file_prefix(path, 16);
+  const std::size_t n = b.size();
   auto skip_space = [&](std::size_t i) {
     while (i < n && std::isspace(static_cast<unsigned char>(b[i]))) ++i;
     return i;

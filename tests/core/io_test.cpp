@@ -1,0 +1,110 @@
+// Input opening rules (read_file, MappedFile) and the checked JSON reader.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+
+#include <gtest/gtest.h>
+
+#include "posenc/error.hpp"
+#include "posenc/io.hpp"
+#include "posenc/json_file.hpp"
+#include "test_support.hpp"
+
+namespace fs = std::filesystem;
+using namespace posenc;
+
+namespace {
+
+std::string error_of(auto&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+struct Tmp {
+  fs::path dir = fs::temp_directory_path() / ("posenc_io_test_" + std::to_string(::getpid()));
+  Tmp() { fs::create_directories(dir); }
+  ~Tmp() { fs::remove_all(dir); }
+};
+
+// A FIFO with no writer blocked open(2) forever; opened non-blocking it is
+// refused at once, by name, for read_file, read_file_prefix and MappedFile.
+TEST(Io, FifoIsRefusedWithoutHanging) {
+  Tmp t;
+  const fs::path fifo = t.dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto fut = std::async(std::launch::async, [&] {
+    return std::array<std::string, 3>{error_of([&] { read_file(fifo); }), error_of([&] { read_file_prefix(fifo, 4); }),
+                                      error_of([&] { MappedFile m(fifo); })};
+  });
+  ASSERT_EQ(fut.wait_for(std::chrono::seconds(10)), std::future_status::ready) << "open of a FIFO blocked";
+  for (const auto& e : fut.get()) {
+    EXPECT_NE(e.find("fifo: not a regular file (a FIFO)"), std::string::npos) << e;
+  }
+}
+
+// /dev/zero read to its end grew memory to several GB.
+TEST(Io, DevicesAreRefused) {
+  EXPECT_NE(error_of([] { read_file("/dev/zero"); }).find("/dev/zero: not a regular file (a character device)"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { read_file("/dev/urandom"); }).find("not a regular file"), std::string::npos);
+  EXPECT_NE(error_of([] { read_file("/"); }).find("is a directory"), std::string::npos);
+  EXPECT_NE(error_of([] { read_file("/nonexistent/x"); }).find("/nonexistent/x: cannot open (No such file"),
+            std::string::npos);
+}
+
+TEST(Io, SizeLimitIsCheckedBeforeReading) {
+  Tmp t;
+  write_file_atomic(t.dir / "f", std::string(1000, 'x'));
+  EXPECT_EQ(read_file(t.dir / "f", 1000).size(), 1000u);
+  EXPECT_NE(error_of([&] { read_file(t.dir / "f", 999); }).find("1000 bytes, more than the limit of 999 bytes"),
+            std::string::npos);
+  EXPECT_EQ(read_file_prefix(t.dir / "f", 4), "xxxx");
+  EXPECT_EQ(read_file_prefix(t.dir / "f", 5000).size(), 1000u);
+  // The real fixture reads back whole and equal to a mapping of it.
+  const fs::path text = fs::path(POSENC_SHARED_DIR) / "data/tinystories_val.txt";
+  const std::string s = read_file(text);
+  const MappedFile m(text);
+  ASSERT_EQ(s.size(), m.size());
+  EXPECT_EQ(0, std::memcmp(s.data(), m.bytes().data(), s.size()));
+}
+
+TEST(JsonFile, EveryAccessIsCheckedAndNamesFileAndKey) {
+  const JsonDocument d = parse_json_document(
+      R"({"config": {"lengths": [64, "a", 1.5, 3.0, 1e300], "name": "x", "ok": true, "nan": null},
+          "big": 18446744073709551615})",
+      "runs/r/run.json");
+  const JsonView r = d.root();
+  EXPECT_EQ(r.at("config").at("lengths").at(std::size_t{0}).integer(), 64);
+  EXPECT_EQ(r.at("config").at("lengths").at(std::size_t{3}).integer(), 3);
+  EXPECT_EQ(r.at("config").at("name").string(), "x");
+  EXPECT_TRUE(r.at("config").at("ok").boolean());
+  EXPECT_EQ(r.at("config").integer_or("absent", 7), 7);
+  EXPECT_FALSE(r.at("config").find("nan").has_value());
+  auto err = [&](auto f) { return error_of(f); };
+  EXPECT_EQ(err([&] { r.at("missing"); }), "runs/r/run.json: missing key 'missing'");
+  EXPECT_EQ(err([&] { r.at("config").at("lengths").at(std::size_t{1}).integer(); }),
+            "runs/r/run.json: config.lengths[1]: expected an integer, got a string \"a\"");
+  EXPECT_EQ(err([&] { r.at("config").at("lengths").at(std::size_t{2}).integer(); }),
+            "runs/r/run.json: config.lengths[2]: expected an integer, got 1.5");
+  EXPECT_EQ(err([&] { r.at("config").at("lengths").at(std::size_t{9}); }),
+            "runs/r/run.json: config.lengths: index 9 past the end of an array of 5");
+  EXPECT_NE(err([&] { r.at("config").at("lengths").at(std::size_t{4}).integer(); }).find("expected an integer"),
+            std::string::npos);
+  EXPECT_NE(err([&] { r.at("big").integer(); }).find("out of range"), std::string::npos);
+  EXPECT_EQ(err([&] { r.at("config").at("lengths").at(std::size_t{0}).integer(1, 32); }),
+            "runs/r/run.json: config.lengths[0]: 64 is out of range [1, 32]");
+  EXPECT_EQ(err([&] { r.at("config").at("name").at("x"); }),
+            "runs/r/run.json: config.name: expected an object with key 'x', got a string");
+  EXPECT_NE(err([] { parse_json_document("{\"a\": ", "c.json"); }).find("c.json: not valid JSON"), std::string::npos);
+  EXPECT_TRUE(dynamic_cast<const DataError*>(&static_cast<const Error&>(DataError("x"))) != nullptr);
+}
+
+}  // namespace
