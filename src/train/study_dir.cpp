@@ -56,6 +56,24 @@ std::vector<std::string> strings(const JsonView& v) {
   return out;
 }
 
+/// A task or encoding name: letters, digits and '_' (every name posenc
+/// writes). They become file names (evals/<task>-<pe>-s<seed>.json, the
+/// report's plots/<task>.png), so "../x" or "a/b" is refused.
+std::string plain_name(const JsonView& v) {
+  std::string s = v.string();
+  const bool ok = !s.empty() && s.size() <= 64 && std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  });
+  if (!ok) v.fail(fmt::format("'{}' is not a task or encoding name (letters, digits and '_', at most 64)", s));
+  return s;
+}
+
+std::vector<std::string> names(const JsonView& v) {
+  std::vector<std::string> out;
+  for (const JsonView& e : v.elements()) (void)plain_name(e);
+  return strings(v);
+}
+
 }  // namespace
 
 StudyFile read_study_file(const fs::path& path) {
@@ -70,8 +88,8 @@ StudyFile read_study_file(const fs::path& path) {
   length_range(st.at("test_lengths"), s.test_lo, s.test_hi, &s.test_step);
   s.samples = st.at("samples").integer(0, kStudyMaxSamples);
   s.scalings = strings(st.at("scalings"));
-  s.tasks = strings(root.at("tasks"));
-  s.pes = strings(root.at("pes"));
+  s.tasks = names(root.at("tasks"));
+  s.pes = names(root.at("pes"));
   std::set<std::uint64_t> seen;
   for (const JsonView& e : root.at("seeds").elements())
     if (const auto seed = static_cast<std::uint64_t>(e.integer(0)); seen.insert(seed).second) s.seeds.push_back(seed);
@@ -118,8 +136,8 @@ EvalFile read_eval_file(const fs::path& path) {
   const JsonView root = doc.root();
   if (!root.is_object()) root.fail("expected an object (a study evaluation)");
   EvalFile e;
-  e.task = root.at("task").string();
-  e.pe = root.at("pe").string();
+  e.task = plain_name(root.at("task"));
+  e.pe = plain_name(root.at("pe"));
   e.seed = static_cast<std::uint64_t>(root.at("seed").integer(0));
   if (const auto s = root.find("samples")) e.samples = s->integer(0, kStudyMaxSamples);
   e.train_seconds = root.find("train_seconds") ? root.at("train_seconds").number(0) : 0.0;
