@@ -14,6 +14,7 @@ Writes, atomically (temporary file + rename):
 """
 import json
 import os
+import re
 import sys
 
 import matplotlib
@@ -67,6 +68,12 @@ def main():
     settings = summary["study"]["settings"]
     rows = summary["by_length"]
     tasks = summary["study"]["tasks"]
+    # Task names become file names (OUT_DIR/<task>.png): posenc writes letters,
+    # digits and '_' only; anything else ("../x") would write outside OUT_DIR.
+    for task in tasks:
+        if not isinstance(task, str) or not re.fullmatch(r"[A-Za-z0-9_]{1,64}", task):
+            sys.exit(f"study_report.py: {summary_path}: study.tasks: {task!r} is not a task name "
+                     "(letters, digits and '_')")
     pes = [p for p in ORDER if p in summary["study"]["pes"]] + [p for p in summary["study"]["pes"] if p not in ORDER]
     written = []
     for task in tasks:

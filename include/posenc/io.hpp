@@ -62,4 +62,30 @@ std::string read_file_prefix(const std::filesystem::path& path, std::size_t n);
 /// temporary file is removed).
 void write_file_atomic(const std::filesystem::path& path, std::string_view contents);
 
+/// An advisory lock on a directory posenc writes a run into (a study, an eval
+/// run): flock(LOCK_NB) on the lock file `<dir>/<name>` (created, and `dir`
+/// with it, if missing; the file is left in place). Held until destruction;
+/// the kernel releases it when the process dies, so a SIGKILL leaves no stale
+/// lock. Exclusive by default: a second process taking the same lock fails at
+/// once instead of duplicating the work. `shared`: any number of shared
+/// holders, but none while an exclusive holder exists (and the reverse).
+/// Advisory only: it binds processes that take it, and flock does not work
+/// across every network file system. Move-only.
+/// Throws IoError naming the directory: "... is in use by another posenc
+/// process (lock <file> is held)" when taken, or the open/flock failure.
+class DirectoryLock {
+ public:
+  explicit DirectoryLock(const std::filesystem::path& dir, std::string_view name = ".posenc.lock", bool shared = false);
+  ~DirectoryLock();
+  DirectoryLock(DirectoryLock&& other) noexcept;
+  DirectoryLock& operator=(DirectoryLock&& other) noexcept;
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  int fd_ = -1;
+  std::filesystem::path path_;
+};
+
 }  // namespace posenc

@@ -1,6 +1,7 @@
 #include "posenc/io.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -172,6 +173,46 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
     ::unlink(tmp.c_str());
     throw IoError(fmt::format("{}: cannot rename into place ({})", path.string(), e));
   }
+}
+
+DirectoryLock::DirectoryLock(const std::filesystem::path& dir, std::string_view name, bool shared) : path_(dir / name) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw IoError(fmt::format("{}: cannot create directory ({})", dir.string(), ec.message()));
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd_ < 0) throw IoError(fmt::format("{}: cannot open lock file ({})", path_.string(), errno_text()));
+  int rc;
+  do rc = ::flock(fd_, (shared ? LOCK_SH : LOCK_EX) | LOCK_NB);
+  while (rc != 0 && errno == EINTR);
+  if (rc != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (err == EWOULDBLOCK)
+      throw IoError(fmt::format("{}: is in use by another posenc process (lock {} is held); wait for it to finish "
+                                "or use another directory",
+                                dir.string(), path_.string()));
+    throw IoError(fmt::format("{}: cannot lock ({})", path_.string(), std::strerror(err)));
+  }
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+DirectoryLock::DirectoryLock(DirectoryLock&& other) noexcept : fd_(other.fd_), path_(std::move(other.path_)) {
+  other.fd_ = -1;
+}
+
+DirectoryLock& DirectoryLock::operator=(DirectoryLock&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = other.fd_;
+    path_ = std::move(other.path_);
+    other.fd_ = -1;
+  }
+  return *this;
 }
 
 }  // namespace posenc

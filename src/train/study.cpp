@@ -13,9 +13,11 @@
 #include <omp.h>
 #include <nlohmann/json.hpp>
 
+#include "posenc/checkpoint.hpp"
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
-#include "posenc/stats.hpp"
+#include "posenc/json_file.hpp"
+#include "train/study_dir.hpp"
 
 namespace posenc {
 
@@ -60,18 +62,6 @@ json fixed_settings(const StudyConfig& c) {
   return s;
 }
 
-/// "train/lr: 0.003 in the directory, 0.01 requested; ..." for the leaves that differ.
-std::string settings_difference(const json& have, const json& want) {
-  const json a = have.flatten(), b = want.flatten();
-  std::vector<std::string> out;
-  auto shown = [](const json& j, const std::string& key) { return j.contains(key) ? j[key].dump() : "absent"; };
-  for (const auto& [key, v] : a.items())
-    if (!b.contains(key) || b[key] != v) out.push_back(fmt::format("{}: {} in the directory, {} requested", key.substr(1), v.dump(), shown(b, key)));
-  for (const auto& [key, v] : b.items())
-    if (!a.contains(key)) out.push_back(fmt::format("{}: absent in the directory, {} requested", key.substr(1), v.dump()));
-  return fmt::format("{}", fmt::join(out, "; "));
-}
-
 /// The TrainConfig of one model: the common settings, then the task's recipe.
 TrainConfig model_train_config(const StudyConfig& c, TrainTaskKind task, TrainEncoding pe, uint64_t seed) {
   TrainConfig t = c.train;
@@ -84,7 +74,7 @@ TrainConfig model_train_config(const StudyConfig& c, TrainTaskKind task, TrainEn
 }
 
 std::string unit_name(TrainTaskKind task, TrainEncoding pe, uint64_t seed) {
-  return fmt::format("{}-{}-s{}", to_string(task), to_string(pe), seed);
+  return detail::study_unit_name(to_string(task), to_string(pe), seed);
 }
 
 json cells_json(const std::vector<ExactMatchCell>& cells) {
@@ -105,6 +95,100 @@ std::string hms(double s) {
 }
 
 bool is_rope(TrainEncoding pe) { return pe == TrainEncoding::rope || pe == TrainEncoding::rope25; }
+
+bool near(double a, double b) { return std::abs(a - b) <= 1e-9 * std::max(1.0, std::abs(b)); }
+
+/// Why the checkpoint `m` (read from `path`) is not the model the study trains
+/// with `tc`, or nullopt when it is: the architecture (every ModelConfig field,
+/// hence every tensor shape), the positional encoding and its parameters, the
+/// task's vocabulary, and the training recipe recorded in its metadata (task,
+/// pe, seed, steps, batch size, train lengths, optimizer, curriculum, MQAR
+/// queries, parameter count).
+std::optional<std::string> checkpoint_mismatch(const Model& m, const fs::path& path, const TrainConfig& tc) {
+  std::vector<std::string> diff;
+  auto check = [&](std::string_view what, const auto& have, const auto& want) {
+    if (!(have == want)) diff.push_back(fmt::format("{} {} where the study trains {}", what, have, want));
+  };
+  auto check_num = [&](std::string_view what, double have, double want) {
+    if (!near(have, want)) diff.push_back(fmt::format("{} {} where the study trains {}", what, have, want));
+  };
+  const ModelConfig want = model_config_for(tc);
+  const ModelConfig& have = m.config();
+  check("dim", have.dim, want.dim);
+  check("hidden_dim", have.hidden_dim, want.hidden_dim);
+  check("n_layers", have.n_layers, want.n_layers);
+  check("n_heads", have.n_heads, want.n_heads);
+  check("n_kv_heads", have.n_kv_heads, want.n_kv_heads);
+  check("head_dim", have.head_dim, want.head_dim);
+  check("vocab_size", have.vocab_size, want.vocab_size);
+  check("max_position_embeddings", have.max_position_embeddings, want.max_position_embeddings);
+  check("shared_classifier", have.shared_classifier, want.shared_classifier);
+  check("qkv_bias", have.qkv_bias, want.qkv_bias);
+  check("o_bias", have.o_bias, want.o_bias);
+  check("mlp_bias", have.mlp_bias, want.mlp_bias);
+  check("qk_norm", have.qk_norm, want.qk_norm);
+  const PositionalConfig wp = positional_config_for(tc);
+  const PositionalConfig& hp = m.positional();
+  check("position family", to_string(hp.family), to_string(wp.family));
+  if (hp.family == wp.family) switch (wp.family) {
+      case PositionFamily::rope:
+        check("rotary_dim", hp.rope.params.rotary_dim, wp.rope.params.rotary_dim);
+        check_num("rope_theta", hp.rope.params.rope_theta, wp.rope.params.rope_theta);
+        check("rope layout", to_string(hp.rope.layout), to_string(wp.rope.layout));
+        break;
+      case PositionFamily::alibi: check_num("alibi_max_bias", hp.alibi_max_bias, wp.alibi_max_bias); break;
+      case PositionFamily::t5_bias:
+        check("t5_num_buckets", hp.t5_num_buckets, wp.t5_num_buckets);
+        check("t5_max_distance", hp.t5_max_distance, wp.t5_max_distance);
+        break;
+      case PositionFamily::sinusoidal: check_num("sinusoidal_base", hp.sinusoidal_base, wp.sinusoidal_base); break;
+      default: break;
+    }
+  if (m.embedded_symbols() != Task(tc.task).symbols()) diff.push_back("its vocabulary is not the task's");
+  try {
+    const JsonDocument doc = parse_json_document(m.metadata_json(), path.string() + " (metadata)");
+    const JsonView meta = doc.root();
+    check("task", meta.at("task").string(), std::string(to_string(tc.task)));
+    check("pe", meta.at("pe").string(), std::string(to_string(tc.pe)));
+    check("seed", static_cast<uint64_t>(meta.at("seed").integer(0)), tc.seed);
+    check("steps", meta.at("steps").integer(), int64_t{tc.steps});
+    check("batch_size", meta.at("batch_size").integer(), int64_t{tc.batch_size});
+    const JsonView tl = meta.at("train_lengths");
+    check("train_lengths", fmt::format("{}:{}", tl.at(std::size_t{0}).integer(), tl.at(std::size_t{1}).integer()),
+          fmt::format("{}:{}", tc.train_lengths.lo, tc.train_lengths.hi));
+    const JsonView opt = meta.at("optimizer");
+    check_num("lr", opt.at("lr").number(), tc.lr);
+    check_num("weight_decay", opt.at("weight_decay").number(), tc.weight_decay);
+    check("warmup_steps", opt.at("warmup_steps").integer(), int64_t{tc.warmup_steps});
+    check_num("min_lr_ratio", opt.at("min_lr_ratio").number(), tc.min_lr_ratio);
+    check_num("clip_norm", opt.at("clip_norm").number(), tc.clip_norm);
+    check_num("curriculum", meta.at("curriculum").number(), tc.curriculum);
+    if (tc.task == TrainTaskKind::associative_recall)
+      check("ar_queries", meta.at("ar_queries").integer(), int64_t{tc.ar_queries});
+    int64_t parameters = 0;
+    for (const auto& t : m.to_checkpoint().tensors) parameters += static_cast<int64_t>(t.data.size());
+    check("parameters (metadata)", meta.at("parameters").integer(), parameters);
+  } catch (const DataError& e) {
+    diff.push_back(e.what());
+  }
+  if (diff.empty()) return std::nullopt;
+  return fmt::format("{}", fmt::join(diff, "; "));
+}
+
+/// The locks of a study directory: exclusive for a whole run; a shard takes
+/// the study lock shared (shards run together, but not next to a whole run)
+/// and its own shard lock exclusively (the same shard twice is refused).
+struct StudyLocks {
+  DirectoryLock study;
+  std::optional<DirectoryLock> shard;
+};
+
+StudyLocks lock_study(const StudyConfig& cfg) {
+  if (cfg.shard_count == 1) return {DirectoryLock(cfg.out, ".posenc.lock"), std::nullopt};
+  StudyLocks l{DirectoryLock(cfg.out, ".posenc.lock", /*shared=*/true), std::nullopt};
+  l.shard.emplace(cfg.out, fmt::format(".posenc.lock.shard-{}-of-{}", cfg.shard, cfg.shard_count));
+  return l;
+}
 
 }  // namespace
 
@@ -128,16 +212,19 @@ void run_study(const StudyConfig& cfg, const std::function<void(std::string_view
   // count there too (with more threads than free cores, OpenMP's spin-waiting
   // made one evaluation 20x slower in a measurement on this 2-core machine).
   if (cfg.train.threads > 0) omp_set_num_threads(cfg.train.threads);
+  // One run per directory (shards: one per shard), so two runs do not
+  // duplicate work with the last writer winning; then the temporaries a
+  // killed run left behind (write_file_atomic's "<file>.tmp.<pid>.<n>") go.
+  const StudyLocks locks = lock_study(cfg);
+  for (const fs::path& d : {cfg.out, cfg.out / "models", cfg.out / "evals"})
+    for (const fs::path& p : detail::remove_stale_temporaries(d, /*all=*/cfg.shard_count == 1))
+      log(fmt::format("removed {} (a temporary file left by a killed run)", p.string()));
   const fs::path study_json = cfg.out / "study.json";
   json study;
   if (fs::exists(study_json)) {
-    study = json::parse(read_file(study_json), nullptr, false);
-    if (!study.is_object() || study.value("format", "") != "posenc-study")
-      throw ConfigError(fmt::format("{}: not a posenc study file", study_json.string()));
-    if (study["settings"] != fixed_settings(cfg))
-      throw ConfigError(fmt::format("--out: {} holds a study run with other settings ({}); use the same settings to "
-                                    "resume it, or another --out",
-                                    cfg.out.string(), settings_difference(study["settings"], fixed_settings(cfg))));
+    const detail::StudyFile have = detail::read_study_file(study_json);
+    detail::check_study_settings(have, fixed_settings(cfg), cfg.out);
+    study = have.doc.raw();  // tasks, pes and seeds are arrays (read_study_file)
   } else {
     study = {{"format", "posenc-study"}, {"version", 1}, {"settings", fixed_settings(cfg)},
              {"tasks", json::array()},   {"pes", json::array()},  {"seeds", json::array()}};
@@ -166,26 +253,38 @@ void run_study(const StudyConfig& cfg, const std::function<void(std::string_view
         const fs::path model_path = cfg.out / "models" / (name + ".pt");
         const fs::path eval_path = cfg.out / "evals" / (name + ".json");
         if (fs::exists(eval_path)) {
-          const json e = json::parse(read_file(eval_path), nullptr, false);
-          if (e.is_object() && e.contains("results") && e.value("samples", 0) == cfg.samples) {
+          const auto problem = detail::eval_file_problem(eval_path, to_string(tk), to_string(pe), seed, cfg.samples,
+                                                         is_rope(pe) ? cfg.scalings : std::vector<std::string>{});
+          if (!problem) {
             log(fmt::format("{}: evaluated already, skipped", tag));
             continue;
           }
+          log(fmt::format("{}: evaluation not kept ({}), evaluating again", tag, *problem));
         }
         const auto t_unit = std::chrono::steady_clock::now();
         const Task task(tk);
         std::optional<Model> model;
+        TrainConfig tc = model_train_config(cfg, tk, pe, seed);
+        tc.out = model_path;
         if (fs::exists(model_path)) {
+          // The file under the study's name is used only if it is the model
+          // the study trains; anything else (another study's, a hand-copied
+          // checkpoint) is retrained: training is deterministic, so the
+          // result is what an uninterrupted run gives.
           try {
             model = Model::load(model_path);
-            log(fmt::format("{}: checkpoint exists, training skipped", tag));
+            if (const auto why = checkpoint_mismatch(*model, model_path, tc)) {
+              log(fmt::format("{}: warning: {} is not this study's model ({}), retraining", tag, model_path.string(),
+                              *why));
+              model.reset();
+            } else {
+              log(fmt::format("{}: checkpoint exists, training skipped", tag));
+            }
           } catch (const Error& e) {
             log(fmt::format("{}: unreadable checkpoint ({}), retraining", tag, e.what()));
           }
         }
         if (!model) {
-          TrainConfig tc = model_train_config(cfg, tk, pe, seed);
-          tc.out = model_path;
           log(fmt::format("{}: training {} steps of {} sequences, lr {}", tag, tc.steps, tc.batch_size, tc.lr));
           const TrainResult r = train_model(
               tc,
@@ -197,14 +296,16 @@ void run_study(const StudyConfig& cfg, const std::function<void(std::string_view
                           1e3 * r.seconds / tc.steps, r.final_loss));
           model = Model::load(model_path);
         }
-        const json meta = json::parse(model->metadata_json(), nullptr, false);
+        // checkpoint_mismatch read the metadata as an object with "parameters".
+        const JsonDocument meta_doc = parse_json_document(model->metadata_json(), model_path.string() + " (metadata)");
+        const JsonView meta = meta_doc.root();
         json ev{{"task", std::string(to_string(tk))},
                 {"pe", std::string(to_string(pe))},
                 {"seed", seed},
                 {"model", fs::relative(model_path, cfg.out).string()},
-                {"train_seconds", meta.value("train_seconds", 0.0)},
-                {"final_loss", meta.value("final_loss", 0.0)},
-                {"parameters", meta.value("parameters", 0)},
+                {"train_seconds", meta.number_or("train_seconds", 0.0)},
+                {"final_loss", meta.number_or("final_loss", 0.0)},
+                {"parameters", meta.integer_or("parameters", 0)},
                 {"trained_context", model->config().max_position_embeddings},
                 {"samples", cfg.samples},
                 {"results", json::object()}};
@@ -238,367 +339,6 @@ void run_study(const StudyConfig& cfg, const std::function<void(std::string_view
                         hms(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()),
                         hms(eta)));
       }
-}
-
-// ---- report ---------------------------------------------------------------------------
-
-namespace {
-
-struct Cell {
-  int64_t correct = 0, samples = 0;
-  bool can_run = true;
-  int seeds = 0;
-};
-
-struct Bucket {
-  std::string label;
-  int lo = 0, hi = 0;  // inclusive input lengths
-  bool in_distribution = false;
-};
-
-std::vector<Bucket> make_buckets(int train_lo, int train_hi, int test_lo, int test_hi) {
-  std::vector<Bucket> b;
-  if (test_lo < train_lo) b.push_back({fmt::format("<{}", train_lo), 1, train_lo - 1, false});
-  b.push_back({fmt::format("{}-{} (train)", train_lo, train_hi), train_lo, train_hi, true});
-  const double mult[] = {1.0, 1.5, 2.0, 3.0, 4.0};
-  for (int i = 0; i + 1 < 5; ++i) {
-    const int lo = static_cast<int>(std::floor(train_hi * mult[i])) + 1;
-    const int hi = static_cast<int>(std::floor(train_hi * mult[i + 1]));
-    if (lo > test_hi) break;
-    b.push_back({fmt::format("{}-{}", lo, hi), lo, hi, false});
-  }
-  const int lo4 = 4 * train_hi + 1;
-  if (lo4 <= test_hi) b.push_back({fmt::format("{}-{}", lo4, test_hi), lo4, test_hi, false});
-  return b;
-}
-
-std::string fmt_cell(const Cell& c) {
-  if (!c.can_run) return "cannot run";
-  if (c.samples == 0) return "-";
-  const Interval w = wilson_interval(c.correct, c.samples);
-  const double p = 100.0 * c.correct / c.samples;
-  return fmt::format("{:5.1f} [{:4.1f},{:5.1f}]", p, 100.0 * w.low, 100.0 * w.high);
-}
-
-json cell_json(const Cell& c) {
-  json j{{"correct", c.correct}, {"samples", c.samples}, {"can_run", c.can_run}, {"seeds", c.seeds}};
-  if (c.can_run && c.samples > 0) {
-    const Interval w = wilson_interval(c.correct, c.samples);
-    j["accuracy"] = static_cast<double>(c.correct) / c.samples;
-    j["wilson95"] = {w.low, w.high};
-  } else {
-    j["accuracy"] = nullptr;
-  }
-  return j;
-}
-
-std::string csv_escape(const std::string& s) { return s.find(',') == std::string::npos ? s : "\"" + s + "\""; }
-
-/// Average ranks (1 = best) of `scores`, higher is better; ties share the mean rank.
-std::vector<double> average_ranks(const std::vector<double>& scores) {
-  const std::size_t n = scores.size();
-  std::vector<std::size_t> idx(n);
-  for (std::size_t i = 0; i < n; ++i) idx[i] = i;
-  std::stable_sort(idx.begin(), idx.end(), [&](std::size_t a, std::size_t b) { return scores[a] > scores[b]; });
-  std::vector<double> rank(n);
-  for (std::size_t i = 0; i < n;) {
-    std::size_t j = i;
-    while (j + 1 < n && scores[idx[j + 1]] == scores[idx[i]]) ++j;
-    const double r = (static_cast<double>(i + 1) + static_cast<double>(j + 1)) / 2.0;
-    for (std::size_t k = i; k <= j; ++k) rank[idx[k]] = r;
-    i = j + 1;
-  }
-  return rank;
-}
-
-}  // namespace
-
-StudyReport write_study_report(const fs::path& dir) {
-  const fs::path study_json = dir / "study.json";
-  if (!fs::exists(study_json)) throw IoError(fmt::format("{}: no study here (study.json missing)", dir.string()));
-  const json study = json::parse(read_file(study_json), nullptr, false);
-  if (!study.is_object() || study.value("format", "") != "posenc-study")
-    throw ConfigError(fmt::format("{}: not a posenc study file", study_json.string()));
-  const json& st = study["settings"];
-  const int train_lo = st["train_lengths"][0], train_hi = st["train_lengths"][1];
-  const int test_lo = st["test_lengths"][0], test_hi = st["test_lengths"][1];
-  std::vector<std::string> tasks = study["tasks"], pes = study["pes"];
-  const std::vector<uint64_t> seeds = study["seeds"];
-  const std::vector<Bucket> buckets = make_buckets(train_lo, train_hi, test_lo, test_hi);
-
-  // (task, pe, scaling, seed) -> cells by length
-  struct Run {
-    std::string task, pe;
-    uint64_t seed;
-    json results;
-    double train_seconds, eval_seconds;
-  };
-  std::vector<Run> runs;
-  if (fs::exists(dir / "evals"))
-    for (const auto& e : fs::directory_iterator(dir / "evals")) {
-      if (e.path().extension() != ".json") continue;
-      const json j = json::parse(read_file(e.path()), nullptr, false);
-      if (!j.is_object() || !j.contains("results")) continue;
-      runs.push_back({j["task"], j["pe"], j["seed"], j["results"], j.value("train_seconds", 0.0),
-                      j.value("eval_seconds", 0.0)});
-    }
-  std::sort(runs.begin(), runs.end(), [](const Run& a, const Run& b) {
-    return std::tie(a.task, a.pe, a.seed) < std::tie(b.task, b.pe, b.seed);
-  });
-  StudyReport rep;
-  rep.evaluations = static_cast<int>(runs.size());
-  rep.expected = static_cast<int>(tasks.size() * pes.size() * seeds.size());
-
-  // Pool over seeds: [task][pe][scaling][length]
-  std::map<std::string, std::map<std::string, std::map<std::string, std::map<int, Cell>>>> by_len;
-  std::set<int> all_lengths;
-  std::vector<std::string> scalings{"default"};
-  for (const auto& s : st["scalings"]) scalings.push_back(s);
-  for (const Run& r : runs)
-    for (const auto& [scaling, cells] : r.results.items())
-      for (const auto& c : cells) {
-        Cell& cell = by_len[r.task][r.pe][scaling][c["length"].get<int>()];
-        cell.correct += c["correct"].get<int64_t>();
-        cell.samples += c["samples"].get<int64_t>();
-        cell.can_run = cell.can_run && c["can_run"].get<bool>();
-        ++cell.seeds;
-        all_lengths.insert(c["length"].get<int>());
-      }
-  auto bucket_cell = [&](const std::map<int, Cell>& m, const Bucket& b) {
-    Cell out;
-    bool any = false;
-    for (const auto& [len, c] : m)
-      if (len >= b.lo && len <= b.hi) {
-        any = true;
-        out.correct += c.correct;
-        out.samples += c.samples;
-        out.can_run = out.can_run && c.can_run;
-        out.seeds = std::max(out.seeds, c.seeds);
-      }
-    if (!any) out.can_run = true;
-    return out;
-  };
-
-  // ---- MRR per (task, seed) ----
-  auto score_of = [&](const Run& r) {  // mean OOD accuracy; cannot-run lengths score 0
-    double sum = 0;
-    int n = 0;
-    for (const auto& c : r.results["default"]) {
-      if (c["length"].get<int>() <= train_hi) continue;
-      const int64_t s = c["samples"], k = c["correct"];
-      sum += c["can_run"].get<bool>() && s > 0 ? static_cast<double>(k) / s : 0.0;
-      ++n;
-    }
-    return n ? sum / n : 0.0;
-  };
-  // Pooled accuracy over the training lengths; nullopt if none was tested.
-  auto in_distribution_of = [&](const Run& r) -> std::optional<double> {
-    int64_t k = 0, n = 0;
-    for (const auto& c : r.results["default"]) {
-      const int len = c["length"].get<int>();
-      if (len < train_lo || len > train_hi) continue;
-      k += c["correct"].get<int64_t>();
-      n += c["samples"].get<int64_t>();
-    }
-    if (n == 0) return std::nullopt;
-    return static_cast<double>(k) / static_cast<double>(n);
-  };
-  // A (task, seed) no encoding learned in distribution ranks nothing about
-  // length generalization (every score is ~0): it is left out of the MRR and
-  // named in the report. Without a test length in the training range there
-  // is no evidence either way, and the configuration is ranked.
-  constexpr double kLearned = 0.5;
-  std::map<std::pair<std::string, uint64_t>, double> best_in_distribution;  // (task, seed) -> best over encodings
-  for (const Run& r : runs)
-    if (const auto a = in_distribution_of(r)) {
-      double& best = best_in_distribution.try_emplace({r.task, r.seed}, 0.0).first->second;
-      best = std::max(best, *a);
-    }
-  std::set<std::pair<std::string, uint64_t>> left_out;
-  std::vector<std::string> unlearned;
-  for (const auto& task : tasks)
-    for (uint64_t seed : seeds)
-      if (const auto it = best_in_distribution.find({task, seed});
-          it != best_in_distribution.end() && it->second < kLearned) {
-        left_out.insert(it->first);
-        unlearned.push_back(fmt::format("{} seed {}", task, seed));
-      }
-  const std::vector<std::string> paper5{"nope", "t5", "alibi", "rope25", "sinusoidal"};
-  auto mrr = [&](const std::vector<std::string>& subset) {
-    std::map<std::string, std::pair<double, int>> acc;  // pe -> (sum 1/rank, configs)
-    int configs = 0;
-    for (const auto& task : tasks)
-      for (uint64_t seed : seeds) {
-        if (left_out.count({task, seed})) continue;
-        std::vector<std::string> names;
-        std::vector<double> scores;
-        for (const auto& pe : subset)
-          for (const Run& r : runs)
-            if (r.task == task && r.pe == pe && r.seed == seed) {
-              names.push_back(pe);
-              scores.push_back(score_of(r));
-            }
-        if (names.size() != subset.size()) continue;  // only complete configurations are ranked
-        ++configs;
-        const auto ranks = average_ranks(scores);
-        for (std::size_t i = 0; i < names.size(); ++i) {
-          acc[names[i]].first += 1.0 / ranks[i];
-          acc[names[i]].second += 1;
-        }
-      }
-    std::vector<std::pair<std::string, double>> out;
-    for (const auto& [pe, v] : acc) out.emplace_back(pe, v.first / v.second);
-    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
-    return std::make_pair(out, configs);
-  };
-  std::vector<std::string> present_pes;
-  for (const auto& pe : pes) present_pes.push_back(pe);
-  const auto [mrr_all, configs_all] = mrr(present_pes);
-  std::vector<std::string> p5;
-  for (const auto& pe : paper5)
-    if (std::find(pes.begin(), pes.end(), pe) != pes.end()) p5.push_back(pe);
-  const auto [mrr_p5, configs_p5] = mrr(p5);
-
-  // ---- text ----
-  std::string t;
-  t += fmt::format("posenc study {}: {}/{} models evaluated; train lengths {}-{}, test lengths {}-{} (step {}), {} "
-                   "samples per length and seed\n",
-                   dir.string(), rep.evaluations, rep.expected, train_lo, train_hi, test_lo, test_hi, st["test_lengths"][2].get<int>(), st["samples"].get<int>());
-  if (st.contains("train") && st["train"].is_object()) {
-    const json& tr = st["train"];
-    auto num = [&](const char* key) { return tr.contains(key) && tr[key].is_number() ? tr[key].dump() : "?"; };
-    t += fmt::format("common settings: {} layers, d_model {}, {} heads; {} steps of {} sequences, AdamW lr {}, "
-                     "curriculum {}{}\n",
-                     num("n_layers"), num("dim"), num("n_heads"), num("steps"), num("batch_size"), num("lr"),
-                     tr.contains("curriculum") ? num("curriculum") : "0 (not recorded)",
-                     tr.contains("ar_queries") ? fmt::format("; associative recall trains {} queries per context",
-                                                             num("ar_queries"))
-                                               : "");
-  }
-  if (st.contains("recipes") && st["recipes"].is_object())
-    for (const auto& [task, r] : st["recipes"].items())
-      t += fmt::format("recipe for {}: {} (instead of the common settings)\n", task,
-                       r.is_string() ? r.get<std::string>() : r.dump());
-  t += "Exact-match accuracy (%) pooled over seeds and samples, [Wilson 95% interval]\n";
-  std::string header = fmt::format("{:<19} {:<14}", "task", "encoding");
-  for (const auto& b : buckets) header += fmt::format(" {:>20}", b.label);
-  t += header + "\n";
-  for (const auto& task : tasks) {
-    if (!by_len.count(task)) continue;
-    for (const auto& pe : pes) {
-      if (!by_len[task].count(pe)) continue;
-      const auto& m = by_len[task][pe]["default"];
-      std::string line = fmt::format("{:<19} {:<14}", task, pe);
-      for (const auto& b : buckets) line += fmt::format(" {:>20}", fmt_cell(bucket_cell(m, b)));
-      t += line + "\n";
-    }
-  }
-  // The acceptance check: in-distribution accuracy (training range) >= 95%.
-  t += "\nIn-distribution (training lengths) exact match >= 95%?\n";
-  for (const auto& task : tasks) {
-    if (!by_len.count(task)) continue;
-    std::vector<std::string> below;
-    for (const auto& pe : pes) {
-      if (!by_len[task].count(pe)) continue;
-      const Cell c = bucket_cell(by_len[task][pe]["default"], buckets[test_lo < train_lo ? 1 : 0]);
-      if (c.samples > 0 && 100.0 * c.correct / c.samples < 95.0)
-        below.push_back(fmt::format("{} {:.1f}%", pe, 100.0 * c.correct / c.samples));
-    }
-    t += fmt::format("  {:<19} {}\n", task, below.empty() ? "all encodings" : "below: " + fmt::format("{}", fmt::join(below, ", ")));
-  }
-  auto print_mrr = [&](const std::string& title, const auto& list, int configs) {
-    t += fmt::format("\nMean reciprocal rank, {} ({} complete (task, seed) configurations; score = mean accuracy "
-                     "beyond length {}):\n",
-                     title, configs, train_hi);
-    for (const auto& [pe, v] : list) t += fmt::format("  {:<11} {:.3f}\n", pe, v);
-  };
-  if (!unlearned.empty())
-    t += fmt::format("\nLeft out of the MRR (no encoding reached {:.0f}% in distribution): {}\n", 100 * kLearned,
-                     fmt::join(unlearned, ", "));
-  print_mrr("all encodings", mrr_all, configs_all);
-  print_mrr("the paper's five (Rotary = rope25, APE = sinusoidal)", mrr_p5, configs_p5);
-  t += "  Kazemnejad et al. (2023), no scratchpad: NoPE 0.69 > T5 0.55 > ALiBi 0.50 > Rotary 0.33 > APE 0.22\n";
-
-  bool any_scaling = false;
-  for (const auto& task : tasks)
-    for (const auto& pe : {std::string("rope"), std::string("rope25")})
-      if (by_len.count(task) && by_len[task].count(pe) && by_len[task][pe].size() > 1) any_scaling = true;
-  if (any_scaling) {
-    t += "\nRoPE scalings at inference (factor = max(1, positions needed / trained context)), accuracy %:\n";
-    t += header + "\n";
-    for (const auto& task : tasks)
-      for (const auto& pe : {std::string("rope"), std::string("rope25")}) {
-        if (!by_len.count(task) || !by_len[task].count(pe)) continue;
-        for (const auto& s : scalings) {
-          if (!by_len[task][pe].count(s)) continue;
-          std::string line = fmt::format("{:<19} {:<14}", task, pe + (s == "default" ? "" : "+" + s));
-          for (const auto& b : buckets) line += fmt::format(" {:>20}", fmt_cell(bucket_cell(by_len[task][pe][s], b)));
-          t += line + "\n";
-        }
-      }
-  }
-  double train_total = 0, eval_total = 0;
-  for (const Run& r : runs) {
-    train_total += r.train_seconds;
-    eval_total += r.eval_seconds;
-  }
-  if (!runs.empty())
-    t += fmt::format("\nCompute: training {:.1f} s per model on average ({} total), evaluation {:.1f} s per model\n",
-                     train_total / runs.size(), hms(train_total), eval_total / runs.size());
-  rep.text = t;
-
-  // ---- summary.json / summary.csv ----
-  json sj{{"study", study},
-          {"evaluations", rep.evaluations},
-          {"expected", rep.expected},
-          {"buckets", json::array()},
-          {"by_length", json::array()},
-          {"by_bucket", json::array()},
-          {"mrr", {{"all", json::object()}, {"paper5", json::object()}}},
-          {"mrr_configurations", {{"all", configs_all}, {"paper5", configs_p5}}},
-          {"mrr_left_out", unlearned},
-          {"mrr_score", fmt::format("mean exact-match accuracy over test lengths > {} (cannot run = 0); ties share "
-                                    "the average rank",
-                                    train_hi)}};
-  for (const auto& b : buckets)
-    sj["buckets"].push_back({{"label", b.label}, {"lo", b.lo}, {"hi", b.hi}, {"in_distribution", b.in_distribution}});
-  for (const auto& [pe, v] : mrr_all) sj["mrr"]["all"][pe] = v;
-  for (const auto& [pe, v] : mrr_p5) sj["mrr"]["paper5"][pe] = v;
-  std::string csv = "task,encoding,scaling,length,correct,samples,accuracy,wilson_low,wilson_high,can_run,seeds\n";
-  for (const auto& [task, by_pe] : by_len)
-    for (const auto& [pe, by_s] : by_pe)
-      for (const auto& [scaling, m] : by_s) {
-        for (const auto& [len, c] : m) {
-          json j = cell_json(c);
-          j["task"] = task;
-          j["encoding"] = pe;
-          j["scaling"] = scaling;
-          j["length"] = len;
-          sj["by_length"].push_back(j);
-          std::string acc = "", lo = "", hi = "";
-          if (c.can_run && c.samples > 0) {
-            const Interval w = wilson_interval(c.correct, c.samples);
-            acc = fmt::format("{:.6f}", static_cast<double>(c.correct) / c.samples);
-            lo = fmt::format("{:.6f}", w.low);
-            hi = fmt::format("{:.6f}", w.high);
-          }
-          csv += fmt::format("{},{},{},{},{},{},{},{},{},{},{}\n", csv_escape(task), csv_escape(pe), scaling, len,
-                             c.correct, c.samples, acc, lo, hi, c.can_run ? 1 : 0, c.seeds);
-        }
-        for (const auto& b : buckets) {
-          json j = cell_json(bucket_cell(m, b));
-          j["task"] = task;
-          j["encoding"] = pe;
-          j["scaling"] = scaling;
-          j["bucket"] = b.label;
-          sj["by_bucket"].push_back(j);
-        }
-      }
-  rep.summary_json = dir / "summary.json";
-  rep.summary_csv = dir / "summary.csv";
-  write_file_atomic(rep.summary_json, sj.dump(1) + "\n");
-  write_file_atomic(rep.summary_csv, csv);
-  return rep;
 }
 
 }  // namespace posenc
