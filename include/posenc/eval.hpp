@@ -32,6 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "posenc/json_file.hpp"
 #include "posenc/model.hpp"
 #include "posenc/stats.hpp"
 #include "posenc/tasks.hpp"
@@ -162,6 +163,20 @@ std::filesystem::path resolve_run_dir(const std::filesystem::path& dir);
 nlohmann::json rebuild_eval_outputs(const std::filesystem::path& run_dir, std::optional<double> threshold = {},
                                     std::optional<double> min_baseline = {});
 
+/// What resuming the run directory `dir` (or the run its LATEST names) would
+/// recompute: every cell and perplexity result of run.json's axes that is
+/// missing, or present but not what its name says (coordinates, sample count,
+/// `correct`, checksum: the checks `eval report` and `eval merge` make), one
+/// "<file>: <reason>" each. Throws DataError for a malformed run.json.
+std::vector<std::string> eval_resume_plan(const std::filesystem::path& dir);
+
+/// The checksum a cell or perplexity file of a run directory carries in its
+/// "checksum" member: "fnv1a64:" + 16 hex digits of the FNV-1a 64 hash of the
+/// file's JSON without "checksum", dumped compactly (nlohmann dump(), keys
+/// sorted). A file whose checksum does not match was edited or damaged:
+/// resume recomputes it, report and merge refuse it.
+std::string eval_file_checksum(const nlohmann::json& file);
+
 /// Combines the cell files of several runs of the same run id (shards) into
 /// out/<run_id>/ and writes its outputs; the result equals the unsharded run.
 /// Throws ConfigError if the run ids differ, IoError on unreadable inputs,
@@ -173,5 +188,8 @@ std::filesystem::path merge_eval_runs(std::span<const std::filesystem::path> inp
 /// threshold and effective context (or "not solvable by this model"), and
 /// the controls' follow rates.
 std::string format_eval_summary(const nlohmann::json& summary);
+/// The same table from a summary read back from disk (summary.json): a
+/// malformed summary is a DataError naming the file and key.
+std::string format_eval_summary(const JsonView& summary);
 
 }  // namespace posenc
