@@ -144,6 +144,23 @@ struct Axes {
   int64_t ppl_tokens = -1;
 };
 
+// Upper bound of a run's cells (a grid of 2^20 cells is already days of
+// compute): a run.json listing more is refused before its cells are looked up.
+constexpr uint64_t kMaxCells = uint64_t{1} << 20;
+
+// tasks x controls x scalings x lengths x depths (1 for tasks without depth),
+// nullopt on uint64 overflow.
+std::optional<uint64_t> cell_count(const Axes& a) {
+  uint64_t total = 0;
+  for (const auto& t : a.tasks) {
+    uint64_t n = find_eval_task(t).uses_depth ? a.depths.size() : 1;
+    for (uint64_t f : {a.controls.size(), a.scalings.size(), a.lengths.size()})
+      if (__builtin_mul_overflow(n, f, &n)) return std::nullopt;
+    if (__builtin_add_overflow(total, n, &total)) return std::nullopt;
+  }
+  return total;
+}
+
 std::vector<double> task_depths(const Axes& a, const std::string& task) {
   return find_eval_task(task).uses_depth ? a.depths : std::vector<double>{-1.0};
 }
@@ -245,6 +262,8 @@ Axes axes_from_run_json(const JsonView& run) {
   a.threshold = c.at("threshold").number(0.0, 1.0);
   a.min_baseline = c.at("min_baseline").number(0.0, 1.0);
   a.ppl_tokens = c.at("ppl_tokens").integer(-1, kMaxPplTokens);
+  if (const auto cells = cell_count(a); !cells || *cells > kMaxCells)
+    c.fail(fmt::format("the axes make more than {} cells (tasks x controls x scalings x lengths x depths)", kMaxCells));
   return a;
 }
 
@@ -560,6 +579,9 @@ void validate_eval_config(EvalConfig& c) {
   if (c.shard_count < 1 || c.shard_index < 0 || c.shard_index >= c.shard_count)
     throw ConfigError(fmt::format("--shard: must be i/n with 0 <= i < n (got {}/{})", c.shard_index, c.shard_count));
   if (c.out.empty()) throw ConfigError("--out: an output directory is required");
+  if (const auto cells = cell_count(axes_from_config(c)); !cells || *cells > kMaxCells)
+    throw ConfigError(fmt::format("--tasks x --control x --rope-scaling x --lengths x --depths: more than {} cells",
+                                  kMaxCells));
 }
 
 std::string eval_run_id(const EvalConfig& c, const Model& model) {
@@ -649,6 +671,9 @@ Collected collect_cells(const fs::path& run_dir, const Axes& a) {
   return c;
 }
 
+// summarise and summary_csv index the cells and samples collect_cells read:
+// every key they use was checked by load_cell (type and, for coordinates,
+// value), so these .at() calls on in-memory values cannot throw.
 json summarise(const Collected& col, const Axes& a, const std::string& run_id) {
   json summary;
   summary["run_id"] = run_id;

@@ -171,3 +171,29 @@ TEST(EvalRunDir, PplTokensNearInt64MaxIsRefusedByName) {
   c.ppl_tokens = int64_t{1} << 48;
   EXPECT_NO_THROW(validate_eval_config(c));
 }
+
+// A run.json whose axes list millions of cells made report and merge look up
+// each cell file (minutes, unbounded): refused before any lookup.
+TEST(EvalRunDir, AxesOfMoreThan2To20CellsAreRefused) {
+  std::vector<int64_t> lengths;
+  std::vector<double> depths;
+  for (int i = 0; i < 1100; ++i) lengths.push_back(8 + i);
+  for (int i = 0; i < 1000; ++i) depths.push_back(i / 1000.0);
+  TempDir d;
+  const fs::path run = lay_out(
+      d.path(), test::evalrun::run_json("big", {"name_recall"}, {"none"}, lengths, depths, 1, -1).dump());
+  const std::string e = data_error_of([&] { (void)rebuild_eval_outputs(run); });
+  EXPECT_NE(e.find("run.json: config: the axes make more than 1048576 cells"), std::string::npos) << e;
+  EvalConfig c;
+  c.tasks = {"name_recall"};
+  c.lengths = lengths;
+  c.depths = depths;
+  c.haystack_path = "x.txt";
+  c.out = "out";
+  try {
+    validate_eval_config(c);
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("more than 1048576 cells"), std::string::npos) << e.what();
+  }
+}
