@@ -129,6 +129,16 @@ def accuracy_plot(summary, task, control, path):
     return True
 
 
+def esc(x):
+    """Every text inserted into report.html, from any file, goes through this."""
+    return html.escape(str(x), quote=True)
+
+
+def fname(x):
+    """A name from summary.json used in a plot's file name: one safe path component."""
+    return "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._-") else "_" for ch in str(x)).lstrip(".") or "_"
+
+
 def img(path):
     with open(path, "rb") as f:
         return "data:image/png;base64," + base64.b64encode(f.read()).decode("ascii")
@@ -158,11 +168,11 @@ def main(argv):
     for task in order([c["task"] for c in cells]):
         for control in order([c["control"] for c in cells if c["task"] == task]):
             parts = []
-            acc_path = os.path.join(plots, f"accuracy_{task}_{control}.png")
+            acc_path = os.path.join(plots, f"accuracy_{fname(task)}_{fname(control)}.png")
             if accuracy_plot(summary, task, control, acc_path):
                 parts.append(acc_path)
             for s in order([c["rope_scaling"] for c in cells if c["task"] == task and c["control"] == control]):
-                p = os.path.join(plots, f"heatmap_{task}_{control}_{s}.png")
+                p = os.path.join(plots, f"heatmap_{fname(task)}_{fname(control)}_{fname(s)}.png")
                 heatmap(cells, task, control, s, eff.get((task, control, s)), p)
                 parts.append(p)
             sections.append((f"{task}" + (f" — control {control}" if control != "none" else ""), parts))
@@ -174,35 +184,35 @@ def main(argv):
         ppl_parts.append(p)
         ppl_parts += plot_ppl_by_scaling(ppl, os.path.join(plots, "ppl_"))
         buckets = sorted({(b["start"], b["end"]) for r in ppl["results"] for b in r["buckets"]})
-        head = "".join(f"<th>[{s},{e})</th>" for s, e in buckets)
+        head = "".join(f"<th>[{esc(s)},{esc(e)})</th>" for s, e in buckets)
         rows = []
         for r in ppl["results"]:
             bmap = {(b["start"], b["end"]): b for b in r["buckets"]}
             tds = "".join(
-                f"<td>{bmap[k]['nll']:.4f}</td>" if k in bmap and bmap[k]["tokens"] > 0 else "<td>-</td>" for k in buckets)
-            rows.append(f"<tr><td>{r['context']}</td><td>{html.escape(r['rope_scaling'])}</td><td>{r['factor']:g}</td>"
-                        f"<td>{r['ppl']:.4f}</td><td>{r['nll']:.4f}</td><td>{r['tokens']}</td>{tds}</tr>")
+                f"<td>{esc(format(bmap[k]['nll'], '.4f'))}</td>" if k in bmap and bmap[k]["tokens"] > 0 else "<td>-</td>" for k in buckets)
+            rows.append(f"<tr><td>{esc(r['context'])}</td><td>{esc(r['rope_scaling'])}</td><td>{esc(format(r['factor'], 'g'))}</td>"
+                        f"<td>{esc(format(r['ppl'], '.4f'))}</td><td>{esc(format(r['nll'], '.4f'))}</td><td>{esc(r['tokens'])}</td>{tds}</tr>")
         ppl_table = ("<table><tr><th>context</th><th>scaling</th><th>factor</th><th>ppl</th><th>nll</th><th>tokens</th>"
                      + head + "</tr>" + "".join(rows) + "</table>")
 
     out = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>posenc eval report "
-           + html.escape(summary.get("run_id", "")) + "</title>",
+           + esc(summary.get("run_id", "")) + "</title>",
            "<style>body{font-family:sans-serif;margin:2em;max-width:1400px} pre{background:#f6f6f6;padding:1em;"
            "overflow-x:auto;font-size:12px} table{border-collapse:collapse;font-size:12px} td,th{border:1px solid #ccc;"
            "padding:2px 6px;text-align:right} img{max-width:100%;margin:4px;border:1px solid #eee}</style></head><body>",
-           f"<h1>posenc eval — run {html.escape(summary.get('run_id', ''))}</h1>",
-           f"<p>model <code>{html.escape(run['model']['path'])}</code> (trained context {run['model']['trained_context']}), "
-           f"haystack <code>{html.escape(run['haystack']['path'] or 'none')}</code>, {summary['cells_present']} of "
-           f"{summary['cells_expected']} cells, threshold {summary['threshold']} × baseline, "
-           f"min baseline {summary['min_baseline']}, git {html.escape(str(run.get('git_hash')))}, date {html.escape(run.get('date', ''))}.</p>",
-           "<h2>Summary</h2><pre>" + html.escape(text) + "</pre>"]
+           f"<h1>posenc eval — run {esc(summary.get('run_id', ''))}</h1>",
+           f"<p>model <code>{esc(run['model']['path'])}</code> (trained context {esc(run['model']['trained_context'])}), "
+           f"haystack <code>{esc(run['haystack']['path'] or 'none')}</code>, {esc(summary['cells_present'])} of "
+           f"{esc(summary['cells_expected'])} cells, threshold {esc(summary['threshold'])} × baseline, "
+           f"min baseline {esc(summary['min_baseline'])}, git {esc(run.get('git_hash'))}, date {esc(run.get('date', ''))}.</p>",
+           "<h2>Summary</h2><pre>" + esc(text) + "</pre>"]
     if ppl_parts:
         out.append("<h2>Perplexity by position</h2>" + ppl_table)
         out += [f"<img src='{img(p)}'>" for p in ppl_parts]
     for title, parts in sections:
-        out.append(f"<h2>{html.escape(title)}</h2>")
+        out.append(f"<h2>{esc(title)}</h2>")
         out += [f"<img src='{img(p)}'>" for p in parts]
-    out.append("<h2>Run configuration</h2><pre>" + html.escape(json.dumps(
+    out.append("<h2>Run configuration</h2><pre>" + esc(json.dumps(
         {k: run[k] for k in run if k not in ("ppl_header",)}, indent=2)) + "</pre>")
     out.append("</body></html>")
     tmp = os.path.join(run_dir, ".report.html.tmp")

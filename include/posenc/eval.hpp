@@ -32,6 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "posenc/json_file.hpp"
 #include "posenc/model.hpp"
 #include "posenc/stats.hpp"
 #include "posenc/tasks.hpp"
@@ -144,7 +145,11 @@ struct EvalRunResult {
 /// Runs (or resumes) the evaluation: every missing cell of this shard is
 /// computed and persisted atomically as cells/<cell>.json the moment its
 /// group (one task/control/scaling/length, all depths) finishes; cells already
-/// on disk are not redone. Then writes samples.jsonl, summary.json,
+/// on disk are not redone unless they fail their checks (coordinates, counts,
+/// checksum: recomputed, with a warning on stderr naming the file). The run
+/// directory is locked (flock on <run dir>/.lock; a second process fails at
+/// once with IoError naming it) and stale write_file_atomic temporaries
+/// (*.tmp.<pid>.<n>) in it are removed. Then writes samples.jsonl, summary.json,
 /// summary.csv, ppl.json and run.json (atomically) from every cell present.
 /// `model` carries the base RoPE setup (layout, precision); `haystack_text`
 /// is the haystack file's contents. Samples run in parallel over the OpenMP
@@ -154,18 +159,40 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
                        EvalConfig config, const std::function<void(const EvalProgress&)>& on_progress = {});
 
 /// The run directory of `dir`: dir itself if it holds run.json, else the run
-/// named by dir/LATEST. Throws IoError if neither exists.
+/// named by dir/LATEST, which must name a direct child (one path component of
+/// [A-Za-z0-9._-], not "." or ".."; else DataError naming LATEST). Throws
+/// IoError if neither exists.
 std::filesystem::path resolve_run_dir(const std::filesystem::path& dir);
 
 /// Recomputes summary.json/summary.csv/samples.jsonl of a run directory from
-/// its cell files (e.g. with another threshold). Returns the summary.
+/// its cell files (e.g. with another threshold). Returns the summary. Every
+/// file is checked first (run.json's axes and run id; each cell's and
+/// perplexity file's coordinates, counts and checksum): DataError naming the
+/// file and key, and nothing is written.
 nlohmann::json rebuild_eval_outputs(const std::filesystem::path& run_dir, std::optional<double> threshold = {},
                                     std::optional<double> min_baseline = {});
+
+/// What resuming the run directory `dir` (or the run its LATEST names) would
+/// recompute: every cell and perplexity result of run.json's axes that is
+/// missing, or present but not what its name says (coordinates, sample count,
+/// `correct`, checksum: the checks `eval report` and `eval merge` make), one
+/// "<file>: <reason>" each. Throws DataError for a malformed run.json.
+std::vector<std::string> eval_resume_plan(const std::filesystem::path& dir);
+
+/// The checksum a cell or perplexity file of a run directory carries in its
+/// "checksum" member: "fnv1a64:" + 16 hex digits of the FNV-1a 64 hash of the
+/// file's JSON without "checksum", dumped compactly (nlohmann dump(), keys
+/// sorted). A file whose checksum does not match was edited or damaged:
+/// resume recomputes it, report and merge refuse it.
+std::string eval_file_checksum(const nlohmann::json& file);
 
 /// Combines the cell files of several runs of the same run id (shards) into
 /// out/<run_id>/ and writes its outputs; the result equals the unsharded run.
 /// Throws ConfigError if the run ids differ, IoError on unreadable inputs,
-/// InvalidArgument if two inputs hold different results for the same cell.
+/// InvalidArgument if two inputs hold different results for the same cell,
+/// DataError for a run id that is not one path component or a cell or
+/// perplexity file that fails its checks (see eval_resume_plan). Holds the
+/// output run directory's lock (<out>/<run id>/.lock) while it writes.
 std::filesystem::path merge_eval_runs(std::span<const std::filesystem::path> inputs, const std::filesystem::path& out);
 
 /// The report's text table: per (task, control, scaling) the depth-averaged
@@ -173,5 +200,8 @@ std::filesystem::path merge_eval_runs(std::span<const std::filesystem::path> inp
 /// threshold and effective context (or "not solvable by this model"), and
 /// the controls' follow rates.
 std::string format_eval_summary(const nlohmann::json& summary);
+/// The same table from a summary read back from disk (summary.json): a
+/// malformed summary is a DataError naming the file and key.
+std::string format_eval_summary(const JsonView& summary);
 
 }  // namespace posenc

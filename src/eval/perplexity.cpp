@@ -90,7 +90,9 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
   for (int64_t s = 0; s < T; s += L)
     if (std::min(L, T - s) >= 2) starts.push_back(s);
   if (o.max_tokens > 0) {
-    const int64_t keep = (o.max_tokens + (L - 1) - 1) / (L - 1);
+    // ceil(max_tokens / (L - 1)) without overflow: (max_tokens + L - 2) / (L - 1)
+    // wrapped for max_tokens near INT64_MAX (a negative count, then resize to 2^64 - n).
+    const int64_t keep = o.max_tokens / (L - 1) + (o.max_tokens % (L - 1) != 0 ? 1 : 0);
     if (static_cast<int64_t>(starts.size()) > keep) starts.resize(static_cast<std::size_t>(keep));
   }
   const auto edges = position_buckets(L);

@@ -1,5 +1,8 @@
 // The evaluation run: cells, resume, shards, outputs, merge, summary.
+#include <fcntl.h>
 #include <omp.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -21,6 +24,7 @@
 #include "posenc/error.hpp"
 #include "posenc/eval.hpp"
 #include "posenc/io.hpp"
+#include "posenc/json_file.hpp"
 #include "posenc/perplexity.hpp"
 #include "posenc/scaling.hpp"
 
@@ -33,6 +37,10 @@ namespace {
 
 // Bump when the task generator or the scoring changes what a cell holds.
 constexpr int kTaskGeneratorVersion = 1;
+
+// Upper bound of --ppl-tokens (2^48 tokens, far beyond any text): larger
+// values are refused by name rather than carried into window arithmetic.
+constexpr int64_t kMaxPplTokens = int64_t{1} << 48;
 
 std::string hex16(uint64_t h) { return fmt::format("{:016x}", h); }
 
@@ -66,13 +74,60 @@ std::string utc_now() {
   return buf;
 }
 
-json read_json(const fs::path& p) {
-  const std::string s = read_file(p);
-  try {
-    return json::parse(s);
-  } catch (const json::exception& e) {
-    throw IoError(fmt::format("{}: not valid JSON ({})", p.string(), e.what()));
-  }
+// ---- checked reading of the run directory ----
+//
+// Everything read back from a run directory (run.json, cells/*.json,
+// ppl/*.json, LATEST) goes through JsonView (include/posenc/json_file.hpp):
+// a malformed, edited or misplaced file is a DataError naming the file and
+// the key, never undefined behaviour or a raw nlohmann exception.
+
+// A run id, as it appears in run.json and LATEST, is used as a directory name
+// under --out: it must be one safe path component ([A-Za-z0-9._-]+, not "."
+// or "..", at most 255 bytes), so no run.json or LATEST can point outside.
+bool safe_component(std::string_view s) {
+  if (s.empty() || s.size() > 255 || s == "." || s == "..") return false;
+  return std::all_of(s.begin(), s.end(), [](char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '.' || ch == '_' ||
+           ch == '-';
+  });
+}
+
+std::string shown_string(std::string_view s) {
+  std::string out = json(std::string(s)).dump(-1, ' ', true, json::error_handler_t::replace);
+  if (out.size() > 80) out = out.substr(0, 77) + "...";
+  return out;
+}
+
+std::string checked_run_id(const JsonView& v) {
+  std::string id = v.string();
+  if (!safe_component(id))
+    v.fail(fmt::format("{} is not a run id (expected one path component of [A-Za-z0-9._-], not '.' or '..')",
+                       shown_string(id)));
+  return id;
+}
+
+// Cell and perplexity files carry "checksum": "fnv1a64:<16 hex digits>", the
+// FNV-1a 64 hash of the file's JSON without its "checksum" member, dumped
+// compactly (nlohmann::json::dump(), keys sorted). A file edited by hand or
+// damaged no longer matches; the check is against accidents and edits, not
+// against someone who recomputes the hash.
+constexpr std::string_view kChecksumPrefix = "fnv1a64:";
+
+std::string content_checksum(json j) {
+  if (j.is_object()) j.erase("checksum");
+  return std::string(kChecksumPrefix) + hex16(hash_bytes(j.dump(-1, ' ', false, json::error_handler_t::replace)));
+}
+
+std::string with_checksum(json j, int indent = -1) {
+  j["checksum"] = content_checksum(j);
+  return j.dump(indent) + "\n";
+}
+
+void check_checksum(const JsonView& root) {
+  const auto c = root.find("checksum");
+  if (!c) root.fail("missing key 'checksum' (the file was edited, or written by a posenc without checksums)");
+  if (c->string() != content_checksum(root.raw()))
+    c->fail("does not match the file's content (the file was edited or damaged)");
 }
 
 // The run's axes, as stored in run.json's "config".
@@ -88,6 +143,23 @@ struct Axes {
   double min_baseline = 0.0;
   int64_t ppl_tokens = -1;
 };
+
+// Upper bound of a run's cells (a grid of 2^20 cells is already days of
+// compute): a run.json listing more is refused before its cells are looked up.
+constexpr uint64_t kMaxCells = uint64_t{1} << 20;
+
+// tasks x controls x scalings x lengths x depths (1 for tasks without depth),
+// nullopt on uint64 overflow.
+std::optional<uint64_t> cell_count(const Axes& a) {
+  uint64_t total = 0;
+  for (const auto& t : a.tasks) {
+    uint64_t n = find_eval_task(t).uses_depth ? a.depths.size() : 1;
+    for (uint64_t f : {a.controls.size(), a.scalings.size(), a.lengths.size()})
+      if (__builtin_mul_overflow(n, f, &n)) return std::nullopt;
+    if (__builtin_add_overflow(total, n, &total)) return std::nullopt;
+  }
+  return total;
+}
 
 std::vector<double> task_depths(const Axes& a, const std::string& task) {
   return find_eval_task(task).uses_depth ? a.depths : std::vector<double>{-1.0};
@@ -142,19 +214,56 @@ Axes axes_from_config(const EvalConfig& c) {
   return a;
 }
 
-Axes axes_from_run_json(const json& run) {
-  const json& c = run.at("config");
+// The axes of run.json's "config", each checked as validate_eval_config
+// checks the flags (a name listed twice would count its cells twice, an
+// unknown control or scaling would name files outside cells/).
+Axes axes_from_run_json(const JsonView& run) {
+  const JsonView c = run.at("config");
   Axes a;
-  a.tasks = c.at("tasks").get<std::vector<std::string>>();
-  a.controls = c.at("controls").get<std::vector<std::string>>();
-  a.scalings = c.at("rope_scalings").get<std::vector<std::string>>();
-  a.lengths = c.at("lengths").get<std::vector<int64_t>>();
-  a.depths = c.at("depths").get<std::vector<double>>();
-  a.samples = c.at("samples").get<int64_t>();
-  a.choices = c.at("choices").get<int>();
-  a.threshold = c.at("threshold").get<double>();
-  a.min_baseline = c.at("min_baseline").get<double>();
-  a.ppl_tokens = c.at("ppl_tokens").get<int64_t>();
+  auto names = [&](std::string_view key, auto&& check) {
+    std::vector<std::string> out;
+    const JsonView list = c.at(key);
+    if (list.size() == 0) list.fail("must not be empty");
+    for (const JsonView& v : list.elements()) {
+      std::string name = v.string();
+      try {
+        check(name);
+      } catch (const Error& e) {
+        v.fail(e.what());
+      }
+      if (std::find(out.begin(), out.end(), name) != out.end()) v.fail(fmt::format("{} listed twice", shown_string(name)));
+      out.push_back(std::move(name));
+    }
+    return out;
+  };
+  a.tasks = names("tasks", [](const std::string& t) { find_eval_task(t); });
+  a.controls = names("controls", [](const std::string& t) { parse_task_control(t, "control"); });
+  a.scalings = names("rope_scalings", [](const std::string& t) { is_rope_scaling_name(t); });
+  {
+    const JsonView list = c.at("lengths");
+    if (list.size() == 0) list.fail("must not be empty");
+    for (const JsonView& v : list.elements()) {
+      const int64_t L = v.integer(8, int64_t{1} << 20);
+      if (!a.lengths.empty() && L <= a.lengths.back()) v.fail("lengths must be increasing (sorted, each once)");
+      a.lengths.push_back(L);
+    }
+  }
+  {
+    const JsonView list = c.at("depths");
+    if (list.size() == 0) list.fail("must not be empty");
+    for (const JsonView& v : list.elements()) {
+      const double d = v.number(0.0, 1.0);
+      if (!a.depths.empty() && d <= a.depths.back()) v.fail("depths must be increasing (sorted, each once)");
+      a.depths.push_back(d);
+    }
+  }
+  a.samples = c.at("samples").integer(1, 1000000);
+  a.choices = static_cast<int>(c.at("choices").integer(2, 16));
+  a.threshold = c.at("threshold").number(0.0, 1.0);
+  a.min_baseline = c.at("min_baseline").number(0.0, 1.0);
+  a.ppl_tokens = c.at("ppl_tokens").integer(-1, kMaxPplTokens);
+  if (const auto cells = cell_count(a); !cells || *cells > kMaxCells)
+    c.fail(fmt::format("the axes make more than {} cells (tasks x controls x scalings x lengths x depths)", kMaxCells));
   return a;
 }
 
@@ -230,6 +339,95 @@ json cell_json(const std::string& task, const std::string& control, const std::s
 
 bool cell_ok(const json& c) { return c.value("status", std::string("ok")) == "ok" && c.at("n").get<int64_t>() > 0; }
 
+// Checks that the JSON `v` holds the depth `d` (null for tasks without depth).
+void check_depth(const JsonView& v, double d, std::string_view expected_where) {
+  if (d < 0) {
+    if (!v.is_null()) v.fail(fmt::format("expected null (the cell {} has no depth)", expected_where));
+  } else if (v.number(0.0, 1.0) != d) {
+    v.fail(fmt::format("is {}, the cell {} has depth {}", v.raw().dump(), expected_where, depth_key(d)));
+  }
+}
+
+void check_string(const JsonView& v, const std::string& expected, std::string_view where) {
+  const std::string got = v.string();
+  if (got != expected) v.fail(fmt::format("is {}, expected {} ({})", shown_string(got), shown_string(expected), where));
+}
+
+// Reads and checks cells/<name>.json against the cell it must hold: its
+// checksum, its coordinates (task, control, scaling, length, depth) and every
+// sample's, n = the run's samples (0 when it does not fit), `correct` = the
+// samples marked correct, accuracy = correct / n. A cell copied over another,
+// edited or truncated is a DataError naming the file. Returns the document.
+JsonDocument load_cell(const fs::path& p, const Group& g, double depth, const Axes& a) {
+  const JsonDocument doc = read_json_document(p);
+  const JsonView root = doc.root();
+  check_checksum(root);
+  const std::string where = fmt::format("named {}", p.filename().string());
+  const JsonView cell = root.at("cell");
+  check_string(cell.at("task"), g.task, where);
+  check_string(cell.at("control"), g.control, where);
+  check_string(cell.at("rope_scaling"), g.scaling, where);
+  if (cell.at("length").integer() != g.length)
+    cell.at("length").fail(fmt::format("is {}, the cell {} has length {}", cell.at("length").raw().dump(), where, g.length));
+  check_depth(cell.at("depth"), depth, where);
+  const std::string status = cell.string_or("status", "ok");
+  if (status != "ok" && status != "does not fit") cell.at("status").fail("expected \"ok\" or \"does not fit\"");
+  const int64_t n = cell.at("n").integer(0, a.samples);
+  if (status == "ok" && n != a.samples) cell.at("n").fail(fmt::format("is {}, the run has {} samples per cell", n, a.samples));
+  if (status != "ok" && n != 0) cell.at("n").fail("must be 0 for a cell that does not fit");
+  const int64_t correct = cell.at("correct").integer(0, n);
+  const JsonView acc = cell.at("accuracy");
+  if (n == 0) {
+    if (!acc.is_null()) acc.fail("must be null when n is 0");
+  } else if (acc.number(0.0, 1.0) != static_cast<double>(correct) / static_cast<double>(n)) {
+    acc.fail(fmt::format("is not correct / n = {} / {}", correct, n));
+  }
+  const double lo = cell.at("ci_low").number(0.0, 1.0), hi = cell.at("ci_high").number(0.0, 1.0);
+  if (lo > hi) cell.at("ci_low").fail("is above ci_high");
+  const JsonView samples = root.at("samples");
+  if (static_cast<int64_t>(samples.size()) != n)
+    samples.fail(fmt::format("holds {} samples, the cell says n = {}", samples.size(), n));
+  int64_t k = 0;
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    const JsonView s = samples.at(i);
+    const std::string swhere = fmt::format("sample of the cell {}", where);
+    check_string(s.at("task"), g.task, swhere);
+    check_string(s.at("control"), g.control, swhere);
+    check_string(s.at("rope_scaling"), g.scaling, swhere);
+    if (s.at("length").integer() != g.length) s.at("length").fail(fmt::format("expected {} ({})", g.length, swhere));
+    check_depth(s.at("depth"), depth, where);
+    if (s.at("index").integer() != static_cast<int64_t>(i)) s.at("index").fail(fmt::format("expected {} (samples in order)", i));
+    k += s.at("correct").boolean() ? 1 : 0;
+    (void)s.boolean_or("kept_original", false);
+    (void)s.at("prediction");
+  }
+  if (k != correct) cell.at("correct").fail(fmt::format("is {}, {} samples are marked correct", correct, k));
+  return doc;
+}
+
+// Reads and checks ppl/<scaling>__L<length>.json: checksum, coordinates and
+// the fields ppl.json copies.
+JsonDocument load_ppl(const fs::path& p, const std::string& scaling, int64_t length) {
+  const JsonDocument doc = read_json_document(p);
+  const JsonView r = doc.root();
+  check_checksum(r);
+  check_string(r.at("rope_scaling"), scaling, fmt::format("named {}", p.filename().string()));
+  if (r.at("context").integer() != length)
+    r.at("context").fail(fmt::format("expected {} (the file is named {})", length, p.filename().string()));
+  (void)r.at("factor").number();
+  (void)r.at("ppl");  // a number, or null if it overflowed
+  (void)r.at("nll").number();
+  (void)r.at("tokens").integer(0);
+  (void)r.at("windows").integer(0);
+  for (const JsonView& b : r.at("buckets").elements()) {
+    (void)b.at("start").integer(0);
+    (void)b.at("end").integer(0);
+    (void)b.at("nll").number();
+    (void)b.at("tokens").integer(0);
+  }
+  return doc;
+}
+
 std::string fingerprint(const RopeSetup& r) {
   std::string f(reinterpret_cast<const char*>(r.freqs.inv_freq.data()), r.freqs.inv_freq.size() * sizeof(float));
   f += fmt::format("|{}|{}|{}|{}|{}", r.freqs.attention_factor, r.freqs.rotary_dim, r.freqs.head_dim,
@@ -237,6 +435,72 @@ std::string fingerprint(const RopeSetup& r) {
   return f;
 }
 
+
+void warn(const std::string& message) {
+  fmt::print(stderr, "eval: warning: {}\n", message);
+  std::fflush(stderr);
+}
+
+// An advisory lock (flock, LOCK_EX | LOCK_NB) on <run dir>/.lock, held while
+// an eval run or a merge writes the directory: a second process on the same
+// run directory fails at once instead of duplicating the work and racing on
+// the files. The lock file holds the holder's pid (for the message); it is
+// left in place (removing it would race with a process about to lock it).
+class RunDirLock {
+ public:
+  explicit RunDirLock(const fs::path& run_dir) : path_(run_dir / ".lock") {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd_ < 0) throw IoError(fmt::format("{}: cannot create the lock file ({})", path_.string(), std::strerror(errno)));
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      char buf[32] = {};
+      const ssize_t got = ::pread(fd_, buf, sizeof buf - 1, 0);
+      std::string pid = got > 0 ? std::string(buf, static_cast<std::size_t>(got)) : std::string();
+      while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+      ::close(fd_);
+      if (err == EWOULDBLOCK)
+        throw IoError(fmt::format("{}: locked by another posenc process{} writing this run directory; wait for it "
+                                  "to finish or use another --out",
+                                  path_.string(), pid.empty() ? std::string() : fmt::format(" (pid {})", pid)));
+      throw IoError(fmt::format("{}: cannot lock ({})", path_.string(), std::strerror(err)));
+    }
+    const std::string me = fmt::format("{}\n", ::getpid());
+    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);
+  }
+  ~RunDirLock() { ::close(fd_); }
+  RunDirLock(const RunDirLock&) = delete;
+  RunDirLock& operator=(const RunDirLock&) = delete;
+
+ private:
+  fs::path path_;
+  int fd_ = -1;
+};
+
+// write_file_atomic writes <path>.tmp.<pid>.<n> and renames it; a SIGKILL in
+// between leaves the temporary behind. Under the run directory's lock no
+// other process writes there, so every such file is stale: removed.
+void remove_stale_temporaries(const fs::path& run_dir) {
+  auto is_temporary = [](const std::string& name) {
+    const auto t = name.rfind(".tmp.");
+    if (t == std::string::npos || t == 0) return false;
+    const std::string rest = name.substr(t + 5);
+    const auto dot = rest.find('.');
+    auto digits = [](std::string_view x) {
+      return !x.empty() && std::all_of(x.begin(), x.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+    };
+    return dot != std::string::npos && digits(std::string_view(rest).substr(0, dot)) &&
+           digits(std::string_view(rest).substr(dot + 1));
+  };
+  for (const fs::path& d : {run_dir, run_dir / "cells", run_dir / "ppl"}) {
+    std::error_code ec;
+    if (!fs::is_directory(d, ec)) continue;
+    for (const auto& e : fs::directory_iterator(d, ec)) {
+      if (!e.is_regular_file(ec) || !is_temporary(e.path().filename().string())) continue;
+      std::error_code rm;
+      if (fs::remove(e.path(), rm)) warn(fmt::format("{}: removed a stale temporary file (a killed run)", e.path().string()));
+    }
+  }
+}
 
 // TEST-ONLY: POSENC_EVAL_TEST_GROUP_DELAY_MS=n sleeps n ms after each
 // persisted group, so the resume test can kill a run between groups however
@@ -298,7 +562,8 @@ void validate_eval_config(EvalConfig& c) {
   if (!(c.threshold >= 0.0 && c.threshold <= 1.0)) fail_field<ConfigError>("--threshold", "must be in [0, 1]", c.threshold);
   if (!(c.min_baseline >= 0.0 && c.min_baseline <= 1.0))
     fail_field<ConfigError>("--min-baseline", "must be in [0, 1]", c.min_baseline);
-  if (c.ppl_tokens < -1) fail_field<ConfigError>("--ppl-tokens", "must be -1 (skip), 0 (whole text) or positive", c.ppl_tokens);
+  if (c.ppl_tokens < -1 || c.ppl_tokens > kMaxPplTokens)
+    fail_field<ConfigError>("--ppl-tokens", "must be -1 (skip), 0 (whole text) or in [1, 2^48]", c.ppl_tokens);
   if (c.haystack_path.empty()) {
     for (const auto& t : c.tasks)
       if (find_eval_task(t).uses_haystack)
@@ -314,6 +579,9 @@ void validate_eval_config(EvalConfig& c) {
   if (c.shard_count < 1 || c.shard_index < 0 || c.shard_index >= c.shard_count)
     throw ConfigError(fmt::format("--shard: must be i/n with 0 <= i < n (got {}/{})", c.shard_index, c.shard_count));
   if (c.out.empty()) throw ConfigError("--out: an output directory is required");
+  if (const auto cells = cell_count(axes_from_config(c)); !cells || *cells > kMaxCells)
+    throw ConfigError(fmt::format("--tasks x --control x --rope-scaling x --lengths x --depths: more than {} cells",
+                                  kMaxCells));
 }
 
 std::string eval_run_id(const EvalConfig& c, const Model& model) {
@@ -359,9 +627,15 @@ std::string eval_run_id(const EvalConfig& c, const Model& model) {
 
 fs::path resolve_run_dir(const fs::path& dir) {
   if (fs::exists(dir / "run.json")) return dir;
-  if (fs::exists(dir / "LATEST")) {
-    std::string id = read_file(dir / "LATEST");
-    while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  const fs::path latest = dir / "LATEST";
+  if (fs::exists(latest)) {
+    std::string id = read_file(latest, 4096);
+    while (!id.empty() && (id.back() == '\n' || id.back() == '\r' || id.back() == ' ')) id.pop_back();
+    // LATEST names a direct child of dir: never an absolute path or ../.
+    if (!safe_component(id))
+      throw DataError(fmt::format("{}: names {}, not a run directory of {} (expected one path component of "
+                                  "[A-Za-z0-9._-], not '.' or '..')",
+                                  latest.string(), shown_string(id), dir.string()));
     const fs::path p = dir / id;
     if (fs::exists(p / "run.json")) return p;
     throw IoError(fmt::format("{}: LATEST names run '{}' but {} has no run.json", dir.string(), id, p.string()));
@@ -380,6 +654,8 @@ struct Collected {
   int64_t present = 0;
 };
 
+// Every cell of the run's axes found in cells/, each checked by load_cell: a
+// cell file that does not hold its cell is a DataError, never counted.
 Collected collect_cells(const fs::path& run_dir, const Axes& a) {
   Collected c;
   for (const auto& g : groups_of(a))
@@ -387,14 +663,17 @@ Collected collect_cells(const fs::path& run_dir, const Axes& a) {
       ++c.expected;
       const fs::path p = run_dir / "cells" / (cell_name(g.task, g.control, g.scaling, g.length, d) + ".json");
       if (!fs::exists(p)) continue;
-      json j = read_json(p);
-      c.cells.push_back(j.at("cell"));
-      for (auto& s : j.at("samples")) c.samples.push_back(std::move(s));
+      const JsonDocument doc = load_cell(p, g, d, a);
+      c.cells.push_back(doc.raw().at("cell"));
+      for (const auto& s : doc.raw().at("samples")) c.samples.push_back(s);
       ++c.present;
     }
   return c;
 }
 
+// summarise and summary_csv index the cells and samples collect_cells read:
+// every key they use was checked by load_cell (type and, for coordinates,
+// value), so these .at() calls on in-memory values cannot throw.
 json summarise(const Collected& col, const Axes& a, const std::string& run_id) {
   json summary;
   summary["run_id"] = run_id;
@@ -531,34 +810,45 @@ std::string summary_csv(const json& summary) {
   return out;
 }
 
-json write_outputs(const fs::path& run_dir, const json& run, const Axes& a) {
+json write_outputs(const fs::path& run_dir, const JsonView& run, const Axes& a) {
   const Collected col = collect_cells(run_dir, a);
-  const json summary = summarise(col, a, run.at("run_id").get<std::string>());
+  const json summary = summarise(col, a, checked_run_id(run.at("run_id")));
   std::string lines;
   for (const auto& s : col.samples) lines += s.dump() + "\n";
-  write_file_atomic(run_dir / "samples.jsonl", lines);
-  write_file_atomic(run_dir / "summary.json", summary.dump(2) + "\n");
-  write_file_atomic(run_dir / "summary.csv", summary_csv(summary));
-  // Perplexity matrix, in `posenc ppl --json`'s schema.
+  // Perplexity matrix, in `posenc ppl --json`'s schema (read before anything is written).
   const auto jobs = ppl_jobs_of(a);
+  json ppl;
   if (!jobs.empty()) {
-    json ppl = run.value("ppl_header", json::object());
+    const auto h = run.find("ppl_header");
+    if (h && !h->is_object()) h->fail("expected an object");
+    ppl = h ? h->raw() : json::object();
     ppl["results"] = json::array();
     for (const auto& j : jobs) {
       const fs::path p = run_dir / "ppl" / (ppl_name(j) + ".json");
-      if (fs::exists(p)) ppl["results"].push_back(read_json(p));
+      if (!fs::exists(p)) continue;
+      json r = load_ppl(p, j.scaling, j.length).raw();
+      r.erase("checksum");
+      ppl["results"].push_back(std::move(r));
     }
-    write_file_atomic(run_dir / "ppl.json", ppl.dump(2) + "\n");
   }
+  write_file_atomic(run_dir / "samples.jsonl", lines);
+  write_file_atomic(run_dir / "summary.json", summary.dump(2) + "\n");
+  write_file_atomic(run_dir / "summary.csv", summary_csv(summary));
+  if (!jobs.empty()) write_file_atomic(run_dir / "ppl.json", ppl.dump(2) + "\n");
   return summary;
+}
+
+json write_outputs(const fs::path& run_dir, const json& run, const Axes& a) {
+  const JsonDocument doc(run, (run_dir / "run.json").string());
+  return write_outputs(run_dir, doc.root(), a);
 }
 
 }  // namespace
 
 json rebuild_eval_outputs(const fs::path& dir, std::optional<double> threshold, std::optional<double> min_baseline) {
   const fs::path run_dir = resolve_run_dir(dir);
-  const json run = read_json(run_dir / "run.json");
-  Axes a = axes_from_run_json(run);
+  const JsonDocument run = read_json_document(run_dir / "run.json");
+  Axes a = axes_from_run_json(run.root());
   if (threshold) {
     if (!(*threshold >= 0.0 && *threshold <= 1.0)) fail_field<ConfigError>("--threshold", "must be in [0, 1]", *threshold);
     a.threshold = *threshold;
@@ -568,8 +858,44 @@ json rebuild_eval_outputs(const fs::path& dir, std::optional<double> threshold, 
       fail_field<ConfigError>("--min-baseline", "must be in [0, 1]", *min_baseline);
     a.min_baseline = *min_baseline;
   }
-  return write_outputs(run_dir, run, a);
+  return write_outputs(run_dir, run.root(), a);
 }
+
+std::vector<std::string> eval_resume_plan(const fs::path& dir) {
+  const fs::path run_dir = resolve_run_dir(dir);
+  const JsonDocument run = read_json_document(run_dir / "run.json");
+  const Axes a = axes_from_run_json(run.root());
+  (void)checked_run_id(run.root().at("run_id"));
+  std::vector<std::string> todo;
+  for (const auto& g : groups_of(a))
+    for (double d : task_depths(a, g.task)) {
+      const fs::path p = run_dir / "cells" / (cell_name(g.task, g.control, g.scaling, g.length, d) + ".json");
+      if (!fs::exists(p)) {
+        todo.push_back(p.string() + ": missing");
+        continue;
+      }
+      try {
+        (void)load_cell(p, g, d, a);
+      } catch (const Error& e) {
+        todo.push_back(e.what());
+      }
+    }
+  for (const auto& j : ppl_jobs_of(a)) {
+    const fs::path p = run_dir / "ppl" / (ppl_name(j) + ".json");
+    if (!fs::exists(p)) {
+      todo.push_back(p.string() + ": missing");
+      continue;
+    }
+    try {
+      (void)load_ppl(p, j.scaling, j.length);
+    } catch (const Error& e) {
+      todo.push_back(e.what());
+    }
+  }
+  return todo;
+}
+
+std::string eval_file_checksum(const json& file) { return content_checksum(file); }
 
 // ---------------------------------------------------------------- the run
 
@@ -610,6 +936,8 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
   const std::vector<int32_t> stream =
       c.ppl_tokens >= 0 ? encode_stream(tokenizer, haystack_text) : std::vector<int32_t>{};
   fs::create_directories(run_dir / "cells");
+  const RunDirLock lock(run_dir);
+  remove_stale_temporaries(run_dir);
 
   // ---- run.json (written first, so a partial run is self-describing) ----
   json run;
@@ -748,7 +1076,18 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
     weight_total += group_weight(g);
     for (double d : depths) {
       const std::string name = cell_name(g.task, g.control, g.scaling, g.length, d);
-      if (!fs::exists(run_dir / "cells" / (name + ".json"))) missing[u].push_back(name);
+      const fs::path p = run_dir / "cells" / (name + ".json");
+      if (!fs::exists(p)) {
+        missing[u].push_back(name);
+        continue;
+      }
+      // A cell on disk counts only if it holds its cell (coordinates, checksum).
+      try {
+        (void)load_cell(p, g, d, axes);
+      } catch (const Error& e) {
+        warn(fmt::format("{}; recomputing the cell", e.what()));
+        missing[u].push_back(name);
+      }
     }
     if (missing[u].empty()) weight_done += group_weight(g);
     cells_done += static_cast<int64_t>(depths.size() - missing[u].size());
@@ -824,7 +1163,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
         cell["cell"] = cell_json(g.task, g.control, g.scaling, g.length, d, 0, 0, "does not fit");
         cell["cell"]["note"] = nofit;
         cell["samples"] = json::array();
-        write_file_atomic(run_dir / "cells" / (name + ".json"), cell.dump() + "\n");
+        write_file_atomic(run_dir / "cells" / (name + ".json"), with_checksum(cell));
         ++res.cells_computed;
         ++cells_done;
       }
@@ -853,7 +1192,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
       json cell;
       cell["cell"] = cell_json(g.task, g.control, g.scaling, g.length, depths[di], static_cast<int64_t>(n), correct);
       cell["samples"] = std::move(recs);
-      write_file_atomic(run_dir / "cells" / (name + ".json"), cell.dump() + "\n");
+      write_file_atomic(run_dir / "cells" / (name + ".json"), with_checksum(cell));
       ++res.cells_computed;
       ++cells_done;
     }
@@ -874,7 +1213,14 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
       if (!u.is_ppl) continue;
       const PplJob& j = pjobs[u.i];
       const fs::path p = run_dir / "ppl" / (ppl_name(j) + ".json");
-      if (fs::exists(p)) continue;
+      if (fs::exists(p)) {
+        try {
+          (void)load_ppl(p, j.scaling, j.length);
+          continue;
+        } catch (const Error& e) {
+          warn(fmt::format("{}; recomputing it", e.what()));
+        }
+      }
       Model m = model;
       m.set_rope(rope_setup_for_context(model.rope(), trained, j.scaling, j.length, c.rope_factor));
       PplOptions o;
@@ -888,7 +1234,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
       jr["buckets"] = json::array();
       for (const auto& b : r.buckets)
         jr["buckets"].push_back({{"start", b.start}, {"end", b.end}, {"nll", b.nll()}, {"tokens", b.tokens}});
-      write_file_atomic(p, jr.dump(2) + "\n");
+      write_file_atomic(p, with_checksum(jr, 2));
     }
   }
 
@@ -910,41 +1256,66 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
 fs::path merge_eval_runs(std::span<const fs::path> inputs, const fs::path& out) {
   if (inputs.empty()) throw ConfigError("merge: at least one input run directory is required");
   std::vector<fs::path> dirs;
-  for (const auto& i : inputs) dirs.push_back(resolve_run_dir(i));
-  json run = read_json(dirs[0] / "run.json");
-  const std::string id = run.at("run_id").get<std::string>();
-  for (const auto& d : dirs) {
-    const json r = read_json(d / "run.json");
-    if (r.at("run_id") != id)
+  std::vector<JsonDocument> runs;
+  for (const auto& i : inputs) {
+    dirs.push_back(resolve_run_dir(i));
+    runs.push_back(read_json_document(dirs.back() / "run.json"));
+  }
+  // The run id names the output directory: checked to be one path component.
+  const std::string id = checked_run_id(runs[0].root().at("run_id"));
+  const Axes axes = axes_from_run_json(runs[0].root());
+  for (std::size_t k = 0; k < dirs.size(); ++k) {
+    const std::string other = checked_run_id(runs[k].root().at("run_id"));
+    if (other != id)
       throw ConfigError(fmt::format("merge: {} is run {}, {} is run {} (different argument sets cannot be merged)",
-                                    dirs[0].string(), id, d.string(), r.at("run_id").get<std::string>()));
+                                    dirs[0].string(), id, dirs[k].string(), other));
   }
   const fs::path run_dir = out / id;
   fs::create_directories(run_dir / "cells");
   fs::create_directories(run_dir / "ppl");
+  const RunDirLock lock(run_dir);
+  remove_stale_temporaries(run_dir);
+  json run = runs[0].raw();
   json merged_from = json::array();
-  json header = run.value("ppl_header", json::object());
-  for (const auto& d : dirs) {
+  json header = run.contains("ppl_header") ? run["ppl_header"] : json::object();
+  // Copies one checked file (a cell or a perplexity result) into the output.
+  auto copy_checked = [&](const fs::path& src, const fs::path& dst) {
+    const std::string content = read_file(src);
+    if (fs::exists(dst)) {
+      if (read_file(dst) != content)
+        throw InvalidArgument(
+            fmt::format("merge: {} differs from {} (same cell, different results)", src.string(), dst.string()));
+      return;
+    }
+    write_file_atomic(dst, content);
+  };
+  for (std::size_t k = 0; k < dirs.size(); ++k) {
+    const fs::path& d = dirs[k];
     const fs::path src_run = fs::weakly_canonical(d);
     const bool same = fs::exists(run_dir) && fs::weakly_canonical(run_dir) == src_run;
     merged_from.push_back(d.string());
-    const json r = read_json(d / "run.json");
-    if (r.contains("ppl_header") && r["ppl_header"].contains("tokens_total")) header = r["ppl_header"];
+    if (const auto h = runs[k].root().find("ppl_header")) {
+      if (!h->is_object()) h->fail("expected an object");
+      if (h->contains("tokens_total")) header = h->raw();
+    }
     if (same) continue;
-    for (const char* sub : {"cells", "ppl"}) {
-      if (!fs::exists(d / sub)) continue;
-      for (const auto& e : fs::directory_iterator(d / sub)) {
-        if (e.path().extension() != ".json") continue;
-        const fs::path dst = run_dir / sub / e.path().filename();
-        const std::string content = read_file(e.path());
-        if (fs::exists(dst)) {
-          if (read_file(dst) != content)
-            throw InvalidArgument(fmt::format("merge: {} differs from {} (same cell, different results)",
-                                              e.path().string(), dst.string()));
-          continue;
-        }
-        write_file_atomic(dst, content);
+    // Only the cells of the run's axes, each checked (its name, coordinates
+    // and checksum) before it is copied: a file that does not hold its cell
+    // is a DataError naming it, never merged.
+    for (const auto& g : groups_of(axes))
+      for (double depth : task_depths(axes, g.task)) {
+        const std::string name = cell_name(g.task, g.control, g.scaling, g.length, depth) + ".json";
+        const fs::path src = d / "cells" / name;
+        if (!fs::exists(src)) continue;
+        (void)load_cell(src, g, depth, axes);
+        copy_checked(src, run_dir / "cells" / name);
       }
+    for (const auto& j : ppl_jobs_of(axes)) {
+      const std::string name = ppl_name(j) + ".json";
+      const fs::path src = d / "ppl" / name;
+      if (!fs::exists(src)) continue;
+      (void)load_ppl(src, j.scaling, j.length);
+      copy_checked(src, run_dir / "ppl" / name);
     }
   }
   run["config"]["shard"] = nullptr;
@@ -953,36 +1324,46 @@ fs::path merge_eval_runs(std::span<const fs::path> inputs, const fs::path& out) 
   run.erase("timing");
   write_file_atomic(run_dir / "run.json", run.dump(2) + "\n");
   write_file_atomic(out / "LATEST", id + "\n");
-  write_outputs(run_dir, run, axes_from_run_json(run));
+  write_outputs(run_dir, run, axes);
   return run_dir;
 }
 
 // ---------------------------------------------------------------- text summary
 
 std::string format_eval_summary(const json& summary) {
+  const JsonDocument doc(summary, "summary");
+  return format_eval_summary(doc.root());
+}
+
+std::string format_eval_summary(const JsonView& summary) {
   std::string out;
+  using Key = std::tuple<std::string, std::string, std::string>;
+  auto key_of = [](const JsonView& c) {
+    return std::make_tuple(c.at("task").string(), c.at("control").string(), c.at("rope_scaling").string());
+  };
   // Per (task, control, scaling): depth-averaged accuracy by length + min/max cell CI.
-  std::map<std::tuple<std::string, std::string, std::string>, std::map<int64_t, std::vector<const json*>>> rows;
-  std::vector<std::tuple<std::string, std::string, std::string>> order;
+  std::map<Key, std::map<int64_t, std::vector<JsonView>>> rows;
+  std::vector<Key> order;
   std::set<int64_t> lengths;
-  for (const auto& c : summary.at("cells")) {
-    auto k = std::make_tuple(c.at("task").get<std::string>(), c.at("control").get<std::string>(),
-                             c.at("rope_scaling").get<std::string>());
+  for (const JsonView& c : summary.at("cells").elements()) {
+    const Key k = key_of(c);
     if (!rows.count(k)) order.push_back(k);
-    rows[k][c.at("length").get<int64_t>()].push_back(&c);
-    lengths.insert(c.at("length").get<int64_t>());
+    const int64_t L = c.at("length").integer();
+    rows[k][L].push_back(c);
+    lengths.insert(L);
   }
-  std::map<std::tuple<std::string, std::string, std::string>, const json*> eff;
-  for (const auto& e : summary.at("effective_context"))
-    eff[{e.at("task").get<std::string>(), e.at("control").get<std::string>(), e.at("rope_scaling").get<std::string>()}] = &e;
-  out += fmt::format("run {}: {} of {} cells{}\n", summary.value("run_id", std::string("?")),
-                     summary.value("cells_present", 0), summary.value("cells_expected", 0),
-                     summary.value("complete", false) ? "" : " (incomplete)");
+  std::map<Key, JsonView> eff;
+  for (const JsonView& e : summary.at("effective_context").elements()) eff.emplace(key_of(e), e);
+  const double min_baseline = summary.number_or("min_baseline", 0.0);
+  out += fmt::format("run {}: {} of {} cells{}\n", summary.string_or("run_id", "?"),
+                     summary.integer_or("cells_present", 0), summary.integer_or("cells_expected", 0),
+                     summary.boolean_or("complete", false) ? "" : " (incomplete)");
   out += "accuracy averaged over depths (n = samples x depths per length); [min cell ci_low, max cell ci_high]\n";
   std::string head = fmt::format("{:<18} {:<8} {:<8}", "task", "control", "scaling");
   for (int64_t L : lengths) head += fmt::format(" {:>17}", fmt::format("L={}", L));
   head += "  effective context";
   out += head + "\n";
+  auto ok = [](const JsonView& c) { return c.string_or("status", "ok") == "ok" && c.at("n").integer() > 0; };
   for (const auto& k : order) {
     std::string row = fmt::format("{:<18} {:<8} {:<8}", std::get<0>(k), std::get<1>(k), std::get<2>(k));
     for (int64_t L : lengths) {
@@ -991,15 +1372,15 @@ std::string format_eval_summary(const json& summary) {
         row += fmt::format(" {:>17}", "-");
         continue;
       }
-      if (!std::all_of(it->second.begin(), it->second.end(), [](const json* c) { return cell_ok(*c); })) {
+      if (!std::all_of(it->second.begin(), it->second.end(), ok)) {
         row += fmt::format(" {:>17}", "does not fit");
         continue;
       }
       double acc = 0, lo = 1, hi = 0;
-      for (const json* c : it->second) {
-        acc += c->at("accuracy").get<double>();
-        lo = std::min(lo, c->at("ci_low").get<double>());
-        hi = std::max(hi, c->at("ci_high").get<double>());
+      for (const JsonView& c : it->second) {
+        acc += c.at("accuracy").number();
+        lo = std::min(lo, c.at("ci_low").number());
+        hi = std::max(hi, c.at("ci_high").number());
       }
       acc /= static_cast<double>(it->second.size());
       row += fmt::format(" {:>17}", fmt::format("{:.2f} [{:.2f},{:.2f}]", acc, lo, hi));
@@ -1008,36 +1389,36 @@ std::string format_eval_summary(const json& summary) {
     if (e == eff.end()) {
       row += "  (incomplete)";
     } else {
-      const json& x = *e->second;
+      const JsonView& x = e->second;
       if (x.at("baseline").is_null())
-        row += "  " + x.at("status").get<std::string>();
-      else if (!x.at("solvable").get<bool>())
+        row += "  " + x.at("status").string();
+      else if (!x.at("solvable").boolean())
         row += fmt::format("  not solvable by this model (baseline {:.2f}, 95% CI low {:.2f} vs chance {:.2f}{})",
-                           x.at("baseline").get<double>(), x.value("baseline_ci_low", 0.0), x.at("chance").get<double>(),
-                           summary.value("min_baseline", 0.0) > 0 ? fmt::format(", min {:.2f}", summary.value("min_baseline", 0.0)) : "");
+                           x.at("baseline").number(), x.number_or("baseline_ci_low", 0.0), x.at("chance").number(),
+                           min_baseline > 0 ? fmt::format(", min {:.2f}", min_baseline) : "");
       else if (x.at("length").is_null())
-        row += fmt::format("  none (baseline {:.2f}, threshold {:.2f})", x.at("baseline").get<double>(),
-                           x.at("threshold").get<double>());
+        row += fmt::format("  none (baseline {:.2f}, threshold {:.2f})", x.at("baseline").number(),
+                           x.at("threshold").number());
       else
-        row += fmt::format("  {} (baseline {:.2f}, threshold {:.2f})", x.at("length").get<int64_t>(),
-                           x.at("baseline").get<double>(), x.at("threshold").get<double>());
+        row += fmt::format("  {} (baseline {:.2f}, threshold {:.2f})", x.at("length").integer(),
+                           x.at("baseline").number(), x.at("threshold").number());
     }
     out += row + "\n";
   }
-  if (summary.contains("controls") && !summary.at("controls").empty()) {
+  if (const auto controls = summary.find("controls"); controls && controls->size() > 0) {
     out += "\ncontrols: the evidence was changed; followed = prediction matches the changed evidence, kept = "
            "prediction still matches the original answer, changed = prediction differs from the uncontrolled run\n";
     out += fmt::format("{:<18} {:<8} {:<8} {:>6} {:>4} {:>18} {:>6} {:>8} {:>12}\n", "task", "control", "scaling",
                        "length", "n", "followed [95% CI]", "kept", "changed", "none correct");
-    for (const auto& c : summary.at("controls"))
-      out += fmt::format("{:<18} {:<8} {:<8} {:>6} {:>4} {:>18} {:>6} {:>8} {:>12}\n", c.at("task").get<std::string>(),
-                         c.at("control").get<std::string>(), c.at("rope_scaling").get<std::string>(),
-                         c.at("length").get<int64_t>(), c.at("n").get<int64_t>(),
-                         fmt::format("{:.2f} [{:.2f},{:.2f}]", c.at("followed_rate").get<double>(),
-                                     c.at("ci_low").get<double>(), c.at("ci_high").get<double>()),
-                         c.at("kept_original_answer").get<int64_t>(),
-                         fmt::format("{}/{}", c.at("prediction_changed").get<int64_t>(), c.at("paired_with_none").get<int64_t>()),
-                         c.at("none_correct").get<int64_t>());
+    for (const JsonView& c : controls->elements())
+      out += fmt::format("{:<18} {:<8} {:<8} {:>6} {:>4} {:>18} {:>6} {:>8} {:>12}\n", c.at("task").string(),
+                         c.at("control").string(), c.at("rope_scaling").string(), c.at("length").integer(),
+                         c.at("n").integer(),
+                         fmt::format("{:.2f} [{:.2f},{:.2f}]", c.at("followed_rate").number(), c.at("ci_low").number(),
+                                     c.at("ci_high").number()),
+                         c.at("kept_original_answer").integer(),
+                         fmt::format("{}/{}", c.at("prediction_changed").integer(), c.at("paired_with_none").integer()),
+                         c.at("none_correct").integer());
   }
   return out;
 }

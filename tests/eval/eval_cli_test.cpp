@@ -3,6 +3,7 @@
 // shards merged equal the unsharded run; cells that cannot fit are recorded;
 // the report writes its table, heatmaps and a self-contained HTML.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -12,12 +13,14 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "posenc/eval.hpp"
 #include "test_support.hpp"
 
 extern char** environ;
@@ -290,4 +293,255 @@ TEST(EvalCliSmall, AFailedRunLeavesLatestOnTheGoodRun) {
   for (const auto& e : std::filesystem::directory_iterator(d.path())) runs += e.is_directory();
   EXPECT_EQ(runs, 1);
   EXPECT_EQ(run_cli("eval report --no-plots " + q(d.path())).exit_code, 0);
+}
+
+// ---- issue 13: run directories that cannot be tricked ------------------------
+
+namespace {
+
+nlohmann::json read_json(const fs::path& p) { return nlohmann::json::parse(slurp(p)); }
+void write_json(const fs::path& p, const nlohmann::json& j) { std::ofstream(p, std::ios::trunc) << j.dump() << "\n"; }
+
+// A copy of the reference run's --out directory (LATEST + the run).
+fs::path copy_ref_out(const TempDir& d, const fs::path& ref_run) {
+  const fs::path out = d.path() / "out";
+  fs::create_directories(out);
+  fs::copy(ref_run, out / ref_run.filename(), fs::copy_options::recursive);
+  std::ofstream(out / "LATEST") << ref_run.filename().string() << "\n";
+  return out;
+}
+
+}  // namespace
+
+TEST_F(EvalCli, ResumeRecomputesEditedAndMisplacedCellsAndRemovesStaleTemporaries) {
+  TempDir d;
+  const fs::path out = copy_ref_out(d, ref_run_);
+  const fs::path run_dir = out / ref_run_.filename();
+  const fs::path cells = run_dir / "cells";
+  const std::string edited = "name_recall__none__default__L128__d0.json";
+  const std::string victim = "name_recall__none__linear__L320__d1.json";
+  const std::string source = "name_recall__none__linear__L320__d0.5.json";
+  const std::string recounted = "name_recall__none__default__L256__d0.5.json";
+  // 1. `correct` edited (the checksum no longer matches).
+  auto j = read_json(cells / edited);
+  j["cell"]["correct"] = j["cell"]["correct"].get<int>() == 6 ? 5 : 6;
+  write_json(cells / edited, j);
+  // 2. One cell's file copied over another's (checksum valid, coordinates wrong).
+  fs::copy_file(cells / source, cells / victim, fs::copy_options::overwrite_existing);
+  // 3. `correct` edited and the checksum recomputed: the samples disagree.
+  auto r = read_json(cells / recounted);
+  const bool first = r["samples"][0]["correct"].get<bool>();
+  r["samples"][0]["correct"] = !first;
+  r["checksum"] = posenc::eval_file_checksum(r);
+  write_json(cells / recounted, r);
+  // 4. A perplexity value edited.
+  const fs::path ppl = run_dir / "ppl" / "linear__L192.json";
+  auto p = read_json(ppl);
+  p["ppl"] = p["ppl"].get<double>() * 0.5;
+  std::ofstream(ppl, std::ios::trunc) << p.dump(2) << "\n";
+  // 5. Temporaries left by a SIGKILL inside write_file_atomic.
+  std::ofstream(cells / (victim + ".tmp.4242.0")) << "{\"half\":";
+  std::ofstream(run_dir / "summary.json.tmp.4242.1") << "x";
+  const auto mtime = fs::last_write_time(cells / source);
+
+  const auto res = run_cli(joined(run_args(out)));
+  ASSERT_EQ(res.exit_code, 0) << res.err;
+  for (const std::string& f : std::vector<std::string>{edited, victim, recounted, "linear__L192.json"})
+    EXPECT_NE(res.err.find(f), std::string::npos) << f << " not named in: " << res.err;
+  EXPECT_NE(res.err.find("recomputing"), std::string::npos) << res.err;
+  EXPECT_NE(res.err.find("checksum"), std::string::npos) << res.err;
+  EXPECT_FALSE(fs::exists(cells / (victim + ".tmp.4242.0")));
+  EXPECT_FALSE(fs::exists(run_dir / "summary.json.tmp.4242.1"));
+  const auto run = read_json(run_dir / "run.json");
+  EXPECT_EQ(run["timing"]["cells_computed"].get<int>(), 3);
+  EXPECT_EQ(fs::last_write_time(cells / source), mtime) << "a good cell was redone";
+  EXPECT_EQ(cell_files(run_dir), cell_files(ref_run_));
+  EXPECT_EQ(slurp(run_dir / "summary.json"), slurp(ref_run_ / "summary.json"));
+  EXPECT_EQ(slurp(run_dir / "samples.jsonl"), slurp(ref_run_ / "samples.jsonl"));
+  EXPECT_EQ(slurp(run_dir / "ppl.json"), slurp(ref_run_ / "ppl.json"));
+}
+
+TEST_F(EvalCli, ReportAndMergeRejectCellsThatDoNotHoldTheirCell) {
+  struct Case {
+    const char* what;
+    std::function<void(const fs::path& run_dir)> corrupt;
+    const char* file;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"correct edited",
+       [](const fs::path& r) {
+         auto j = read_json(r / "cells/name_recall__none__default__L192__d0.json");
+         j["cell"]["correct"] = 0;
+         j["cell"]["accuracy"] = 0.0;
+         write_json(r / "cells/name_recall__none__default__L192__d0.json", j);
+       },
+       "name_recall__none__default__L192__d0.json", "checksum"},
+      {"one cell copied over another (12 of 12 while one is missing)",
+       [](const fs::path& r) {
+         fs::copy_file(r / "cells/name_recall__none__default__L192__d0.json",
+                       r / "cells/name_recall__none__default__L192__d1.json", fs::copy_options::overwrite_existing);
+       },
+       "name_recall__none__default__L192__d1.json", "depth"},
+      {"a sample's correct flipped, checksum recomputed",
+       [](const fs::path& r) {
+         auto j = read_json(r / "cells/name_recall__none__linear__L128__d0.5.json");
+         j["samples"][2]["correct"] = !j["samples"][2]["correct"].get<bool>();
+         j["checksum"] = posenc::eval_file_checksum(j);
+         write_json(r / "cells/name_recall__none__linear__L128__d0.5.json", j);
+       },
+       "name_recall__none__linear__L128__d0.5.json", "samples are marked correct"},
+      {"ppl value edited",
+       [](const fs::path& r) {
+         auto j = read_json(r / "ppl/default__L320.json");
+         j["nll"] = 0.125;
+         write_json(r / "ppl/default__L320.json", j);
+       },
+       "default__L320.json", "checksum"},
+      {"cell truncated",
+       [](const fs::path& r) {
+         const std::string s = slurp(r / "cells/name_recall__none__linear__L256__d1.json");
+         std::ofstream(r / "cells/name_recall__none__linear__L256__d1.json", std::ios::trunc) << s.substr(0, s.size() / 2);
+       },
+       "name_recall__none__linear__L256__d1.json", "not valid JSON"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    TempDir d;
+    fs::copy(ref_run_, d.path() / "run", fs::copy_options::recursive);
+    c.corrupt(d.path() / "run");
+    const std::string summary_before = slurp(d.path() / "run" / "summary.json");
+    const auto rep = run_cli("eval report --no-plots " + q(d.path() / "run"));
+    EXPECT_EQ(rep.exit_code, 1) << rep.err;
+    EXPECT_NE(rep.err.find(c.file), std::string::npos) << rep.err;
+    EXPECT_NE(rep.err.find(c.message), std::string::npos) << rep.err;
+    EXPECT_EQ(slurp(d.path() / "run" / "summary.json"), summary_before) << "a rejected run was summarised";
+    const auto m = run_cli("eval merge --out " + q(d.path() / "merged") + " " + q(d.path() / "run"));
+    EXPECT_EQ(m.exit_code, 1) << m.err;
+    EXPECT_NE(m.err.find(c.file), std::string::npos) << m.err;
+    EXPECT_FALSE(fs::exists(d.path() / "merged" / "LATEST"));
+  }
+}
+
+TEST_F(EvalCli, MergeRefusesARunIdThatIsNotOnePathComponent) {
+  for (const std::string& bad : std::vector<std::string>{"../escape", "/tmp/posenc-escape-abs", "a/b", "..", ".", "", std::string("x\0y", 3),
+                                std::string("ok id")}) {
+    SCOPED_TRACE(bad);
+    TempDir d;
+    fs::copy(ref_run_, d.path() / "in", fs::copy_options::recursive);
+    auto run = read_json(d.path() / "in" / "run.json");
+    run["run_id"] = bad;
+    write_json(d.path() / "in" / "run.json", run);
+    fs::create_directories(d.path() / "o");
+    const auto m = run_cli("eval merge --out " + q(d.path() / "o" / "out") + " " + q(d.path() / "in"));
+    EXPECT_EQ(m.exit_code, 1) << m.err;
+    EXPECT_NE(m.err.find("run.json: run_id"), std::string::npos) << m.err;
+    EXPECT_NE(m.err.find("is not a run id"), std::string::npos) << m.err;
+    EXPECT_FALSE(fs::exists(d.path() / "o" / "escape"));
+    EXPECT_FALSE(fs::exists("/tmp/posenc-escape-abs"));
+    EXPECT_FALSE(fs::exists(d.path() / "o" / "out" / "LATEST"));
+    // report checks it too (summary.json would carry it).
+    const auto rep = run_cli("eval report --no-plots " + q(d.path() / "in"));
+    EXPECT_EQ(rep.exit_code, 1) << rep.err;
+    EXPECT_NE(rep.err.find("run_id"), std::string::npos) << rep.err;
+  }
+}
+
+TEST_F(EvalCli, ReportFollowsLatestOnlyToADirectChild) {
+  TempDir d;
+  fs::copy(ref_run_, d.path() / "victim", fs::copy_options::recursive);
+  fs::remove(d.path() / "victim" / "summary.json");
+  fs::create_directories(d.path() / "out");
+  for (const std::string& latest : std::vector<std::string>{"../victim", (d.path() / "victim").string(), "..", "sub/../../victim"}) {
+    SCOPED_TRACE(latest);
+    std::ofstream(d.path() / "out" / "LATEST", std::ios::trunc) << latest << "\n";
+    const auto rep = run_cli("eval report --no-plots " + q(d.path() / "out"));
+    EXPECT_EQ(rep.exit_code, 1) << rep.err;
+    EXPECT_NE(rep.err.find("LATEST"), std::string::npos) << rep.err;
+    EXPECT_FALSE(fs::exists(d.path() / "victim" / "summary.json"));
+    EXPECT_FALSE(fs::exists(d.path() / "victim" / "report.txt"));
+    const auto m = run_cli("eval merge --out " + q(d.path() / "m") + " " + q(d.path() / "out"));
+    EXPECT_EQ(m.exit_code, 1) << m.err;
+    EXPECT_NE(m.err.find("LATEST"), std::string::npos) << m.err;
+  }
+}
+
+TEST_F(EvalCli, RunJsonIsReadWithCheckedAccess) {
+  struct Case {
+    std::function<void(nlohmann::json&)> edit;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {[](nlohmann::json& r) { r.erase("config"); }, "run.json: missing key 'config'"},
+      {[](nlohmann::json& r) { r["config"]["lengths"][1] = "a"; }, "run.json: config.lengths[1]: expected an integer"},
+      {[](nlohmann::json& r) { r["config"]["tasks"] = {"name_recall", "name_recall"}; }, "config.tasks[1]"},
+      {[](nlohmann::json& r) { r["config"]["controls"] = {"../../x"}; }, "config.controls[0]"},
+      {[](nlohmann::json& r) { r["config"]["samples"] = -3; }, "config.samples"},
+      {[](nlohmann::json& r) { r["ppl_header"] = 7; }, "ppl_header: expected an object"},
+      {[](nlohmann::json& r) { r = nlohmann::json::array(); }, "run.json"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.message);
+    TempDir d;
+    fs::copy(ref_run_, d.path() / "run", fs::copy_options::recursive);
+    auto run = read_json(d.path() / "run" / "run.json");
+    c.edit(run);
+    write_json(d.path() / "run" / "run.json", run);
+    const auto rep = run_cli("eval report --no-plots " + q(d.path() / "run"));
+    EXPECT_EQ(rep.exit_code, 1) << rep.err;
+    EXPECT_NE(rep.err.find(c.message), std::string::npos) << rep.err;
+    EXPECT_EQ(rep.err.find("json.exception"), std::string::npos) << rep.err;
+  }
+}
+
+TEST_F(EvalCli, ReportHtmlEscapesEveryTextFromRunJson) {
+  if (std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3-matplotlib is not installed (scripts/install-deps installs it)";
+  TempDir d;
+  fs::copy(ref_run_, d.path() / "run", fs::copy_options::recursive);
+  auto run = read_json(d.path() / "run" / "run.json");
+  run["model"]["trained_context"] = "<script>alert('trained_context')</script>";
+  run["model"]["path"] = "</code><script>alert('path')</script>";
+  run["haystack"]["path"] = "<img src=x onerror=alert(1)>";
+  run["git_hash"] = "<script>alert('git')</script>";
+  run["date"] = "<SCRIPT>alert('date')</SCRIPT>";
+  run["command"] = "</pre><script>alert('command')</script>";
+  write_json(d.path() / "run" / "run.json", run);
+  const auto r = run_cli("eval report " + q(d.path() / "run"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string html = slurp(d.path() / "run" / "report.html");
+  std::transform(html.begin(), html.end(), html.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  EXPECT_EQ(html.find("<script"), std::string::npos);
+  EXPECT_EQ(html.find("<img src=x"), std::string::npos);
+  EXPECT_NE(html.find("&lt;script&gt;alert(&#x27;trained_context&#x27;)"), std::string::npos);
+}
+
+TEST_F(EvalCli, ASecondRunOnTheSameRunDirectoryFailsAtOnce) {
+  TempDir d;
+  const fs::path out = copy_ref_out(d, ref_run_);
+  const fs::path lock = out / ref_run_.filename() / ".lock";
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0);
+  ASSERT_EQ(::ftruncate(fd, 0), 0);
+  ASSERT_EQ(::write(fd, "4242\n", 5), 5);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = run_cli(joined(run_args(out)));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find(lock.string()), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("locked by another posenc process (pid 4242)"), std::string::npos) << r.err;
+  // merge into a locked output directory fails the same way.
+  fs::create_directories(d.path() / "merged" / ref_run_.filename());
+  const fs::path mlock = d.path() / "merged" / ref_run_.filename() / ".lock";
+  const int mfd = ::open(mlock.c_str(), O_RDWR | O_CREAT, 0644);
+  ASSERT_EQ(::flock(mfd, LOCK_EX | LOCK_NB), 0);
+  const auto m = run_cli("eval merge --out " + q(d.path() / "merged") + " " + q(out));
+  EXPECT_EQ(m.exit_code, 1) << m.err;
+  EXPECT_NE(m.err.find(mlock.string()), std::string::npos) << m.err;
+  ::close(mfd);
+  ::close(fd);
+  // Released: both go through.
+  EXPECT_EQ(run_cli(joined(run_args(out))).exit_code, 0);
+  EXPECT_EQ(run_cli("eval merge --out " + q(d.path() / "merged") + " " + q(out)).exit_code, 0);
 }

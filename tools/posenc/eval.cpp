@@ -12,6 +12,7 @@
 #include "posenc/error.hpp"
 #include "posenc/eval.hpp"
 #include "posenc/io.hpp"
+#include "posenc/json_file.hpp"
 #include "scripts.hpp"
 
 namespace posenc::cli {
@@ -146,8 +147,8 @@ void run_eval_cmd(const EvalArgs& a) {
     };
   const EvalRunResult r = run_eval(model, tok, text, c, progress);
   if (!a.quiet && tty) fmt::print(stderr, "\n");
-  const nlohmann::json summary = nlohmann::json::parse(read_file(r.run_dir / "summary.json"));
-  fmt::print("{}", format_eval_summary(summary));
+  const JsonDocument summary = read_json_document(r.run_dir / "summary.json");
+  fmt::print("{}", format_eval_summary(summary.root()));
   fmt::print("\nrun {} in {}: {} cells computed now ({} samples in {:.1f} s, {:.1f} samples/s), {} of {} cells present{}\n",
              r.run_id, r.run_dir.string(), r.cells_computed, r.samples_computed, r.seconds,
              r.seconds > 0 ? static_cast<double>(r.samples_computed) / r.seconds : 0.0, r.cells_present, r.cells_total,
@@ -172,8 +173,8 @@ void run_report_cmd(const ReportArgs& a) {
 void run_merge_cmd(const MergeArgs& a) {
   std::vector<std::filesystem::path> in(a.inputs.begin(), a.inputs.end());
   const auto dir = merge_eval_runs(in, a.out);
-  const nlohmann::json summary = nlohmann::json::parse(read_file(dir / "summary.json"));
-  fmt::print("{}", format_eval_summary(summary));
+  const JsonDocument summary = read_json_document(dir / "summary.json");
+  fmt::print("{}", format_eval_summary(summary.root()));
   fmt::print("\nmerged {} run directories into {}\n", in.size(), dir.string());
 }
 
