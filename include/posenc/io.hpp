@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace posenc {
 
@@ -71,8 +72,9 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view conte
 /// holders, but none while an exclusive holder exists (and the reverse).
 /// Advisory only: it binds processes that take it, and flock does not work
 /// across every network file system. Move-only.
-/// Throws IoError naming the directory: "... is in use by another posenc
-/// process (lock <file> is held)" when taken, or the open/flock failure.
+/// An exclusive holder writes its pid into the lock file, for the message.
+/// Throws IoError naming the directory: "<dir>: is in use by another posenc
+/// process (pid N; lock <file> is held)" when taken, or the open/flock failure.
 class DirectoryLock {
  public:
   explicit DirectoryLock(const std::filesystem::path& dir, std::string_view name = ".posenc.lock", bool shared = false);
@@ -87,5 +89,17 @@ class DirectoryLock {
   int fd_ = -1;
   std::filesystem::path path_;
 };
+
+/// Whether `name` is a temporary file of write_file_atomic
+/// ("<file>.tmp.<pid>.<n>"); sets `pid`.
+bool is_atomic_write_temporary(std::string_view name, long& pid);
+
+/// Removes the temporaries write_file_atomic leaves when killed inside it, in
+/// `dir` (not recursively). `all`: every one (the caller holds the directory
+/// exclusively); otherwise only those of processes that no longer exist, or
+/// of this process's pid (a reused pid: this process has written nothing yet).
+/// Returns the paths removed. Errors are ignored (a file that cannot be
+/// removed stays; nothing reads temporaries).
+std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& dir, bool all);
 
 }  // namespace posenc

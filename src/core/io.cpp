@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
+#include <csignal>
 #include <cerrno>
 #include <cstring>
 #include <algorithm>
@@ -187,13 +189,22 @@ DirectoryLock::DirectoryLock(const std::filesystem::path& dir, std::string_view 
   while (rc != 0 && errno == EINTR);
   if (rc != 0) {
     const int err = errno;
+    char buf[24] = {};
+    const ssize_t got = ::pread(fd_, buf, sizeof buf - 1, 0);
+    std::string pid(buf, got > 0 ? static_cast<std::size_t>(got) : 0);
+    while (!pid.empty() && !std::isdigit(static_cast<unsigned char>(pid.back()))) pid.pop_back();
+    const bool numeric = !pid.empty() && std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; });
     ::close(fd_);
     fd_ = -1;
     if (err == EWOULDBLOCK)
-      throw IoError(fmt::format("{}: is in use by another posenc process (lock {} is held); wait for it to finish "
+      throw IoError(fmt::format("{}: is in use by another posenc process ({}lock {} is held); wait for it to finish "
                                 "or use another directory",
-                                dir.string(), path_.string()));
+                                dir.string(), numeric ? fmt::format("pid {}; ", pid) : std::string(), path_.string()));
     throw IoError(fmt::format("{}: cannot lock ({})", path_.string(), std::strerror(err)));
+  }
+  if (!shared) {  // the holder's pid, for the message of the next one (shared holders would overwrite each other)
+    const std::string me = fmt::format("{}\n", ::getpid());
+    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);
   }
 }
 
@@ -213,6 +224,34 @@ DirectoryLock& DirectoryLock::operator=(DirectoryLock&& other) noexcept {
     other.fd_ = -1;
   }
   return *this;
+}
+
+bool is_atomic_write_temporary(std::string_view name, long& pid) {
+  // <file>.tmp.<pid>.<n>, as write_file_atomic names it
+  const std::size_t at = name.rfind(".tmp.");
+  if (at == std::string_view::npos || at == 0) return false;
+  const std::string_view rest = name.substr(at + 5);
+  const std::size_t dot = rest.find('.');
+  if (dot == std::string_view::npos || dot == 0 || dot + 1 == rest.size() || dot > 18) return false;
+  auto digits = [](std::string_view x) { return std::all_of(x.begin(), x.end(), [](char c) { return c >= '0' && c <= '9'; }); };
+  if (!digits(rest.substr(0, dot)) || !digits(rest.substr(dot + 1))) return false;
+  pid = std::stol(std::string(rest.substr(0, dot)));
+  return true;
+}
+
+std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& dir, bool all) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> removed;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    long pid = 0;
+    if (!entry.is_regular_file(ec) || !is_atomic_write_temporary(entry.path().filename().string(), pid)) continue;
+    const bool dead = pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
+    if (!all && !dead && pid != static_cast<long>(::getpid())) continue;
+    if (fs::remove(entry.path(), ec)) removed.push_back(entry.path());
+  }
+  return removed;
 }
 
 }  // namespace posenc

@@ -1,7 +1,6 @@
 // The evaluation run: cells, resume, shards, outputs, merge, summary.
 #include <fcntl.h>
 #include <omp.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -441,65 +440,13 @@ void warn(const std::string& message) {
   std::fflush(stderr);
 }
 
-// An advisory lock (flock, LOCK_EX | LOCK_NB) on <run dir>/.lock, held while
-// an eval run or a merge writes the directory: a second process on the same
-// run directory fails at once instead of duplicating the work and racing on
-// the files. The lock file holds the holder's pid (for the message); it is
-// left in place (removing it would race with a process about to lock it).
-class RunDirLock {
- public:
-  explicit RunDirLock(const fs::path& run_dir) : path_(run_dir / ".lock") {
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd_ < 0) throw IoError(fmt::format("{}: cannot create the lock file ({})", path_.string(), std::strerror(errno)));
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      const int err = errno;
-      char buf[32] = {};
-      const ssize_t got = ::pread(fd_, buf, sizeof buf - 1, 0);
-      std::string pid = got > 0 ? std::string(buf, static_cast<std::size_t>(got)) : std::string();
-      while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
-      ::close(fd_);
-      if (err == EWOULDBLOCK)
-        throw IoError(fmt::format("{}: locked by another posenc process{} writing this run directory; wait for it "
-                                  "to finish or use another --out",
-                                  path_.string(), pid.empty() ? std::string() : fmt::format(" (pid {})", pid)));
-      throw IoError(fmt::format("{}: cannot lock ({})", path_.string(), std::strerror(err)));
-    }
-    const std::string me = fmt::format("{}\n", ::getpid());
-    if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, me.data(), me.size(), 0);
-  }
-  ~RunDirLock() { ::close(fd_); }
-  RunDirLock(const RunDirLock&) = delete;
-  RunDirLock& operator=(const RunDirLock&) = delete;
-
- private:
-  fs::path path_;
-  int fd_ = -1;
-};
-
 // write_file_atomic writes <path>.tmp.<pid>.<n> and renames it; a SIGKILL in
-// between leaves the temporary behind. Under the run directory's lock no
-// other process writes there, so every such file is stale: removed.
-void remove_stale_temporaries(const fs::path& run_dir) {
-  auto is_temporary = [](const std::string& name) {
-    const auto t = name.rfind(".tmp.");
-    if (t == std::string::npos || t == 0) return false;
-    const std::string rest = name.substr(t + 5);
-    const auto dot = rest.find('.');
-    auto digits = [](std::string_view x) {
-      return !x.empty() && std::all_of(x.begin(), x.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
-    };
-    return dot != std::string::npos && digits(std::string_view(rest).substr(0, dot)) &&
-           digits(std::string_view(rest).substr(dot + 1));
-  };
-  for (const fs::path& d : {run_dir, run_dir / "cells", run_dir / "ppl"}) {
-    std::error_code ec;
-    if (!fs::is_directory(d, ec)) continue;
-    for (const auto& e : fs::directory_iterator(d, ec)) {
-      if (!e.is_regular_file(ec) || !is_temporary(e.path().filename().string())) continue;
-      std::error_code rm;
-      if (fs::remove(e.path(), rm)) warn(fmt::format("{}: removed a stale temporary file (a killed run)", e.path().string()));
-    }
-  }
+// between leaves the temporary behind. Under the run directory's exclusive
+// lock no other process writes there, so every such file is stale: removed.
+void remove_run_temporaries(const fs::path& run_dir) {
+  for (const fs::path& d : {run_dir, run_dir / "cells", run_dir / "ppl"})
+    for (const fs::path& p : remove_stale_temporaries(d, /*all=*/true))
+      warn(fmt::format("{}: removed a stale temporary file (a killed run)", p.string()));
 }
 
 // TEST-ONLY: POSENC_EVAL_TEST_GROUP_DELAY_MS=n sleeps n ms after each
@@ -936,8 +883,10 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
   const std::vector<int32_t> stream =
       c.ppl_tokens >= 0 ? encode_stream(tokenizer, haystack_text) : std::vector<int32_t>{};
   fs::create_directories(run_dir / "cells");
-  const RunDirLock lock(run_dir);
-  remove_stale_temporaries(run_dir);
+  // A second process on the same run directory fails at once instead of
+  // duplicating the work and racing on the files.
+  const DirectoryLock lock(run_dir, ".lock");
+  remove_run_temporaries(run_dir);
 
   // ---- run.json (written first, so a partial run is self-describing) ----
   json run;
@@ -1273,8 +1222,10 @@ fs::path merge_eval_runs(std::span<const fs::path> inputs, const fs::path& out) 
   const fs::path run_dir = out / id;
   fs::create_directories(run_dir / "cells");
   fs::create_directories(run_dir / "ppl");
-  const RunDirLock lock(run_dir);
-  remove_stale_temporaries(run_dir);
+  // A second process on the same run directory fails at once instead of
+  // duplicating the work and racing on the files.
+  const DirectoryLock lock(run_dir, ".lock");
+  remove_run_temporaries(run_dir);
   json run = runs[0].raw();
   json merged_from = json::array();
   json header = run.contains("ppl_header") ? run["ppl_header"] : json::object();

@@ -217,7 +217,7 @@ void run_study(const StudyConfig& cfg, const std::function<void(std::string_view
   // killed run left behind (write_file_atomic's "<file>.tmp.<pid>.<n>") go.
   const StudyLocks locks = lock_study(cfg);
   for (const fs::path& d : {cfg.out, cfg.out / "models", cfg.out / "evals"})
-    for (const fs::path& p : detail::remove_stale_temporaries(d, /*all=*/cfg.shard_count == 1))
+    for (const fs::path& p : remove_stale_temporaries(d, /*all=*/cfg.shard_count == 1))
       log(fmt::format("removed {} (a temporary file left by a killed run)", p.string()));
   const fs::path study_json = cfg.out / "study.json";
   json study;

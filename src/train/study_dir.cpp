@@ -184,33 +184,6 @@ std::optional<std::string> eval_file_problem(const fs::path& path, std::string_v
   }
 }
 
-bool is_atomic_write_temporary(std::string_view name, long& pid) {
-  // <file>.tmp.<pid>.<n>
-  const std::size_t at = name.rfind(".tmp.");
-  if (at == std::string_view::npos || at == 0) return false;
-  const std::string_view rest = name.substr(at + 5);
-  const std::size_t dot = rest.find('.');
-  if (dot == std::string_view::npos || dot == 0 || dot + 1 == rest.size() || dot > 18) return false;
-  auto digits = [](std::string_view s) { return std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; }); };
-  if (!digits(rest.substr(0, dot)) || !digits(rest.substr(dot + 1))) return false;
-  pid = std::stol(std::string(rest.substr(0, dot)));
-  return true;
-}
-
-std::vector<fs::path> remove_stale_temporaries(const fs::path& dir, bool all) {
-  std::vector<fs::path> removed;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return removed;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    long pid = 0;
-    if (!entry.is_regular_file(ec) || !is_atomic_write_temporary(entry.path().filename().string(), pid)) continue;
-    const bool dead = pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
-    if (!all && !dead && pid != static_cast<long>(::getpid())) continue;
-    if (fs::remove(entry.path(), ec)) removed.push_back(entry.path());
-  }
-  return removed;
-}
-
 }  // namespace detail
 
 // ---- report ---------------------------------------------------------------------------

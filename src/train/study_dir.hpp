@@ -86,15 +86,5 @@ std::optional<std::string> eval_file_problem(const std::filesystem::path& path, 
                                              std::string_view pe, std::uint64_t seed, std::int64_t samples,
                                              const std::vector<std::string>& scalings);
 
-/// Whether `name` is a temporary file of write_file_atomic ("<file>.tmp.<pid>.<n>");
-/// sets `pid`.
-bool is_atomic_write_temporary(std::string_view name, long& pid);
-
-/// Removes the temporaries write_file_atomic leaves when killed inside it, in
-/// `dir` (not recursively). `all`: every one (the caller holds the directory
-/// exclusively); otherwise only those of processes that no longer exist, or
-/// of this process's pid (a reused pid: this process has written nothing yet).
-/// Returns the paths removed.
-std::vector<std::filesystem::path> remove_stale_temporaries(const std::filesystem::path& dir, bool all);
 
 }  // namespace posenc::detail

@@ -530,7 +530,7 @@ TEST_F(EvalCli, ASecondRunOnTheSameRunDirectoryFailsAtOnce) {
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(60));
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find(lock.string()), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("locked by another posenc process (pid 4242)"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("is in use by another posenc process (pid 4242; lock "), std::string::npos) << r.err;
   // merge into a locked output directory fails the same way.
   fs::create_directories(d.path() / "merged" / ref_run_.filename());
   const fs::path mlock = d.path() / "merged" / ref_run_.filename() / ".lock";

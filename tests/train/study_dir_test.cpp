@@ -221,21 +221,21 @@ TEST(TrainStudyDir, DirectoryLockIsExclusiveOrShared) {
 
 TEST(TrainStudyDir, StaleTemporariesAreRecognisedAndRemoved) {
   long pid = 0;
-  EXPECT_TRUE(detail::is_atomic_write_temporary("copy-rope-s1.json.tmp.1234.0", pid));
+  EXPECT_TRUE(is_atomic_write_temporary("copy-rope-s1.json.tmp.1234.0", pid));
   EXPECT_EQ(pid, 1234);
   for (const char* n : {"notes.tmp.txt", "a.tmp.12.", "a.tmp..3", ".tmp.1.2", "a.tmp.x.1", "a.json"})
-    EXPECT_FALSE(detail::is_atomic_write_temporary(n, pid)) << n;
+    EXPECT_FALSE(is_atomic_write_temporary(n, pid)) << n;
   TempDir d;
   const std::string own = std::to_string(::getpid());
   for (const std::string& n :
        std::vector<std::string>{"a.json.tmp.999999999.0", "b.pt.tmp." + own + ".3", "c.json.tmp.1.2", "notes.tmp.txt"})
     write_file_atomic(d.path() / n, "x");
-  auto removed = detail::remove_stale_temporaries(d.path(), /*all=*/false);  // pid 1 is alive: kept
+  auto removed = remove_stale_temporaries(d.path(), /*all=*/false);  // pid 1 is alive: kept
   EXPECT_EQ(removed.size(), 2u);
   EXPECT_FALSE(fs::exists(d.path() / "a.json.tmp.999999999.0"));
   EXPECT_FALSE(fs::exists(d.path() / ("b.pt.tmp." + own + ".3")));
   EXPECT_TRUE(fs::exists(d.path() / "c.json.tmp.1.2"));
-  removed = detail::remove_stale_temporaries(d.path(), /*all=*/true);
+  removed = remove_stale_temporaries(d.path(), /*all=*/true);
   EXPECT_EQ(removed.size(), 1u);
   EXPECT_TRUE(fs::exists(d.path() / "notes.tmp.txt"));
 }
