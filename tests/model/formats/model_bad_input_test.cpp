@@ -773,7 +773,7 @@ TEST(CliBadInput, UsageErrorsOfTokenizeAndDetectLayout) {
     EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
   }
   const auto r = run_cli("detect-layout --model " + q(hf656()) + " --text " + q(test::text_path()) + " --context -1");
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);  // out of range: a usage error, like a malformed value
   EXPECT_NE(r.err.find("--context"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("-1"), std::string::npos) << r.err;
 }
