@@ -171,8 +171,10 @@ fs::path gguf_copy(const TempDir& d, const std::string& name, const fs::path& sr
 TEST(HfBadInput, HugeLayerCountFailsOnTheFirstMissingLayer) {
   TempDir d;
   json c = real_config();
-  c["num_hidden_layers"] = 1000000000;
-  expect_refused(hf_dir(d, "a", c), {"model.layers.2.input_layernorm.weight", "is missing"});
+  c["num_hidden_layers"] = 1000000000;  // past the bound: refused before any layer is read
+  expect_refused(hf_dir(d, "a", c), {"num_hidden_layers: must be an integer in [1, 16384] (got 1000000000)"});
+  c["num_hidden_layers"] = 16384;  // within it: believed only as far as the tensors go
+  expect_refused(hf_dir(d, "c", c), {"model.layers.2.input_layernorm.weight", "is missing"});
   c["num_hidden_layers"] = 3;
   expect_refused(hf_dir(d, "b", c), {"model.layers.2.input_layernorm.weight", "is missing", "[128]"});
 }
@@ -723,8 +725,8 @@ TEST(ConsistencyBadInput, LengthAndTextSizeAreCheckedUpFront) {
   o.chunk_sizes = {1, 7};
   EXPECT_TRUE(check_cache_consistency(m, some_tokens(438, 2048), o).passed);
   const auto r = run_cli("check-cache --model " + q(hf656()) + " --text " + q(test::text_path()) + " --length 64");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("length: must be in [96"), std::string::npos) << r.err;
+  EXPECT_EQ(r.exit_code, 2);  // a flag value out of range: usage error, refused while parsing
+  EXPECT_NE(r.err.find("--length: must be an integer in [96, 1048576] (got '64')"), std::string::npos) << r.err;
 }
 
 // convert used the file's layout whatever --rope-layout said (while honouring
