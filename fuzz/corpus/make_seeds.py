@@ -151,6 +151,19 @@ def make_configs():
     configs["regression_roberta_pad_token_id"] = {"model_type": "roberta", "num_attention_heads": 4,
                                                   "hidden_size": 256, "max_position_embeddings": 514,
                                                   "pad_token_id": 2147483647}
+    # Hostile sizes (issue 13): refused by the bounds of posenc/config.hpp config_limits before any allocation
+    # (head_dim 1e9 drove 13.5 GB of allocation, 1e9 layers with a sliding window 16.9 GB).
+    configs["regression_head_dim_1e9"] = {"model_type": "llama", "num_attention_heads": 1, "head_dim": 1000000000,
+                                          "max_position_embeddings": 4096}
+    configs["regression_layers_1e9_sliding_window"] = {"model_type": "mistral", "num_attention_heads": 1,
+                                                       "head_dim": 2, "num_hidden_layers": 1000000000,
+                                                       "sliding_window": 16, "max_position_embeddings": 64}
+    configs["regression_heads_1e9_alibi"] = {"model_type": "bloom", "n_head": 1000000000, "hidden_size": 64}
+    configs["regression_hidden_size_1e9"] = {"model_type": "llama", "num_attention_heads": 1,
+                                             "hidden_size": 1000000000, "max_position_embeddings": 64}
+    configs["regression_max_position_embeddings_int64_max"] = {"model_type": "llama", "num_attention_heads": 1,
+                                                               "head_dim": 2,
+                                                               "max_position_embeddings": 9223372036854775807}
     for name, c in configs.items():
         write("config", name + ".json", json.dumps(c, indent=2))
 
@@ -250,6 +263,8 @@ def make_posenc_checkpoint():
     write("posenc_checkpoint", "llama2c.bin", llama2c(8, 16, 1, 2, 1, 8, 4))
     # Regression: a non-string "format" made the reader throw nlohmann's type_error instead of CheckpointError.
     write("posenc_checkpoint", "regression_format_object.posenc", posenc_checkpoint("rope", header_format={"dim": 8}))
+    # Issue 13: "format": 1 (and other wrong types) must be a CheckpointError naming the file and the field.
+    write("posenc_checkpoint", "regression_format_int.posenc", posenc_checkpoint("rope", header_format=1))
 
 
 if __name__ == "__main__":

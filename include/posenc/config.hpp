@@ -175,6 +175,27 @@ struct PositionalSpec {
 /// "half", "interleaved", "interleaved_in_half_out" (DeepSeek) or "unknown".
 std::string layout_name(const PositionalSpec& spec);
 
+/// Bounds on the sizes a config.json may give, checked before anything is
+/// allocated from them (a 90-byte config with head_dim 1e9 drove 13.5 GB of
+/// allocation; 1e9 layers with a sliding_window 16.9 GB). Each is far above
+/// every published model (head_dim <= 512, hidden_size <= 25600, <= 200 layers,
+/// <= 256 heads, vocabularies <= 262144, contexts <= 10^7) and low enough that
+/// the per-channel, per-head and per-layer tables posenc builds stay small. A
+/// value outside its bound is a ConfigError "<file>: <field>: must be an
+/// integer in [lo, hi] (got v)". Products of sizes are formed in checked int64
+/// arithmetic (posenc/checked.hpp).
+namespace config_limits {
+inline constexpr int64_t kMaxHeadDim = int64_t{1} << 14;           ///< head_dim, qk_*_head_dim, rotary_dim, mrope_section[i]
+inline constexpr int64_t kMaxHeads = int64_t{1} << 14;             ///< num_attention_heads, num_key_value_heads
+inline constexpr int64_t kMaxHiddenSize = int64_t{1} << 20;        ///< hidden_size / d_model / n_embd
+inline constexpr int64_t kMaxIntermediateSize = int64_t{1} << 22;  ///< intermediate_size
+inline constexpr int64_t kMaxLayers = int64_t{1} << 14;            ///< num_hidden_layers, max_window_layers, sliding_window_pattern
+inline constexpr int64_t kMaxVocab = int64_t{1} << 24;             ///< vocab_size; pad_token_id < kMaxVocab
+inline constexpr int64_t kMaxPositions = int64_t{1} << 32;         ///< max_position_embeddings, original_max_position_embeddings, sliding_window
+inline constexpr int64_t kMaxT5Buckets = int64_t{1} << 16;         ///< relative_attention_num_buckets
+inline constexpr int64_t kMaxT5Distance = int64_t{1} << 24;        ///< relative_attention_max_distance
+}  // namespace config_limits
+
 struct ConfigOptions {
   /// false (default): a key inside `rope_scaling` / `rope_parameters` that is
   /// not a parameter of its rope_type is an error. true: it is ignored and

@@ -10,12 +10,14 @@
 #include <nlohmann/json.hpp>
 
 #include "config/architectures.hpp"
+#include "posenc/checked.hpp"
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
 
 namespace posenc {
 
 using json = nlohmann::json;
+using namespace config_limits;
 
 std::string_view to_string(AlibiConvention convention) {
   return convention == AlibiConvention::bloom ? "bloom" : "mpt";
@@ -94,16 +96,19 @@ class Reader {
     fail(field, "must be an integer", v);
   }
 
-  int positive_int(const json& v, std::string_view field) const {
-    const int64_t i = integer(v, field);
-    if (i <= 0 || i > 1'000'000'000) fail(field, "must be a positive integer", v);
-    return static_cast<int>(i);
+  /// An integer in [lo, hi] (hi <= INT_MAX): sizes are bounded before use
+  /// (config_limits in posenc/config.hpp).
+  int bounded_int(const json& v, std::string_view field, int64_t lo, int64_t hi) const {
+    return static_cast<int>(bounded_int64(v, field, lo, hi));
   }
-
-  int64_t positive_int64(const json& v, std::string_view field) const {
+  int64_t bounded_int64(const json& v, std::string_view field, int64_t lo, int64_t hi) const {
     const int64_t i = integer(v, field);
-    if (i <= 0) fail(field, "must be a positive integer", v);
+    if (i < lo || i > hi) fail(field, fmt::format("must be an integer in [{}, {}]", lo, hi), v);
     return i;
+  }
+  int positive_int(const json& v, std::string_view field, int64_t hi) const { return bounded_int(v, field, 1, hi); }
+  int64_t positive_int64(const json& v, std::string_view field, int64_t hi) const {
+    return bounded_int64(v, field, 1, hi);
   }
 
   bool boolean(const json& v, std::string_view field) const {
@@ -297,18 +302,18 @@ class Parser {
     if (const json* v = get_any(cfg_, {"num_attention_heads", "n_head", "n_heads", "num_heads",
                                        "encoder_attention_heads"},
                                 &which))
-      spec_.num_attention_heads = r_.positive_int(*v, which);
+      spec_.num_attention_heads = r_.positive_int(*v, which, kMaxHeads);
     if (const json* v = get_any(cfg_, {"hidden_size", "n_embd", "d_model", "dim"}, &which))
-      spec_.hidden_size = r_.positive_int(*v, which);
+      spec_.hidden_size = r_.positive_int(*v, which, kMaxHiddenSize);
     if (const json* v =
             get_any(cfg_, {"num_hidden_layers", "n_layer", "n_layers", "num_layers"}, &which))
-      spec_.num_hidden_layers = r_.positive_int(*v, which);
+      spec_.num_hidden_layers = r_.positive_int(*v, which, kMaxLayers);
     if (const json* v = get_any(cfg_, {"max_position_embeddings", "n_positions", "max_seq_len"},
                                 &which))
-      spec_.max_position_embeddings = r_.positive_int64(*v, which);
+      spec_.max_position_embeddings = r_.positive_int64(*v, which, kMaxPositions);
     spec_.num_key_value_heads = spec_.num_attention_heads;
     if (const json* v = get_any(cfg_, {"num_key_value_heads", "num_kv_heads", "n_head_kv"}, &which))
-      spec_.num_key_value_heads = r_.positive_int(*v, which);
+      spec_.num_key_value_heads = r_.positive_int(*v, which, kMaxHeads);
   }
 
   void require_heads() {
@@ -435,14 +440,17 @@ class Parser {
     if (deepseek) {
       const json* v = get(cfg_, "qk_rope_head_dim");
       if (!v) r_.fail("qk_rope_head_dim", "required field missing for DeepSeek MLA");
-      p.head_dim = r_.positive_int(*v, "qk_rope_head_dim");
+      p.head_dim = r_.positive_int(*v, "qk_rope_head_dim", kMaxHeadDim);
       if (const json* nope = get(cfg_, "qk_nope_head_dim"))
-        spec_.qk_head_dim = p.head_dim + r_.positive_int(*nope, "qk_nope_head_dim");
+        spec_.qk_head_dim = static_cast<int>(checked_add<ConfigError>(
+            p.head_dim, r_.positive_int(*nope, "qk_nope_head_dim", kMaxHeadDim), "qk_nope_head_dim + qk_rope_head_dim"));
       note(fmt::format("head_dim {}: qk_rope_head_dim, the rotary part of DeepSeek's MLA heads",
                        p.head_dim));
     } else if (const json* hd = get(cfg_, "head_dim")) {
-      p.head_dim = r_.positive_int(*hd, "head_dim");
-      if (spec_.hidden_size > 0 && spec_.hidden_size != int64_t{p.head_dim} * spec_.num_attention_heads)
+      p.head_dim = r_.positive_int(*hd, "head_dim", kMaxHeadDim);
+      if (spec_.hidden_size > 0 &&
+          spec_.hidden_size != checked_mul<ConfigError>(p.head_dim, spec_.num_attention_heads,
+                                                        "head_dim × num_attention_heads"))
         note(fmt::format("head_dim {} explicit (hidden_size/num_attention_heads = {}/{} would "
                          "give {})",
                          p.head_dim, spec_.hidden_size, spec_.num_attention_heads,
@@ -458,6 +466,11 @@ class Parser {
                                   spec_.num_attention_heads),
                       spec_.hidden_size);
       p.head_dim = spec_.hidden_size / spec_.num_attention_heads;
+      if (p.head_dim > kMaxHeadDim)
+        r_.fail_value("hidden_size",
+                      fmt::format("hidden_size / num_attention_heads = {} / {} = {} exceeds the head_dim bound {}",
+                                  spec_.hidden_size, spec_.num_attention_heads, p.head_dim, kMaxHeadDim),
+                      spec_.hidden_size);
     }
 
     // rope_theta
@@ -485,7 +498,7 @@ class Parser {
     const json* prf_in = sd.dict ? get(*sd.dict, "partial_rotary_factor") : nullptr;
     std::string which;
     if (const json* rd = get(cfg_, "rotary_dim")) {
-      p.rotary_dim = r_.positive_int(*rd, "rotary_dim");
+      p.rotary_dim = r_.positive_int(*rd, "rotary_dim", kMaxHeadDim);
     } else if (const json* f = prf_in ? prf_in
                                       : get_any(cfg_, {"partial_rotary_factor", "rotary_pct"},
                                                 &which)) {
@@ -513,7 +526,7 @@ class Parser {
     p.max_position_embeddings = spec_.max_position_embeddings;
     if (const json* o = get(cfg_, "original_max_position_embeddings"))
       p.original_max_position_embeddings =
-          r_.positive_int64(*o, "original_max_position_embeddings");
+          r_.positive_int64(*o, "original_max_position_embeddings", kMaxPositions);
 
     p.rope_type = "default";
     if (sd.dict) read_scaling(sd, p);
@@ -614,7 +627,7 @@ class Parser {
     auto field = [&](std::string_view key) { return Reader::path(sd.name, key); };
     if (const json* v = get(d, "factor")) p.factor = r_.positive(*v, field("factor"));
     if (const json* v = get(d, "original_max_position_embeddings")) {
-      const int64_t o = r_.positive_int64(*v, field("original_max_position_embeddings"));
+      const int64_t o = r_.positive_int64(*v, field("original_max_position_embeddings"), kMaxPositions);
       if (p.original_max_position_embeddings && *p.original_max_position_embeddings != o)
         r_.fail(field("original_max_position_embeddings"),
                 fmt::format("disagrees with top-level original_max_position_embeddings {}",
@@ -656,11 +669,11 @@ class Parser {
     if (const json* ms = get(d, "mrope_section")) {
       if (!ms->is_array() || ms->empty())
         r_.fail(field("mrope_section"), "must be a list of positive integers", *ms);
-      int64_t sum = 0;  // each section <= 1e9: an int sum could overflow
+      int64_t sum = 0;  // int64 of entries <= kMaxHeadDim: no overflow for any list a file can hold
       for (std::size_t i = 0; i < ms->size(); ++i) {
-        const int s = r_.positive_int((*ms)[i], fmt::format("{}[{}]", field("mrope_section"), i));
+        const int s = r_.positive_int((*ms)[i], fmt::format("{}[{}]", field("mrope_section"), i), kMaxHeadDim);
         spec_.mrope_section.push_back(s);
-        sum += s;
+        sum = checked_add<ConfigError>(sum, s, field("mrope_section"));
       }
       if (static_cast<std::size_t>(sum) != half)
         r_.fail(field("mrope_section"),
@@ -720,9 +733,9 @@ class Parser {
     spec_.family = PositionFamily::t5_bias;
     T5BiasSpec t;
     if (const json* v = get(cfg_, "relative_attention_num_buckets"))
-      t.relative_attention_num_buckets = r_.positive_int(*v, "relative_attention_num_buckets");
+      t.relative_attention_num_buckets = r_.positive_int(*v, "relative_attention_num_buckets", kMaxT5Buckets);
     if (const json* v = get(cfg_, "relative_attention_max_distance"))
-      t.relative_attention_max_distance = r_.positive_int(*v, "relative_attention_max_distance");
+      t.relative_attention_max_distance = r_.positive_int(*v, "relative_attention_max_distance", kMaxT5Distance);
     if (t.relative_attention_num_buckets < 4)
       r_.fail_value("relative_attention_num_buckets",
                     "must be >= 4 (bidirectional encoder buckets)",
@@ -750,9 +763,8 @@ class Parser {
     if (spec_.position_offset != 0) {
       if (arch_ && (arch_->model_type == "roberta" || arch_->model_type == "xlm-roberta")) {
         if (const json* pad = get(cfg_, "pad_token_id")) {
-          const int64_t pad_id = r_.integer(*pad, "pad_token_id");
-          if (pad_id < 0 || pad_id >= 1'000'000'000) r_.fail("pad_token_id", "must be in [0, 1e9)", *pad);
-          spec_.position_offset = static_cast<int>(pad_id) + 1;
+          const int64_t pad_id = r_.bounded_int64(*pad, "pad_token_id", 0, kMaxVocab - 1);
+          spec_.position_offset = static_cast<int>(checked_add<ConfigError>(pad_id, 1, "pad_token_id + 1"));
         }
         note(fmt::format("positions start at padding_idx + 1 = {}", spec_.position_offset));
       } else {
@@ -773,7 +785,7 @@ class Parser {
     SlidingWindowSpec& sw = spec_.sliding_window;
     if (const json* v = get(cfg_, "sliding_window")) {
       // Some configs carry `false` (e.g. sliding disabled); treat as absent.
-      if (!(v->is_boolean() && !v->get<bool>())) sw.size = r_.positive_int64(*v, "sliding_window");
+      if (!(v->is_boolean() && !v->get<bool>())) sw.size = r_.positive_int64(*v, "sliding_window", kMaxPositions);
     }
     const int n = spec_.num_hidden_layers;
     if (const json* lt = get(cfg_, "layer_types")) {
@@ -825,7 +837,7 @@ class Parser {
         }
         int mwl = 0;
         if (const json* v = get(cfg_, "max_window_layers"))
-          mwl = static_cast<int>(r_.integer(*v, "max_window_layers"));
+          mwl = r_.bounded_int(*v, "max_window_layers", 0, kMaxLayers);
         fill([&](int i) { return i >= mwl; });
         sw.active = n == 0 || mwl < n;
         sw.source = fmt::format("use_sliding_window: layers >= max_window_layers {}", mwl);
@@ -839,7 +851,7 @@ class Parser {
       case SlidingRule::gemma3_pattern: {
         int pattern = 6;
         if (const json* v = get(cfg_, "sliding_window_pattern"))
-          pattern = r_.positive_int(*v, "sliding_window_pattern");
+          pattern = r_.positive_int(*v, "sliding_window_pattern", kMaxLayers);
         fill([&](int i) { return (i + 1) % pattern != 0; });
         sw.active = true;
         sw.source = fmt::format("Gemma-3: every layer but each {}th is sliding", pattern);
@@ -927,16 +939,16 @@ DecoderSpec parse_decoder_spec(std::string_view json_text, std::string_view sour
                  mt);
   if (ps.family != PositionFamily::rope || !ps.rope)
     r.fail_value("rope", "the runtime runs RoPE decoders; this config's positions are", to_string(ps.family));
-  auto required = [&](std::string_view key) {
+  auto required = [&](std::string_view key, int64_t hi) {
     const json* v = get(cfg, key);
     if (v == nullptr) r.fail(key, "required field missing");
-    return r.positive_int(*v, key);
+    return r.positive_int(*v, key, hi);
   };
-  d.hidden_size = required("hidden_size");
-  d.intermediate_size = required("intermediate_size");
-  d.num_hidden_layers = required("num_hidden_layers");
-  d.num_attention_heads = required("num_attention_heads");
-  d.vocab_size = required("vocab_size");
+  d.hidden_size = required("hidden_size", kMaxHiddenSize);
+  d.intermediate_size = required("intermediate_size", kMaxIntermediateSize);
+  d.num_hidden_layers = required("num_hidden_layers", kMaxLayers);
+  d.num_attention_heads = required("num_attention_heads", kMaxHeads);
+  d.vocab_size = required("vocab_size", kMaxVocab);
   d.num_key_value_heads = ps.num_key_value_heads > 0 ? ps.num_key_value_heads : d.num_attention_heads;
   d.head_dim = ps.rope->head_dim;
   if (const json* v = get(cfg, "rms_norm_eps")) d.rms_norm_eps = r.positive(*v, "rms_norm_eps");

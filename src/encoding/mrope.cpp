@@ -1,5 +1,7 @@
 #include "posenc/mrope.hpp"
 
+#include <climits>
+
 #include <fmt/format.h>
 
 #include "posenc/error.hpp"
@@ -10,7 +12,7 @@ std::vector<int> mrope_pair_rows(std::span<const int> mrope_section, int n_pairs
   if (mrope_section.size() != 3)
     throw ConfigError(fmt::format(
         "mrope_section: expected 3 entries (temporal, height, width) (got {})", mrope_section.size()));
-  int total = 0;
+  int64_t total = 0;  // int64: three int entries cannot overflow it (an int sum could)
   for (std::size_t j = 0; j < mrope_section.size(); ++j) {
     if (mrope_section[j] < 0)
       fail_field<ConfigError>(fmt::format("mrope_section[{}]", j), "must be non-negative",
@@ -32,6 +34,7 @@ RopeTable mrope_table(const RopeFrequencies& freqs, std::span<const int> mrope_s
                       AnglePrecision precision) {
   freqs.validate();
   if (tokens < 0) fail_field<InvalidArgument>("tokens", "must be non-negative", tokens);
+  if (tokens > INT64_MAX / 3) fail_field<InvalidArgument>("tokens", "is too large (3 × tokens overflows int64)", tokens);
   if (position_ids.size() != static_cast<std::size_t>(3 * tokens))
     throw InvalidArgument(fmt::format("position_ids: expected [3, {}] = {} values (got {})", tokens,
                                       3 * tokens, position_ids.size()));

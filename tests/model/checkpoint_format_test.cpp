@@ -221,3 +221,69 @@ TEST(SymbolTokenizer, EncodesDecodesAndRejectsUnknownSymbols) {
   EXPECT_THROW(Tokenizer::from_symbols({"<bos>", "<pad>", "<eos>", "a"}), TokenizerError);
   EXPECT_THROW(Tokenizer::from_symbols({"<pad>", "<bos>", "<eos>", "a b"}), TokenizerError);
 }
+
+// Issue 13 item 11: a header field of the wrong JSON type ("format": 1, a string
+// where a number goes, an object where an array goes, ...) is a CheckpointError
+// naming the file and the field, never a raw nlohmann exception.
+TEST(PosencCheckpoint, WrongJsonTypesAreCheckpointErrorsNamingFileAndField) {
+  TempDir d;
+  const auto good_path = d.path() / "good.posenc";
+  PosencCheckpoint ck = random_checkpoint(PositionFamily::rope);
+  ck.symbols = {"a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "l", "m", "n", "o", "p"};
+  save_posenc_checkpoint(good_path, ck);
+  const std::string good = posenc::test::slurp(good_path);
+  uint64_t hl;
+  std::memcpy(&hl, good.data() + 8, 8);
+  const auto h = nlohmann::json::parse(good.substr(16, hl));
+  int k = 0;
+  auto check = [&](const std::string& ptr, nlohmann::json value, const std::string& field) {
+    nlohmann::json m = h;
+    m[nlohmann::json::json_pointer(ptr)] = std::move(value);
+    const std::string hs = m.dump();
+    std::string out = good.substr(0, 8);
+    const uint64_t n = hs.size();
+    out.append(reinterpret_cast<const char*>(&n), 8);
+    out += hs;
+    out.resize((out.size() + 63) / 64 * 64, '\0');
+    out += good.substr((16 + hl + 63) / 64 * 64);
+    const auto p = d.file("bad" + std::to_string(k++) + ".posenc", out);
+    try {
+      Model::load(p);
+      ADD_FAILURE() << ptr << " = " << value << ": no error";
+    } catch (const CheckpointError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(p.string()), std::string::npos) << ptr << ": " << msg;
+      EXPECT_NE(msg.find(field), std::string::npos) << ptr << ": " << msg;
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << ptr << " = " << value << ": not a CheckpointError: " << e.what();
+    }
+  };
+  check("/format", 1, "format");
+  check("/format", nullptr, "format");
+  check("/format", nlohmann::json::array(), "format");
+  check("/version", "1", "version");
+  check("/version", 1.5, "version");
+  check("/config", "x", "config");
+  check("/config/dim", "32", "config.dim");
+  check("/config/dim", 32.5, "config.dim");
+  check("/config/n_layers", -1, "config.n_layers");
+  check("/config/vocab_size", 9223372036854775807, "config.vocab_size");
+  check("/config/norm_eps", "x", "config.norm_eps");
+  check("/config/shared_classifier", 1, "config.shared_classifier");
+  check("/positional", nlohmann::json::array(), "positional");
+  check("/positional/family", 3, "positional.family");
+  check("/positional/rope_theta", "x", "positional.rope_theta");
+  check("/positional/rotary_dim", nullptr, "positional.rotary_dim");
+  check("/positional/layout", false, "positional.layout");
+  check("/positional/angle_precision", 1, "positional.angle_precision");
+  check("/tensors", nlohmann::json::object(), "tensors");
+  check("/tensors/0", 5, "tensors[0]");
+  check("/tensors/0/name", 3, "tensors[0].name");
+  check("/tensors/0/shape", "x", "tensors[0].shape");
+  check("/tensors/0/shape/0", 1.5, "tensors[0].shape");
+  check("/tensors/0/shape/0", 18446744073709551615u, "tensors[0].shape");
+  check("/tensors/0/offset", -64, "tensors[0].offset");
+  check("/tensors/0/offset", "0", "tensors[0].offset");
+  check("/symbols", "x", "symbols");
+  check("/symbols/0", 1, "symbols");
+}

@@ -196,7 +196,7 @@ TEST(CliFormats, PositionalOverrides) {
                             " --context 256 --rope-scaling default --max-tokens 2000 --json " + q(d.path() / "b.json"));
   EXPECT_NE(json::parse(posenc::read_file(d.path() / "th.json"))["results"][0]["nll"],
             json::parse(posenc::read_file(d.path() / "b.json"))["results"][0]["nll"]);
-  expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --rope-theta -1"), 1, "--rope-theta");
+  expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --rope-theta -1"), 2, "--rope-theta");  // out of range: a usage error (exit 2)
   expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --trained-context 0"), 2,
                  "--trained-context");
   expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --quantized-matmul int4"), 1,

@@ -60,9 +60,15 @@ void add_check_cache_command(CLI::App& app) {
                      "shifted and windowed paths against one full forward");
   args->model.add_to(*cmd);
   cmd->add_option("--text", args->text_path, "UTF-8 text supplying the tokens")->required();
-  cmd->add_option("--length", args->options.length, "tokens per sequence")->capture_default_str();
-  cmd->add_option("--block-size", args->options.block_size, "KV cache block size")->capture_default_str();
-  cmd->add_option("--tolerance", args->options.tolerance, "max |dlogit| allowed")->capture_default_str();
+  cmd->add_option("--length", args->options.length, "tokens per sequence (<= the trained context)")
+      ->check(int_in(kMinConsistencyLength, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--block-size", args->options.block_size, "KV cache block size")
+      ->check(int_in(1, 1 << 16))
+      ->capture_default_str();
+  cmd->add_option("--tolerance", args->options.tolerance, "max |dlogit| allowed")
+      ->check(finite_in(0, 1e6))
+      ->capture_default_str();
   add_json_option(cmd, args->json);
   cmd->callback([args] { run_check(*args); });
 }

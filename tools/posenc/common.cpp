@@ -3,7 +3,10 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cerrno>
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -25,13 +28,84 @@ CLI::Validator output_path(bool directory) {
           if (directory && !fs::is_directory(p, ec)) return fmt::format("{} exists and is not a directory", text);
           if (!directory && fs::is_directory(p, ec)) return fmt::format("{} is a directory, not a file", text);
         }
-        fs::path a = fs::absolute(p, ec).parent_path();
+        // An existing output directory is written into: it must itself be
+        // writable (a read-only mount point with a writable parent is not).
+        // Otherwise the nearest existing ancestor must be, where the file (or
+        // the missing directories) will be created.
+        fs::path a = directory && fs::is_directory(p, ec) ? fs::absolute(p, ec) : fs::absolute(p, ec).parent_path();
         while (!fs::exists(a, ec) && a.has_parent_path() && a != a.parent_path()) a = a.parent_path();
         if (!fs::is_directory(a, ec)) return fmt::format("{}: {} is not a directory", text, a.string());
         if (::access(a.c_str(), W_OK) != 0) return fmt::format("{}: directory {} is not writable", text, a.string());
         return "";
       },
       directory ? "DIR" : "FILE", directory ? "writable output directory" : "writable output file");
+}
+
+CLI::Validator int_in(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        int64_t v = 0;
+        const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (ec != std::errc() || p != text.data() + text.size() || v < lo || v > hi)
+          return fmt::format("must be an integer in [{}, {}] (got '{}')", lo, hi, text);
+        return "";
+      },
+      "");
+}
+
+CLI::Validator seed_value() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        uint64_t v = 0;
+        const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (text.empty() || text[0] == '-' || text[0] == '+' || ec != std::errc() || p != text.data() + text.size())
+          return fmt::format("must be an integer in [0, 18446744073709551615] (got '{}')", text);
+        return "";
+      },
+      "");
+}
+
+namespace {
+std::string finite_check(const std::string& text, double lo, double hi, bool open_lo) {
+  const char* b = text.c_str();
+  char* e = nullptr;
+  errno = 0;
+  const double v = std::strtod(b, &e);
+  const bool parsed = !text.empty() && e == b + text.size() && !std::isspace(static_cast<unsigned char>(text[0]));
+  if (!parsed || !std::isfinite(v) || (open_lo ? !(v > lo) : !(v >= lo)) || !(v <= hi))
+    return fmt::format("must be a finite number in {}{:g}, {:g}] (got '{}')", open_lo ? "(" : "[", lo, hi, text);
+  return "";
+}
+}  // namespace
+
+CLI::Validator finite_in(double lo, double hi) {
+  return CLI::Validator([lo, hi](std::string& t) { return finite_check(t, lo, hi, false); }, "");
+}
+CLI::Validator finite_above(double lo, double hi) {
+  return CLI::Validator([lo, hi](std::string& t) { return finite_check(t, lo, hi, true); }, "");
+}
+
+void PromptArgs::add_to(CLI::App& cmd, bool required) {
+  prompt_option = cmd.add_option("--prompt", prompt, "prompt text (or --prompt-file)");
+  file_option = cmd.add_option("--prompt-file", prompt_file,
+                               "read the prompt from FILE (whole file, as is; for prompts past the 128 KiB "
+                               "command-line limit)");
+  prompt_option->excludes(file_option);
+  if (required) {
+    auto* group = cmd.add_option_group("prompt");
+    group->add_option(prompt_option);
+    group->add_option(file_option);
+    group->require_option(1);
+  }
+}
+
+bool PromptArgs::given() const {
+  return (prompt_option != nullptr && prompt_option->count() > 0) || (file_option != nullptr && file_option->count() > 0);
+}
+
+std::string PromptArgs::text() const {
+  if (file_option != nullptr && file_option->count() > 0) return read_file(prompt_file);
+  return prompt;
 }
 
 namespace {
@@ -67,8 +141,9 @@ void ModelArgs::add_to(CLI::App& cmd) {
   cmd.add_option("--config", config_path,
                  "positional parameters from a config.json or a bare rope_scaling object "
                  "({\"rope_type\": \"llama3\", \"factor\": 8, ...}); the layout stays the loader's")
-      ->check(CLI::ExistingFile);
-  cmd.add_option("--rope-theta", rope_theta, "override rope_theta (applied after --config)")->check(non_empty());
+      ->check(non_empty());  // read with read_file: a missing or non-regular file is an IoError naming it (exit 1)
+  cmd.add_option("--rope-theta", rope_theta, "override rope_theta (applied after --config)")
+      ->check(finite_above(0, 1e30));
   cmd.add_option("--rope-layout", rope_layout,
                  "override the RoPE layout: half (rotate_half/GPT-NeoX) or interleaved "
                  "(GPT-J/llama2.c); default: the loader's (half for Hugging Face, interleaved for GGUF llama and "
@@ -203,7 +278,7 @@ std::vector<std::string> split_list(const std::string& text, const std::string& 
     if (c == std::string::npos) break;
     pos = c + 1;
   }
-  if (out.empty()) throw ConfigError(fmt::format("{}: expected a comma-separated list (got '{}')", flag, text));
+  if (out.empty()) throw UsageError(fmt::format("{}: expected a comma-separated list (got '{}')", flag, text));
   return out;
 }
 
@@ -219,9 +294,9 @@ std::vector<int64_t> parse_lengths(const std::string& text, const std::string& f
     int64_t v = 0;
     auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
     if (ec != std::errc() || p != num.data() + num.size() || num.empty())
-      throw ConfigError(fmt::format("{}: '{}' is not a length (integer, optional K or M suffix)", flag, item));
+      throw UsageError(fmt::format("{}: '{}' is not a length (integer, optional K or M suffix)", flag, item));
     if (v <= 0 || v > (int64_t{1} << 40) / mult)
-      throw ConfigError(fmt::format("{}: length must be positive (got {})", flag, item));
+      throw UsageError(fmt::format("{}: a length must be an integer in [1, {}] (got {})", flag, int64_t{1} << 40, item));
     out.push_back(v * mult);
   }
   return out;

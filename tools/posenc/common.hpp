@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "posenc/error.hpp"
 #include "posenc/model.hpp"
 #include "posenc/tokenizer.hpp"
 #include "posenc/train.hpp"
@@ -51,11 +52,68 @@ LoadedModel load_model(const ModelArgs& args);
 /// context and its source, tokenizer, overrides) to `out`, one item a line.
 void print_model_header(std::FILE* out, const LoadedModel& m, const ModelArgs& args);
 
-/// Parses "256,512,4K,1M" (K = 1024, M = 1048576) into positive integers.
-/// Throws ConfigError naming `flag`.
+/// A bad flag value found after CLI11 parsed the command line (a list item
+/// that is not a length, a length out of range): a usage error, exit 2 like the
+/// values CLI11's validators refuse. Bad file contents stay ConfigError & co.,
+/// exit 1.
+class UsageError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
+/// Runs f, turning a ConfigError about flag values (from a library parser of a
+/// flag's text, or a check of flag values only) into a UsageError (exit 2).
+template <class F>
+auto as_usage_error(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const UsageError&) {
+    throw;
+  } catch (const ConfigError& e) {
+    throw UsageError(e.what());
+  }
+}
+
+/// Exit codes (README "Exit codes", `posenc --help`): 0 success; 2 the command
+/// line is rejected (unknown option, missing required option, a flag value
+/// malformed or out of its range, an output path that is a directory or not
+/// writable); 1 everything found in the inputs while running (a file missing,
+/// unreadable, not a regular file, or with bad contents; a check that failed).
+inline constexpr const char* kExitCodeRule =
+    "Exit codes: 0 success; 2 the command line is rejected (unknown or missing option, a flag value malformed or "
+    "out of its range, an output path that is a directory or not writable); 1 a problem found in the inputs while "
+    "running (a file missing, unreadable, not a regular file, or with bad contents) or a failed check.";
+
+/// CLI11 check: a decimal integer in [lo, hi] ("must be an integer in [lo, hi] (got 'x')").
+/// Used for every integer flag so that -1, 10^20 or INT64_MAX is refused at parse time (exit 2)
+/// instead of wrapping, saturating or failing later.
+CLI::Validator int_in(int64_t lo, int64_t hi);
+/// CLI11 check: a seed, a decimal integer in [0, 2^64 - 1] ("-1" would wrap to 2^64 - 1).
+CLI::Validator seed_value();
+/// CLI11 check: a finite number in [lo, hi] (nan, inf and out-of-range values refused).
+CLI::Validator finite_in(double lo, double hi);
+/// CLI11 check: a finite number > lo and <= hi.
+CLI::Validator finite_above(double lo, double hi);
+
+/// --prompt TEXT / --prompt-file FILE (read with read_file: a regular file, no size limit below 4 GiB): the
+/// command-line limit of 128 KiB per argument does not bound a prompt. Exactly one is required when
+/// `required`.
+struct PromptArgs {
+  std::string prompt;
+  std::string prompt_file;
+  CLI::Option* prompt_option = nullptr;
+  CLI::Option* file_option = nullptr;
+  void add_to(CLI::App& cmd, bool required);
+  bool given() const;
+  /// The prompt text (the file's contents for --prompt-file). Throws IoError naming the file.
+  std::string text() const;
+};
+
+/// Parses "256,512,4K,1M" (K = 1024, M = 1048576) into integers in [1, 2^40].
+/// Throws UsageError naming `flag` and the allowed range.
 std::vector<int64_t> parse_lengths(const std::string& text, const std::string& flag);
 
-/// Splits "a,b,c" into its non-empty items. Throws ConfigError naming `flag` if empty.
+/// Splits "a,b,c" into its non-empty items. Throws UsageError naming `flag` if empty.
 std::vector<std::string> split_list(const std::string& text, const std::string& flag);
 
 /// CLI11 check for an output option, run while the command line is parsed so

@@ -10,6 +10,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "posenc/config.hpp"
 #include "scripts.hpp"
 #include "posenc/analysis.hpp"
 #include "posenc/error.hpp"
@@ -28,9 +29,11 @@ struct DecayOptions {
 };
 
 void run_decay(const DecayOptions& opt) {
-  const double theta = parse_number(opt.rope_theta, "--rope-theta");
-  const int64_t max_distance = parse_context_length(opt.max_distance, "--max-distance");
-  const auto curve = rope_decay_curve(opt.head_dim, theta, max_distance);
+  // Every input of decay is a flag: a bad value is a usage error (exit 2).
+  const double theta = as_usage_error([&] { return parse_number(opt.rope_theta, "--rope-theta"); });
+  const int64_t max_distance =
+      as_usage_error([&] { return parse_context_length(opt.max_distance, "--max-distance"); });
+  const auto curve = as_usage_error([&] { return rope_decay_curve(opt.head_dim, theta, max_distance); });
 
   std::string csv = "distance,bound\n";
   for (const auto& p : curve) csv += fmt::format("{},{:.10g}\n", p.distance, p.bound);
@@ -78,7 +81,9 @@ void add_decay_command(CLI::App& app) {
       "RoFormer long-term decay: relative upper bound (1/(d/2)) Σ_j |S_j(r)| vs distance r. "
       "Grid: every integer r in [0, 1024], then 200 log-spaced distances per decade up to "
       "--max-distance. Without --csv/--plot the CSV goes to stdout");
-  sub->add_option("--head-dim", opt->head_dim, "Channels per head d (even)")->capture_default_str();
+  sub->add_option("--head-dim", opt->head_dim, "Channels per head d (even)")
+      ->check(int_in(2, config_limits::kMaxHeadDim))
+      ->capture_default_str();
   sub->add_option("--rope-theta", opt->rope_theta, "RoPE base")->capture_default_str();
   sub->add_option("--max-distance", opt->max_distance,
                   "Largest relative distance (K = 1024, M = 1048576)")

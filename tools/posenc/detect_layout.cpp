@@ -66,8 +66,11 @@ void add_detect_layout_command(CLI::App& app) {
       "detect-layout", "Score a text sample under both RoPE layouts and report the checkpoint's likely layout");
   args->model.add_to(*cmd);
   cmd->add_option("--text", args->text_path, "UTF-8 text sample")->required();
-  cmd->add_option("--context", args->context, "window length (default: the trained context)");
-  cmd->add_option("--max-tokens", args->max_tokens, "predictions to score per layout")->capture_default_str();
+  cmd->add_option("--context", args->context, "window length (default: the trained context)")
+      ->check(int_in(0, 1 << 20));
+  cmd->add_option("--max-tokens", args->max_tokens, "predictions to score per layout")
+      ->check(int_in(1, int64_t{1} << 40))
+      ->capture_default_str();
   add_json_option(cmd, args->json);
   cmd->callback([args] { run_detect(*args); });
 }

@@ -18,7 +18,7 @@ namespace {
 
 struct GenerateArgs {
   ModelArgs model;
-  std::string prompt;
+  PromptArgs prompt;
   GenerateOptions options;
   bool stats = false;
   bool ignore_eos = false;
@@ -50,7 +50,8 @@ void run_generate(const GenerateArgs& a) {
   GenerateOptions opt = a.options;
   if (a.ignore_eos) opt.stop_at_bos = opt.stop_at_eos = false;
   const auto t0 = std::chrono::steady_clock::now();
-  const auto res = generate(model, tok, a.prompt, opt, [](std::string_view piece) {
+  const std::string prompt = a.prompt.text();
+  const auto res = generate(model, tok, prompt, opt, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   });
@@ -61,7 +62,7 @@ void run_generate(const GenerateArgs& a) {
     j["model"] = a.model.model_path;
     j["model_format"] = std::string(to_string(model.source().format));
     j["tokenizer"] = lm.tokenizer_source;
-    j["prompt"] = a.prompt;
+    j["prompt"] = prompt;
     j["prompt_ids"] = res.prompt_tokens;
     j["generated_ids"] = res.new_tokens;
     j["generated_logprobs"] = res.new_token_logprobs;
@@ -92,11 +93,17 @@ void add_generate_command(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand("generate", "Continue a prompt (greedy by default; angle_precision float32)");
   args->model.add_to(*cmd);
-  cmd->add_option("--prompt", args->prompt, "prompt text")->required();
-  cmd->add_option("--max-tokens", args->options.max_new_tokens, "new tokens to generate")->capture_default_str();
-  cmd->add_option("--temperature", args->options.temperature, "0 = greedy")->capture_default_str();
-  cmd->add_option("--top-p", args->options.top_p, "nucleus sampling threshold")->capture_default_str();
-  cmd->add_option("--seed", args->options.seed, "sampling seed")->capture_default_str();
+  args->prompt.add_to(*cmd, /*required=*/true);
+  cmd->add_option("--max-tokens", args->options.max_new_tokens, "new tokens to generate")
+      ->check(int_in(0, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--temperature", args->options.temperature, "0 = greedy")
+      ->check(finite_in(0, 100))
+      ->capture_default_str();
+  cmd->add_option("--top-p", args->options.top_p, "nucleus sampling threshold")
+      ->check(finite_above(0, 1))
+      ->capture_default_str();
+  cmd->add_option("--seed", args->options.seed, "sampling seed")->check(seed_value())->capture_default_str();
   cmd->add_flag("--stats", args->stats, "print tokens/s to stderr");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "do not stop at the tokenizer's BOS/EOS: always --max-tokens tokens");
   cmd->add_option("--json", args->json_path,

@@ -208,7 +208,8 @@ void run_inspect(const InspectOptions& opt) {
   co.lenient = opt.lenient;
   const PositionalSpec spec = load_positional_spec(opt.config, co);
   std::optional<int64_t> seq_len;
-  if (!opt.seq_len.empty()) seq_len = parse_context_length(opt.seq_len, "--seq-len");
+  if (!opt.seq_len.empty())
+    seq_len = as_usage_error([&] { return parse_context_length(opt.seq_len, "--seq-len"); });
   std::optional<RopeInspection> ins;
   if (spec.rope) ins = inspect_rope(spec, seq_len);
   const std::string text =

@@ -5,12 +5,14 @@
 #include <fmt/format.h>
 
 #include "commands.hpp"
+#include "common.hpp"
 #include "posenc/error.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"posenc: positional encodings of Transformer attention, measured"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  app.footer(posenc::cli::kExitCodeRule);
   posenc::cli::add_ppl_command(app);
   posenc::cli::add_generate_command(app);
   posenc::cli::add_detect_layout_command(app);
@@ -30,6 +32,11 @@ int main(int argc, char** argv) {
     // required option, a failed check such as an unwritable output path) is a
     // usage error: exit 2. Bad input found while running exits 1.
     return app.exit(e) == 0 ? 0 : 2;
+  } catch (const posenc::cli::UsageError& e) {
+    // A flag value refused after parsing (a list item, a length out of range): exit 2 as CLI11's own checks.
+    std::fflush(stdout);
+    fmt::print(stderr, "posenc: error: {}\n", e.what());
+    return 2;
   } catch (const posenc::Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "posenc: error: {}\n", e.what());

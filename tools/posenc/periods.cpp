@@ -14,6 +14,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "posenc/config.hpp"
 #include "scripts.hpp"
 #include "posenc/analysis.hpp"
 #include "posenc/error.hpp"
@@ -125,10 +126,9 @@ std::string plot_data(const PeriodsRequest& req) {
       .dump();
 }
 
-void run_periods(const PeriodsOptions& opt) {
+std::vector<PeriodRow> periods_rows(const PeriodsOptions& opt, PeriodsRequest& req) {
   if (opt.json_output && opt.csv_output)
     throw ConfigError("--json/--csv: choose one output format (got both)");
-  PeriodsRequest req;
   req.head_dim = opt.head_dim;
   req.rotary_dim = opt.rotary_dim;
   for (const auto& t : opt.thetas) req.rope_thetas.push_back(parse_number(t, "--rope-theta"));
@@ -143,6 +143,13 @@ void run_periods(const PeriodsOptions& opt) {
   if (!opt.high_freq_factor.empty())
     req.high_freq_factor = parse_number(opt.high_freq_factor, "--high-freq-factor");
   const auto rows = periods_table(req);
+  return rows;
+}
+
+void run_periods(const PeriodsOptions& opt) {
+  PeriodsRequest req;
+  // Every input of periods is a flag: a bad value is a usage error (exit 2).
+  const auto rows = as_usage_error([&] { return periods_rows(opt, req); });
   const std::string text = render(req, rows, opt);
   if (opt.output.empty())
     fmt::print("{}", text);
@@ -161,8 +168,11 @@ void add_periods_command(CLI::App& app) {
   auto opt = std::make_shared<PeriodsOptions>();
   auto* sub = app.add_subcommand(
       "periods", "Count RoPE channels whose period 2π/inv_freq fits in each context length");
-  sub->add_option("--head-dim", opt->head_dim, "Channels per head (even)")->capture_default_str();
+  sub->add_option("--head-dim", opt->head_dim, "Channels per head (even)")
+      ->check(int_in(2, config_limits::kMaxHeadDim))
+      ->capture_default_str();
   sub->add_option("--rotary-dim", opt->rotary_dim, "Rotated channels (0 = head_dim)")
+      ->check(int_in(0, config_limits::kMaxHeadDim))
       ->capture_default_str();
   sub->add_option("--rope-theta", opt->thetas, "Comma-separated RoPE bases, e.g. 10000,500000")
       ->required()

@@ -36,12 +36,9 @@ void run_ppl(const PplArgs& a) {
   const auto contexts = parse_lengths(a.contexts, "--context");
   for (int64_t L : contexts)
     if (L < 2 || L > (int64_t{1} << 20))
-      throw ConfigError(fmt::format("--context: must be in [2, 1048576] (got {})", L));
+      throw UsageError(fmt::format("--context: must be in [2, 1048576] (got {})", L));
   auto scalings = split_list(a.scalings, "--rope-scaling");
   for (const auto& s : scalings) is_rope_scaling_name(s);  // unknown name -> ConfigError before any work
-  if (a.rope_factor && !(std::isfinite(*a.rope_factor) && *a.rope_factor > 0))
-    throw ConfigError(fmt::format("--rope-factor: must be finite and > 0 (got {})", *a.rope_factor));
-  if (a.max_tokens < 0) throw ConfigError(fmt::format("--max-tokens: must be >= 0 (got {})", a.max_tokens));
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
@@ -173,8 +170,10 @@ void add_ppl_command(CLI::App& app) {
                   "or native (the model's own parameters, or --config's)")
       ->capture_default_str();
   cmd->add_option("--rope-factor", args->rope_factor,
-                  "scaling factor s for every method (default: max(1, L / trained context))");
-  cmd->add_option("--max-tokens", args->max_tokens, "stop after ceil(N/(L-1)) windows (0 = whole text)");
+                  "scaling factor s for every method (default: max(1, L / trained context))")
+      ->check(finite_above(0, 1e6));
+  cmd->add_option("--max-tokens", args->max_tokens, "stop after ceil(N/(L-1)) windows (0 = whole text)")
+      ->check(int_in(0, int64_t{1} << 40));
   cmd->add_option("--json", args->json_path, "also write the results as JSON (atomically)")->check(output_path());
   cmd->add_option("--plot", args->plot_path,
                   "also draw NLL by position bucket, one line per scaling, one panel per context (PNG, matplotlib)")->check(output_path());

@@ -43,7 +43,7 @@ void run_tokenize(const TokenizeArgs& a) {
   if (a.model_path.empty() && a.tokenizer_path.empty())
     throw CLI::ValidationError("tokenize", "give --model (its own tokenizer) or --tokenizer (which overrides it)");
   if (a.text_path.empty() == !a.prompt.has_value())
-    throw CLI::ValidationError("tokenize", "give exactly one of --text and --prompt");
+    throw CLI::ValidationError("tokenize", "give exactly one of --text and --prompt (--prompt-file is another name of --text)");
   std::string source;
   Tokenizer tok = [&] {
     if (!a.tokenizer_path.empty()) {
@@ -96,7 +96,8 @@ void add_tokenize_command(CLI::App& app) {
                   "encode(text, add_special_tokens) does");
   cmd->add_option("--model", args->model_path, "use the tokenizer this model brings (HF directory, GGUF, posenc)");
   cmd->add_option("--tokenizer", args->tokenizer_path, "tokenizer.json or llama2.c tokenizer .bin");
-  cmd->add_option("--text", args->text_path, "UTF-8 text file")->check(CLI::ExistingFile);
+  cmd->add_option("--text,--prompt-file", args->text_path,
+                  "UTF-8 text file (read whole; a missing or non-regular file is an error naming it)");
   cmd->add_option("--prompt", args->prompt, "text given on the command line");
   cmd->add_flag("--no-special", args->no_special, "do not add BOS/EOS/template tokens (add_special_tokens=False)");
   cmd->add_flag("--pieces", args->pieces, "one line per token: index, id, piece (escaped)");

@@ -72,17 +72,25 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--pe", a->pe, "nope | learned | sinusoidal | t5 | alibi | rope | rope25")->capture_default_str();
   cmd->add_option("--train-lengths", a->train_lengths, "input lengths lo:hi, drawn uniformly")->capture_default_str();
   a->flags.steps = cmd->add_option("--steps", a->config.steps, "optimizer steps")->capture_default_str();
-  cmd->add_option("--seed", a->config.seed, "seed of the weights and the data")->capture_default_str();
+  cmd->add_option("--seed", a->config.seed, "seed of the weights and the data")
+      ->check(seed_value())
+      ->capture_default_str();
   a->flags.batch_size =
       cmd->add_option("--batch-size", a->config.batch_size, "sequences per step")->capture_default_str();
   cmd->add_option("--dim", a->config.dim, "d_model")->capture_default_str();
   cmd->add_option("--layers", a->config.n_layers, "decoder layers")->capture_default_str();
   cmd->add_option("--heads", a->config.n_heads, "attention heads")->capture_default_str();
   cmd->add_option("--hidden-dim", a->config.hidden_dim, "SwiGLU width (0 = 2 * dim)")->capture_default_str();
-  a->flags.lr = cmd->add_option("--lr", a->config.lr, "peak learning rate (AdamW)")->capture_default_str();
-  cmd->add_option("--weight-decay", a->config.weight_decay, "AdamW weight decay (matrices)")->capture_default_str();
+  a->flags.lr = cmd->add_option("--lr", a->config.lr, "peak learning rate (AdamW)")
+                    ->check(finite_above(0, 10))
+                    ->capture_default_str();
+  cmd->add_option("--weight-decay", a->config.weight_decay, "AdamW weight decay (matrices)")
+      ->check(finite_in(0, 10))
+      ->capture_default_str();
   cmd->add_option("--warmup", a->config.warmup_steps, "linear warmup steps before the cosine decay")->capture_default_str();
-  cmd->add_option("--clip", a->config.clip_norm, "gradient-norm clipping")->capture_default_str();
+  cmd->add_option("--clip", a->config.clip_norm, "gradient-norm clipping")
+      ->check(finite_in(0, 1e30))
+      ->capture_default_str();
   a->flags.curriculum = add_curriculum_option(cmd, a->config.curriculum);
   cmd->add_option("--ar-queries", a->config.ar_queries, "associative_recall: queries per training context (MQAR)")
       ->capture_default_str();

@@ -171,8 +171,10 @@ fs::path gguf_copy(const TempDir& d, const std::string& name, const fs::path& sr
 TEST(HfBadInput, HugeLayerCountFailsOnTheFirstMissingLayer) {
   TempDir d;
   json c = real_config();
-  c["num_hidden_layers"] = 1000000000;
-  expect_refused(hf_dir(d, "a", c), {"model.layers.2.input_layernorm.weight", "is missing"});
+  c["num_hidden_layers"] = 1000000000;  // past the bound: refused before any layer is read
+  expect_refused(hf_dir(d, "a", c), {"num_hidden_layers: must be an integer in [1, 16384] (got 1000000000)"});
+  c["num_hidden_layers"] = 16384;  // within it: believed only as far as the tensors go
+  expect_refused(hf_dir(d, "c", c), {"model.layers.2.input_layernorm.weight", "is missing"});
   c["num_hidden_layers"] = 3;
   expect_refused(hf_dir(d, "b", c), {"model.layers.2.input_layernorm.weight", "is missing", "[128]"});
 }
@@ -656,7 +658,8 @@ TEST(GgufModelFuzzCorpus, SeedsAreCurrent) {
 
 // fuzz/corpus/hf_config/ holds exactly hf_config_seeds(); each loads and runs
 // in the fixed directory of fuzz/hf_config_fuzz.cpp it was made for (the
-// first four in theirs, the others in the plain one).
+// first four in theirs, the others in the plain one); the regression_* seeds
+// (hostile sizes) are refused by name.
 TEST(HfConfigFuzzCorpus, SeedsAreCurrent) {
   const auto dir = fs::path(POSENC_SOURCE_DIR) / "fuzz/corpus/hf_config";
   const auto seeds = test::tiny::hf_config_seeds();
@@ -679,6 +682,16 @@ TEST(HfConfigFuzzCorpus, SeedsAreCurrent) {
     write_file_atomic(h / "config.json", bytes);
     write_file_atomic(h / "model.safetensors",
                       test::tiny::safetensors_bytes(test::tiny::hf_tensors(parts[i < parts.size() ? i : 0])));
+    if (name.starts_with("regression_")) {
+      // Hostile sizes (issue 13): a ConfigError naming the bounded field, before any allocation.
+      try {
+        Model::load(h);
+        ADD_FAILURE() << "loaded";
+      } catch (const ConfigError& e) {
+        EXPECT_NE(std::string(e.what()).find("must be an integer in [1, "), std::string::npos) << e.what();
+      }
+      continue;
+    }
     const Model m = Model::load(h);
     const auto logits = m.score_window(std::vector<int32_t>{1, 5, 9, 13, 17, 21});
     ASSERT_EQ(logits.size(), 6u * test::tiny::kVocab);
@@ -712,8 +725,8 @@ TEST(ConsistencyBadInput, LengthAndTextSizeAreCheckedUpFront) {
   o.chunk_sizes = {1, 7};
   EXPECT_TRUE(check_cache_consistency(m, some_tokens(438, 2048), o).passed);
   const auto r = run_cli("check-cache --model " + q(hf656()) + " --text " + q(test::text_path()) + " --length 64");
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("length: must be in [96"), std::string::npos) << r.err;
+  EXPECT_EQ(r.exit_code, 2);  // a flag value out of range: usage error, refused while parsing
+  EXPECT_NE(r.err.find("--length: must be an integer in [96, 1048576] (got '64')"), std::string::npos) << r.err;
 }
 
 // convert used the file's layout whatever --rope-layout said (while honouring
@@ -762,7 +775,7 @@ TEST(CliBadInput, UsageErrorsOfTokenizeAndDetectLayout) {
     EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
   }
   const auto r = run_cli("detect-layout --model " + q(hf656()) + " --text " + q(test::text_path()) + " --context -1");
-  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.exit_code, 2);  // out of range: a usage error, like a malformed value
   EXPECT_NE(r.err.find("--context"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("-1"), std::string::npos) << r.err;
 }

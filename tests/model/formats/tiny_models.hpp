@@ -280,6 +280,19 @@ inline std::vector<std::pair<std::string, std::string>> hf_config_seeds() {
   m["model_type"] = "mistral";
   m["sliding_window"] = 4;
   out.emplace_back("mistral_sliding.json", m.dump(2));
+  // Hostile sizes (issue 13): each is refused by its bound before anything is
+  // allocated (1e9 layers with a sliding window allocated 16.9 GB; head_dim 1e9 13.5 GB).
+  auto hostile = [&](const std::string& name, const char* key, nlohmann::json value) {
+    nlohmann::json c = name.starts_with("regression_sliding") ? m : hf_config({});
+    c[key] = std::move(value);
+    out.emplace_back(name, c.dump(2));
+  };
+  hostile("regression_head_dim_1e9.json", "head_dim", 1000000000);
+  hostile("regression_sliding_layers_1e9.json", "num_hidden_layers", 1000000000);
+  hostile("regression_vocab_1e9.json", "vocab_size", 1000000000);
+  hostile("regression_intermediate_1e9.json", "intermediate_size", 1000000000);
+  hostile("regression_heads_1e9.json", "num_attention_heads", 1000000000);
+  hostile("regression_max_position_embeddings_int64_max.json", "max_position_embeddings", INT64_MAX);
   return out;
 }
 

@@ -1,0 +1,161 @@
+// CLI inputs that must not hang, exhaust memory or wrap (issue 13 items 7 and
+// 11): FIFOs and devices as input files, out-of-range and non-finite flag
+// values, the exit-code rule, --prompt-file.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "test_support.hpp"
+
+using posenc::test::CliResult;
+using posenc::test::TempDir;
+
+namespace {
+
+std::string q(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
+std::string model_args() {
+  return "--model " + q(posenc::test::model_path()) + " --tokenizer " + q(posenc::test::tokenizer_path());
+}
+
+}  // namespace
+
+// A FIFO hung open() forever; now every input is opened non-blocking and
+// refused when it is not a regular file: exit 1 at once, naming the file.
+TEST(CliInputs, FifoInputsFailAtOnceNamingTheFile) {
+  TempDir d;
+  const auto fifo = d.path() / "pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::string text = " --text " + q(posenc::test::text_path());
+  const std::string cases[] = {
+      "ppl --model " + q(fifo) + " --tokenizer " + q(posenc::test::tokenizer_path()) + text,
+      "ppl --model " + q(posenc::test::model_path()) + " --tokenizer " + q(fifo) + text,
+      "ppl " + model_args() + " --text " + q(fifo),
+      "ppl " + model_args() + " --config " + q(fifo) + text,
+      "check-cache " + model_args() + " --text " + q(fifo),
+      "detect-layout " + model_args() + " --text " + q(fifo),
+      "generate " + model_args() + " --prompt-file " + q(fifo),
+      "tokenize --tokenizer " + q(posenc::test::tokenizer_path()) + " --text " + q(fifo),
+      "tokenize --tokenizer " + q(fifo) + " --prompt hi",
+      "inspect --config " + q(fifo),
+  };
+  for (const auto& args : cases) {
+    const std::string cmd = "timeout 30 '" + std::string(POSENC_CLI_PATH) + "' " + args + " >/dev/null 2>'" +
+                            (d.path() / "err").string() + "'";
+    const auto t0 = std::chrono::steady_clock::now();
+    const int st = std::system(cmd.c_str());
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(WIFEXITED(st)) << args;
+    EXPECT_EQ(WEXITSTATUS(st), 1) << args << " (124 = hung until the timeout)";
+    const std::string err = posenc::test::slurp(d.path() / "err");
+    EXPECT_NE(err.find(fifo.string()), std::string::npos) << args << ": " << err;
+    EXPECT_NE(err.find("not a regular file"), std::string::npos) << args << ": " << err;
+    EXPECT_LT(s, 20.0) << args;
+  }
+}
+
+// /dev/zero as --text or --config grew memory without bound; now refused.
+TEST(CliInputs, DevZeroIsRefused) {
+  const std::string text = " --text " + q(posenc::test::text_path());
+  const std::string cases[] = {
+      "ppl " + model_args() + " --text /dev/zero",
+      "ppl " + model_args() + " --config /dev/zero" + text,
+      "inspect --config /dev/zero",
+      "generate " + model_args() + " --prompt-file /dev/zero",
+  };
+  for (const auto& args : cases) {
+    // In 4 GB of address space: the old read grew until it ran out.
+    const CliResult r = posenc::test::run_cli("--help >/dev/null; ulimit -v 4000000; '" +
+                                              std::string(POSENC_CLI_PATH) + "' " + args);
+    EXPECT_EQ(r.exit_code, 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("/dev/zero"), std::string::npos) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("not a regular file"), std::string::npos) << args << ": " << r.err;
+  }
+}
+
+// Flag values: malformed or out of range alike are usage errors (exit 2),
+// refused at parse time with the flag and the allowed range.
+TEST(CliInputs, BadFlagValuesAreUsageErrorsNamingFlagAndRange) {
+  const std::string text = " --text " + q(posenc::test::text_path());
+  const std::pair<std::string, std::string> cases[] = {
+      // --seed -1 wrapped to 2^64 - 1 silently.
+      {"generate " + model_args() + " --prompt hi --seed -1", "--seed"},
+      {"generate " + model_args() + " --prompt hi --seed -1", "[0, 18446744073709551615]"},
+      {"generate " + model_args() + " --prompt hi --temperature nan", "--temperature"},
+      {"generate " + model_args() + " --prompt hi --top-p 0", "--top-p"},
+      {"generate " + model_args() + " --prompt hi --max-tokens -5", "--max-tokens"},
+      {"train --seed -1 --out /tmp/posenc-never-written.pt", "--seed"},
+      // check-cache --tolerance nan was accepted.
+      {"check-cache " + model_args() + text + " --tolerance nan", "--tolerance"},
+      {"check-cache " + model_args() + text + " --tolerance inf", "--tolerance"},
+      // "length must be positive" for INT64_MAX.
+      {"check-cache " + model_args() + text + " --length 9223372036854775807", "[96, 1048576]"},
+      {"check-cache " + model_args() + text + " --block-size 0", "--block-size"},
+      {"ppl " + model_args() + text + " --max-tokens 9223372036854775807", "--max-tokens"},
+      {"ppl " + model_args() + text + " --context 9223372036854775807", "--context: a length must be an integer in [1, 1099511627776]"},
+      {"ppl " + model_args() + text + " --context 4096K", "--context: must be in [2, 1048576]"},
+      {"ppl " + model_args() + text + " --context abc", "--context"},
+      {"ppl " + model_args() + text + " --rope-factor nan", "--rope-factor"},
+      {"ppl " + model_args() + text + " --rope-theta -1", "--rope-theta"},
+      {"detect-layout " + model_args() + text + " --context -3", "--context"},
+      {"periods --head-dim 1000000000 --rope-theta 10000 --lengths 4K", "--head-dim"},
+      {"decay --head-dim 1000000000", "[2, 16384]"},
+      {"periods --rope-theta abc --lengths 4K", "--rope-theta"},
+      {"decay --rope-theta x1", "--rope-theta"},
+      {"inspect --config " + q(posenc::test::shared_dir() / "configs/llama-3.1-8b.json") + " --seq-len 12X", "--seq-len"},
+  };
+  for (const auto& [args, needle] : cases) {
+    const CliResult r = posenc::test::run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << ": " << r.err;
+  }
+}
+
+TEST(CliInputs, HelpFooterStatesTheExitCodeRule) {
+  const CliResult r = posenc::test::run_cli("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("Exit codes: 0 success; 2 the command line is rejected"), std::string::npos) << r.out;
+}
+
+// An existing output directory must itself be writable (the check used to test
+// its parent). Root may write anywhere but on read-only mounts: skipped as root.
+TEST(CliInputs, ExistingOutputDirectoryIsCheckedItself) {
+  if (::geteuid() == 0) GTEST_SKIP() << "root writes into a mode-0555 directory";
+  TempDir d;
+  const auto ro = d.path() / "ro";
+  std::filesystem::create_directory(ro);
+  ::chmod(ro.c_str(), 0555);
+  const CliResult r = posenc::test::run_cli("eval " + model_args() + " --tasks passkey --lengths 256 --ppl-tokens -1 --out " + q(ro));
+  ::chmod(ro.c_str(), 0755);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("is not writable"), std::string::npos) << r.err;
+}
+
+// --prompt-file: a prompt past the 128 KiB limit of one command-line argument
+// can be given at all; the same prompt gives the same tokens as --prompt.
+TEST(CliInputs, PromptFileGivesTheSamePromptAsPrompt) {
+  TempDir d;
+  const auto small = d.file("small.txt", "Once upon a time");
+  const CliResult a = posenc::test::run_cli("generate " + model_args() + " --quiet --max-tokens 8 --prompt 'Once upon a time'");
+  const CliResult b = posenc::test::run_cli("generate " + model_args() + " --quiet --max-tokens 8 --prompt-file " + q(small));
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  EXPECT_EQ(a.out, b.out);
+  const CliResult both =
+      posenc::test::run_cli("generate " + model_args() + " --prompt hi --prompt-file " + q(small));
+  EXPECT_EQ(both.exit_code, 2) << both.err;
+  const CliResult none = posenc::test::run_cli("generate " + model_args());
+  EXPECT_EQ(none.exit_code, 2) << none.err;
+
+  std::string big;
+  while (big.size() < 200 * 1024) big += "Once upon a time there was a little girl. ";
+  const auto big_file = d.file("big.txt", big);
+  const CliResult t = posenc::test::run_cli("tokenize --tokenizer " + q(posenc::test::tokenizer_path()) +
+                                            " --prompt-file " + q(big_file) + " --json " + q(d.path() / "t.json"));
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_NE(posenc::test::slurp(d.path() / "t.json").find("\"ids\""), std::string::npos);
+}
