@@ -107,6 +107,21 @@ TEST(CliInputs, BadFlagValuesAreUsageErrorsNamingFlagAndRange) {
       {"periods --rope-theta abc --lengths 4K", "--rope-theta"},
       {"decay --rope-theta x1", "--rope-theta"},
       {"inspect --config " + q(posenc::test::shared_dir() / "configs/llama-3.1-8b.json") + " --seq-len 12X", "--seq-len"},
+      // eval and study: the same rule (they exited 1 for these, or wrapped --seed -1).
+      {"eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1 --out /tmp/posenc-never --seed -1", "--seed"},
+      {"eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1 --out /tmp/posenc-never --samples 0", "--samples"},
+      {"eval " + model_args() + " --tasks kv_retrieval --out /tmp/posenc-never --ppl-tokens 9223372036854775807",
+       "--ppl-tokens"},
+      {"eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1 --out /tmp/posenc-never --threshold nan",
+       "--threshold"},
+      {"eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1 --out /tmp/posenc-never --choices 99", "--choices"},
+      {"eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1 --out /tmp/posenc-never --depths 0.5x", "--depths"},
+      {"eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1 --out /tmp/posenc-never --shard 3/2", "--shard"},
+      {"eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1", "--out is required"},
+      {"study --out /tmp/posenc-never --samples 0", "--samples"},
+      {"study --out /tmp/posenc-never --shard x", "--shard"},
+      {"study --out /tmp/posenc-never --tasks nosuchtask", "--tasks"},
+      {"study --out /tmp/posenc-never --recipe copy:bogus=1", "--recipe"},
   };
   for (const auto& [args, needle] : cases) {
     const CliResult r = posenc::test::run_cli(args);

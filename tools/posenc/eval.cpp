@@ -58,7 +58,7 @@ std::vector<double> parse_depths(const std::string& text) {
     double v = 0;
     auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
     if (ec != std::errc() || p != item.data() + item.size())
-      throw ConfigError(fmt::format("--depths: '{}' is not a number", item));
+      throw UsageError(fmt::format("--depths: '{}' is not a number", item));
     out.push_back(v);
   }
   return out;
@@ -72,7 +72,7 @@ std::pair<int, int> parse_shard(const std::string& text) {
     auto [p2, e2] = std::from_chars(text.data() + slash + 1, text.data() + text.size(), n);
     if (e1 != std::errc() || e2 != std::errc() || p1 != text.data() + slash || p2 != text.data() + text.size()) i = n = -1;
   }
-  if (n < 1 || i < 0 || i >= n) throw ConfigError(fmt::format("--shard: expected i/n with 0 <= i < n (got '{}')", text));
+  if (n < 1 || i < 0 || i >= n) throw UsageError(fmt::format("--shard: expected i/n with 0 <= i < n (got '{}')", text));
   return {i, n};
 }
 
@@ -103,8 +103,8 @@ void run_eval_cmd(const EvalArgs& a) {
   // vocabulary (load_model); --haystack when no task and no perplexity matrix
   // reads it (validate_eval_config names what needs it).
   if (a.model.model_path.empty())
-    throw ConfigError("eval: --model is required (or use `eval report` / `eval merge`)");
-  if (a.out.empty()) throw ConfigError("eval: --out is required");
+    throw UsageError("eval: --model is required (or use `eval report` / `eval merge`)");
+  if (a.out.empty()) throw UsageError("eval: --out is required");
   EvalConfig c;
   c.model_path = a.model.model_path;
   c.tokenizer_path = a.model.tokenizer_path;
@@ -202,21 +202,25 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--depths", args->depths, "needle depths in [0, 1] (fraction of the context before the needle)")
       ->capture_default_str();
-  cmd->add_option("--samples", args->samples, "samples per cell")->capture_default_str();
+  cmd->add_option("--samples", args->samples, "samples per cell")->check(int_in(1, 1000000))->capture_default_str();
   cmd->add_option("--rope-scaling", args->scalings, "RoPE scalings (rope_type), comma-separated")->capture_default_str();
-  cmd->add_option("--rope-factor", args->rope_factor, "scaling factor s (default: max(1, L / trained context))");
+  cmd->add_option("--rope-factor", args->rope_factor, "scaling factor s (default: max(1, L / trained context))")
+      ->check(finite_above(0, 1e6));
   cmd->add_option("--control", args->controls, "evidence controls, comma-separated: none, swap, shuffle")
       ->capture_default_str();
-  cmd->add_option("--seed", args->seed, "task generator seed")->capture_default_str();
-  cmd->add_option("--choices", args->choices, "candidates K of forced-choice tasks")->capture_default_str();
+  cmd->add_option("--seed", args->seed, "task generator seed")->check(seed_value())->capture_default_str();
+  cmd->add_option("--choices", args->choices, "candidates K of forced-choice tasks")->check(int_in(2, 16))->capture_default_str();
   cmd->add_option("--threshold", args->threshold, "effective context: accuracy >= threshold x short baseline")
+      ->check(finite_in(0, 1))
       ->capture_default_str();
   cmd->add_option("--min-baseline", args->min_baseline,
                   "a task is 'not solvable by this model' unless its shortest-length accuracy is significantly above "
                   "chance (Wilson 95% low > 1/K, or > 0 for generation) and >= this")
+      ->check(finite_in(0, 1))
       ->capture_default_str();
   cmd->add_option("--ppl-tokens", args->ppl_tokens,
                   "perplexity matrix: scored tokens per (scaling, length) on the haystack text; 0 = all, -1 = skip")
+      ->check(int_in(-1, int64_t{1} << 48))
       ->capture_default_str();
   cmd->add_option("--shard", args->shard, "run the deterministic share i of n of the work (i/n)")->capture_default_str();
   cmd->add_option("--out", args->out, "output directory (the run goes to OUT/<run id>/)")->check(output_path(true));
@@ -225,8 +229,9 @@ void add_eval_command(CLI::App& app) {
 
   CLI::App* report = cmd->add_subcommand("report", "Text summary, heatmaps (PNG) and a self-contained report.html");
   report->add_option("dir", rargs->dir, "run directory (or the --out of `eval`)")->required();
-  report->add_option("--threshold", rargs->threshold, "override the run's relative threshold");
-  report->add_option("--min-baseline", rargs->min_baseline, "override the run's solvability baseline");
+  report->add_option("--threshold", rargs->threshold, "override the run's relative threshold")->check(finite_in(0, 1));
+  report->add_option("--min-baseline", rargs->min_baseline, "override the run's solvability baseline")
+      ->check(finite_in(0, 1));
   report->add_flag("--no-plots", rargs->no_plots, "text summary only (no matplotlib)");
   report->callback([rargs] { run_report_cmd(*rargs); });
 

@@ -45,13 +45,15 @@ void run_study_cmd(StudyArgs a) {
   reexec_for_fast_openblas();  // returns only when no re-exec is needed
   StudyConfig& c = a.config;
   c.tasks.clear();
-  for (const auto& t : split_list(a.tasks, "--tasks")) c.tasks.push_back(parse_task_kind(t, "--tasks"));
+  for (const auto& t : split_list(a.tasks, "--tasks"))
+    c.tasks.push_back(as_usage_error([&] { return parse_task_kind(t, "--tasks"); }));
   c.pes.clear();
-  for (const auto& p : split_list(a.pes, "--pe")) c.pes.push_back(parse_train_encoding(p, "--pe"));
+  for (const auto& p : split_list(a.pes, "--pe"))
+    c.pes.push_back(as_usage_error([&] { return parse_train_encoding(p, "--pe"); }));
   c.seeds.clear();
   for (int64_t s : parse_lengths(a.seeds, "--seeds")) c.seeds.push_back(static_cast<uint64_t>(s));
-  c.train_lengths = parse_length_range(a.train_lengths, "--train-lengths", 1);
-  c.test_lengths = parse_length_range(a.test_lengths, "--test-lengths", 8);
+  c.train_lengths = as_usage_error([&] { return parse_length_range(a.train_lengths, "--train-lengths", 1); });
+  c.test_lengths = as_usage_error([&] { return parse_length_range(a.test_lengths, "--test-lengths", 8); });
   c.scalings.clear();
   if (a.scalings != "none")
     for (const auto& s : split_list(a.scalings, "--scalings")) c.scalings.push_back(s);
@@ -63,18 +65,18 @@ void run_study_cmd(StudyArgs a) {
   for (const auto& spec : a.recipes) {
     const auto colon = spec.find(':');
     if (colon == std::string::npos)
-      throw ConfigError(fmt::format("--recipe: expected TASK:key=value[,key=value] or TASK:none (got '{}')", spec));
-    const TrainTaskKind task = parse_task_kind(spec.substr(0, colon), "--recipe");
+      throw UsageError(fmt::format("--recipe: expected TASK:key=value[,key=value] or TASK:none (got '{}')", spec));
+    const TrainTaskKind task = as_usage_error([&] { return parse_task_kind(spec.substr(0, colon), "--recipe"); });
     if (!given.insert(task).second)
-      throw ConfigError(fmt::format("--recipe: task '{}' given twice (put its keys in one --recipe)", to_string(task)));
+      throw UsageError(fmt::format("--recipe: task '{}' given twice (put its keys in one --recipe)", to_string(task)));
     const std::string_view body = std::string_view(spec).substr(colon + 1);
     if (body == "none")
       c.recipes.erase(task);
     else
-      merge_recipe(c.recipes[task], parse_task_recipe(body, "--recipe"));  // on top of the default recipe
+      merge_recipe(c.recipes[task], as_usage_error([&] { return parse_task_recipe(body, "--recipe"); }));  // on top of the default recipe
   }
   std::erase_if(c.recipes, [](const auto& kv) { return kv.second.empty(); });
-  if (a.out.empty()) throw ConfigError("--out: required (the study directory, e.g. runs/study/)");
+  if (a.out.empty()) throw UsageError("--out: required (the study directory, e.g. runs/study/)");
   c.out = a.out;
   {
     const auto slash = a.shard.find('/');
@@ -83,7 +85,7 @@ void run_study_cmd(StudyArgs a) {
       c.shard = std::stoi(a.shard.substr(0, slash));
       c.shard_count = std::stoi(a.shard.substr(slash + 1));
     } catch (const std::exception&) {
-      throw ConfigError(fmt::format("--shard: expected K/N (got '{}')", a.shard));
+      throw UsageError(fmt::format("--shard: expected K/N (got '{}')", a.shard));
     }
   }
   run_study(c, [](std::string_view line) {
@@ -105,7 +107,9 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--train-lengths", a->train_lengths, "training input lengths lo:hi")->capture_default_str();
   cmd->add_option("--test-lengths", a->test_lengths, "test input lengths lo:hi[:step] (step 8 by default)")
       ->capture_default_str();
-  cmd->add_option("--samples", a->config.samples, "evaluation samples per model and length")->capture_default_str();
+  cmd->add_option("--samples", a->config.samples, "evaluation samples per model and length")
+      ->check(int_in(1, 1000000000))
+      ->capture_default_str();
   cmd->add_option("--scalings", a->scalings, "RoPE scalings evaluated on rope/rope25 models (or none)")
       ->capture_default_str();
   a->flags.steps = cmd->add_option("--steps", a->config.train.steps, "optimizer steps per model (every task)")
