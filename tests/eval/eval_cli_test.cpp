@@ -266,12 +266,12 @@ TEST(EvalCliSmall, CellsThatCannotFitAreRecordedNotFatal) {
   const auto bad = run_cli("eval --model " + q(posenc::test::model_path()) + " --tokenizer " +
                            q(posenc::test::tokenizer_path()) + " --haystack " + q(posenc::test::text_path()) +
                            " --tasks nope --out " + q(d.path()));
-  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_EQ(bad.exit_code, 2);  // a flag value: usage error
   EXPECT_NE(bad.err.find("unknown task 'nope'"), std::string::npos) << bad.err;
   const auto bad2 = run_cli("eval --model " + q(posenc::test::model_path()) + " --tokenizer " +
                             q(posenc::test::tokenizer_path()) + " --haystack " + q(posenc::test::text_path()) +
                             " --shard 2/2 --out " + q(d.path()));
-  EXPECT_EQ(bad2.exit_code, 1);
+  EXPECT_EQ(bad2.exit_code, 2);
   EXPECT_NE(bad2.err.find("--shard"), std::string::npos) << bad2.err;
 }
 

@@ -127,7 +127,7 @@ void run_eval_cmd(const EvalArgs& a) {
   c.out = a.out;
   c.command_line = command_line();
   c.git_hash = source_git_hash();
-  validate_eval_config(c);  // flag errors before loading anything
+  as_usage_error([&] { validate_eval_config(c); });  // flag errors (exit 2) before loading anything
 
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
