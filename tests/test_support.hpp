@@ -8,6 +8,8 @@
 
 #include <sys/wait.h>
 
+#include "sanitizer.hpp"
+
 namespace posenc::test {
 
 inline std::filesystem::path shared_dir() { return POSENC_SHARED_DIR; }
