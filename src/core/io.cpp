@@ -127,6 +127,18 @@ std::string read_file(const std::filesystem::path& path, std::uint64_t max_bytes
   if (size > max_bytes)
     throw IoError(fmt::format("{}: {} bytes, more than the limit of {} bytes for this input", path.string(), size,
                               max_bytes));
+  if (size == 0) {
+    // procfs and sysfs files (/proc/self/cmdline) are regular files that
+    // report size 0: read them to their end, still within the limit.
+    std::string out;
+    for (;;) {
+      const std::string chunk = read_up_to(path, f, 65536);
+      out += chunk;
+      if (out.size() > max_bytes)
+        throw IoError(fmt::format("{}: more than the limit of {} bytes for this input", path.string(), max_bytes));
+      if (chunk.size() < 65536) return out;
+    }
+  }
   // A file that grows while it is read is read up to its size at open (plus
   // nothing): the limit holds.
   return read_up_to(path, f, static_cast<std::size_t>(size));

@@ -76,6 +76,19 @@ TEST(Io, SizeLimitIsCheckedBeforeReading) {
   EXPECT_EQ(0, std::memcmp(s.data(), m.bytes().data(), s.size()));
 }
 
+// procfs files are regular but report size 0: read to their end (eval's
+// run.json records the command line from /proc/self/cmdline).
+TEST(Io, ProcFilesOfSizeZeroAreReadToTheirEnd) {
+  const std::string cmdline = read_file("/proc/self/cmdline");
+  ASSERT_FALSE(cmdline.empty());
+  EXPECT_NE(cmdline.find("posenc_tests"), std::string::npos);
+  EXPECT_NE(error_of([] { read_file("/proc/self/maps", 1); }).find("more than the limit of 1 bytes"), std::string::npos);
+  // An empty regular file is still empty.
+  Tmp t;
+  write_file_atomic(t.dir / "empty", "");
+  EXPECT_EQ(read_file(t.dir / "empty"), "");
+}
+
 TEST(JsonFile, EveryAccessIsCheckedAndNamesFileAndKey) {
   const JsonDocument d = parse_json_document(
       R"({"config": {"lengths": [64, "a", 1.5, 3.0, 1e300], "name": "x", "ok": true, "nan": null},
