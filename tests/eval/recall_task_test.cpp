@@ -294,15 +294,15 @@ TEST(RecallTask, EvalCliRejectsAModelWithoutTheVocabulary) {
   EXPECT_FALSE(fs::exists(d.path() / "e")) << "nothing is written for a task the model cannot run";
   // The perplexity matrix needs the haystack text.
   const auto p = run_cli(base);
-  EXPECT_EQ(p.exit_code, 1);
+  EXPECT_EQ(p.exit_code, 2);  // flag values: usage errors
   EXPECT_NE(p.err.find("--haystack: required by the perplexity matrix"), std::string::npos) << p.err;
   const auto k = run_cli(base + " --ppl-tokens -1 --choices 12");
-  EXPECT_EQ(k.exit_code, 1);
+  EXPECT_EQ(k.exit_code, 2);
   EXPECT_NE(k.err.find("--choices: must be <= 10 for associative_recall"), std::string::npos) << k.err;
   const auto h = run_cli("eval --model '" + test::model_path().string() + "' --tokenizer '" +
                          test::tokenizer_path().string() + "' --tasks kv_retrieval,passkey --lengths 256 --samples 2 "
                          "--ppl-tokens -1 --out '" + (d.path() / "e").string() + "'");
-  EXPECT_EQ(h.exit_code, 1);
+  EXPECT_EQ(h.exit_code, 2);
   EXPECT_NE(h.err.find("--haystack: required by task passkey"), std::string::npos) << h.err;
 }
 
