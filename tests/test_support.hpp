@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -11,6 +12,20 @@
 #include "sanitizer.hpp"
 
 namespace posenc::test {
+
+/// The message of the E that f() throws; "wrong exception type: ..." for any
+/// other exception, "no exception" when it returns.
+template <class E, class F>
+std::string message_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("wrong exception type: ") + e.what();
+  }
+  return "no exception";
+}
 
 inline std::filesystem::path shared_dir() { return POSENC_SHARED_DIR; }
 inline std::filesystem::path model_path() { return shared_dir() / "models/stories260K/stories260K.bin"; }

@@ -48,14 +48,7 @@ fs::path lay_out(const fs::path& root, const std::string& input) {
 
 template <class F>
 std::string data_error_of(F&& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("wrong exception type: ") + e.what();
-  }
-  return "no exception";
+  return test::message_of<DataError>(std::forward<F>(f));
 }
 
 }  // namespace

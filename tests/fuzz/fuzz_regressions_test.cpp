@@ -12,6 +12,7 @@
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
 #include "posenc/model.hpp"
+#include "test_support.hpp"
 
 using namespace posenc;
 
@@ -21,17 +22,7 @@ std::filesystem::path seed(const std::string& corpus, const std::string& name) {
   return std::filesystem::path(POSENC_SOURCE_DIR) / "fuzz/corpus" / corpus / name;
 }
 
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("wrong exception type: ") + e.what();
-  }
-  return "no exception";
-}
+using posenc::test::message_of;
 
 }  // namespace
 

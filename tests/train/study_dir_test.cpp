@@ -32,17 +32,7 @@ using nlohmann::json;
 
 namespace {
 
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("wrong exception type: ") + e.what();
-  }
-  return "no exception";
-}
+using posenc::test::message_of;
 
 struct Mutation {
   const char* file;     // "study.json" or "evals/copy-nope-s1.json"
