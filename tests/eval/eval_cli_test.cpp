@@ -100,10 +100,10 @@ TEST_F(EvalCli, UninterruptedRunWritesEveryOutput) {
     EXPECT_LE(c["ci_low"].get<double>(), c["accuracy"].get<double>());
     EXPECT_GE(c["ci_high"].get<double>(), c["accuracy"].get<double>());
   }
-  ASSERT_EQ(summary["effective_context"].size(), 2u);
+  ASSERT_EQ(summary["effective_context"].size(), 4u);  // 2 encodings x {acc_norm, acc}
   // One JSON line per sample, each with its realised needle position.
   const std::string lines = slurp(ref_run_ / "samples.jsonl");
-  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 24 * 6);
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 32 * 6);
   const auto first = nlohmann::json::parse(lines.substr(0, lines.find('\n')));
   for (const char* k : {"seed", "task", "length", "depth", "prompt_tokens", "answer", "candidate_logprobs", "correct", "needles"})
     EXPECT_TRUE(first.contains(k)) << k;
