@@ -19,7 +19,11 @@
 // newline, so no merge crosses a piece boundary and the concatenation equals
 // Tokenizer::encode(prompt_text, bos=true) exactly (tested for every task).
 // This makes the count exact without re-encoding, and lets prompts that share
-// a prefix share its KV cache.
+// a prefix share its KV cache. Not so for a BPE whose pieces end in the space
+// marker and that has no pre-tokenizer (TinyStories-656K's tokenizer.json:
+// "the▁", "▁and▁"): there a merge would cross a piece boundary,
+// so the prompt decodes to prompt_text exactly but its segmentation is not
+// encode(prompt_text)'s (tested; the count is still what the model reads).
 //
 // Depth = the needle's start as a fraction of the context (the haystack region
 // between the preamble and the question). The needle goes to the sentence
