@@ -1437,7 +1437,9 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
       o.context = j.length;
       o.max_tokens = c.ppl_tokens;
       const std::string label = fmt::format("ppl {} L={}", j.scaling, j.length);
-      o.on_progress = [&](const PplProgress& pp) { report(label, static_cast<double>(pp.tokens_done), false); };
+      o.on_progress = [&](const PplProgress& pp) {
+        report(label, std::min(static_cast<double>(pp.tokens_done), ppl_weight(j)), false);
+      };
       PplResult r = evaluate_perplexity(m, stream, o);
       json jr{{"context", r.context}, {"rope_scaling", j.scaling}, {"factor", r.factor}, {"ppl", r.ppl},
               {"nll", r.nll},         {"tokens", r.tokens},        {"windows", r.windows}};
@@ -1646,14 +1648,32 @@ std::string format_eval_summary(const JsonView& summary) {
            "log-prob (favours candidates of fewer tokens)\n";
   if (any_absent)
     out += "control absent = the evidence removed: its accuracy is the measured chance level\n";
-  std::string head = fmt::format("{:<18} {:<8} {}{:<8}", "task", "control",
+  // acc rows identical to their acc_norm rows (equal-length candidates) are not repeated.
+  std::set<Key> hidden;
+  for (const auto& k : order) {
+    if (std::get<3>(k) != "acc") continue;
+    const Key norm{std::get<0>(k), std::get<1>(k), std::get<2>(k), "acc_norm"};
+    auto it = rows.find(norm);
+    if (it == rows.end()) continue;
+    bool same = it->second.size() == rows[k].size();
+    for (const auto& [L, p] : rows[k]) {
+      auto q = it->second.find(L);
+      same = same && q != it->second.end() && q->second.k == p.k && q->second.n == p.n && q->second.fit == p.fit;
+    }
+    if (same) hidden.insert(k);
+  }
+  if (!hidden.empty())
+    out += fmt::format("({} acc rows equal to their acc_norm rows are not repeated: equal-length candidates)\n",
+                       hidden.size());
+  std::string head = fmt::format("{:<18} {:<8} {}{:<13}", "task", "control",
                                  show_scaling ? fmt::format("{:<8} ", "scaling") : "", "metric");
   for (int64_t L : lengths) head += fmt::format(" {:>17}", fmt::format("L={}", L));
   head += "  effective context";
   out += head + "\n";
   for (const auto& k : order) {
     const auto& [task, control, scaling, metric] = k;
-    std::string row = fmt::format("{:<18} {:<8} {}{:<8}", task, control,
+    if (hidden.count(k)) continue;
+    std::string row = fmt::format("{:<18} {:<8} {}{:<13}", task, control,
                                   show_scaling ? fmt::format("{:<8} ", scaling) : "", metric.empty() ? "-" : metric);
     for (int64_t L : lengths) {
       auto it = rows[k].find(L);
@@ -1707,11 +1727,12 @@ std::string format_eval_summary(const JsonView& summary) {
   if (const auto controls = summary.find("controls"); controls && controls->size() > 0) {
     out += "\ncontrols: the evidence was changed; followed = prediction matches the changed evidence, kept = "
            "prediction still matches the original answer, changed = prediction differs from the uncontrolled run\n";
-    out += fmt::format("{:<18} {:<8} {:<8} {:>6} {:>4} {:>18} {:>6} {:>8} {:>12}\n", "task", "control", "scaling",
+    auto sc = [&](const std::string& v) { return show_scaling ? fmt::format("{:<8} ", v) : std::string(); };
+    out += fmt::format("{:<18} {:<8} {}{:>6} {:>4} {:>18} {:>6} {:>8} {:>12}\n", "task", "control", sc("scaling"),
                        "length", "n", "followed [95% CI]", "kept", "changed", "none correct");
     for (const JsonView& c : controls->elements())
-      out += fmt::format("{:<18} {:<8} {:<8} {:>6} {:>4} {:>18} {:>6} {:>8} {:>12}\n", c.at("task").string(),
-                         c.at("control").string(), c.at("rope_scaling").string(), c.at("length").integer(),
+      out += fmt::format("{:<18} {:<8} {}{:>6} {:>4} {:>18} {:>6} {:>8} {:>12}\n", c.at("task").string(),
+                         c.at("control").string(), sc(c.at("rope_scaling").string()), c.at("length").integer(),
                          c.at("n").integer(),
                          fmt::format("{:.2f} [{:.2f},{:.2f}]", c.at("followed_rate").number(), c.at("ci_low").number(),
                                      c.at("ci_high").number()),

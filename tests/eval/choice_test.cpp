@@ -196,16 +196,21 @@ TEST(EvalSummaryTable, OldSummaryWithoutSchemaVersionStillFormats) {
                       {"baseline_ci_low", 0.46}, {"threshold", 0.51}, {"length", 256}, {"solvable", true},
                       {"status", "ok"}, {"chance", 0.25}}}}};
   const std::string t = format_eval_summary(s);
-  EXPECT_NE(t.find("name_recall        none     default  acc"), std::string::npos) << t;
+  EXPECT_NE(t.find("name_recall        none     default  acc         "), std::string::npos) << t;
   EXPECT_NE(t.find("256 (baseline 0.60, threshold 0.51; chance 0.25, assumed)"), std::string::npos) << t;
 }
 
 TEST(EvalSummaryTable, NoScalingColumnForAModelWithoutRope) {
   nlohmann::json s{{"run_id", "x"}, {"cells_present", 1}, {"cells_expected", 1}, {"complete", true},
                    {"model", {{"family", "alibi"}, {"trained_context", 64}}},
-                   {"cells", {cell("passkey", "none", 64, 0.5, 10, 5)}},
-                   {"effective_context", nlohmann::json::array()}};
+                   {"cells", {cell("passkey", "none", 64, 0.5, 10, 5), cell("passkey", "swap", 64, 0.5, 10, 4)}},
+                   {"effective_context", nlohmann::json::array()},
+                   {"controls",
+                    {{{"task", "passkey"}, {"control", "swap"}, {"rope_scaling", "default"}, {"length", 64}, {"n", 10},
+                      {"followed_rate", 0.4}, {"ci_low", 0.17}, {"ci_high", 0.69}, {"kept_original_answer", 1},
+                      {"prediction_changed", 6}, {"paired_with_none", 10}, {"none_correct", 5}}}}};
   const std::string t = format_eval_summary(s);
+  EXPECT_NE(t.find("followed [95% CI]"), std::string::npos) << t;
   EXPECT_EQ(t.find("scaling"), std::string::npos) << t;
   EXPECT_EQ(t.find("default"), std::string::npos) << t;
   s["model"]["family"] = "rope";
@@ -338,4 +343,20 @@ TEST(EvalDefaults, AnAssociativeRecallModelTrainedAt64RunsEvalWithNoOtherFlag) {
   EXPECT_EQ(runl["model"]["family"], "learned");
   EXPECT_EQ(runl["config"]["lengths"], (std::vector<int64_t>{32, 64}));
   EXPECT_EQ(rl.out.find("scaling"), std::string::npos) << rl.out;
+}
+
+TEST(EvalSummaryTable, AccRowsAreShownOnlyWhereTheyDifferFromAccNorm) {
+  auto summary = [](int64_t k_acc) {
+    return nlohmann::json{{"run_id", "x"}, {"cells_present", 1}, {"cells_expected", 1}, {"complete", true},
+                          {"cells", {cell("name_recall", "none", 256, 0.5, 20, 12, k_acc)}},
+                          {"effective_context", nlohmann::json::array()}};
+  };
+  const std::string same = format_eval_summary(summary(12));
+  EXPECT_NE(same.find("0.60 ["), std::string::npos) << same;
+  EXPECT_EQ(same.find(" acc    "), std::string::npos) << same;
+  EXPECT_NE(same.find("(1 acc rows equal to their acc_norm rows are not repeated"), std::string::npos) << same;
+  const std::string differ = format_eval_summary(summary(7));
+  const Interval ci = wilson_interval(7, 20);
+  EXPECT_NE(differ.find(fmt::format("acc            0.35 [{:.2f},{:.2f}]", ci.low, ci.high)), std::string::npos)
+      << differ;
 }
