@@ -5,10 +5,19 @@
 // Protocol (what a number in summary.json means):
 //  - A cell is (task, control, rope_scaling, length, depth); its n samples are
 //    sample indices 0..n-1 of tasks.hpp's generator (content fixed per index).
-//  - Forced-choice tasks are scored like lm-evaluation-harness multiple_choice
-//    (acc): each candidate's summed log-probability of its tokens after the
-//    prompt; the prediction is the argmax (first on ties). The prompt is
-//    prefilled once; each candidate runs on a KV-cache fork of it.
+//  - Forced-choice tasks are scored like lm-evaluation-harness multiple_choice,
+//    both ways (tasks.hpp score_choice): acc = argmax of each candidate's
+//    summed log-probability of its tokens after the prompt, acc_norm = argmax
+//    of that sum / the candidate's UTF-8 bytes (first on ties). acc_norm is the
+//    primary metric (a cell's correct/accuracy/ci_*): acc favours candidates
+//    with fewer tokens. The prompt is prefilled once; each candidate runs on a
+//    KV-cache fork of it.
+//  - Chance is measured, not assumed: every forced-choice task also runs the
+//    control "absent" (the evidence removed; one cell per task x scaling x
+//    length), whose accuracy is the chance level of that task x model x
+//    metric. The effective context's gate ("the short baseline beats chance
+//    significantly") compares the baseline's Wilson lower bound with the upper
+//    Wilson bound of that measured level, pooled over the run's lengths.
 //  - Generation tasks: greedy decoding (argmax, lowest id on ties) of at most
 //    the task's answer budget of tokens, stopping at BOS/EOS; scored by
 //    score_generation() (RULER's string_match_all, YaRN's first integer for
@@ -46,12 +55,14 @@ namespace posenc {
 struct SampleOutcome {
   // forced choice
   std::vector<double> logprobs;  ///< [choices] summed log-probability (nats) of each candidate
-  int predicted = -1;            ///< argmax of logprobs
+  int predicted = -1;            ///< prediction under the primary metric (acc_norm)
+  int predicted_acc = -1;        ///< prediction under acc (argmax of logprobs)
+  bool correct_acc = false;      ///< predicted_acc == gold
   // generation
   std::vector<int32_t> new_tokens;
   std::string prediction;  ///< decoded continuation
   double score = 0.0;      ///< fraction of gold strings matched (1/0 for choice)
-  bool correct = false;
+  bool correct = false;    ///< under the primary metric
   bool kept_original = false;  ///< (controls) the prediction matches the uncontrolled answer
 };
 
@@ -108,6 +119,20 @@ struct EvalConfig {
   std::string command_line;    ///< for run.json
   std::string git_hash;        ///< for run.json (empty = unknown)
 };
+
+/// The default --lengths of a model trained at T tokens (Model::trained_context):
+/// T/2, T, 2T, 4T, 8T, each at least 8 (the lab's minimum), distinct; for a
+/// learned absolute table (family learned_absolute) the lengths past the table
+/// (config max_position_embeddings) are dropped, since the table has no row for
+/// them. Throws InvalidArgument for T < 1.
+std::vector<int64_t> default_eval_lengths(const Model& model);
+
+/// The default --tasks for `tokenizer`: associative_recall when it holds that
+/// task's symbol vocabulary (a `posenc train --task associative_recall` model),
+/// else name_recall (natural text; needs --haystack). Throws ConfigError for a
+/// symbol vocabulary of another training task, naming it: no eval task reads
+/// its symbols.
+std::vector<std::string> default_eval_tasks(const Tokenizer& tokenizer);
 
 /// Checks and normalises (sorts lengths/depths, rejects duplicates, unknown
 /// tasks/scalings, samples < 1, bad shard). Throws ConfigError naming the flag.

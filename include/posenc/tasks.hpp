@@ -19,7 +19,11 @@
 // newline, so no merge crosses a piece boundary and the concatenation equals
 // Tokenizer::encode(prompt_text, bos=true) exactly (tested for every task).
 // This makes the count exact without re-encoding, and lets prompts that share
-// a prefix share its KV cache.
+// a prefix share its KV cache. Not so for a BPE whose pieces end in the space
+// marker and that has no pre-tokenizer (TinyStories-656K's tokenizer.json:
+// "the▁", "▁and▁"): there a merge would cross a piece boundary,
+// so the prompt decodes to prompt_text exactly but its segmentation is not
+// encode(prompt_text)'s (tested; the count is still what the model reads).
 //
 // Depth = the needle's start as a fraction of the context (the haystack region
 // between the preamble and the question). The needle goes to the sentence
@@ -109,9 +113,17 @@ class Haystack {
 ///    values are permuted among the keys; associative_recall: the values are
 ///    permuted among all pairs of the context, redrawn until the queried key's
 ///    value changes, which breaks every key->value binding learned in training).
+///  - absent (forced-choice tasks only; the runner adds it by itself, one cell
+///    per task x scaling x length, no depth axis): the same sample with the
+///    evidence removed (name_recall: no needle; associative_recall: the queried
+///    pair's slot holds a pair of a key absent from the rest of the context, or
+///    is dropped when all keys are in use), same candidates, gold = the index
+///    the uncontrolled sample's gold has. Nothing in the prompt points to the
+///    gold, so its accuracy measures the chance level of the task x model x
+///    scoring (1/K for an unbiased scoring).
 /// Every control sample also records the original (uncontrolled) answer, so a
 /// report can show whether the prediction moved with the evidence.
-enum class TaskControl { none, swap, shuffle };
+enum class TaskControl { none, swap, shuffle, absent };
 std::string_view to_string(TaskControl control);
 /// Throws ConfigError naming `field` for an unknown name.
 TaskControl parse_task_control(std::string_view text, std::string_view field = "control");
@@ -137,7 +149,8 @@ struct TaskInfo {
   TaskKind kind;
   bool uses_depth;        ///< false: the depth axis does not apply (one cell per length)
   bool uses_haystack;     ///< false: built without the haystack text (no --haystack needed)
-  std::string_view metric;  ///< "choice", "all" (RULER string_match_all), "first_integer" (YaRN passkey)
+  std::string_view metric;  ///< primary metric: "acc_norm" (forced choice), "all" (RULER string_match_all),
+                            ///< "first_integer" (YaRN passkey)
   int answer_budget;      ///< tokens reserved after the prompt (generation: max_new_tokens)
   std::string_view summary;
 };
@@ -180,6 +193,13 @@ struct TaskSample {
   // Forced choice: candidates (continuations of the prompt) and the gold index.
   std::vector<std::string> choices;               ///< as text, with their leading space
   std::vector<std::vector<int32_t>> choice_tokens;
+  /// [choices] UTF-8 bytes of each candidate without its leading delimiter
+  /// space (candidate_bytes): acc_norm's divisor.
+  std::vector<int64_t> choice_bytes;
+  /// name_recall: every candidate has the same token count and byte length, so
+  /// acc and acc_norm pick the same candidate (false when the name pool holds
+  /// no K such names under this tokenizer); true for associative_recall.
+  bool equal_length_choices = false;
   int gold = -1;
   int original_gold = -1;  ///< gold of the same sample without the control
 
@@ -226,6 +246,31 @@ class TaskGenerator {
   std::vector<int32_t> recall_ids_;
   std::string recall_error_;
 };
+
+// ---------------------------------------------------------------- scoring (src/eval/tasks/scoring.cpp)
+
+/// The forced-choice metrics, as lm-evaluation-harness multiple_choice:
+///  - "acc": argmax of the summed log-probability of the candidate's tokens;
+///  - "acc_norm": argmax of that sum divided by the candidate's length in UTF-8
+///    bytes without the delimiter space (lm-eval divides by len(choice), the
+///    characters, which equal bytes for the ASCII candidates here). Not biased
+///    towards candidates with fewer tokens; the primary metric.
+/// Ties go to the first candidate.
+inline constexpr std::string_view kChoiceMetrics[] = {"acc_norm", "acc"};
+
+/// Bytes of a candidate text without one leading space.
+int64_t candidate_bytes(std::string_view choice);
+
+struct ChoiceScore {
+  int acc = -1;       ///< predicted index under "acc"
+  int acc_norm = -1;  ///< predicted index under "acc_norm"
+  int predicted(std::string_view metric) const;  ///< by metric name; InvalidArgument for another name
+};
+
+/// logprobs [K] summed log-probabilities (nats), bytes [K] candidate_bytes.
+/// Throws InvalidArgument for empty or different-sized inputs or a byte
+/// length < 1.
+ChoiceScore score_choice(std::span<const double> logprobs, std::span<const int64_t> bytes);
 
 /// RULER's prediction normalisation: strip surrounding whitespace, control
 /// characters (0x00-0x1F) become '\n'.

@@ -167,7 +167,13 @@ std::vector<SampleOutcome> evaluate_samples(const Model& model, const Tokenizer&
     SampleOutcome& o = out[j];
     if (!s.choice_tokens.empty()) {
       o.logprobs = score_candidates(model, cache, seq, logits, s.choice_tokens);
-      o.predicted = static_cast<int>(std::max_element(o.logprobs.begin(), o.logprobs.end()) - o.logprobs.begin());
+      std::vector<int64_t> bytes = s.choice_bytes;
+      if (bytes.empty())
+        for (const auto& ch : s.choices) bytes.push_back(candidate_bytes(ch));
+      const ChoiceScore cs = score_choice(o.logprobs, bytes);
+      o.predicted = cs.acc_norm;
+      o.predicted_acc = cs.acc;
+      o.correct_acc = cs.acc == s.gold;
       o.correct = o.predicted == s.gold;
       o.score = o.correct ? 1.0 : 0.0;
       o.kept_original = o.predicted == s.original_gold;

@@ -35,13 +35,24 @@ using nlohmann::json;
 namespace {
 
 // Bump when the task generator or the scoring changes what a cell holds.
-constexpr int kTaskGeneratorVersion = 1;
+// 2: acc_norm (primary) next to acc, the "absent" control, name_recall's
+// equal-length candidates.
+constexpr int kTaskGeneratorVersion = 2;
 
 // Upper bound of --ppl-tokens (2^48 tokens, far beyond any text): larger
 // values are refused by name rather than carried into window arithmetic.
 constexpr int64_t kMaxPplTokens = int64_t{1} << 48;
 
 std::string hex16(uint64_t h) { return fmt::format("{:016x}", h); }
+
+// run.json model.family (the contract's names): rope, alibi, learned, sinusoidal, t5, nope.
+std::string eval_model_family(const Model& model) {
+  switch (model.family()) {
+    case PositionFamily::learned_absolute: return "learned";
+    case PositionFamily::t5_bias: return "t5";
+    default: return std::string(to_string(model.family()));
+  }
+}
 
 uint64_t hash_bytes(std::string_view bytes) { return detail::fnv1a64(bytes); }
 
@@ -141,13 +152,17 @@ struct Axes {
   double threshold = 0.85;
   double min_baseline = 0.0;
   int64_t ppl_tokens = -1;
+  bool absent = false;  ///< the "absent" control runs for every forced-choice task (run.json config.absent_control)
 };
 
 // Upper bound of a run's cells (a grid of 2^20 cells is already days of
 // compute): a run.json listing more is refused before its cells are looked up.
 constexpr uint64_t kMaxCells = uint64_t{1} << 20;
 
+bool runs_absent(const Axes& a, const std::string& task) { return a.absent && find_eval_task(task).kind == TaskKind::choice; }
+
 // tasks x controls x scalings x lengths x depths (1 for tasks without depth),
+// plus scalings x lengths absent-control cells per forced-choice task;
 // nullopt on uint64 overflow.
 std::optional<uint64_t> cell_count(const Axes& a) {
   uint64_t total = 0;
@@ -156,12 +171,19 @@ std::optional<uint64_t> cell_count(const Axes& a) {
     for (uint64_t f : {a.controls.size(), a.scalings.size(), a.lengths.size()})
       if (__builtin_mul_overflow(n, f, &n)) return std::nullopt;
     if (__builtin_add_overflow(total, n, &total)) return std::nullopt;
+    if (runs_absent(a, t)) {
+      uint64_t m = a.scalings.size();
+      if (__builtin_mul_overflow(m, static_cast<uint64_t>(a.lengths.size()), &m)) return std::nullopt;
+      if (__builtin_add_overflow(total, m, &total)) return std::nullopt;
+    }
   }
   return total;
 }
 
-std::vector<double> task_depths(const Axes& a, const std::string& task) {
-  return find_eval_task(task).uses_depth ? a.depths : std::vector<double>{-1.0};
+// The depths of a (task, control): none (-1) for tasks without a depth axis
+// and for the absent control (there is no evidence to place).
+std::vector<double> task_depths(const Axes& a, const std::string& task, const std::string& control) {
+  return find_eval_task(task).uses_depth && control != "absent" ? a.depths : std::vector<double>{-1.0};
 }
 
 std::string cell_name(const std::string& task, const std::string& control, const std::string& scaling, int64_t L,
@@ -176,10 +198,14 @@ struct Group {
 
 std::vector<Group> groups_of(const Axes& a) {
   std::vector<Group> g;
-  for (const auto& t : a.tasks)
+  for (const auto& t : a.tasks) {
     for (const auto& c : a.controls)
       for (const auto& s : a.scalings)
         for (int64_t L : a.lengths) g.push_back({t, c, s, L});
+    if (runs_absent(a, t))
+      for (const auto& s : a.scalings)
+        for (int64_t L : a.lengths) g.push_back({t, "absent", s, L});
+  }
   return g;
 }
 
@@ -210,6 +236,7 @@ Axes axes_from_config(const EvalConfig& c) {
   a.threshold = c.threshold;
   a.min_baseline = c.min_baseline;
   a.ppl_tokens = c.ppl_tokens;
+  a.absent = true;
   return a;
 }
 
@@ -236,7 +263,10 @@ Axes axes_from_run_json(const JsonView& run) {
     return out;
   };
   a.tasks = names("tasks", [](const std::string& t) { find_eval_task(t); });
-  a.controls = names("controls", [](const std::string& t) { parse_task_control(t, "control"); });
+  a.controls = names("controls", [](const std::string& t) {
+    if (parse_task_control(t, "control") == TaskControl::absent)
+      throw DataError("absent is not a --control value (config.absent_control adds it)");
+  });
   a.scalings = names("rope_scalings", [](const std::string& t) { is_rope_scaling_name(t); });
   {
     const JsonView list = c.at("lengths");
@@ -261,6 +291,7 @@ Axes axes_from_run_json(const JsonView& run) {
   a.threshold = c.at("threshold").number(0.0, 1.0);
   a.min_baseline = c.at("min_baseline").number(0.0, 1.0);
   a.ppl_tokens = c.at("ppl_tokens").integer(-1, kMaxPplTokens);
+  a.absent = c.boolean_or("absent_control", false);  // runs before generator version 2 have none
   if (const auto cells = cell_count(a); !cells || *cells > kMaxCells)
     c.fail(fmt::format("the axes make more than {} cells (tasks x controls x scalings x lengths x depths)", kMaxCells));
   return a;
@@ -298,10 +329,15 @@ json sample_record(const TaskSample& s, const SampleOutcome& o, const std::strin
     std::vector<std::size_t> nt;
     for (const auto& t : s.choice_tokens) nt.push_back(t.size());
     r["choice_tokens"] = nt;
+    r["choice_bytes"] = s.choice_bytes;
+    r["equal_length_choices"] = s.equal_length_choices;
     r["candidate_logprobs"] = o.logprobs;
     r["answer"] = s.choices[static_cast<std::size_t>(s.gold)];
     r["gold"] = s.gold;
+    r["metric"] = s.metric;
     r["predicted"] = o.predicted;
+    r["predicted_by_metric"] = {{"acc_norm", o.predicted}, {"acc", o.predicted_acc}};
+    r["correct_by_metric"] = {{"acc_norm", o.correct}, {"acc", o.correct_acc}};
     if (s.control != TaskControl::none) r["original_answer"] = s.choices[static_cast<std::size_t>(s.original_gold)];
   } else {
     r["answer"] = s.answers;
@@ -320,9 +356,33 @@ json sample_record(const TaskSample& s, const SampleOutcome& o, const std::strin
   return r;
 }
 
-json cell_json(const std::string& task, const std::string& control, const std::string& scaling, int64_t L, double depth,
-               int64_t n, int64_t correct, const std::string& status = "ok") {
+// One metric's counts of a cell: {"correct", "accuracy", "ci_low", "ci_high"}.
+json metric_json(int64_t n, int64_t correct) {
   const Interval ci = wilson_interval(correct, n);
+  return {{"correct", correct},
+          {"accuracy", n > 0 ? json(static_cast<double>(correct) / static_cast<double>(n)) : json(nullptr)},
+          {"ci_low", ci.low},
+          {"ci_high", ci.high}};
+}
+
+// The metrics a cell of `task` reports, the primary first.
+std::vector<std::string> task_metrics(const std::string& task) {
+  const TaskInfo& info = find_eval_task(task);
+  if (info.kind == TaskKind::choice) return {std::begin(kChoiceMetrics), std::end(kChoiceMetrics)};
+  return {std::string(info.metric)};
+}
+
+// A cell: its coordinates, the primary metric's counts (correct, accuracy,
+// ci_*), "metric" and "metrics" (every metric's counts; `correct_by_metric`
+// in the order of task_metrics, empty for a cell without samples).
+json cell_json(const std::string& task, const std::string& control, const std::string& scaling, int64_t L, double depth,
+               int64_t n, const std::vector<int64_t>& correct_by_metric, const std::string& status = "ok") {
+  const auto names = task_metrics(task);
+  const int64_t correct = correct_by_metric.empty() ? 0 : correct_by_metric.front();
+  const Interval ci = wilson_interval(correct, n);
+  json metrics = json::object();
+  for (std::size_t i = 0; i < names.size(); ++i)
+    metrics[names[i]] = metric_json(n, i < correct_by_metric.size() ? correct_by_metric[i] : 0);
   return {{"task", task},
           {"control", control},
           {"rope_scaling", scaling},
@@ -333,7 +393,9 @@ json cell_json(const std::string& task, const std::string& control, const std::s
           {"accuracy", n > 0 ? json(static_cast<double>(correct) / static_cast<double>(n)) : json(nullptr)},
           {"ci_low", ci.low},
           {"ci_high", ci.high},
-          {"status", status}};
+          {"status", status},
+          {"metric", names.front()},
+          {"metrics", metrics}};
 }
 
 bool cell_ok(const json& c) { return c.value("status", std::string("ok")) == "ok" && c.at("n").get<int64_t>() > 0; }
@@ -383,6 +445,28 @@ JsonDocument load_cell(const fs::path& p, const Group& g, double depth, const Ax
   }
   const double lo = cell.at("ci_low").number(0.0, 1.0), hi = cell.at("ci_high").number(0.0, 1.0);
   if (lo > hi) cell.at("ci_low").fail("is above ci_high");
+  // Generator version 2 cells: "metric" (the primary, whose counts the cell's
+  // correct/accuracy are) and "metrics"; earlier cells have neither.
+  std::vector<std::string> metric_names;
+  if (const auto metrics = cell.find("metrics")) {
+    const std::string primary = cell.at("metric").string();
+    metric_names = task_metrics(g.task);
+    if (primary != metric_names.front())
+      cell.at("metric").fail(fmt::format("is {}, task {} reports {} first", shown_string(primary), g.task,
+                                         metric_names.front()));
+    for (const auto& m : metric_names) {
+      const JsonView e = metrics->at(m);
+      const int64_t km = e.at("correct").integer(0, n);
+      if (m == primary && km != correct) e.at("correct").fail(fmt::format("is {}, the cell's correct is {}", km, correct));
+      const Interval ci = wilson_interval(km, n);
+      if (e.at("ci_low").number(0.0, 1.0) != ci.low || e.at("ci_high").number(0.0, 1.0) != ci.high)
+        e.fail(fmt::format("ci_low/ci_high are not the Wilson 95% interval of {} / {}", km, n));
+      const JsonView am = e.at("accuracy");
+      if (n == 0 ? !am.is_null() : am.number(0.0, 1.0) != static_cast<double>(km) / static_cast<double>(n))
+        am.fail(fmt::format("is not correct / n = {} / {}", km, n));
+    }
+  }
+  std::vector<int64_t> k_by_metric(metric_names.size(), 0);
   const JsonView samples = root.at("samples");
   if (static_cast<int64_t>(samples.size()) != n)
     samples.fail(fmt::format("holds {} samples, the cell says n = {}", samples.size(), n));
@@ -397,10 +481,19 @@ JsonDocument load_cell(const fs::path& p, const Group& g, double depth, const Ax
     check_depth(s.at("depth"), depth, where);
     if (s.at("index").integer() != static_cast<int64_t>(i)) s.at("index").fail(fmt::format("expected {} (samples in order)", i));
     k += s.at("correct").boolean() ? 1 : 0;
+    if (metric_names.size() > 1) {
+      const JsonView by = s.at("correct_by_metric");
+      for (std::size_t m = 0; m < metric_names.size(); ++m) k_by_metric[m] += by.at(metric_names[m]).boolean() ? 1 : 0;
+    }
     (void)s.boolean_or("kept_original", false);
     (void)s.at("prediction");
   }
   if (k != correct) cell.at("correct").fail(fmt::format("is {}, {} samples are marked correct", correct, k));
+  for (std::size_t m = 1; m < k_by_metric.size(); ++m) {
+    const JsonView e = cell.at("metrics").at(metric_names[m]).at("correct");
+    if (e.integer() != k_by_metric[m])
+      e.fail(fmt::format("is {}, {} samples are marked correct under {}", e.integer(), k_by_metric[m], metric_names[m]));
+  }
   return doc;
 }
 
@@ -464,6 +557,33 @@ void test_group_delay() {
 
 // ---------------------------------------------------------------- config
 
+std::vector<int64_t> default_eval_lengths(const Model& model) {
+  const int64_t T = model.trained_context();
+  if (T < 1) fail_field<InvalidArgument>("trained context", "must be >= 1", T);
+  const int64_t table = model.config().max_position_embeddings;
+  std::vector<int64_t> out;
+  for (const int64_t L : {T / 2, T, 2 * T, 4 * T, 8 * T}) {
+    const int64_t x = std::clamp<int64_t>(L, 8, int64_t{1} << 20);
+    if (model.family() == PositionFamily::learned_absolute && table > 0 && x > table) continue;
+    if (out.empty() || x > out.back()) out.push_back(x);
+  }
+  if (out.empty()) out.push_back(std::min<int64_t>(8, std::max<int64_t>(table, 8)));
+  return out;
+}
+
+std::vector<std::string> default_eval_tasks(const Tokenizer& tokenizer) {
+  if (!tokenizer.is_symbolic()) return {"name_recall"};
+  const Haystack none;
+  const TaskGenerator gen(tokenizer, none, TaskOptions{});
+  try {
+    (void)gen.make("associative_recall", 0, 16, 0.0);
+  } catch (const TaskDoesNotFit&) {
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("--tasks: no default task for this model's symbol vocabulary ({})", e.what()));
+  }
+  return {"associative_recall"};
+}
+
 void validate_eval_config(EvalConfig& c) {
   if (c.tasks.empty()) throw ConfigError("--tasks: at least one task is required");
   {
@@ -502,8 +622,12 @@ void validate_eval_config(EvalConfig& c) {
   if (c.controls.empty()) throw ConfigError("--control: at least one control (none, swap, shuffle) is required");
   {
     std::set<TaskControl> seen;
-    for (auto ctl : c.controls)
+    for (auto ctl : c.controls) {
+      if (ctl == TaskControl::absent)
+        throw ConfigError("--control: absent is not chosen: it runs by itself for every forced-choice task (it "
+                          "measures the chance level)");
       if (!seen.insert(ctl).second) throw ConfigError(fmt::format("--control: '{}' listed twice", to_string(ctl)));
+    }
   }
   if (c.choices < 2 || c.choices > 16) fail_field<ConfigError>("--choices", "must be in [2, 16]", c.choices);
   if (!(c.threshold >= 0.0 && c.threshold <= 1.0)) fail_field<ConfigError>("--threshold", "must be in [0, 1]", c.threshold);
@@ -606,7 +730,7 @@ struct Collected {
 Collected collect_cells(const fs::path& run_dir, const Axes& a) {
   Collected c;
   for (const auto& g : groups_of(a))
-    for (double d : task_depths(a, g.task)) {
+    for (double d : task_depths(a, g.task, g.control)) {
       ++c.expected;
       const fs::path p = run_dir / "cells" / (cell_name(g.task, g.control, g.scaling, g.length, d) + ".json");
       if (!fs::exists(p)) continue;
@@ -621,14 +745,42 @@ Collected collect_cells(const fs::path& run_dir, const Axes& a) {
 // summarise and summary_csv index the cells and samples collect_cells read:
 // every key they use was checked by load_cell (type and, for coordinates,
 // value), so these .at() calls on in-memory values cannot throw.
-json summarise(const Collected& col, const Axes& a, const std::string& run_id) {
+// The metrics of a cell read back: name -> (n, correct). Cells of generator
+// version 2 carry "metrics"; earlier ones only their primary counts, which
+// were acc (summed log-probabilities) for forced choice.
+std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> cell_metric_counts(const json& c) {
+  std::vector<std::pair<std::string, std::pair<int64_t, int64_t>>> out;
+  const int64_t n = c.at("n").get<int64_t>();
+  if (c.contains("metrics")) {
+    for (const auto& m : task_metrics(c.at("task").get<std::string>()))
+      out.push_back({m, {n, c.at("metrics").at(m).at("correct").get<int64_t>()}});
+  } else {
+    const TaskInfo& info = find_eval_task(c.at("task").get<std::string>());
+    out.push_back({info.kind == TaskKind::choice ? "acc" : std::string(info.metric), {n, c.at("correct").get<int64_t>()}});
+  }
+  return out;
+}
+
+// The metrics cells of `task` report in this run (the primary first).
+std::vector<std::string> metrics_present(const json& cells, const std::string& task) {
+  std::vector<std::string> out;
+  for (const auto& c : cells)
+    if (c.at("task") == task)
+      for (const auto& [m, nk] : cell_metric_counts(c))
+        if (std::find(out.begin(), out.end(), m) == out.end()) out.push_back(m);
+  return out;
+}
+
+json summarise(const Collected& col, const Axes& a, const std::string& run_id, const json& model_info) {
   json summary;
+  summary["schema_version"] = 2;
   summary["run_id"] = run_id;
   summary["complete"] = col.present == col.expected;
   summary["cells_expected"] = col.expected;
   summary["cells_present"] = col.present;
   summary["threshold"] = a.threshold;
   summary["min_baseline"] = a.min_baseline;
+  summary["model"] = model_info;
   summary["cells"] = col.cells;
   // Index cells.
   std::map<std::tuple<std::string, std::string, std::string, int64_t>, std::vector<const json*>> by_group;
@@ -636,58 +788,123 @@ json summarise(const Collected& col, const Axes& a, const std::string& run_id) {
     by_group[{c.at("task").get<std::string>(), c.at("control").get<std::string>(), c.at("rope_scaling").get<std::string>(),
               c.at("length").get<int64_t>()}]
         .push_back(&c);
+  // (n, correct) of one metric pooled over a group's cells.
+  auto pooled = [](const std::vector<const json*>& cells, const std::string& metric) {
+    std::pair<int64_t, int64_t> nk{0, 0};
+    for (const json* c : cells)
+      for (const auto& [m, x] : cell_metric_counts(*c))
+        if (m == metric) nk = {nk.first + x.first, nk.second + x.second};
+    return nk;
+  };
+  // Measured chance: the absent control of (task, scaling), per metric,
+  // pooled over the run's lengths (its cells that fit).
+  struct Chance {
+    double level = 0.0;
+    Interval ci{0.0, 0.0};
+    std::string source = "none";
+    int64_t n = 0, k = 0;
+  };
+  json chance_list = json::array();
+  auto chance_of = [&](const std::string& t, const std::string& s, const std::string& metric) {
+    const TaskInfo& info = find_eval_task(t);
+    Chance ch;
+    if (info.kind != TaskKind::choice) return ch;
+    const double assumed = 1.0 / a.choices;
+    for (int64_t L : a.lengths) {
+      auto it = by_group.find({t, "absent", s, L});
+      if (it == by_group.end() || !std::all_of(it->second.begin(), it->second.end(), [](const json* c) { return cell_ok(*c); }))
+        continue;
+      const auto [n, k] = pooled(it->second, metric);
+      ch.n += n;
+      ch.k += k;
+    }
+    if (ch.n > 0) {
+      ch.level = static_cast<double>(ch.k) / static_cast<double>(ch.n);
+      ch.ci = wilson_interval(ch.k, ch.n);
+      ch.source = "measured";
+    } else {
+      ch.level = assumed;
+      ch.ci = {assumed, assumed};
+      ch.source = "assumed";
+    }
+    return ch;
+  };
+  for (const auto& t : a.tasks) {
+    if (find_eval_task(t).kind != TaskKind::choice) continue;
+    for (const auto& s : a.scalings)
+      for (const auto& m : metrics_present(col.cells, t)) {
+        const Chance ch = chance_of(t, s, m);
+        if (ch.source != "measured") continue;
+        chance_list.push_back({{"task", t}, {"rope_scaling", s}, {"metric", m}, {"n", ch.n}, {"correct", ch.k},
+                               {"accuracy", ch.level}, {"ci_low", ch.ci.low}, {"ci_high", ch.ci.high},
+                               {"assumed", 1.0 / a.choices}});
+      }
+  }
+  summary["chance"] = chance_list;
+
   json eff = json::array();
   for (const auto& t : a.tasks) {
-    const TaskInfo& info = find_eval_task(t);
-    const double chance = info.kind == TaskKind::choice ? 1.0 / a.choices : 0.0;
-    const std::size_t nd = task_depths(a, t).size();
-    for (const auto& ctl : a.controls)
-      for (const auto& s : a.scalings) {
-        std::vector<LengthAccuracy> la;
-        bool complete = true;
-        for (int64_t L : a.lengths) {
-          auto it = by_group.find({t, ctl, s, L});
-          if (it == by_group.end() || it->second.size() != nd) {
-            complete = false;
-            break;
+    const auto metrics = metrics_present(col.cells, t);
+    for (const auto& ctl : a.controls) {
+      const std::size_t nd = task_depths(a, t, ctl).size();
+      for (const auto& s : a.scalings)
+        for (const auto& metric : metrics) {
+          const Chance ch = chance_of(t, s, metric);
+          // The gate: the baseline's Wilson lower bound must exceed the upper
+          // Wilson bound of the measured chance (both are estimates; a chance
+          // level measured low by sampling noise must not make a model at
+          // chance "solvable"), or the assumed 1/K without a measurement.
+          const double gate = ch.source == "measured" ? ch.ci.high : ch.level;
+          json chance_fields{{"chance", ch.level},
+                             {"chance_ci_low", ch.ci.low},
+                             {"chance_ci_high", ch.ci.high},
+                             {"chance_source", ch.source},
+                             {"chance_gate", gate}};
+          std::vector<LengthAccuracy> la;
+          bool complete = true;
+          for (int64_t L : a.lengths) {
+            auto it = by_group.find({t, ctl, s, L});
+            if (it == by_group.end() || it->second.size() != nd) {
+              complete = false;
+              break;
+            }
+            if (!std::all_of(it->second.begin(), it->second.end(), [](const json* c) { return cell_ok(*c); }))
+              continue;  // does not fit at this length: not part of the length curve
+            const auto [n, k] = pooled(it->second, metric);
+            // Every cell of a group has n = samples: the depth average is the pooled rate.
+            la.push_back({L, n > 0 ? static_cast<double>(k) / static_cast<double>(n) : 0.0, n, k});
           }
-          if (!std::all_of(it->second.begin(), it->second.end(), [](const json* c) { return cell_ok(*c); }))
-            continue;  // does not fit at this length: not part of the length curve
-          double sum = 0;
-          int64_t n = 0, k = 0;
-          for (const json* c : it->second) {
-            sum += c->at("accuracy").get<double>();
-            n += c->at("n").get<int64_t>();
-            k += c->at("correct").get<int64_t>();
+          if (!complete) continue;
+          json e{{"task", t}, {"control", ctl}, {"rope_scaling", s}, {"metric", metric}};
+          if (la.empty()) {
+            e.update({{"baseline", nullptr}, {"threshold", nullptr}, {"length", nullptr}, {"solvable", false},
+                      {"status", "does not fit at any tested length"}, {"accuracy_by_length", json::array()}});
+            e.update(chance_fields);
+            eff.push_back(e);
+            continue;
           }
-          la.push_back({L, sum / static_cast<double>(nd), n, k});
+          const EffectiveContext r = effective_context(la, a.threshold, gate, a.min_baseline);
+          json acc = json::array();
+          for (const auto& x : la) {
+            const Interval ci = wilson_interval(x.correct, x.n);
+            acc.push_back({{"length", x.length}, {"accuracy", x.accuracy}, {"n", x.n}, {"correct", x.correct},
+                           {"ci_low", ci.low}, {"ci_high", ci.high}});
+          }
+          e.update({{"baseline", r.baseline},
+                    {"baseline_ci_low", r.baseline_ci.low},
+                    {"baseline_ci_high", r.baseline_ci.high},
+                    {"threshold", r.threshold},
+                    {"length", r.length ? json(*r.length) : json(nullptr)},
+                    {"solvable", r.solvable},
+                    {"status", !r.solvable ? "not solvable by this model"
+                               : r.length  ? "ok"
+                                           : "below threshold at the shortest length"},
+                    {"baseline_length", la.front().length},
+                    {"accuracy_by_length", acc}});
+          e.update(chance_fields);
+          eff.push_back(e);
         }
-        if (!complete) continue;
-        if (la.empty()) {
-          eff.push_back({{"task", t}, {"control", ctl}, {"rope_scaling", s}, {"baseline", nullptr}, {"threshold", nullptr},
-                         {"length", nullptr}, {"solvable", false}, {"status", "does not fit at any tested length"},
-                         {"chance", chance}, {"accuracy_by_length", json::array()}});
-          continue;
-        }
-        const EffectiveContext e = effective_context(la, a.threshold, chance, a.min_baseline);
-        json acc = json::array();
-        for (const auto& x : la) acc.push_back({{"length", x.length}, {"accuracy", x.accuracy}});
-        eff.push_back({{"task", t},
-                       {"control", ctl},
-                       {"rope_scaling", s},
-                       {"baseline", e.baseline},
-                       {"baseline_ci_low", e.baseline_ci.low},
-                       {"baseline_ci_high", e.baseline_ci.high},
-                       {"threshold", e.threshold},
-                       {"length", e.length ? json(*e.length) : json(nullptr)},
-                       {"solvable", e.solvable},
-                       {"status", !e.solvable ? "not solvable by this model"
-                                  : e.length  ? "ok"
-                                              : "below threshold at the shortest length"},
-                       {"chance", chance},
-                       {"baseline_length", la.front().length},
-                       {"accuracy_by_length", acc}});
-      }
+    }
   }
   summary["effective_context"] = eff;
 
@@ -702,7 +919,7 @@ json summarise(const Collected& col, const Axes& a, const std::string& run_id) {
   };
   std::map<std::tuple<std::string, std::string, std::string, int64_t>, Agg> agg;
   for (const auto& s : col.samples) {
-    if (s.at("control") == "none") continue;
+    if (s.at("control") == "none" || s.at("control") == "absent") continue;
     auto& g = agg[{s.at("task").get<std::string>(), s.at("control").get<std::string>(), s.at("rope_scaling").get<std::string>(),
                    s.at("length").get<int64_t>()}];
     ++g.n;
@@ -745,21 +962,33 @@ json summarise(const Collected& col, const Axes& a, const std::string& run_id) {
   return summary;
 }
 
+// One row per cell and metric (the primary metric's row first, primary = 1).
 std::string summary_csv(const json& summary) {
-  std::string out = "task,control,rope_scaling,length,depth,n,correct,accuracy,ci_low,ci_high,status\n";
-  for (const auto& c : summary.at("cells"))
-    out += fmt::format("{},{},{},{},{},{},{},{},{:.6f},{:.6f},{}\n", c.at("task").get<std::string>(),
-                       c.at("control").get<std::string>(), c.at("rope_scaling").get<std::string>(),
-                       c.at("length").get<int64_t>(), c.at("depth").is_null() ? std::string("") : fmt::format("{:g}", c.at("depth").get<double>()),
-                       c.at("n").get<int64_t>(), c.at("correct").get<int64_t>(),
-                       c.at("accuracy").is_null() ? std::string("") : fmt::format("{:.6f}", c.at("accuracy").get<double>()),
-                       c.at("ci_low").get<double>(), c.at("ci_high").get<double>(), c.value("status", std::string("ok")));
+  std::string out = "task,control,rope_scaling,length,depth,metric,primary,n,correct,accuracy,ci_low,ci_high,status\n";
+  for (const auto& c : summary.at("cells")) {
+    const auto counts = cell_metric_counts(c);
+    for (std::size_t m = 0; m < counts.size(); ++m) {
+      const auto [n, k] = counts[m].second;
+      const Interval ci = wilson_interval(k, n);
+      out += fmt::format("{},{},{},{},{},{},{},{},{},{},{:.6f},{:.6f},{}\n", c.at("task").get<std::string>(),
+                         c.at("control").get<std::string>(), c.at("rope_scaling").get<std::string>(),
+                         c.at("length").get<int64_t>(),
+                         c.at("depth").is_null() ? std::string("") : fmt::format("{:g}", c.at("depth").get<double>()),
+                         counts[m].first, m == 0 ? 1 : 0, n, k,
+                         n > 0 ? fmt::format("{:.6f}", static_cast<double>(k) / static_cast<double>(n)) : std::string(""),
+                         ci.low, ci.high, c.value("status", std::string("ok")));
+    }
+  }
   return out;
 }
 
 json write_outputs(const fs::path& run_dir, const JsonView& run, const Axes& a) {
   const Collected col = collect_cells(run_dir, a);
-  const json summary = summarise(col, a, checked_run_id(run.at("run_id")));
+  json model_info = json::object();
+  if (const auto m = run.find("model"); m && m->raw().is_object())
+    for (const char* k : {"family", "trained_context"})
+      if (m->raw().contains(k)) model_info[k] = m->raw().at(k);
+  const json summary = summarise(col, a, checked_run_id(run.at("run_id")), model_info);
   std::string lines;
   for (const auto& s : col.samples) lines += s.dump() + "\n";
   // Perplexity matrix, in `posenc ppl --json`'s schema (read before anything is written).
@@ -815,7 +1044,7 @@ std::vector<std::string> eval_resume_plan(const fs::path& dir) {
   (void)checked_run_id(run.root().at("run_id"));
   std::vector<std::string> todo;
   for (const auto& g : groups_of(a))
-    for (double d : task_depths(a, g.task)) {
+    for (double d : task_depths(a, g.task, g.control)) {
       const fs::path p = run_dir / "cells" / (cell_name(g.task, g.control, g.scaling, g.length, d) + ".json");
       if (!fs::exists(p)) {
         todo.push_back(p.string() + ": missing");
@@ -852,6 +1081,14 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
 
+  // RoPE scalings apply to RoPE models only; another family runs as trained.
+  const bool rope = model.family() == PositionFamily::rope;
+  if (!rope)
+    for (const auto& s : c.rope_scalings)
+      if (s != "default")
+        throw ConfigError(fmt::format("--rope-scaling: {} rescales RoPE; this model's positions are {} (only default "
+                                      "applies)",
+                                      s, eval_model_family(model)));
   EvalRunResult res;
   res.run_id = eval_run_id(c, model);
   res.run_dir = c.out / res.run_id;
@@ -912,6 +1149,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
     cfg["ppl_tokens"] = c.ppl_tokens;
     cfg["shard"] = fmt::format("{}/{}", c.shard_index, c.shard_count);
     cfg["log_prompts"] = c.log_prompts;
+    cfg["absent_control"] = true;
     run["config"] = cfg;
   }
   run["seeds"] = {{"task_seed", c.seed},
@@ -928,6 +1166,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
                   {"head_dim", mc.head_dim},
                   {"trained_context", trained},
                   {"trained_context_source", model.trained_context_source()},
+                  {"family", eval_model_family(model)},
                   {"format", std::string(to_string(model.source().format))},
                   {"architecture", model.source().architecture},
                   {"weights", model.source().weights},
@@ -951,6 +1190,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
   json encs = json::array();
   for (const auto& s : c.rope_scalings)
     for (int64_t L : c.lengths) {
+      if (!rope) break;  // other families: positions as trained, no RoPE setup
       const RopeSetup r = eval_rope_setup(model, s, L, c.rope_factor);
       encs.push_back({{"rope_scaling", s},
                       {"length", L},
@@ -979,7 +1219,9 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
   }
   run["tasks"] = tasks;
   run["scoring"] =
-      "choice: argmax of summed candidate log-probs (lm-eval-harness acc); generation: greedy, stop at BOS/EOS, "
+      "choice: acc_norm (primary; argmax of summed candidate log-prob / candidate UTF-8 bytes, lm-eval-harness "
+      "acc_norm) and acc (argmax of summed log-prob); chance measured by the absent control (evidence removed); "
+      "generation: greedy, stop at BOS/EOS, "
       "RULER normalisation (strip, control chars -> newline), case-insensitive substring match of every answer "
       "(string_match_all; correct = all found); passkey: first integer equals the key";
   run["ppl_header"] = {{"model", c.model_path},
@@ -1007,11 +1249,11 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
     for (std::size_t i = 0; i < pjobs.size(); ++i, ++u)
       if (static_cast<int>(u % static_cast<std::size_t>(c.shard_count)) == c.shard_index) units.push_back({true, i});
   }
-  for (const auto& g : groups) res.cells_total += static_cast<int64_t>(task_depths(axes, g.task).size());
+  for (const auto& g : groups) res.cells_total += static_cast<int64_t>(task_depths(axes, g.task, g.control).size());
 
   // Work weights (tokens) for the ETA.
   auto group_weight = [&](const Group& g) {
-    return static_cast<double>(g.length) * static_cast<double>(task_depths(axes, g.task).size()) *
+    return static_cast<double>(g.length) * static_cast<double>(task_depths(axes, g.task, g.control).size()) *
            static_cast<double>(c.samples);
   };
   double weight_total = 0, weight_done = 0, weight_done_here = 0;
@@ -1020,7 +1262,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
   for (std::size_t u = 0; u < units.size(); ++u) {
     if (units[u].is_ppl) continue;
     const Group& g = groups[units[u].i];
-    const auto depths = task_depths(axes, g.task);
+    const auto depths = task_depths(axes, g.task, g.control);
     cells_shard += static_cast<int64_t>(depths.size());
     weight_total += group_weight(g);
     for (double d : depths) {
@@ -1040,6 +1282,27 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
     }
     if (missing[u].empty()) weight_done += group_weight(g);
     cells_done += static_cast<int64_t>(depths.size() - missing[u].size());
+  }
+  // The perplexity matrix is part of the ETA: a job weighs the tokens it
+  // scores (each token of the stream is read once per job).
+  auto ppl_weight = [&](const PplJob&) {
+    const auto all = static_cast<double>(stream.size());
+    return c.ppl_tokens == 0 ? all : std::min(all, static_cast<double>(c.ppl_tokens));
+  };
+  std::vector<char> ppl_found(units.size(), 0);
+  for (std::size_t u = 0; u < units.size(); ++u) {
+    if (!units[u].is_ppl) continue;
+    const PplJob& j = pjobs[units[u].i];
+    weight_total += ppl_weight(j);
+    const fs::path p = run_dir / "ppl" / (ppl_name(j) + ".json");
+    if (!fs::exists(p)) continue;
+    try {
+      (void)load_ppl(p, j.scaling, j.length);
+      ppl_found[u] = 1;
+      weight_done += ppl_weight(j);
+    } catch (const Error& e) {
+      warn(fmt::format("{}; recomputing it", e.what()));
+    }
   }
   const double weight_found = weight_done;
 
@@ -1068,12 +1331,15 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
     if (units[u].is_ppl) continue;
     if (missing[u].empty()) continue;
     const Group& g = groups[units[u].i];
-    const auto depths = task_depths(axes, g.task);
+    const auto depths = task_depths(axes, g.task, g.control);
     const TaskControl control = parse_task_control(g.control);
     Model m = model;
-    const RopeSetup setup = eval_rope_setup(model, g.scaling, g.length, c.rope_factor);
-    m.set_rope(setup);
-    const std::string key = fmt::format("{}|{}|{}|", g.task, g.control, g.length) + fingerprint(setup);
+    std::string key = fmt::format("{}|{}|{}|", g.task, g.control, g.length);
+    if (rope) {
+      const RopeSetup setup = eval_rope_setup(model, g.scaling, g.length, c.rope_factor);
+      m.set_rope(setup);
+      key += fingerprint(setup);
+    }
     const std::string label = fmt::format("{} {} {} L={}", g.task, g.control, g.scaling, g.length);
     const auto n = static_cast<std::size_t>(c.samples);
     std::vector<std::vector<TaskSample>> samples(n);
@@ -1109,7 +1375,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
         const std::string name = cell_name(g.task, g.control, g.scaling, g.length, d);
         if (std::find(missing[u].begin(), missing[u].end(), name) == missing[u].end()) continue;
         json cell;
-        cell["cell"] = cell_json(g.task, g.control, g.scaling, g.length, d, 0, 0, "does not fit");
+        cell["cell"] = cell_json(g.task, g.control, g.scaling, g.length, d, 0, {}, "does not fit");
         cell["cell"]["note"] = nofit;
         cell["samples"] = json::array();
         write_file_atomic(run_dir / "cells" / (name + ".json"), with_checksum(cell));
@@ -1131,10 +1397,12 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
       const std::string name = cell_name(g.task, g.control, g.scaling, g.length, depths[di]);
       if (std::find(missing[u].begin(), missing[u].end(), name) == missing[u].end()) continue;
       json recs = json::array();
-      int64_t correct = 0;
+      const bool choice = find_eval_task(g.task).kind == TaskKind::choice;
+      std::vector<int64_t> correct(choice ? 2 : 1, 0);  // task_metrics order: acc_norm, acc | the generation metric
       for (std::size_t i = 0; i < n; ++i) {
         const SampleOutcome& o = outcomes[i][di];
-        correct += o.correct ? 1 : 0;
+        correct[0] += o.correct ? 1 : 0;
+        if (choice) correct[1] += o.correct_acc ? 1 : 0;
         json r = sample_record(samples[i][di], o, g.scaling, c.log_prompts);
         recs.push_back(std::move(r));
       }
@@ -1158,25 +1426,20 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
     json header = run["ppl_header"];
     header["tokens_total"] = stream.size();
     run["ppl_header"] = header;
-    for (const auto& u : units) {
-      if (!u.is_ppl) continue;
+    for (std::size_t ui = 0; ui < units.size(); ++ui) {
+      const auto& u = units[ui];
+      if (!u.is_ppl || ppl_found[ui]) continue;
       const PplJob& j = pjobs[u.i];
       const fs::path p = run_dir / "ppl" / (ppl_name(j) + ".json");
-      if (fs::exists(p)) {
-        try {
-          (void)load_ppl(p, j.scaling, j.length);
-          continue;
-        } catch (const Error& e) {
-          warn(fmt::format("{}; recomputing it", e.what()));
-        }
-      }
       Model m = model;
-      m.set_rope(rope_setup_for_context(model.rope(), trained, j.scaling, j.length, c.rope_factor));
+      if (rope) m.set_rope(rope_setup_for_context(model.rope(), trained, j.scaling, j.length, c.rope_factor));
       PplOptions o;
       o.context = j.length;
       o.max_tokens = c.ppl_tokens;
       const std::string label = fmt::format("ppl {} L={}", j.scaling, j.length);
-      o.on_progress = [&](const PplProgress&) { report(label, 0.0, false); };
+      o.on_progress = [&](const PplProgress& pp) {
+        report(label, std::min(static_cast<double>(pp.tokens_done), ppl_weight(j)), false);
+      };
       PplResult r = evaluate_perplexity(m, stream, o);
       json jr{{"context", r.context}, {"rope_scaling", j.scaling}, {"factor", r.factor}, {"ppl", r.ppl},
               {"nll", r.nll},         {"tokens", r.tokens},        {"windows", r.windows}};
@@ -1184,6 +1447,9 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
       for (const auto& b : r.buckets)
         jr["buckets"].push_back({{"start", b.start}, {"end", b.end}, {"nll", b.nll()}, {"tokens", b.tokens}});
       write_file_atomic(p, with_checksum(jr, 2));
+      weight_done += ppl_weight(j);
+      weight_done_here += ppl_weight(j);
+      report(label, 0.0, true);
     }
   }
 
@@ -1254,7 +1520,7 @@ fs::path merge_eval_runs(std::span<const fs::path> inputs, const fs::path& out) 
     // and checksum) before it is copied: a file that does not hold its cell
     // is a DataError naming it, never merged.
     for (const auto& g : groups_of(axes))
-      for (double depth : task_depths(axes, g.task)) {
+      for (double depth : task_depths(axes, g.task, g.control)) {
         const std::string name = cell_name(g.task, g.control, g.scaling, g.length, depth) + ".json";
         const fs::path src = d / "cells" / name;
         if (!fs::exists(src)) continue;
@@ -1286,84 +1552,187 @@ std::string format_eval_summary(const json& summary) {
   return format_eval_summary(doc.root());
 }
 
+namespace {
+
+// The primary metric of a cell without "metric" (generator version 1): acc for
+// forced choice (it summed log-probabilities), the task's metric otherwise; ""
+// for a task this posenc does not know.
+std::string legacy_metric(const std::string& task) {
+  for (const auto& t : eval_tasks())
+    if (t.name == task) return t.kind == TaskKind::choice ? "acc" : std::string(t.metric);
+  return "";
+}
+
+// (metric, n, correct) of a cell read back, the primary first.
+std::vector<std::tuple<std::string, int64_t, int64_t>> view_metric_counts(const JsonView& c) {
+  std::vector<std::tuple<std::string, int64_t, int64_t>> out;
+  const int64_t n = c.at("n").integer(0);
+  const std::string primary = c.contains("metric") ? c.at("metric").string() : legacy_metric(c.at("task").string());
+  out.emplace_back(primary, n, c.at("correct").integer(0, n));
+  if (const auto m = c.find("metrics"))
+    for (const auto& [name, e] : m->members())
+      if (name != primary) out.emplace_back(name, n, e.at("correct").integer(0, n));
+  return out;
+}
+
+}  // namespace
+
 std::string format_eval_summary(const JsonView& summary) {
   std::string out;
-  using Key = std::tuple<std::string, std::string, std::string>;
-  auto key_of = [](const JsonView& c) {
-    return std::make_tuple(c.at("task").string(), c.at("control").string(), c.at("rope_scaling").string());
+  // A row: (task, control, scaling, metric).
+  using Key = std::tuple<std::string, std::string, std::string, std::string>;
+  struct Pool {
+    int64_t n = 0, k = 0, cells = 0, fit = 0;
   };
-  // Per (task, control, scaling): depth-averaged accuracy by length + min/max cell CI.
-  std::map<Key, std::map<int64_t, std::vector<JsonView>>> rows;
+  std::map<Key, std::map<int64_t, Pool>> rows;
   std::vector<Key> order;
   std::set<int64_t> lengths;
+  std::set<std::string> scalings;
   for (const JsonView& c : summary.at("cells").elements()) {
-    const Key k = key_of(c);
-    if (!rows.count(k)) order.push_back(k);
     const int64_t L = c.at("length").integer();
-    rows[k][L].push_back(c);
     lengths.insert(L);
+    scalings.insert(c.at("rope_scaling").string());
+    const bool fits = c.string_or("status", "ok") == "ok" && c.at("n").integer() > 0;
+    for (const auto& [metric, n, k] : view_metric_counts(c)) {
+      const Key key{c.at("task").string(), c.at("control").string(), c.at("rope_scaling").string(), metric};
+      if (!rows.count(key)) order.push_back(key);
+      Pool& p = rows[key][L];
+      ++p.cells;
+      if (fits) {
+        ++p.fit;
+        p.n += n;
+        p.k += k;
+      }
+    }
+  }
+  // Rows in a stable order: as the cells come, the absent control after the others of its task.
+  {
+    std::vector<std::string> tasks;
+    for (const auto& k : order)
+      if (std::find(tasks.begin(), tasks.end(), std::get<0>(k)) == tasks.end()) tasks.push_back(std::get<0>(k));
+    std::vector<Key> sorted;
+    for (const auto& t : tasks)
+      for (const bool absent : {false, true})
+        for (const auto& k : order)
+          if (std::get<0>(k) == t && (std::get<1>(k) == "absent") == absent) sorted.push_back(k);
+    order = std::move(sorted);
   }
   std::map<Key, JsonView> eff;
-  for (const JsonView& e : summary.at("effective_context").elements()) eff.emplace(key_of(e), e);
+  for (const JsonView& e : summary.at("effective_context").elements()) {
+    const std::string task = e.at("task").string();
+    eff.emplace(Key{task, e.at("control").string(), e.at("rope_scaling").string(),
+                    e.contains("metric") ? e.at("metric").string() : legacy_metric(task)},
+                e);
+  }
+  std::map<std::tuple<std::string, std::string, std::string>, JsonView> chance;
+  if (const auto ch = summary.find("chance"))
+    for (const JsonView& c : ch->elements())
+      chance.emplace(std::make_tuple(c.at("task").string(), c.at("rope_scaling").string(), c.at("metric").string()), c);
+  // The scaling column only where RoPE scalings apply: a model of another
+  // family runs "default" alone, and the column would say nothing.
+  std::string family = "rope";
+  if (const auto m = summary.find("model")) family = m->string_or("family", "rope");
+  const bool show_scaling = family == "rope" || scalings.size() > 1 || (scalings.size() == 1 && *scalings.begin() != "default");
   const double min_baseline = summary.number_or("min_baseline", 0.0);
   out += fmt::format("run {}: {} of {} cells{}\n", summary.string_or("run_id", "?"),
                      summary.integer_or("cells_present", 0), summary.integer_or("cells_expected", 0),
                      summary.boolean_or("complete", false) ? "" : " (incomplete)");
-  out += "accuracy averaged over depths (n = samples x depths per length); [min cell ci_low, max cell ci_high]\n";
-  std::string head = fmt::format("{:<18} {:<8} {:<8}", "task", "control", "scaling");
+  out += "accuracy over depths (n = samples x depths per length) [Wilson 95% interval of the pooled correct / n]\n";
+  bool any_choice = false, any_absent = false;
+  for (const auto& k : order) {
+    any_choice = any_choice || std::get<3>(k) == "acc_norm" || std::get<3>(k) == "acc";
+    any_absent = any_absent || std::get<1>(k) == "absent";
+  }
+  if (any_choice)
+    out += "forced choice: acc_norm = argmax of log-prob / candidate bytes (primary), acc = argmax of summed "
+           "log-prob (favours candidates of fewer tokens)\n";
+  if (any_absent)
+    out += "control absent = the evidence removed: its accuracy is the measured chance level\n";
+  // acc rows identical to their acc_norm rows (equal-length candidates) are not repeated.
+  std::set<Key> hidden;
+  for (const auto& k : order) {
+    if (std::get<3>(k) != "acc") continue;
+    const Key norm{std::get<0>(k), std::get<1>(k), std::get<2>(k), "acc_norm"};
+    auto it = rows.find(norm);
+    if (it == rows.end()) continue;
+    bool same = it->second.size() == rows[k].size();
+    for (const auto& [L, p] : rows[k]) {
+      auto q = it->second.find(L);
+      same = same && q != it->second.end() && q->second.k == p.k && q->second.n == p.n && q->second.fit == p.fit;
+    }
+    if (same) hidden.insert(k);
+  }
+  if (!hidden.empty())
+    out += fmt::format("({} acc rows equal to their acc_norm rows are not repeated: equal-length candidates)\n",
+                       hidden.size());
+  std::string head = fmt::format("{:<18} {:<8} {}{:<13}", "task", "control",
+                                 show_scaling ? fmt::format("{:<8} ", "scaling") : "", "metric");
   for (int64_t L : lengths) head += fmt::format(" {:>17}", fmt::format("L={}", L));
   head += "  effective context";
   out += head + "\n";
-  auto ok = [](const JsonView& c) { return c.string_or("status", "ok") == "ok" && c.at("n").integer() > 0; };
   for (const auto& k : order) {
-    std::string row = fmt::format("{:<18} {:<8} {:<8}", std::get<0>(k), std::get<1>(k), std::get<2>(k));
+    const auto& [task, control, scaling, metric] = k;
+    if (hidden.count(k)) continue;
+    std::string row = fmt::format("{:<18} {:<8} {}{:<13}", task, control,
+                                  show_scaling ? fmt::format("{:<8} ", scaling) : "", metric.empty() ? "-" : metric);
     for (int64_t L : lengths) {
       auto it = rows[k].find(L);
       if (it == rows[k].end()) {
         row += fmt::format(" {:>17}", "-");
         continue;
       }
-      if (!std::all_of(it->second.begin(), it->second.end(), ok)) {
+      const Pool& p = it->second;
+      if (p.fit != p.cells || p.n == 0) {
         row += fmt::format(" {:>17}", "does not fit");
         continue;
       }
-      double acc = 0, lo = 1, hi = 0;
-      for (const JsonView& c : it->second) {
-        acc += c.at("accuracy").number();
-        lo = std::min(lo, c.at("ci_low").number());
-        hi = std::max(hi, c.at("ci_high").number());
-      }
-      acc /= static_cast<double>(it->second.size());
-      row += fmt::format(" {:>17}", fmt::format("{:.2f} [{:.2f},{:.2f}]", acc, lo, hi));
+      const Interval ci = wilson_interval(p.k, p.n);
+      row += fmt::format(" {:>17}", fmt::format("{:.2f} [{:.2f},{:.2f}]", static_cast<double>(p.k) / static_cast<double>(p.n),
+                                                ci.low, ci.high));
+    }
+    if (control == "absent") {
+      auto c = chance.find({task, scaling, metric});
+      if (c != chance.end())
+        row += fmt::format("  chance {:.2f} [{:.2f},{:.2f}] over all lengths (1/K = {:.2f})",
+                           c->second.at("accuracy").number(), c->second.at("ci_low").number(),
+                           c->second.at("ci_high").number(), c->second.at("assumed").number());
+      out += row + "\n";
+      continue;
     }
     auto e = eff.find(k);
     if (e == eff.end()) {
       row += "  (incomplete)";
     } else {
       const JsonView& x = e->second;
+      const std::string source = x.string_or("chance_source", "assumed");
+      const std::string vs =
+          source == "measured"
+              ? fmt::format("chance {:.2f}, measured, upper {:.2f}", x.at("chance").number(), x.number_or("chance_gate", 0.0))
+              : fmt::format("chance {:.2f}{}", x.at("chance").number(), source == "assumed" ? ", assumed" : "");
       if (x.at("baseline").is_null())
         row += "  " + x.at("status").string();
       else if (!x.at("solvable").boolean())
-        row += fmt::format("  not solvable by this model (baseline {:.2f}, 95% CI low {:.2f} vs chance {:.2f}{})",
-                           x.at("baseline").number(), x.number_or("baseline_ci_low", 0.0), x.at("chance").number(),
+        row += fmt::format("  not solvable by this model (baseline {:.2f}, 95% CI low {:.2f} vs {}{})",
+                           x.at("baseline").number(), x.number_or("baseline_ci_low", 0.0), vs,
                            min_baseline > 0 ? fmt::format(", min {:.2f}", min_baseline) : "");
       else if (x.at("length").is_null())
-        row += fmt::format("  none (baseline {:.2f}, threshold {:.2f})", x.at("baseline").number(),
-                           x.at("threshold").number());
+        row += fmt::format("  none (baseline {:.2f}, threshold {:.2f}; {})", x.at("baseline").number(),
+                           x.at("threshold").number(), vs);
       else
-        row += fmt::format("  {} (baseline {:.2f}, threshold {:.2f})", x.at("length").integer(),
-                           x.at("baseline").number(), x.at("threshold").number());
+        row += fmt::format("  {} (baseline {:.2f}, threshold {:.2f}; {})", x.at("length").integer(),
+                           x.at("baseline").number(), x.at("threshold").number(), vs);
     }
     out += row + "\n";
   }
   if (const auto controls = summary.find("controls"); controls && controls->size() > 0) {
     out += "\ncontrols: the evidence was changed; followed = prediction matches the changed evidence, kept = "
            "prediction still matches the original answer, changed = prediction differs from the uncontrolled run\n";
-    out += fmt::format("{:<18} {:<8} {:<8} {:>6} {:>4} {:>18} {:>6} {:>8} {:>12}\n", "task", "control", "scaling",
+    auto sc = [&](const std::string& v) { return show_scaling ? fmt::format("{:<8} ", v) : std::string(); };
+    out += fmt::format("{:<18} {:<8} {}{:>6} {:>4} {:>18} {:>6} {:>8} {:>12}\n", "task", "control", sc("scaling"),
                        "length", "n", "followed [95% CI]", "kept", "changed", "none correct");
     for (const JsonView& c : controls->elements())
-      out += fmt::format("{:<18} {:<8} {:<8} {:>6} {:>4} {:>18} {:>6} {:>8} {:>12}\n", c.at("task").string(),
-                         c.at("control").string(), c.at("rope_scaling").string(), c.at("length").integer(),
+      out += fmt::format("{:<18} {:<8} {}{:>6} {:>4} {:>18} {:>6} {:>8} {:>12}\n", c.at("task").string(),
+                         c.at("control").string(), sc(c.at("rope_scaling").string()), c.at("length").integer(),
                          c.at("n").integer(),
                          fmt::format("{:.2f} [{:.2f},{:.2f}]", c.at("followed_rate").number(), c.at("ci_low").number(),
                                      c.at("ci_high").number()),

@@ -39,7 +39,7 @@ std::string q(const fs::path& p) {
   return s;
 }
 
-// Small but real: 8 groups (4 lengths x 2 encodings) x 3 depths x 6 samples.
+// Small but real: 8 groups (4 lengths x 2 encodings) x 3 depths x 6 samples, and the 8 absent-control cells.
 std::vector<std::string> run_args(const fs::path& out) {
   return {"eval",      "--model",        posenc::test::model_path().string(),
           "--tokenizer", posenc::test::tokenizer_path().string(),
@@ -94,16 +94,16 @@ TEST_F(EvalCli, UninterruptedRunWritesEveryOutput) {
     EXPECT_TRUE(fs::exists(ref_run_ / f)) << f;
   const auto summary = nlohmann::json::parse(slurp(ref_run_ / "summary.json"));
   EXPECT_TRUE(summary["complete"].get<bool>());
-  ASSERT_EQ(summary["cells"].size(), 24u);
+  ASSERT_EQ(summary["cells"].size(), 32u);  // 4 lengths x 2 encodings x (3 depths + the absent control)
   for (const auto& c : summary["cells"]) {
     EXPECT_EQ(c["n"].get<int>(), 6);
     EXPECT_LE(c["ci_low"].get<double>(), c["accuracy"].get<double>());
     EXPECT_GE(c["ci_high"].get<double>(), c["accuracy"].get<double>());
   }
-  ASSERT_EQ(summary["effective_context"].size(), 2u);
+  ASSERT_EQ(summary["effective_context"].size(), 4u);  // 2 encodings x {acc_norm, acc}
   // One JSON line per sample, each with its realised needle position.
   const std::string lines = slurp(ref_run_ / "samples.jsonl");
-  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 24 * 6);
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 32 * 6);
   const auto first = nlohmann::json::parse(lines.substr(0, lines.find('\n')));
   for (const char* k : {"seed", "task", "length", "depth", "prompt_tokens", "answer", "candidate_logprobs", "correct", "needles"})
     EXPECT_TRUE(first.contains(k)) << k;
@@ -168,7 +168,7 @@ TEST_F(EvalCli, ResumeAfterKillLosesNoFinishedCell) {
   const fs::path run_dir = run_dir_of(out);
   const auto before = cell_files(run_dir);
   ASSERT_GE(before.size(), 3u);
-  ASSERT_LT(before.size(), 24u) << "the kill came too late to test resuming";
+  ASSERT_LT(before.size(), 32u) << "the kill came too late to test resuming";
   std::map<std::string, fs::file_time_type> mtimes;
   for (const auto& [name, content] : before) mtimes[name] = fs::last_write_time(run_dir / "cells" / name);
 
@@ -177,13 +177,13 @@ TEST_F(EvalCli, ResumeAfterKillLosesNoFinishedCell) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(run_dir_of(out), run_dir);
   const auto after = cell_files(run_dir);
-  EXPECT_EQ(after.size(), 24u);
+  EXPECT_EQ(after.size(), 32u);
   for (const auto& [name, content] : before) {
     EXPECT_EQ(after.at(name), content) << name;
     EXPECT_EQ(fs::last_write_time(run_dir / "cells" / name), mtimes[name]) << name << " was redone";
   }
   const auto run = nlohmann::json::parse(slurp(run_dir / "run.json"));
-  EXPECT_EQ(run["timing"]["cells_computed"].get<std::size_t>(), 24u - before.size());
+  EXPECT_EQ(run["timing"]["cells_computed"].get<std::size_t>(), 32u - before.size());
   // The final outputs equal the uninterrupted run's.
   EXPECT_EQ(run_dir.filename(), ref_run_.filename());
   EXPECT_EQ(slurp(run_dir / "summary.json"), slurp(ref_run_ / "summary.json"));

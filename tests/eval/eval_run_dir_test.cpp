@@ -190,3 +190,54 @@ TEST(EvalRunDir, AxesOfMoreThan2To20CellsAreRefused) {
     EXPECT_NE(std::string(e.what()).find("more than 1048576 cells"), std::string::npos) << e.what();
   }
 }
+
+// Generator version 1 runs (no absent control, no metrics) keep their
+// meaning: forced choice was acc, chance the assumed 1/K. Version 2 runs
+// measure chance with the absent cells, per metric, pooled over lengths.
+TEST(EvalRunDir, OldRunsKeepAssumedChanceAndNewRunsMeasureIt) {
+  const auto seeds = test::evalrun::seeds();
+  auto seed = [&](const std::string& name) {
+    for (const auto& s : seeds)
+      if (s.name == name) return s.bytes;
+    ADD_FAILURE() << name;
+    return std::string();
+  };
+  {
+    TempDir d;
+    const auto s = rebuild_eval_outputs(lay_out(d.path(), seed("complete_name_recall.txt")));
+    EXPECT_EQ(s.at("schema_version"), 2);
+    EXPECT_TRUE(s.at("chance").empty());
+    ASSERT_FALSE(s.at("effective_context").empty());
+    for (const auto& e : s.at("effective_context")) {
+      EXPECT_EQ(e.at("metric"), "acc");
+      EXPECT_EQ(e.at("chance_source"), "assumed");
+      EXPECT_DOUBLE_EQ(e.at("chance").get<double>(), 0.25);
+    }
+    EXPECT_NE(format_eval_summary(s).find("chance 0.25, assumed"), std::string::npos) << format_eval_summary(s);
+  }
+  {
+    TempDir d;
+    const auto s = rebuild_eval_outputs(lay_out(d.path(), seed("v2_acc_norm_absent.txt")));
+    EXPECT_EQ(s.at("cells_present"), 4);
+    ASSERT_EQ(s.at("chance").size(), 2u);
+    for (const auto& c : s.at("chance")) {
+      EXPECT_EQ(c.at("n"), 8);  // 4 samples x 2 lengths
+      EXPECT_EQ(c.at("correct"), 2);
+    }
+    const Interval chance = wilson_interval(2, 8);
+    ASSERT_EQ(s.at("effective_context").size(), 2u);
+    for (const auto& e : s.at("effective_context")) {
+      EXPECT_EQ(e.at("chance_source"), "measured");
+      EXPECT_DOUBLE_EQ(e.at("chance").get<double>(), 0.25);
+      EXPECT_DOUBLE_EQ(e.at("chance_gate").get<double>(), chance.high);
+      const int64_t k = e.at("metric") == "acc_norm" ? 3 : 2;
+      EXPECT_DOUBLE_EQ(e.at("baseline").get<double>(), static_cast<double>(k) / 4.0);
+      EXPECT_FALSE(e.at("solvable").get<bool>());  // 4 samples cannot beat chance significantly
+    }
+  }
+  {
+    TempDir d;
+    const std::string e = data_error_of([&] { (void)rebuild_eval_outputs(lay_out(d.path(), seed("v2_acc_count_edited.txt"))); });
+    EXPECT_NE(e.find("cell.metrics.acc"), std::string::npos) << e;
+  }
+}

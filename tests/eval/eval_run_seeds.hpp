@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,8 +47,11 @@ inline json run_json(const std::string& id, const std::vector<std::string>& task
 }
 
 /// A cell file whose first `correct` samples are correct; depth < 0 = no depth.
+/// With `correct_acc` (generator version 2, forced choice): "metric" acc_norm,
+/// "metrics" {acc_norm, acc} and each sample's correct_by_metric, the first
+/// `correct_acc` samples correct under acc.
 inline json cell_file(const std::string& task, const std::string& control, int64_t L, double depth, int64_t n,
-                      int64_t correct, bool fits = true) {
+                      int64_t correct, bool fits = true, std::optional<int64_t> correct_acc = {}) {
   const Interval ci = wilson_interval(correct, n);
   const json d = depth < 0 ? json(nullptr) : json(depth);
   json cell = {{"task", task},          {"control", control},
@@ -57,12 +61,26 @@ inline json cell_file(const std::string& task, const std::string& control, int64
                {"accuracy", fits && n > 0 ? json(static_cast<double>(correct) / static_cast<double>(n)) : json(nullptr)},
                {"ci_low", fits ? ci.low : 0.0}, {"ci_high", fits ? ci.high : 0.0},
                {"status", fits ? "ok" : "does not fit"}};
+  const int64_t m = fits ? n : 0;
+  auto metric = [&](int64_t k) {
+    const Interval mi = wilson_interval(k, m);
+    return json{{"correct", k},
+                {"accuracy", m > 0 ? json(static_cast<double>(k) / static_cast<double>(m)) : json(nullptr)},
+                {"ci_low", mi.low},
+                {"ci_high", mi.high}};
+  };
+  if (correct_acc) {
+    cell["metric"] = "acc_norm";
+    cell["metrics"] = {{"acc_norm", metric(fits ? correct : 0)}, {"acc", metric(fits ? *correct_acc : 0)}};
+  }
   json samples = json::array();
   if (fits)
-    for (int64_t i = 0; i < n; ++i)
+    for (int64_t i = 0; i < n; ++i) {
       samples.push_back({{"task", task}, {"control", control}, {"rope_scaling", "default"}, {"length", L}, {"depth", d},
                          {"index", i}, {"correct", i < correct}, {"prediction", i < correct ? "Anna" : "Bob"},
                          {"kept_original", false}});
+      if (correct_acc) samples.back()["correct_by_metric"] = {{"acc_norm", i < correct}, {"acc", i < *correct_acc}};
+    }
   json f = {{"cell", cell}, {"samples", samples}};
   f["checksum"] = eval_file_checksum(f);
   return f;
@@ -107,6 +125,24 @@ inline std::vector<Seed> seeds() {
     auto files = nr_files;
     files.push_back({"LATEST", "run\n"});
     out.push_back({"latest.txt", fuzz_input(nr, files), true});
+  }
+  {
+    // Generator version 2: acc_norm + acc per cell, the absent control (no depth) measuring chance.
+    json v2 = run_json("fedcba9876543210", {"name_recall"}, {"none"}, {128, 256}, {0.5}, 4, -1);
+    v2["config"]["absent_control"] = true;
+    v2["model"]["family"] = "rope";
+    std::vector<std::pair<std::string, std::string>> files;
+    for (int64_t L : {128, 256}) {
+      files.push_back({cell_path("name_recall", "none", L, 0.5), cell_file("name_recall", "none", L, 0.5, 4, 3, true, 2).dump()});
+      files.push_back({cell_path("name_recall", "absent", L, -1), cell_file("name_recall", "absent", L, -1, 4, 1, true, 1).dump()});
+    }
+    out.push_back({"v2_acc_norm_absent.txt", fuzz_input(v2, files), true});
+    // A cell whose acc count disagrees with its samples.
+    json bad = cell_file("name_recall", "none", 128, 0.5, 4, 3, true, 2);
+    const Interval four = wilson_interval(4, 4);
+    bad["cell"]["metrics"]["acc"] = {{"correct", 4}, {"accuracy", 1.0}, {"ci_low", four.low}, {"ci_high", four.high}};
+    bad["checksum"] = eval_file_checksum(bad);
+    out.push_back({"v2_acc_count_edited.txt", fuzz_input(v2, {{cell_path("name_recall", "none", 128, 0.5), bad.dump()}}), false});
   }
   const json cw = run_json("cw-run", {"common_words", "variable_tracking"}, {"none"}, {64, 96}, {0.5}, 3, -1);
   out.push_back({"no_depth_and_does_not_fit.txt",

@@ -292,8 +292,8 @@ TEST(RecallTask, EvalCliRejectsAModelWithoutTheVocabulary) {
   EXPECT_NE(r.err.find("associative_recall needs a model trained by `posenc train --task associative_recall`"),
             std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(d.path() / "e")) << "nothing is written for a task the model cannot run";
-  // The perplexity matrix needs the haystack text.
-  const auto p = run_cli(base);
+  // The perplexity matrix needs the haystack text (without --haystack it is skipped by default).
+  const auto p = run_cli(base + " --ppl-tokens 32768");
   EXPECT_EQ(p.exit_code, 2);  // flag values: usage errors
   EXPECT_NE(p.err.find("--haystack: required by the perplexity matrix"), std::string::npos) << p.err;
   const auto k = run_cli(base + " --ppl-tokens -1 --choices 12");
@@ -346,7 +346,7 @@ TEST(RecallTask, TrainedModelBeatsChanceThroughTheEvalRunner) {
   };
   const auto trained = eval(model, "trained");
   ASSERT_TRUE(trained["complete"].get<bool>());
-  ASSERT_EQ(trained["cells"].size(), 2u * 3u);  // controls x depths
+  ASSERT_EQ(trained["cells"].size(), 2u * 3u + 1u);  // controls x depths + the absent control
   const auto [k, n] = pooled(trained);
   EXPECT_EQ(n, 120);
   EXPECT_GT(wilson_interval(k, n).low, 0.25) << k << "/" << n;

@@ -22,8 +22,8 @@ namespace {
 struct EvalArgs {
   ModelArgs model;
   std::string haystack;
-  std::string tasks = "name_recall";
-  std::string lengths = "256,512,1024,2048,4096";
+  std::string tasks;    ///< empty: default_eval_tasks(the model's tokenizer)
+  std::string lengths;  ///< empty: default_eval_lengths(the model)
   std::string depths = "0,0.25,0.5,0.75,1";
   int64_t samples = 50;
   std::string scalings = "default";
@@ -33,7 +33,7 @@ struct EvalArgs {
   int choices = 4;
   double threshold = 0.85;
   double min_baseline = 0.0;
-  int64_t ppl_tokens = 32768;
+  std::optional<int64_t> ppl_tokens;  ///< unset: 32768 with --haystack, -1 (skip) without
   std::string shard = "0/1";
   std::string out;
   bool log_prompts = false;
@@ -109,8 +109,8 @@ void run_eval_cmd(const EvalArgs& a) {
   c.model_path = a.model.model_path;
   c.tokenizer_path = a.model.tokenizer_path;
   c.haystack_path = a.haystack;
-  c.tasks = split_list(a.tasks, "--tasks");
-  c.lengths = parse_lengths(a.lengths, "--lengths");
+  if (!a.tasks.empty()) c.tasks = split_list(a.tasks, "--tasks");
+  if (!a.lengths.empty()) c.lengths = parse_lengths(a.lengths, "--lengths");
   c.depths = parse_depths(a.depths);
   c.samples = a.samples;
   c.rope_scalings = split_list(a.scalings, "--rope-scaling");
@@ -121,17 +121,27 @@ void run_eval_cmd(const EvalArgs& a) {
   c.choices = a.choices;
   c.threshold = a.threshold;
   c.min_baseline = a.min_baseline;
-  c.ppl_tokens = a.ppl_tokens;
+  c.ppl_tokens = a.ppl_tokens.value_or(a.haystack.empty() ? -1 : 32768);
   std::tie(c.shard_index, c.shard_count) = parse_shard(a.shard);
   c.log_prompts = a.log_prompts;
   c.out = a.out;
   c.command_line = command_line();
   c.git_hash = source_git_hash();
-  as_usage_error([&] { validate_eval_config(c); });  // flag errors (exit 2) before loading anything
+  {
+    // Flag errors (exit 2) before loading anything; the defaults that follow
+    // the model (tasks, lengths) are stood in for until it is loaded.
+    EvalConfig check = c;
+    if (check.tasks.empty()) check.tasks = {"kv_retrieval"};
+    if (check.lengths.empty()) check.lengths = {256};
+    as_usage_error([&] { validate_eval_config(check); });
+  }
 
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
+  if (c.lengths.empty()) c.lengths = default_eval_lengths(model);
+  if (c.tasks.empty()) c.tasks = default_eval_tasks(tok);
+  as_usage_error([&] { validate_eval_config(c); });  // e.g. the default name_recall without --haystack
   const std::string text = a.haystack.empty() ? std::string() : read_file(a.haystack);
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   if (!a.quiet) print_model_header(stderr, lm, a.model);
@@ -197,16 +207,21 @@ void add_eval_command(CLI::App& app) {
                   "associative_recall with --ppl-tokens -1)");
   std::string known;
   for (const auto& t : eval_tasks()) known += (known.empty() ? "" : ", ") + std::string(t.name);
-  cmd->add_option("--tasks", args->tasks, "tasks, comma-separated: " + known)->capture_default_str();
-  cmd->add_option("--lengths", args->lengths, "context lengths in tokens (prompt + answer budget), K = 1024")
-      ->capture_default_str();
+  cmd->add_option("--tasks", args->tasks,
+                  "tasks, comma-separated: " + known +
+                      " (default: associative_recall for a model trained on it, else name_recall)");
+  cmd->add_option("--lengths", args->lengths,
+                  "context lengths in tokens (prompt + answer budget), K = 1024 (default: T/2,T,2T,4T,8T of the "
+                  "trained context T, within a learned position table)");
   cmd->add_option("--depths", args->depths, "needle depths in [0, 1] (fraction of the context before the needle)")
       ->capture_default_str();
   cmd->add_option("--samples", args->samples, "samples per cell")->check(int_in(1, 1000000))->capture_default_str();
   cmd->add_option("--rope-scaling", args->scalings, "RoPE scalings (rope_type), comma-separated")->capture_default_str();
   cmd->add_option("--rope-factor", args->rope_factor, "scaling factor s (default: max(1, L / trained context))")
       ->check(finite_above(0, 1e6));
-  cmd->add_option("--control", args->controls, "evidence controls, comma-separated: none, swap, shuffle")
+  cmd->add_option("--control", args->controls,
+                  "evidence controls, comma-separated: none, swap, shuffle (absent, the measured chance level, runs "
+                  "by itself for forced-choice tasks)")
       ->capture_default_str();
   cmd->add_option("--seed", args->seed, "task generator seed")->check(seed_value())->capture_default_str();
   cmd->add_option("--choices", args->choices, "candidates K of forced-choice tasks")->check(int_in(2, 16))->capture_default_str();
@@ -215,13 +230,14 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--min-baseline", args->min_baseline,
                   "a task is 'not solvable by this model' unless its shortest-length accuracy is significantly above "
-                  "chance (Wilson 95% low > 1/K, or > 0 for generation) and >= this")
+                  "chance (Wilson 95% low > the upper Wilson bound of the chance level the absent control measures, "
+                  "or > 0 for generation) and >= this")
       ->check(finite_in(0, 1))
       ->capture_default_str();
   cmd->add_option("--ppl-tokens", args->ppl_tokens,
-                  "perplexity matrix: scored tokens per (scaling, length) on the haystack text; 0 = all, -1 = skip")
-      ->check(int_in(-1, int64_t{1} << 48))
-      ->capture_default_str();
+                  "perplexity matrix: scored tokens per (scaling, length) on the haystack text; 0 = all, -1 = skip "
+                  "(default: 32768 with --haystack, -1 without)")
+      ->check(int_in(-1, int64_t{1} << 48));
   cmd->add_option("--shard", args->shard, "run the deterministic share i of n of the work (i/n)")->capture_default_str();
   cmd->add_option("--out", args->out, "output directory (the run goes to OUT/<run id>/)")->check(output_path(true));
   cmd->add_flag("--log-prompts", args->log_prompts, "samples.jsonl also holds every prompt (large)");
