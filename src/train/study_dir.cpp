@@ -526,7 +526,9 @@ StudyReport write_study_report(const fs::path& dir) {
     sj["buckets"].push_back({{"label", b.label}, {"lo", b.lo}, {"hi", b.hi}, {"in_distribution", b.in_distribution}});
   for (const auto& [pe, v] : mrr_all) sj["mrr"]["all"][pe] = v;
   for (const auto& [pe, v] : mrr_p5) sj["mrr"]["paper5"][pe] = v;
-  std::string csv = "task,encoding,scaling,length,correct,samples,accuracy,wilson_low,wilson_high,can_run,seeds\n";
+  // The column names of eval's summary.csv for the same quantities (rope_scaling, n, correct, accuracy, ci_low,
+  // ci_high: the Wilson 95% interval).
+  std::string csv = "task,encoding,rope_scaling,length,n,correct,accuracy,ci_low,ci_high,can_run,seeds\n";
   for (const auto& [task, by_pe] : by_len)
     for (const auto& [pe, by_s] : by_pe)
       for (const auto& [scaling, m] : by_s) {
@@ -545,7 +547,7 @@ StudyReport write_study_report(const fs::path& dir) {
             hi = fmt::format("{:.6f}", w.high);
           }
           csv += fmt::format("{},{},{},{},{},{},{},{},{},{},{}\n", csv_escape(task), csv_escape(pe), csv_escape(scaling), len,
-                             c.correct, c.samples, acc, lo, hi, c.can_run ? 1 : 0, c.seeds);
+                             c.samples, c.correct, acc, lo, hi, c.can_run ? 1 : 0, c.seeds);
         }
         for (const auto& b : buckets) {
           json j = cell_json(bucket_cell(m, b));

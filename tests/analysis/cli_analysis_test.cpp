@@ -33,7 +33,7 @@ bool is_png(const std::filesystem::path& p) {
 
 TEST(CliPeriods, JsonReproducesWrapCounts) {
   const CliResult r = run_cli({"periods", "--head-dim", "128", "--rope-theta", "10000,500000",
-                               "--lengths", "4K,32K,128K,1M", "--json"});
+                               "--context", "4K,32K,128K,1M", "--json", "-"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json j = json::parse(r.out);
   const auto& rows = j.at("rows");
@@ -53,8 +53,8 @@ TEST(CliPeriods, JsonReproducesWrapCounts) {
 TEST(CliPeriods, CsvWithScalingsAndPlot) {
   ScratchDir dir;
   const auto png = dir / "periods.png";
-  const CliResult r = run_cli({"periods", "--rope-theta", "500000", "--lengths", "128K",
-                               "--rope-scaling", "default,linear", "--factor", "4", "--csv",
+  const CliResult r = run_cli({"periods", "--rope-theta", "500000", "--context", "128K",
+                               "--rope-scaling", "default,linear", "--rope-factor", "4", "--csv", "-",
                                "--plot", png.string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out.substr(0, r.out.find('\n')),
@@ -72,23 +72,23 @@ TEST(CliPeriods, CsvWithScalingsAndPlot) {
 }
 
 TEST(CliPeriods, BadInputExitsNonZero) {
-  expect_failure({"periods", "--rope-theta", "abc", "--lengths", "4K"}, {"--rope-theta", "abc"});
-  expect_failure({"periods", "--rope-theta", "10000", "--lengths", "12X"}, {"--lengths", "12X"});
-  expect_failure({"periods", "--rope-theta", "10000", "--lengths", "4K", "--rope-scaling",
+  expect_failure({"periods", "--rope-theta", "abc", "--context", "4K"}, {"--rope-theta", "abc"});
+  expect_failure({"periods", "--rope-theta", "10000", "--context", "12X"}, {"--context", "12X"});
+  expect_failure({"periods", "--rope-theta", "10000", "--context", "4K", "--rope-scaling",
                   "linear"},
                  {"factor", "linear"});
-  expect_failure({"periods", "--rope-theta", "10000", "--lengths", "4K", "--rope-scaling",
-                  "warp", "--factor", "2"},
+  expect_failure({"periods", "--rope-theta", "10000", "--context", "4K", "--rope-scaling",
+                  "warp", "--rope-factor", "2"},
                  {"rope_type", "warp", "default"});
-  expect_failure({"periods", "--rope-theta", "-3", "--lengths", "4K"}, {"rope_theta", "-3"});
-  expect_failure({"periods", "--head-dim", "127", "--rope-theta", "10000", "--lengths", "4K"},
+  expect_failure({"periods", "--rope-theta", "-3", "--context", "4K"}, {"rope_theta", "-3"});
+  expect_failure({"periods", "--head-dim", "127", "--rope-theta", "10000", "--context", "4K"},
                  {"head_dim", "127"});
 }
 
 TEST(CliInspect, JsonForDefaultRope) {
   const CliResult r =
       run_cli({"inspect", "--config", shared_config("tinyllama-1.1b-chat-v1.0.json").string(),
-               "--seq-len", "8K", "--json"});
+               "--seq-len", "8K", "--json", "-"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json j = json::parse(r.out);  // exactly one object
   ASSERT_TRUE(j.is_object());
@@ -110,7 +110,7 @@ TEST(CliInspect, JsonForDefaultRope) {
 
 TEST(CliInspect, BiasFamilies) {
   const CliResult mpt =
-      run_cli({"inspect", "--config", shared_config("mpt-7b.json").string(), "--json"});
+      run_cli({"inspect", "--config", shared_config("mpt-7b.json").string(), "--json", "-"});
   ASSERT_EQ(mpt.exit_code, 0) << mpt.err;
   const json a = json::parse(mpt.out);
   EXPECT_EQ(a.at("family"), "alibi");
@@ -118,7 +118,7 @@ TEST(CliInspect, BiasFamilies) {
   EXPECT_NEAR(a.at("slopes")[0].get<double>(), std::pow(2.0, -0.25), 1e-7);
   EXPECT_EQ(a.at("slopes")[31].get<double>(), 1.0 / 256);
   const CliResult t5 =
-      run_cli({"inspect", "--config", shared_config("flan-t5-base.json").string(), "--json"});
+      run_cli({"inspect", "--config", shared_config("flan-t5-base.json").string(), "--json", "-"});
   ASSERT_EQ(t5.exit_code, 0) << t5.err;
   const json t = json::parse(t5.out);
   EXPECT_EQ(t.at("family"), "t5_bias");

@@ -191,7 +191,7 @@ TEST(ConfigLimits, InspectRefusesHostileConfigsUnderUlimit) {
   for (const auto& h : kHostile) {
     const auto p = dir.write("hostile.json", h.text);
     const std::string cmd = "ulimit -v 2097152; timeout 20 " + test::shell_quote(POSENC_CLI_PATH) +
-                            " inspect --json --config " + test::shell_quote(p.string()) + " >/dev/null 2>" +
+                            " inspect --json - --config " + test::shell_quote(p.string()) + " >/dev/null 2>" +
                             test::shell_quote((dir / "err").string());
     const auto t0 = std::chrono::steady_clock::now();
     const int st = std::system(("sh -c " + test::shell_quote(cmd)).c_str());

@@ -44,7 +44,7 @@ std::vector<std::string> run_args(const fs::path& out) {
   return {"eval",      "--model",        posenc::test::model_path().string(),
           "--tokenizer", posenc::test::tokenizer_path().string(),
           "--haystack",  posenc::test::text_path().string(),
-          "--tasks",     "name_recall",  "--lengths", "128,192,256,320", "--depths", "0,0.5,1",
+          "--tasks",     "name_recall",  "--context", "128,192,256,320", "--depths", "0,0.5,1",
           "--samples",   "6",            "--rope-scaling", "default,linear", "--rope-factor", "2",
           "--ppl-tokens", "1500",        "--quiet",  "--out", out.string()};
 }
@@ -251,7 +251,7 @@ TEST(EvalCliSmall, CellsThatCannotFitAreRecordedNotFatal) {
   TempDir d;
   const auto r = run_cli("eval --model " + q(posenc::test::model_path()) + " --tokenizer " +
                          q(posenc::test::tokenizer_path()) + " --haystack " + q(posenc::test::text_path()) +
-                         " --tasks variable_tracking --lengths 128,160 --depths 0.5 --samples 2 --ppl-tokens -1 --quiet --out " +
+                         " --tasks variable_tracking --context 128,160 --depths 0.5 --samples 2 --ppl-tokens -1 --quiet --out " +
                          q(d.path()));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto s = nlohmann::json::parse(slurp(run_dir_of(d.path()) / "summary.json"));
@@ -281,7 +281,7 @@ TEST(EvalCliSmall, AFailedRunLeavesLatestOnTheGoodRun) {
   TempDir d;
   const std::string base = "eval --model " + q(posenc::test::model_path()) + " --tokenizer " +
                            q(posenc::test::tokenizer_path()) +
-                           " --tasks kv_retrieval --lengths 256 --depths 0.5 --samples 1 --quiet --out " + q(d.path());
+                           " --tasks kv_retrieval --context 256 --depths 0.5 --samples 1 --quiet --out " + q(d.path());
   ASSERT_EQ(run_cli(base + " --ppl-tokens -1").exit_code, 0);
   const std::string latest = slurp(d.path() / "LATEST");
   std::ofstream(d.path() / "empty.txt") << "\n  \n";

@@ -285,7 +285,7 @@ TEST(RecallTask, TokenizerWithoutTheVocabularyIsATypedError) {
 TEST(RecallTask, EvalCliRejectsAModelWithoutTheVocabulary) {
   TempDir d;
   const std::string base = "eval --model '" + test::model_path().string() + "' --tokenizer '" +
-                           test::tokenizer_path().string() + "' --tasks associative_recall --lengths 64 --depths 0.5 "
+                           test::tokenizer_path().string() + "' --tasks associative_recall --context 64 --depths 0.5 "
                            "--samples 2 --out '" + (d.path() / "e").string() + "'";
   const auto r = run_cli(base + " --ppl-tokens -1");
   EXPECT_EQ(r.exit_code, 1);
@@ -300,7 +300,7 @@ TEST(RecallTask, EvalCliRejectsAModelWithoutTheVocabulary) {
   EXPECT_EQ(k.exit_code, 2);
   EXPECT_NE(k.err.find("--choices: must be <= 10 for associative_recall"), std::string::npos) << k.err;
   const auto h = run_cli("eval --model '" + test::model_path().string() + "' --tokenizer '" +
-                         test::tokenizer_path().string() + "' --tasks kv_retrieval,passkey --lengths 256 --samples 2 "
+                         test::tokenizer_path().string() + "' --tasks kv_retrieval,passkey --context 256 --samples 2 "
                          "--ppl-tokens -1 --out '" + (d.path() / "e").string() + "'");
   EXPECT_EQ(h.exit_code, 2);
   EXPECT_NE(h.err.find("--haystack: required by task passkey"), std::string::npos) << h.err;
@@ -328,7 +328,7 @@ TEST(RecallTask, TrainedModelBeatsChanceThroughTheEvalRunner) {
   auto eval = [&](const fs::path& m, const std::string& name) {
     const fs::path out = d.path() / name;
     const auto r = run_cli("eval --model " + m.string() +
-                           " --tasks associative_recall --lengths 8 --depths 0,0.5,1 --samples 40 "
+                           " --tasks associative_recall --context 8 --depths 0,0.5,1 --samples 40 "
                            "--rope-scaling default --ppl-tokens -1 --control none,swap --quiet --out " + out.string());
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("associative_recall"), std::string::npos) << r.out;

@@ -34,7 +34,7 @@ TEST(CliFormats, PplOnAHuggingFaceDirectory) {
   TempDir d;
   const auto out = d.path() / "ppl.json";
   const auto r = run_cli("ppl --model " + q(hf()) + " --text " + q(text()) +
-                         " --context 256,1024 --rope-scaling default,linear --max-tokens 4000 --json " + q(out));
+                         " --context 256,1024 --rope-scaling default,linear --scored-tokens 4000 --json " + q(out));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("Hugging Face directory, LlamaForCausalLM"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("trained context: 512 (config.json max_position_embeddings)"), std::string::npos) << r.out;
@@ -55,12 +55,12 @@ TEST(CliFormats, PplOnAHuggingFaceDirectory) {
 // A GGUF whose embedded vocabulary cannot encode is refused with advice; with
 // the model's tokenizer.json it runs (and agrees with the HF directory's NLL).
 TEST(CliFormats, Q8GgufNeedsTheTokenizerJson) {
-  expect_failure(run_cli("ppl --model " + q(q8()) + " --text " + q(text()) + " --max-tokens 1000"), 1,
+  expect_failure(run_cli("ppl --model " + q(q8()) + " --text " + q(text()) + " --scored-tokens 1000"), 1,
                  "--tokenizer");
   const auto a = run_cli("ppl --model " + q(q8()) + " --tokenizer " + q(hf() / "tokenizer.json") + " --text " +
-                         q(text()) + " --context 256 --rope-scaling default --max-tokens 4000 --quiet");
+                         q(text()) + " --context 256 --rope-scaling default --scored-tokens 4000 --quiet");
   const auto b = run_cli("ppl --model " + q(hf()) + " --text " + q(text()) +
-                         " --context 256 --rope-scaling default --max-tokens 4000 --quiet");
+                         " --context 256 --rope-scaling default --scored-tokens 4000 --quiet");
   ASSERT_EQ(a.exit_code, 0) << a.err;
   ASSERT_EQ(b.exit_code, 0) << b.err;
   // The table row: "256 default 1.000 ppl nll tokens ...": same token count, NLL within the Q8_0 error.
@@ -105,9 +105,9 @@ TEST(CliFormats, TokenizeGivesTheHuggingFaceIds) {
   EXPECT_EQ(t["ids"], json({1, 80, 147, 201, 282, 57}));
   EXPECT_EQ(t["count"], 6);
   EXPECT_EQ(t["pieces"].size(), 6u);
-  expect_failure(run_cli("tokenize --prompt x"), 2, "give --model (its own tokenizer) or --tokenizer");
+  expect_failure(run_cli("tokenize --prompt x"), 2, "At least 1 option from [--model,--tokenizer] is required");
   expect_failure(run_cli("tokenize --tokenizer " + q(hf()) + " --prompt x --text " + q(text())), 2,
-                 "exactly one of --text and --prompt");
+                 "Exactly 1 option from [--text,--prompt-file,--prompt] is required");
   // --tokenizer overrides the one a model brings: the Q8_0 GGUF with tokenizer.json.
   const auto o = run_cli("tokenize --model " + q(q8()) + " --tokenizer " + q(hf()) + " --prompt 'Once upon a time'");
   EXPECT_EQ(o.out, "1 80 147 201 282 57\n") << o.err;
@@ -141,20 +141,20 @@ TEST(CliFormats, GenerateJsonRecordsIdsAndLogprobs) {
 
 TEST(CliFormats, DetectLayoutAgreesWithTheLoaders) {
   const auto a = run_cli("detect-layout --model " + q(q8()) + " --tokenizer " + q(hf()) + " --text " + q(text()) +
-                         " --max-tokens 2048 --json");
+                         " --scored-tokens 2048 --json -");
   ASSERT_EQ(a.exit_code, 0) << a.err;
   const json ja = json::parse(a.out);
   EXPECT_EQ(ja["likely_layout"], "interleaved");
   EXPECT_EQ(ja["loader_layout"], "interleaved");
   EXPECT_EQ(ja["agrees_with_loader"], true);
-  const auto b = run_cli("detect-layout --model " + q(hf()) + " --text " + q(text()) + " --max-tokens 2048 --json");
+  const auto b = run_cli("detect-layout --model " + q(hf()) + " --text " + q(text()) + " --scored-tokens 2048 --json -");
   ASSERT_EQ(b.exit_code, 0) << b.err;
   const json jb = json::parse(b.out);
   EXPECT_EQ(jb["likely_layout"], "half");
   EXPECT_EQ(jb["agrees_with_loader"], true);
   // Forcing the wrong layout: the evidence disagrees, and says so.
   const auto c = run_cli("detect-layout --model " + q(hf()) + " --rope-layout interleaved --text " + q(text()) +
-                         " --max-tokens 1024 --json");
+                         " --scored-tokens 1024 --json -");
   EXPECT_EQ(json::parse(c.out)["agrees_with_loader"], false);
 }
 
@@ -170,7 +170,7 @@ TEST(CliFormats, PositionalOverrides) {
                  1, "low_freq_factor");
   const auto out = d.path() / "p.json";
   const auto r = run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --config " + q(cfg) +
-                         " --context 1024 --rope-scaling default,native,llama3 --max-tokens 3000 --quiet --json " +
+                         " --context 1024 --rope-scaling default,native,llama3 --scored-tokens 3000 --quiet --json " +
                          q(out));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json j = json::parse(posenc::read_file(out));
@@ -179,21 +179,21 @@ TEST(CliFormats, PositionalOverrides) {
   EXPECT_EQ(j["results"][1]["factor"], 4.0);
   // stories260K.gguf says 2048; --trained-context 512 makes linear use factor 2 at 1024.
   const auto t = run_cli("ppl --model " + q(gguf260()) + " --text " + q(text()) +
-                         " --context 1024 --rope-scaling linear --max-tokens 2000 --trained-context 512 --json " +
+                         " --context 1024 --rope-scaling linear --scored-tokens 2000 --trained-context 512 --json " +
                          q(d.path() / "t.json"));
   ASSERT_EQ(t.exit_code, 0) << t.err;
   EXPECT_NE(t.out.find("trained context: 512 (--trained-context)"), std::string::npos) << t.out;
   EXPECT_EQ(json::parse(posenc::read_file(d.path() / "t.json"))["results"][0]["factor"], 2.0);
   const auto u = run_cli("ppl --model " + q(gguf260()) + " --text " + q(text()) +
-                         " --context 1024 --rope-scaling linear --max-tokens 2000 --json " + q(d.path() / "u.json"));
+                         " --context 1024 --rope-scaling linear --scored-tokens 2000 --json " + q(d.path() / "u.json"));
   EXPECT_EQ(json::parse(posenc::read_file(d.path() / "u.json"))["results"][0]["factor"], 1.0);
   // --rope-theta changes the frequencies (and the numbers).
   const auto th = run_cli("ppl --model " + q(hf()) + " --text " + q(text()) +
-                          " --context 256 --rope-scaling default --max-tokens 2000 --rope-theta 500000 --json " +
+                          " --context 256 --rope-scaling default --scored-tokens 2000 --rope-theta 500000 --json " +
                           q(d.path() / "th.json"));
   ASSERT_EQ(th.exit_code, 0) << th.err;
   const auto base = run_cli("ppl --model " + q(hf()) + " --text " + q(text()) +
-                            " --context 256 --rope-scaling default --max-tokens 2000 --json " + q(d.path() / "b.json"));
+                            " --context 256 --rope-scaling default --scored-tokens 2000 --json " + q(d.path() / "b.json"));
   EXPECT_NE(json::parse(posenc::read_file(d.path() / "th.json"))["results"][0]["nll"],
             json::parse(posenc::read_file(d.path() / "b.json"))["results"][0]["nll"]);
   expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --rope-theta -1"), 2, "--rope-theta");  // out of range: a usage error (exit 2)

@@ -97,16 +97,16 @@ TEST(CliInputs, BadFlagValuesAreUsageErrorsNamingFlagAndRange) {
       // "length must be positive" for INT64_MAX.
       {"check-cache " + model_args() + text + " --length 9223372036854775807", "[96, 1048576]"},
       {"check-cache " + model_args() + text + " --block-size 0", "--block-size"},
-      {"ppl " + model_args() + text + " --max-tokens 9223372036854775807", "--max-tokens"},
+      {"ppl " + model_args() + text + " --scored-tokens 9223372036854775807", "--scored-tokens"},
       {"ppl " + model_args() + text + " --context 9223372036854775807", "--context: a length must be an integer in [1, 1099511627776]"},
       {"ppl " + model_args() + text + " --context 4096K", "--context: must be in [2, 1048576]"},
       {"ppl " + model_args() + text + " --context abc", "--context"},
       {"ppl " + model_args() + text + " --rope-factor nan", "--rope-factor"},
       {"ppl " + model_args() + text + " --rope-theta -1", "--rope-theta"},
       {"detect-layout " + model_args() + text + " --context -3", "--context"},
-      {"periods --head-dim 1000000000 --rope-theta 10000 --lengths 4K", "--head-dim"},
+      {"periods --head-dim 1000000000 --rope-theta 10000 --context 4K", "--head-dim"},
       {"decay --head-dim 1000000000", "[2, 16384]"},
-      {"periods --rope-theta abc --lengths 4K", "--rope-theta"},
+      {"periods --rope-theta abc --context 4K", "--rope-theta"},
       {"decay --rope-theta x1", "--rope-theta"},
       {"inspect --config " + q(posenc::test::shared_dir() / "configs/llama-3.1-8b.json") + " --seq-len 12X", "--seq-len"},
       // eval and study: the same rule (they exited 1 for these, or wrapped --seed -1).
@@ -146,7 +146,7 @@ TEST(CliInputs, ExistingOutputDirectoryIsCheckedItself) {
   const auto ro = d.path() / "ro";
   std::filesystem::create_directory(ro);
   ::chmod(ro.c_str(), 0555);
-  const CliResult r = posenc::test::run_cli("eval " + model_args() + " --tasks passkey --lengths 256 --ppl-tokens -1 --out " + q(ro));
+  const CliResult r = posenc::test::run_cli("eval " + model_args() + " --tasks passkey --context 256 --ppl-tokens -1 --out " + q(ro));
   ::chmod(ro.c_str(), 0755);
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("is not writable"), std::string::npos) << r.err;

@@ -57,8 +57,16 @@ TEST(Cli, PplBadInputs) {
 TEST(Cli, PplWritesJsonAtomically) {
   TempDir d;
   const auto out = d.path() / "sub" / "ppl.json";
-  const auto r = run_cli("ppl " + model_args() + " --text " + q(posenc::test::text_path()) +
-                         " --context 256,1024 --rope-scaling default,linear --max-tokens 3000 --quiet --json " + q(out));
+  const std::string args = "ppl " + model_args() + " --text " + q(posenc::test::text_path()) +
+                           " --context 256,1024 --rope-scaling default,linear --scored-tokens 3000 --quiet --json " +
+                           q(out);
+  // The file's directory must exist (it used to be created, typos included).
+  const auto refused = run_cli(args);
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_NE(refused.err.find((d.path() / "sub").string() + " does not exist"), std::string::npos) << refused.err;
+  EXPECT_FALSE(std::filesystem::exists(d.path() / "sub"));
+  std::filesystem::create_directory(d.path() / "sub");
+  const auto r = run_cli(args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(posenc::test::slurp(out));
   EXPECT_EQ(j["tokens_total"], 384954);
@@ -92,7 +100,7 @@ TEST(Cli, GenerateGolden) {
 
 TEST(Cli, DetectLayout) {
   const auto r = run_cli("detect-layout " + model_args() + " --text " + q(posenc::test::text_path()) +
-                         " --max-tokens 4096 --json");
+                         " --scored-tokens 4096 --json -");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["likely_layout"], "interleaved");

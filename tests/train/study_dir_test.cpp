@@ -191,6 +191,18 @@ TEST(TrainStudyDir, CsvFieldsAreQuoted) {
   EXPECT_NE(slurp(r.summary_csv).find("copy,nope,\"lin,\"\"ear\"\"\",8,"), std::string::npos) << slurp(r.summary_csv);
 }
 
+// summary.csv names its columns as eval's summary.csv does (issue 14): rope_scaling (was scaling), n (was samples,
+// and before correct as in eval), ci_low/ci_high (were wilson_low/wilson_high), the Wilson 95% interval.
+TEST(TrainStudyDir, CsvColumnsHaveEvalsNames) {
+  TempDir d;
+  test::write_study_dir(d.path(), test::study_dir_base());
+  const StudyReport r = write_study_report(d.path());
+  const std::string csv = slurp(r.summary_csv);
+  EXPECT_EQ(csv.substr(0, csv.find('\n')), "task,encoding,rope_scaling,length,n,correct,accuracy,ci_low,ci_high,can_run,seeds");
+  // copy / rope / linear at 24 tokens: 5 of 10, Wilson interval [0.236593, 0.763407] (z = 1.959964).
+  EXPECT_NE(csv.find("\ncopy,rope,linear,24,10,5,0.500000,0.236593,0.763407,1,1\n"), std::string::npos) << csv;
+}
+
 TEST(TrainStudyDir, DirectoryLockIsExclusiveOrShared) {
   TempDir d;
   const fs::path dir = d.path() / "run";
@@ -233,7 +245,7 @@ TEST(TrainStudyDir, StaleTemporariesAreRecognisedAndRemoved) {
 namespace {
 const char* kTiny =
     "study --tasks copy --pe rope --seeds 1 --steps 30 --batch-size 8 --dim 32 --heads 4 "
-    "--train-lengths 4:8 --test-lengths 4:12:4 --scalings linear --samples 6 --out ";
+    "--train-lengths 4:8 --test-lengths 4:12:4 --rope-scaling linear --samples 6 --out ";
 
 std::vector<float> weights(const fs::path& p) {
   std::vector<float> all;

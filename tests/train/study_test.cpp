@@ -24,7 +24,7 @@ namespace {
 
 const char* kSmoke =
     "study --tasks copy --pe learned,rope --seeds 1 --steps 40 --batch-size 8 --dim 32 --heads 4 "
-    "--train-lengths 4:8 --test-lengths 4:20:4 --scalings linear,dynamic --out ";
+    "--train-lengths 4:8 --test-lengths 4:20:4 --rope-scaling linear,dynamic --out ";
 
 std::vector<float> weights(const fs::path& p) {
   std::vector<float> all;

@@ -69,7 +69,7 @@ void add_check_cache_command(CLI::App& app) {
   cmd->add_option("--tolerance", args->options.tolerance, "max |dlogit| allowed")
       ->check(finite_in(0, 1e6))
       ->capture_default_str();
-  add_json_option(cmd, args->json);
+  add_json_option(cmd, args->json, "the scenarios and the verdict as JSON");
   cmd->callback([args] { run_check(*args); });
 }
 

@@ -7,9 +7,13 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "posenc_version.hpp"
 
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
@@ -28,17 +32,31 @@ CLI::Validator output_path(bool directory) {
           if (directory && !fs::is_directory(p, ec)) return fmt::format("{} exists and is not a directory", text);
           if (!directory && fs::is_directory(p, ec)) return fmt::format("{} is a directory, not a file", text);
         }
+        const fs::path abs = fs::absolute(p, ec);
+        if (!directory) {
+          // A file is written into its parent directory, which must exist: a
+          // typo in the directory must not create a tree of directories.
+          const fs::path parent = abs.parent_path();
+          if (!fs::exists(parent, ec))
+            return fmt::format("{}: directory {} does not exist (create it first)", text, parent.string());
+          if (!fs::is_directory(parent, ec)) return fmt::format("{}: {} is not a directory", text, parent.string());
+          if (::access(parent.c_str(), W_OK) != 0)
+            return fmt::format("{}: directory {} is not writable", text, parent.string());
+          return "";
+        }
         // An existing output directory is written into: it must itself be
         // writable (a read-only mount point with a writable parent is not).
-        // Otherwise the nearest existing ancestor must be, where the file (or
-        // the missing directories) will be created.
-        fs::path a = directory && fs::is_directory(p, ec) ? fs::absolute(p, ec) : fs::absolute(p, ec).parent_path();
+        // Otherwise the nearest existing ancestor must be, where the missing
+        // directories will be created.
+        fs::path a = fs::is_directory(p, ec) ? abs : abs.parent_path();
         while (!fs::exists(a, ec) && a.has_parent_path() && a != a.parent_path()) a = a.parent_path();
         if (!fs::is_directory(a, ec)) return fmt::format("{}: {} is not a directory", text, a.string());
         if (::access(a.c_str(), W_OK) != 0) return fmt::format("{}: directory {} is not writable", text, a.string());
         return "";
       },
-      directory ? "DIR" : "FILE", directory ? "writable output directory" : "writable output file");
+      directory ? "DIR" : "FILE",
+      directory ? "writable output directory (created with its missing parents)"
+                : "writable output file in an existing directory");
 }
 
 CLI::Validator int_in(int64_t lo, int64_t hi) {
@@ -108,11 +126,11 @@ std::string PromptArgs::text() const {
   return prompt;
 }
 
-namespace {
-/// A value that must be given when the option is (CLI11 reads --opt '' as "not set").
 CLI::Validator non_empty() {
   return CLI::Validator([](std::string& text) -> std::string { return text.empty() ? "empty value" : ""; }, "");
 }
+
+namespace {
 /// A context length: a decimal integer in [1, 2^32] (GGUF's uint32; CLI11 would
 /// clamp 10^20 to INT64_MAX silently).
 CLI::Validator context_length() {
@@ -274,11 +292,16 @@ std::vector<std::string> split_list(const std::string& text, const std::string& 
     std::string item = text.substr(pos, c == std::string::npos ? std::string::npos : c - pos);
     while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.pop_back();
     while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) item.erase(item.begin());
-    if (!item.empty()) out.push_back(item);
+    out.push_back(item);
     if (c == std::string::npos) break;
     pos = c + 1;
   }
-  if (out.empty()) throw UsageError(fmt::format("{}: expected a comma-separated list (got '{}')", flag, text));
+  if (out.size() == 1 && out[0].empty())
+    throw UsageError(fmt::format("{}: expected a comma-separated list (got '{}')", flag, text));
+  for (std::size_t i = 0; i < out.size(); ++i)
+    if (out[i].empty())
+      throw UsageError(fmt::format("{}: item {} of '{}' is empty (a doubled, leading or trailing comma)", flag, i + 1,
+                                   text));
   return out;
 }
 
@@ -318,23 +341,107 @@ std::string describe(const Model& model) {
                      to_string(r.precision));
 }
 
-CLI::Option* add_json_option(CLI::App* cmd, std::string& target) {
+namespace {
+/// The file descriptor "-" writes to: stdout, or its saved copy while a StdoutForData sends the text to stderr.
+int g_data_fd = STDOUT_FILENO;
+
+void write_fd(int fd, std::string_view text) {
+  while (!text.empty()) {
+    const ssize_t n = ::write(fd, text.data(), text.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw IoError(fmt::format("stdout: write failed ({})", std::strerror(errno)));
+    }
+    text.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+}  // namespace
+
+CLI::Option* add_output_option(CLI::App* cmd, const std::string& name, std::string& target, const std::string& what) {
   const CLI::Validator file = output_path();
   return cmd
-      ->add_option("--json", target,
-                   "print the result as one JSON object (or, given a FILE, write it there atomically)")
+      ->add_option_function<std::string>(
+          name,
+          [name, &target](const std::string& v) {
+            // A bare flag (CLI11 gives "" for the missing value): the old switch form.
+            if (v.empty())
+              throw CLI::ValidationError(name, fmt::format("needs a FILE ('{} -' for stdout, '{} out.{}' for a file)",
+                                                           name, name, name.substr(2)));
+            target = v;
+          },
+          fmt::format("write {} to FILE (atomically; '-' = stdout, which then carries only this)", what))
       ->expected(0, 1)
-      ->default_str("-")
-      ->check(CLI::Validator(
-          [file](std::string& v) { return v == "-" ? std::string() : file(v); }, "[FILE]", "writable output file"));
+      ->type_name("FILE")
+      ->check(CLI::Validator([file](std::string& v) { return v == "-" ? std::string() : file(v); }, "",
+                             "writable output file in an existing directory, or - for stdout"));
 }
 
-void emit_json(const std::string& target, const nlohmann::json& j) {
+CLI::Option* add_json_option(CLI::App* cmd, std::string& target, const std::string& what) {
+  return add_output_option(cmd, "--json", target, what);
+}
+
+void write_output(const std::string& target, std::string_view text) {
   if (target.empty()) return;
-  if (target == "-")
-    fmt::print("{}\n", j.dump(2));
-  else
-    write_file_atomic(target, j.dump(2) + "\n");
+  if (target == "-") {
+    std::fflush(stdout);
+    write_fd(g_data_fd, text);
+  } else {
+    write_file_atomic(target, text);
+  }
+}
+
+void emit_json(const std::string& target, const nlohmann::json& j) { write_output(target, j.dump(2) + "\n"); }
+void emit_json(const std::string& target, const nlohmann::ordered_json& j) { write_output(target, j.dump(2) + "\n"); }
+
+bool output_to_stdout(const std::vector<std::string>& targets, const std::vector<std::string>& names) {
+  std::vector<std::string> to_stdout;
+  for (std::size_t i = 0; i < targets.size(); ++i)
+    if (targets[i] == "-") to_stdout.push_back(i < names.size() ? names[i] : "?");
+  if (to_stdout.size() > 1)
+    throw UsageError(fmt::format("{}: only one output can go to stdout ('-'); give the others a FILE",
+                                 fmt::join(to_stdout, " and ")));
+  return !to_stdout.empty();
+}
+
+StdoutForData::StdoutForData(const std::vector<std::string>& targets, const std::vector<std::string>& names) {
+  if (!output_to_stdout(targets, names) || g_data_fd != STDOUT_FILENO) return;
+  std::fflush(stdout);
+  saved_fd_ = ::dup(STDOUT_FILENO);
+  if (saved_fd_ < 0 || ::dup2(STDERR_FILENO, STDOUT_FILENO) < 0)
+    throw IoError(fmt::format("stdout: cannot redirect ({})", std::strerror(errno)));
+  g_data_fd = saved_fd_;
+}
+
+StdoutForData::~StdoutForData() {
+  if (saved_fd_ < 0) return;
+  std::fflush(stdout);
+  ::dup2(saved_fd_, STDOUT_FILENO);
+  ::close(saved_fd_);
+  g_data_fd = STDOUT_FILENO;
+}
+
+void add_renamed_option(CLI::App* cmd, const std::string& old_name, const std::string& instead) {
+  cmd->add_option_function<std::vector<std::string>>(
+         old_name,
+         [old_name, instead](const std::vector<std::string>&) { throw CLI::ValidationError(old_name, instead); },
+         instead)
+      ->expected(0, 1)
+      ->group("");  // hidden from --help
+}
+
+void not_required_with(CLI::App* sub, const std::vector<CLI::Option*>& options) {
+  // The subcommand's parse completes before its parent checks its requirements.
+  sub->parse_complete_callback([options] {
+    for (CLI::Option* o : options) o->required(false);
+  });
+}
+
+std::string version_text() {
+  return fmt::format("posenc {} (git {}{})", POSENC_VERSION, POSENC_GIT_COMMIT,
+                     std::string_view(POSENC_GIT_DESCRIBE) == POSENC_GIT_COMMIT ||
+                             std::string_view(POSENC_GIT_DESCRIBE) == "unknown"
+                         ? std::string()
+                         : fmt::format(", {}", POSENC_GIT_DESCRIBE));
 }
 
 CLI::Option* add_curriculum_option(CLI::App* cmd, double& value, const std::string& scope) {

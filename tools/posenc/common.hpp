@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -75,19 +76,31 @@ auto as_usage_error(F&& f) -> decltype(f()) {
 }
 
 /// Exit codes (README "Exit codes", `posenc --help`): 0 success; 2 the command
-/// line is rejected (unknown option, missing required option, a flag value
-/// malformed or out of its range, an output path that is a directory or not
-/// writable); 1 everything found in the inputs while running (a file missing,
-/// unreadable, not a regular file, or with bad contents; a check that failed).
+/// line is rejected (unknown, renamed or missing option, a flag value
+/// malformed or out of its range, an empty list item, an output path that is a
+/// directory, in a directory that does not exist, or not writable); 1
+/// everything found in the inputs while running (a file missing, unreadable,
+/// not a regular file, or with bad contents; a check that failed).
 inline constexpr const char* kExitCodeRule =
-    "Exit codes: 0 success; 2 the command line is rejected (unknown or missing option, a flag value malformed or "
-    "out of its range, an output path that is a directory or not writable); 1 a problem found in the inputs while "
-    "running (a file missing, unreadable, not a regular file, or with bad contents) or a failed check.";
+    "Exit codes: 0 success; 2 the command line is rejected (unknown, renamed or missing option, a flag value "
+    "malformed or out of its range, an empty list item, an output path that is a directory, in a directory that "
+    "does not exist, or not writable); 1 a problem found in the inputs while running (a file missing, unreadable, "
+    "not a regular file, or with bad contents) or a failed check.";
+
+/// The conventions every subcommand follows (README "Command-line conventions", `posenc --help`).
+inline constexpr const char* kCliConvention =
+    "Conventions: output files are --json FILE / --csv FILE ('-' = stdout, which then carries only that output; "
+    "files are written atomically into an existing directory); --out DIR creates the directory. Lists are "
+    "comma-separated without empty items; lengths take K = 1024, M = 1048576. One name per concept: --context "
+    "(lengths), --rope-scaling / --rope-factor, --max-tokens (new tokens to generate), --scored-tokens (tokens "
+    "scored).";
 
 /// CLI11 check: a decimal integer in [lo, hi] ("must be an integer in [lo, hi] (got 'x')").
 /// Used for every integer flag so that -1, 10^20 or INT64_MAX is refused at parse time (exit 2)
 /// instead of wrapping, saturating or failing later.
 CLI::Validator int_in(int64_t lo, int64_t hi);
+/// CLI11 check: a value that must be given when the option is (CLI11 reads --opt '' as "not set").
+CLI::Validator non_empty();
 /// CLI11 check: a seed, a decimal integer in [0, 2^64 - 1] ("-1" would wrap to 2^64 - 1).
 CLI::Validator seed_value();
 /// CLI11 check: a finite number in [lo, hi] (nan, inf and out-of-range values refused).
@@ -110,17 +123,20 @@ struct PromptArgs {
 };
 
 /// Parses "256,512,4K,1M" (K = 1024, M = 1048576) into integers in [1, 2^40].
-/// Throws UsageError naming `flag` and the allowed range.
+/// Throws UsageError naming `flag` and the allowed range, or an empty item (split_list).
 std::vector<int64_t> parse_lengths(const std::string& text, const std::string& flag);
 
-/// Splits "a,b,c" into its non-empty items. Throws UsageError naming `flag` if empty.
+/// Splits "a,b,c" into its items (surrounding blanks trimmed). Throws UsageError naming `flag` when the text is
+/// empty or an item is ("256,,512", "default,": a typo that must not shrink the list silently).
 std::vector<std::string> split_list(const std::string& text, const std::string& flag);
 
 /// CLI11 check for an output option, run while the command line is parsed so
-/// a bad path fails before any work: the path must not be an existing
-/// directory (a file) or must be one (a directory, `directory` = true), and its
-/// nearest existing ancestor must be a writable directory (missing parent
-/// directories are created when the output is written).
+/// a bad path fails before any work. A FILE (`directory` = false): not an
+/// existing directory, and its parent directory must exist and be writable
+/// (no directory is created for a file: `--json /nonexistdir/x.json` names
+/// /nonexistdir). A DIR (`directory` = true): an existing directory must be
+/// writable; a missing one is created with its missing parents, so its nearest
+/// existing ancestor must be a writable directory.
 CLI::Validator output_path(bool directory = false);
 
 /// The --steps / --lr / --batch-size / --curriculum options a task recipe yields to: a field
@@ -137,11 +153,50 @@ struct RecipeFlags {
 /// `value`; `scope` is appended to its help text (e.g. "(every task)").
 CLI::Option* add_curriculum_option(CLI::App* cmd, double& value, const std::string& scope = "");
 
-/// `--json [FILE]`: alone (or with "-") prints one JSON object on stdout; with
-/// a file name writes it there atomically. Bound to `target` ("" = not given).
-CLI::Option* add_json_option(CLI::App* cmd, std::string& target);
-/// Writes `j` as add_json_option's `target` says.
+/// An output file option, `--json FILE` / `--csv FILE` on every command: the value is required, "-" writes to
+/// stdout, anything else is a file written atomically whose parent directory must exist (output_path). A bare
+/// `--json` (the old switch of inspect/periods, the old optional value of check-cache/detect-layout) is refused
+/// naming the new form. `what` describes the contents for --help. Bound to `target` ("" = not given).
+CLI::Option* add_output_option(CLI::App* cmd, const std::string& name, std::string& target, const std::string& what);
+/// `--json FILE` (add_output_option).
+CLI::Option* add_json_option(CLI::App* cmd, std::string& target, const std::string& what);
+/// Writes `text` where an output option's `target` says: nothing for "", stdout for "-" (the data stream of a
+/// live StdoutForData), else the file, atomically. Throws IoError naming the file.
+void write_output(const std::string& target, std::string_view text);
+/// write_output of `j` as indented JSON and a newline.
 void emit_json(const std::string& target, const nlohmann::json& j);
+void emit_json(const std::string& target, const nlohmann::ordered_json& j);
+
+/// True when one of `targets` (output options' values) is "-". Two or more "-" is a UsageError naming their flags
+/// (`names[i]` is the flag of `targets[i]`): stdout carries one output.
+bool output_to_stdout(const std::vector<std::string>& targets, const std::vector<std::string>& names);
+
+/// While alive, when one of `targets` is "-" (output_to_stdout): stdout carries only that output, and what the
+/// command prints on stdout otherwise (the ppl table, generated text) goes to stderr.
+class StdoutForData {
+ public:
+  StdoutForData(const std::vector<std::string>& targets, const std::vector<std::string>& names);
+  ~StdoutForData();
+  StdoutForData(const StdoutForData&) = delete;
+  StdoutForData& operator=(const StdoutForData&) = delete;
+  /// True when one output goes to stdout.
+  bool active() const { return saved_fd_ >= 0; }
+
+ private:
+  int saved_fd_ = -1;
+};
+
+/// A flag that was renamed or removed: hidden from --help; its use (with or without a value) is a usage error
+/// (exit 2) saying what to write instead, e.g. add_renamed_option(cmd, "--lengths", "renamed --context").
+void add_renamed_option(CLI::App* cmd, const std::string& old_name, const std::string& instead);
+
+/// The options of `cmd` that ->required() marks (REQUIRED in --help) but that `sub`, a subcommand sharing `cmd`
+/// (`eval report`, `study report`), does not need: they stop being required once `sub` is on the command line.
+void not_required_with(CLI::App* sub, const std::vector<CLI::Option*>& options);
+
+/// "posenc 0.1.0 (git 1a2b3c4d, v0.1.0-12-g1a2b3c4d)": the CMake project version and the commit the build was
+/// configured from ("unknown" outside a git checkout).
+std::string version_text();
 
 /// One-line description of the model and its positional setup.
 std::string describe(const Model& model);

@@ -1,5 +1,5 @@
 // posenc decay --head-dim 128 --rope-theta 10000 --max-distance 65536
-//   [--csv FILE] [--plot FILE.png]
+//   [--csv FILE|-] [--plot FILE.png]
 // RoFormer's long-term decay bound (Su et al. 2021, §3.4.3) over distance.
 #include <filesystem>
 #include <memory>
@@ -42,7 +42,7 @@ void run_decay(const DecayOptions& opt) {
     fmt::print("{}", csv);
     return;
   }
-  if (!opt.csv.empty()) write_file_atomic(opt.csv, csv);
+  write_output(opt.csv, csv);
   if (!opt.plot.empty()) {
     nlohmann::ordered_json data;
     data["title"] =
@@ -60,6 +60,7 @@ void run_decay(const DecayOptions& opt) {
     run_plot("plot_decay.py", data.dump(),
                 opt.plot);
   }
+  if (opt.csv == "-") return;  // stdout carries the CSV only
   // Short summary on stdout when the curve went to files.
   fmt::print("RoFormer decay bound (1/(d/2)) Σ_j |S_j(r)|, head_dim {}, rope_theta {}: {} points "
              "(every r in [0, 1024], then 200 log-spaced per decade to {})\n",
@@ -88,7 +89,7 @@ void add_decay_command(CLI::App& app) {
   sub->add_option("--max-distance", opt->max_distance,
                   "Largest relative distance (K = 1024, M = 1048576)")
       ->capture_default_str();
-  sub->add_option("--csv", opt->csv, "Write distance,bound to FILE (atomically)")->check(output_path());
+  add_output_option(sub, "--csv", opt->csv, "distance,bound");
   sub->add_option("--plot", opt->plot, "Write a PNG of the curve")->check(output_path());
   sub->callback([opt] { run_decay(*opt); });
 }

@@ -16,7 +16,7 @@ struct DetectArgs {
   ModelArgs model;
   std::string text_path;
   int64_t context = 0;
-  int64_t max_tokens = 8192;
+  int64_t scored_tokens = 8192;
   std::string json;  // "" = none, "-" = stdout, else a file written atomically
 };
 
@@ -29,7 +29,7 @@ void run_detect(const DetectArgs& a) {
   const std::string text = read_file(a.text_path);
   const auto stream = encode_stream(tok, text);
   const int64_t L = a.context > 0 ? a.context : model.trained_context();
-  const LayoutEvidence e = detect_rope_layout(model, stream, L, a.max_tokens);
+  const LayoutEvidence e = detect_rope_layout(model, stream, L, a.scored_tokens);
   if (!a.json.empty()) {
     nlohmann::json j{{"likely_layout", std::string(to_string(e.likely))},
                      {"nll_half", e.nll_half},
@@ -68,10 +68,11 @@ void add_detect_layout_command(CLI::App& app) {
   cmd->add_option("--text", args->text_path, "UTF-8 text sample")->required();
   cmd->add_option("--context", args->context, "window length (default: the trained context)")
       ->check(int_in(0, 1 << 20));
-  cmd->add_option("--max-tokens", args->max_tokens, "predictions to score per layout")
+  cmd->add_option("--scored-tokens", args->scored_tokens, "predictions to score per layout")
       ->check(int_in(1, int64_t{1} << 40))
       ->capture_default_str();
-  add_json_option(cmd, args->json);
+  add_json_option(cmd, args->json, "the evidence as JSON");
+  add_renamed_option(cmd, "--max-tokens", "renamed --scored-tokens (--max-tokens is generate's new tokens)");
   cmd->callback([args] { run_detect(*args); });
 }
 

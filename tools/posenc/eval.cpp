@@ -99,18 +99,16 @@ std::string fmt_duration(double s) {
 }
 
 void run_eval_cmd(const EvalArgs& a) {
-  // --tokenizer may be omitted for posenc checkpoints with an embedded
-  // vocabulary (load_model); --haystack when no task and no perplexity matrix
-  // reads it (validate_eval_config names what needs it).
-  if (a.model.model_path.empty())
-    throw UsageError("eval: --model is required (or use `eval report` / `eval merge`)");
-  if (a.out.empty()) throw UsageError("eval: --out is required");
+  // --model and --out are required options (CLI11, exit 2); --tokenizer may be
+  // omitted for posenc checkpoints with an embedded vocabulary (load_model);
+  // --haystack when no task and no perplexity matrix reads it
+  // (validate_eval_config names what needs it).
   EvalConfig c;
   c.model_path = a.model.model_path;
   c.tokenizer_path = a.model.tokenizer_path;
   c.haystack_path = a.haystack;
   if (!a.tasks.empty()) c.tasks = split_list(a.tasks, "--tasks");
-  if (!a.lengths.empty()) c.lengths = parse_lengths(a.lengths, "--lengths");
+  if (!a.lengths.empty()) c.lengths = parse_lengths(a.lengths, "--context");
   c.depths = parse_depths(a.depths);
   c.samples = a.samples;
   c.rope_scalings = split_list(a.scalings, "--rope-scaling");
@@ -200,8 +198,6 @@ void add_eval_command(CLI::App& app) {
       "controls, perplexity matrix; resumable (same arguments = same run id) and shardable (--shard i/n, `eval "
       "merge`). Subcommands: report, merge.");
   args->model.add_to(*cmd);
-  cmd->get_option("--model")->required(false);
-  cmd->get_option("--tokenizer")->required(false);
   cmd->add_option("--haystack", args->haystack,
                   "real text for the haystacks and the perplexity matrix (not needed for kv_retrieval and "
                   "associative_recall with --ppl-tokens -1)");
@@ -210,9 +206,10 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--tasks", args->tasks,
                   "tasks, comma-separated: " + known +
                       " (default: associative_recall for a model trained on it, else name_recall)");
-  cmd->add_option("--lengths", args->lengths,
+  cmd->add_option("--context", args->lengths,
                   "context lengths in tokens (prompt + answer budget), K = 1024 (default: T/2,T,2T,4T,8T of the "
                   "trained context T, within a learned position table)");
+  add_renamed_option(cmd, "--lengths", "renamed --context (e.g. --context 256,512,1K)");
   cmd->add_option("--depths", args->depths, "needle depths in [0, 1] (fraction of the context before the needle)")
       ->capture_default_str();
   cmd->add_option("--samples", args->samples, "samples per cell")->check(int_in(1, 1000000))->capture_default_str();
@@ -239,7 +236,11 @@ void add_eval_command(CLI::App& app) {
                   "(default: 32768 with --haystack, -1 without)")
       ->check(int_in(-1, int64_t{1} << 48));
   cmd->add_option("--shard", args->shard, "run the deterministic share i of n of the work (i/n)")->capture_default_str();
-  cmd->add_option("--out", args->out, "output directory (the run goes to OUT/<run id>/)")->check(output_path(true));
+  CLI::Option* out = cmd->add_option("--out", args->out,
+                                     "output directory, created with its missing parents (the run goes to "
+                                     "OUT/<run id>/)")
+                         ->check(output_path(true))
+                         ->required();
   cmd->add_flag("--log-prompts", args->log_prompts, "samples.jsonl also holds every prompt (large)");
   cmd->add_flag("--quiet", args->quiet, "no progress line");
 
@@ -253,7 +254,12 @@ void add_eval_command(CLI::App& app) {
 
   CLI::App* merge = cmd->add_subcommand("merge", "Combine the shards of one run into one run directory");
   merge->add_option("inputs", margs->inputs, "run directories (or --out directories) of the shards")->required();
-  merge->add_option("--out", margs->out, "output directory")->check(output_path(true))->required();
+  merge->add_option("--out", margs->out, "output directory, created with its missing parents")
+      ->check(output_path(true))
+      ->required();
+  // `eval report DIR` and `eval merge` need neither the model nor eval's --out.
+  not_required_with(report, {cmd->get_option("--model"), out});
+  not_required_with(merge, {cmd->get_option("--model"), out});
   merge->callback([margs] { run_merge_cmd(*margs); });
 
   cmd->callback([args, cmd, report, merge] {

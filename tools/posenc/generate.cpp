@@ -78,7 +78,7 @@ void run_generate(const GenerateArgs& a) {
       j["rope_change_policy"] = length_dependent ? "rerotate" : "refuse";
     }
     j["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
-    write_file_atomic(a.json_path, j.dump(2) + "\n");
+    write_output(a.json_path, j.dump(2) + "\n");
   }
   if (a.stats) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -106,13 +106,14 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", args->options.seed, "sampling seed")->check(seed_value())->capture_default_str();
   cmd->add_flag("--stats", args->stats, "print tokens/s to stderr");
   cmd->add_flag("--ignore-eos", args->ignore_eos, "do not stop at the tokenizer's BOS/EOS: always --max-tokens tokens");
-  cmd->add_option("--json", args->json_path,
-                  "also write prompt ids, generated ids, their log-probabilities (temperature 1) and the text as JSON "
-                  "(atomically)")
-      ->check(output_path());
+  add_json_option(cmd, args->json_path,
+                  "prompt ids, generated ids, their log-probabilities (temperature 1) and the text as JSON");
   cmd->add_flag("--quiet", args->quiet,
                 "do not print the model's provenance (format, layout, trained context) to stderr");
-  cmd->callback([args] { run_generate(*args); });
+  cmd->callback([args] {
+    const StdoutForData data({args->json_path}, {"--json"});  // --json -: the generated text goes to stderr
+    run_generate(*args);
+  });
 }
 
 }  // namespace posenc::cli

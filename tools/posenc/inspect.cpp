@@ -1,4 +1,4 @@
-// posenc inspect --config F [--seq-len N] [--json] [--lenient] [-o FILE]
+// posenc inspect --config F [--seq-len N] [--json FILE|-] [--lenient]
 // Prints what a config.json says about positions and, for RoPE, the
 // per-channel table (posenc/analysis.hpp: inspect_rope).
 #include <cstdio>
@@ -25,9 +25,8 @@ using json = nlohmann::ordered_json;
 struct InspectOptions {
   std::string config;
   std::string seq_len;
-  bool json_output = false;
   bool lenient = false;
-  std::string output;
+  std::string json;  // "" = none, "-" = stdout (instead of the text), else a file
 };
 
 json scaling_json(const RopeParams& p) {
@@ -146,7 +145,11 @@ std::string spec_text(const PositionalSpec& s, const std::optional<RopeInspectio
   if (s.rope) {
     const RopeParams& p = *s.rope;
     line("rope_type", p.rope_type);
-    const json params = scaling_json(p);
+    json params = scaling_json(p);
+    // rope_parameters.max_position_embeddings is the max_position_embeddings line above: not printed twice.
+    if (params.contains("max_position_embeddings") && s.max_position_embeddings &&
+        params["max_position_embeddings"] == *s.max_position_embeddings)
+      params.erase("max_position_embeddings");
     if (!params.empty()) {
       std::string t;
       for (auto it = params.begin(); it != params.end(); ++it) {
@@ -193,11 +196,15 @@ std::string spec_text(const PositionalSpec& s, const std::optional<RopeInspectio
         "\nchannels (frequencies for seq_len {}; wavelength = 2π/inv_freq in tokens; rotations = "
         "length/wavelength; ratio = wavelength / plain RoPE's)\n",
         ins->target_length);
-    o += fmt::format("{:>4} {:>14} {:>14} {:>14} {:>14} {:>10}\n", "i", "inv_freq", "wavelength",
-                     fmt::format("rot@{}", lo), fmt::format("rot@{}", lt), "ratio");
+    // One rotations column per distinct length: with seq_len = the original length (every config without
+    // scaling) the two columns were the same numbers under the same heading.
+    const bool two_lengths = ins->original_length != ins->target_length;
+    o += fmt::format("{:>4} {:>14} {:>14} {:>14}{} {:>10}\n", "i", "inv_freq", "wavelength",
+                     fmt::format("rot@{}", lo), two_lengths ? fmt::format(" {:>14}", fmt::format("rot@{}", lt)) : "",
+                     "ratio");
     for (const auto& c : ins->channels)
-      o += fmt::format("{:>4} {:>14.7g} {:>14.6g} {:>14.6g} {:>14.6g} {:>10.5g}\n", c.i,
-                       c.inv_freq, c.wavelength, c.rotations_original, c.rotations_target,
+      o += fmt::format("{:>4} {:>14.7g} {:>14.6g} {:>14.6g}{} {:>10.5g}\n", c.i, c.inv_freq, c.wavelength,
+                       c.rotations_original, two_lengths ? fmt::format(" {:>14.6g}", c.rotations_target) : "",
                        c.wavelength_ratio);
   }
   return o;
@@ -212,12 +219,8 @@ void run_inspect(const InspectOptions& opt) {
     seq_len = as_usage_error([&] { return parse_context_length(opt.seq_len, "--seq-len"); });
   std::optional<RopeInspection> ins;
   if (spec.rope) ins = inspect_rope(spec, seq_len);
-  const std::string text =
-      opt.json_output ? spec_json(spec, ins).dump(2) + "\n" : spec_text(spec, ins);
-  if (opt.output.empty())
-    fmt::print("{}", text);
-  else
-    write_file_atomic(opt.output, text);
+  if (opt.json != "-") fmt::print("{}", spec_text(spec, ins));
+  emit_json(opt.json, spec_json(spec, ins));
 }
 
 }  // namespace
@@ -230,10 +233,11 @@ void add_inspect_command(CLI::App& app) {
   sub->add_option("--seq-len", opt->seq_len,
                   "Target length N (K = 1024, M = 1048576); default max_position_embeddings. "
                   "Length-dependent scalings (dynamic, longrope) are computed for N");
-  sub->add_flag("--json", opt->json_output, "Print one JSON object");
+  add_json_option(sub, opt->json, "the same as one JSON object");
   sub->add_flag("--lenient", opt->lenient,
                 "Ignore unknown keys inside rope_scaling/rope_parameters (listed in the output)");
-  sub->add_option("-o,--output", opt->output, "Write to FILE (atomically) instead of stdout")->check(output_path());
+  add_renamed_option(sub, "-o,--output",
+                     "removed: the text goes to stdout (redirect it), the JSON to --json FILE (- = stdout)");
   sub->callback([opt] { run_inspect(*opt); });
 }
 

@@ -1,6 +1,7 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -12,7 +13,8 @@ int main(int argc, char** argv) {
   CLI::App app{"posenc: positional encodings of Transformer attention, measured"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
-  app.footer(posenc::cli::kExitCodeRule);
+  app.set_version_flag("--version", posenc::cli::version_text(), "Print the version and the git commit, and exit");
+  app.footer(std::string(posenc::cli::kCliConvention) + "\n" + posenc::cli::kExitCodeRule);
   posenc::cli::add_ppl_command(app);
   posenc::cli::add_generate_command(app);
   posenc::cli::add_detect_layout_command(app);
@@ -28,7 +30,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // --help exits 0; a command line CLI11 rejects (unknown option, missing
+    // --help and --version exit 0; a command line CLI11 rejects (unknown option, missing
     // required option, a failed check such as an unwritable output path) is a
     // usage error: exit 2. Bad input found while running exits 1.
     return app.exit(e) == 0 ? 0 : 2;

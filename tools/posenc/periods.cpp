@@ -1,6 +1,6 @@
-// posenc periods --head-dim 128 --rope-theta 10000,500000 --lengths 4K,32K,128K,1M
-//   [--rope-scaling default,linear,ntk,yarn,llama3 --factor S
-//    --original-max-position-embeddings N] [--json|--csv] [-o FILE] [--plot out.png]
+// posenc periods --head-dim 128 --rope-theta 10000,500000 --context 4K,32K,128K,1M
+//   [--rope-scaling default,linear,ntk,yarn,llama3 --rope-factor S
+//    --original-max-position-embeddings N] [--json FILE] [--csv FILE] [--plot out.png]
 // Which RoPE channels have wrapped (period 2π/inv_freq < length) at each length.
 #include <algorithm>
 #include <filesystem>
@@ -30,16 +30,15 @@ using json = nlohmann::ordered_json;
 struct PeriodsOptions {
   int head_dim = 128;
   int rotary_dim = 0;
-  std::vector<std::string> thetas;
-  std::vector<std::string> lengths;
-  std::vector<std::string> scalings;
+  std::string thetas;
+  std::string lengths;
+  std::string scalings;
   std::string factor;
   std::string original;
   std::string low_freq_factor;
   std::string high_freq_factor;
-  bool json_output = false;
-  bool csv_output = false;
-  std::string output;
+  std::string json;  // "" = none, "-" = stdout (instead of the table), else a file
+  std::string csv;
   std::string plot;
 };
 
@@ -58,37 +57,38 @@ std::string ranges(const std::vector<int>& v) {
   return out;
 }
 
-std::string render(const PeriodsRequest& req, const std::vector<PeriodRow>& rows,
-                   const PeriodsOptions& opt) {
+std::string render_json(const PeriodsRequest& req, const std::vector<PeriodRow>& rows) {
   const bool with_type = req.has_rope_type();
-  if (opt.json_output) {
-    json arr = json::array();
-    for (const auto& r : rows) {
-      json o;
-      o["rope_theta"] = r.rope_theta;
-      o["head_dim"] = r.head_dim;
-      if (with_type) o["rope_type"] = r.rope_type;
-      o["length"] = r.length;
-      o["wrapped"] = r.wrapped;
-      o["unwrapped"] = r.unwrapped;
-      o["unwrapped_channels"] = r.unwrapped_channels;
-      arr.push_back(std::move(o));
-    }
-    return json{{"rows", arr}}.dump(2) + "\n";
+  json arr = json::array();
+  for (const auto& r : rows) {
+    json o;
+    o["rope_theta"] = r.rope_theta;
+    o["head_dim"] = r.head_dim;
+    if (with_type) o["rope_type"] = r.rope_type;
+    o["length"] = r.length;
+    o["wrapped"] = r.wrapped;
+    o["unwrapped"] = r.unwrapped;
+    o["unwrapped_channels"] = r.unwrapped_channels;
+    arr.push_back(std::move(o));
   }
-  std::string out;
-  if (opt.csv_output) {
-    out = with_type ? "rope_theta,head_dim,rope_type,length,wrapped,unwrapped,unwrapped_channels\n"
-                    : "rope_theta,head_dim,length,wrapped,unwrapped,unwrapped_channels\n";
-    for (const auto& r : rows) {
-      out += fmt::format("{},{},", r.rope_theta, r.head_dim);
-      if (with_type) out += r.rope_type + ",";
-      out += fmt::format("{},{},{},{}\n", r.length, r.wrapped, r.unwrapped,
-                         fmt::join(r.unwrapped_channels, " "));
-    }
-    return out;
+  return json{{"rows", arr}}.dump(2) + "\n";
+}
+
+std::string render_csv(const PeriodsRequest& req, const std::vector<PeriodRow>& rows) {
+  const bool with_type = req.has_rope_type();
+  std::string out = with_type ? "rope_theta,head_dim,rope_type,length,wrapped,unwrapped,unwrapped_channels\n"
+                              : "rope_theta,head_dim,length,wrapped,unwrapped,unwrapped_channels\n";
+  for (const auto& r : rows) {
+    out += fmt::format("{},{},", r.rope_theta, r.head_dim);
+    if (with_type) out += r.rope_type + ",";
+    out += fmt::format("{},{},{},{}\n", r.length, r.wrapped, r.unwrapped, fmt::join(r.unwrapped_channels, " "));
   }
-  out += fmt::format(
+  return out;
+}
+
+std::string render_text(const PeriodsRequest& req, const std::vector<PeriodRow>& rows) {
+  const bool with_type = req.has_rope_type();
+  std::string out = fmt::format(
       "head_dim {} ({} channel pairs); wrapped = period 2π/inv_freq < length; "
       "K = 1024, M = 1048576\n",
       req.head_dim, (req.rotary_dim ? req.rotary_dim : req.head_dim) / 2);
@@ -127,14 +127,17 @@ std::string plot_data(const PeriodsRequest& req) {
 }
 
 std::vector<PeriodRow> periods_rows(const PeriodsOptions& opt, PeriodsRequest& req) {
-  if (opt.json_output && opt.csv_output)
-    throw ConfigError("--json/--csv: choose one output format (got both)");
   req.head_dim = opt.head_dim;
   req.rotary_dim = opt.rotary_dim;
-  for (const auto& t : opt.thetas) req.rope_thetas.push_back(parse_number(t, "--rope-theta"));
-  for (const auto& l : opt.lengths) req.lengths.push_back(parse_context_length(l, "--lengths"));
-  req.rope_types = opt.scalings;
-  if (!opt.factor.empty()) req.factor = parse_number(opt.factor, "--factor");
+  for (const auto& t : split_list(opt.thetas, "--rope-theta"))
+    req.rope_thetas.push_back(parse_number(t, "--rope-theta"));
+  for (const auto& l : split_list(opt.lengths, "--context"))
+    req.lengths.push_back(parse_context_length(l, "--context"));
+  if (!opt.scalings.empty()) req.rope_types = split_list(opt.scalings, "--rope-scaling");
+  if (!opt.factor.empty()) req.factor = parse_number(opt.factor, "--rope-factor");
+  for (const auto& rt : req.rope_types)
+    if (rt != "default" && !req.factor)
+      throw UsageError(fmt::format("--rope-factor: required with --rope-scaling {}", rt));
   if (!opt.original.empty())
     req.original_max_position_embeddings =
         parse_context_length(opt.original, "--original-max-position-embeddings");
@@ -147,18 +150,16 @@ std::vector<PeriodRow> periods_rows(const PeriodsOptions& opt, PeriodsRequest& r
 }
 
 void run_periods(const PeriodsOptions& opt) {
+  const bool data_on_stdout = output_to_stdout({opt.json, opt.csv}, {"--json", "--csv"});
   PeriodsRequest req;
   // Every input of periods is a flag: a bad value is a usage error (exit 2).
   const auto rows = as_usage_error([&] { return periods_rows(opt, req); });
-  const std::string text = render(req, rows, opt);
-  if (opt.output.empty())
-    fmt::print("{}", text);
-  else
-    write_file_atomic(opt.output, text);
+  if (!data_on_stdout) fmt::print("{}", render_text(req, rows));
+  if (!opt.json.empty()) write_output(opt.json, render_json(req, rows));
+  if (!opt.csv.empty()) write_output(opt.csv, render_csv(req, rows));
   if (!opt.plot.empty()) {
-    run_plot("plot_periods.py", plot_data(req),
-                opt.plot);
-    if (!opt.json_output && !opt.csv_output) fmt::print("plot: {}\n", opt.plot);
+    run_plot("plot_periods.py", plot_data(req), opt.plot);
+    if (!data_on_stdout) fmt::print("plot: {}\n", opt.plot);
   }
 }
 
@@ -174,28 +175,25 @@ void add_periods_command(CLI::App& app) {
   sub->add_option("--rotary-dim", opt->rotary_dim, "Rotated channels (0 = head_dim)")
       ->check(int_in(0, config_limits::kMaxHeadDim))
       ->capture_default_str();
-  sub->add_option("--rope-theta", opt->thetas, "Comma-separated RoPE bases, e.g. 10000,500000")
-      ->required()
-      ->delimiter(',');
-  sub->add_option("--lengths", opt->lengths,
+  sub->add_option("--rope-theta", opt->thetas, "Comma-separated RoPE bases, e.g. 10000,500000")->required();
+  sub->add_option("--context", opt->lengths,
                   "Comma-separated context lengths; K = 1024, M = 1048576 (128K = 131072)")
-      ->required()
-      ->delimiter(',');
+      ->required();
   sub->add_option("--rope-scaling", opt->scalings,
                   "Comma-separated rope_type names from the registry (default, linear, ntk, "
-                  "dynamic, yarn, llama3); frequencies are computed with seq_len = each length")
-      ->delimiter(',');
-  sub->add_option("--factor", opt->factor, "Scaling factor s (required with any scaling)");
+                  "dynamic, yarn, llama3); frequencies are computed with seq_len = each length");
+  sub->add_option("--rope-factor", opt->factor, "Scaling factor s (required with any scaling)");
   sub->add_option("--original-max-position-embeddings", opt->original,
                   "Trained context (dynamic, yarn, llama3); K/M suffixes accepted");
   sub->add_option("--low-freq-factor", opt->low_freq_factor, "llama3 (default 1)");
   sub->add_option("--high-freq-factor", opt->high_freq_factor, "llama3 (default 4)");
-  sub->add_flag("--json", opt->json_output, "Print {\"rows\": [...]} as JSON");
-  sub->add_flag("--csv", opt->csv_output,
-                "Print CSV (unwrapped_channels space-separated inside the field)");
-  sub->add_option("-o,--output", opt->output, "Write the table to FILE (atomically)")->check(output_path());
+  add_json_option(sub, opt->json, "the table as {\"rows\": [...]}");
+  add_output_option(sub, "--csv", opt->csv, "the table as CSV (unwrapped_channels space-separated in the field)");
   sub->add_option("--plot", opt->plot,
                   "Write a PNG: period per channel (log axis), lengths as horizontal lines")->check(output_path());
+  add_renamed_option(sub, "--lengths", "renamed --context (e.g. --context 4K,128K)");
+  add_renamed_option(sub, "--factor", "renamed --rope-factor");
+  add_renamed_option(sub, "-o,--output", "removed: the table goes to stdout, or to --json FILE / --csv FILE");
   sub->callback([opt] { run_periods(*opt); });
 }
 

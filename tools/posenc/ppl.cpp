@@ -145,7 +145,7 @@ void run_ppl(const PplArgs& a) {
       j["results"].push_back(jr);
     }
     if (!a.json_path.empty()) {
-      write_file_atomic(a.json_path, j.dump(2) + "\n");
+      write_output(a.json_path, j.dump(2) + "\n");
       if (!a.quiet) fmt::print(stderr, "wrote {}\n", a.json_path);
     }
     if (!a.plot_path.empty()) {
@@ -172,13 +172,18 @@ void add_ppl_command(CLI::App& app) {
   cmd->add_option("--rope-factor", args->rope_factor,
                   "scaling factor s for every method (default: max(1, L / trained context))")
       ->check(finite_above(0, 1e6));
-  cmd->add_option("--max-tokens", args->max_tokens, "stop after ceil(N/(L-1)) windows (0 = whole text)")
+  cmd->add_option("--scored-tokens", args->max_tokens,
+                  "score about N tokens: stop after ceil(N/(L-1)) windows (0 = whole text)")
       ->check(int_in(0, int64_t{1} << 40));
-  cmd->add_option("--json", args->json_path, "also write the results as JSON (atomically)")->check(output_path());
+  add_renamed_option(cmd, "--max-tokens", "renamed --scored-tokens (--max-tokens is generate's new tokens)");
+  add_json_option(cmd, args->json_path, "the results as JSON");
   cmd->add_option("--plot", args->plot_path,
                   "also draw NLL by position bucket, one line per scaling, one panel per context (PNG, matplotlib)")->check(output_path());
   cmd->add_flag("--quiet", args->quiet, "no header or progress");
-  cmd->callback([args] { run_ppl(*args); });
+  cmd->callback([args] {
+    const StdoutForData data({args->json_path}, {"--json"});  // --json -: the table goes to stderr
+    run_ppl(*args);
+  });
 }
 
 }  // namespace posenc::cli

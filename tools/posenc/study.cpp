@@ -56,7 +56,7 @@ void run_study_cmd(StudyArgs a) {
   c.test_lengths = as_usage_error([&] { return parse_length_range(a.test_lengths, "--test-lengths", 8); });
   c.scalings.clear();
   if (a.scalings != "none")
-    for (const auto& s : split_list(a.scalings, "--scalings")) c.scalings.push_back(s);
+    for (const auto& s : split_list(a.scalings, "--rope-scaling")) c.scalings.push_back(s);
   // Recipes: posenc's defaults, minus the fields set explicitly by --steps,
   // --lr or --batch-size (those apply to every task), then each --recipe.
   c.recipes = default_recipes();
@@ -76,7 +76,6 @@ void run_study_cmd(StudyArgs a) {
       merge_recipe(c.recipes[task], as_usage_error([&] { return parse_task_recipe(body, "--recipe"); }));  // on top of the default recipe
   }
   std::erase_if(c.recipes, [](const auto& kv) { return kv.second.empty(); });
-  if (a.out.empty()) throw UsageError("--out: required (the study directory, e.g. runs/study/)");
   c.out = a.out;
   {
     const auto slash = a.shard.find('/');
@@ -110,8 +109,10 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--samples", a->config.samples, "evaluation samples per model and length")
       ->check(int_in(1, 1000000000))
       ->capture_default_str();
-  cmd->add_option("--scalings", a->scalings, "RoPE scalings evaluated on rope/rope25 models (or none)")
+  cmd->add_option("--rope-scaling", a->scalings,
+                  "RoPE scalings evaluated on rope/rope25 models, comma-separated (or none)")
       ->capture_default_str();
+  add_renamed_option(cmd, "--scalings", "renamed --rope-scaling");
   a->flags.steps = cmd->add_option("--steps", a->config.train.steps, "optimizer steps per model (every task)")
                        ->capture_default_str();
   a->flags.batch_size =
@@ -130,12 +131,16 @@ void add_study_command(CLI::App& app) {
   cmd->add_option("--ar-queries", a->config.train.ar_queries, "associative_recall: queries per training context (MQAR)")
       ->capture_default_str();
   cmd->add_option("--threads", a->config.train.threads, "torch/OpenMP threads")->capture_default_str();
-  cmd->add_option("--out", a->out, "study directory (resumed if it exists)")->check(output_path(true));
+  CLI::Option* out = cmd->add_option("--out", a->out,
+                                     "study directory (resumed if it exists; created with its missing parents)")
+                         ->check(output_path(true))
+                         ->required();
   cmd->add_option("--shard", a->shard, "K/N: run every N-th model starting at K (several processes, one directory)")
       ->capture_default_str();
   CLI::App* report = cmd->add_subcommand("report", "Print the table, MRR and scalings; write summary.json/csv and plots");
   report->add_option("dir", a->report_dir, "study directory")->required();
   report->add_flag("--no-plots", a->no_plots, "skip the matplotlib plots");
+  not_required_with(report, {out});  // `study report DIR` reads a study, it does not run one
   cmd->require_subcommand(0, 1);
   cmd->callback([a, report] {
     if (report->parsed()) {

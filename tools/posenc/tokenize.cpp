@@ -39,11 +39,6 @@ std::string show(const std::string& s) {
 }
 
 void run_tokenize(const TokenizeArgs& a) {
-  // Command-line usage errors (exit 2, as CLI11's own).
-  if (a.model_path.empty() && a.tokenizer_path.empty())
-    throw CLI::ValidationError("tokenize", "give --model (its own tokenizer) or --tokenizer (which overrides it)");
-  if (a.text_path.empty() == !a.prompt.has_value())
-    throw CLI::ValidationError("tokenize", "give exactly one of --text and --prompt (--prompt-file is another name of --text)");
   std::string source;
   Tokenizer tok = [&] {
     if (!a.tokenizer_path.empty()) {
@@ -56,7 +51,8 @@ void run_tokenize(const TokenizeArgs& a) {
     return std::move(*t);
   }();
   if (!tok.usable()) throw TokenizerError(fmt::format("{}: {}", source, tok.unusable_reason()));
-  const std::string text = a.prompt ? *a.prompt : read_file(a.text_path);
+  // The option groups admit exactly one of --text and --prompt (CLI11 leaves --prompt '' unset: the empty text).
+  const std::string text = a.text_path.empty() ? a.prompt.value_or("") : read_file(a.text_path);
   const std::vector<int32_t> ids = tok.encode_hf(text, !a.no_special);
   if (!a.json_path.empty()) {
     nlohmann::json j;
@@ -73,9 +69,11 @@ void run_tokenize(const TokenizeArgs& a) {
     j["pieces"] = nlohmann::json::parse(j["pieces"].get<std::string>());
     j["decoded"] = nlohmann::json(tok.decode(ids)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     j["decoded"] = nlohmann::json::parse(j["decoded"].get<std::string>());
-    write_file_atomic(a.json_path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    write_output(a.json_path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
-  if (a.pieces) {
+  if (a.json_path == "-") {
+    // stdout carries the JSON only
+  } else if (a.pieces) {
     for (std::size_t i = 0; i < ids.size(); ++i)
       fmt::print("{:>8} {:>7}  {}\n", i, ids[i], show(tok.piece(ids[i])));
   } else {
@@ -94,15 +92,25 @@ void add_tokenize_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "tokenize", "Print the token ids (or pieces) a tokenizer gives for a text, as Hugging Face's "
                   "encode(text, add_special_tokens) does");
-  cmd->add_option("--model", args->model_path, "use the tokenizer this model brings (HF directory, GGUF, posenc)");
-  cmd->add_option("--tokenizer", args->tokenizer_path, "tokenizer.json or llama2.c tokenizer .bin");
-  cmd->add_option("--text,--prompt-file", args->text_path,
-                  "UTF-8 text file (read whole; a missing or non-regular file is an error naming it)");
-  cmd->add_option("--prompt", args->prompt, "text given on the command line");
+  // Which tokenizer (one or both: --tokenizer overrides the model's) and which text (exactly one): CLI11 option
+  // groups, so that --help marks them and a missing one exits 2 at parse time.
+  CLI::Option_group* from = cmd->add_option_group("tokenizer", "the tokenizer: --model, --tokenizer or both");
+  from->add_option("--model", args->model_path, "use the tokenizer this model brings (HF directory, GGUF, posenc)")
+      ->check(non_empty());
+  from->add_option("--tokenizer", args->tokenizer_path,
+                   "tokenizer.json or llama2.c tokenizer .bin (overrides --model's)")
+      ->check(non_empty());
+  from->require_option(1, 2);
+  CLI::Option_group* input =
+      cmd->add_option_group("text", "the text: exactly one of --text (--prompt-file) and --prompt");
+  input->add_option("--text,--prompt-file", args->text_path,
+                    "UTF-8 text file (read whole; a missing or non-regular file is an error naming it)")
+      ->check(non_empty());
+  input->add_option("--prompt", args->prompt, "text given on the command line");
+  input->require_option(1);
   cmd->add_flag("--no-special", args->no_special, "do not add BOS/EOS/template tokens (add_special_tokens=False)");
   cmd->add_flag("--pieces", args->pieces, "one line per token: index, id, piece (escaped)");
-  cmd->add_option("--json", args->json_path, "also write ids, pieces and the decoded text as JSON (atomically)")
-      ->check(output_path());
+  add_json_option(cmd, args->json_path, "the ids, pieces and decoded text as JSON");
   cmd->callback([args] { run_tokenize(*args); });
 }
 

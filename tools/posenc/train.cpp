@@ -43,7 +43,6 @@ void run_train(TrainArgs a) {
   fmt::print("trained {} parameters in {:.1f} s ({:.1f} ms/step), final answer-token loss {:.4f} nats, trained "
              "context {} positions\n",
              r.parameters, r.seconds, 1e3 * r.seconds / c.steps, r.final_loss, r.trained_context);
-  if (a.out.empty()) return;
   fmt::print("saved {}\n", a.out);
   if (a.eval_samples <= 0) return;
   // In-distribution check with the runtime on the saved file.
@@ -95,7 +94,11 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--ar-queries", a->config.ar_queries, "associative_recall: queries per training context (MQAR)")
       ->capture_default_str();
   cmd->add_option("--threads", a->config.threads, "torch/OpenMP threads (fixed for determinism)")->capture_default_str();
-  cmd->add_option("--out", a->out, "posenc checkpoint to write (e.g. models/copy-rope-s1.pt)")->check(output_path());
+  // Required: a model trained without a file to save it to would be thrown away after the training.
+  cmd->add_option("--out", a->out,
+                  "posenc checkpoint to write (e.g. models/copy-rope-s1.pt; the directory must exist)")
+      ->check(output_path())
+      ->required();
   cmd->add_option("--eval-samples", a->eval_samples, "after saving: samples per length of the in-distribution check (0 = skip)")
       ->capture_default_str();
   cmd->callback([a] { run_train(*a); });

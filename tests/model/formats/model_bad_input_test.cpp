@@ -768,8 +768,10 @@ TEST(ConvertBadInput, TheFileComputesWhatTheLoadedModelComputes) {
 
 TEST(CliBadInput, UsageErrorsOfTokenizeAndDetectLayout) {
   const std::string prompt = " --prompt 'Once'";
-  for (const auto& [args, needle] : {std::pair{"tokenize" + prompt, std::string("give --model")},
-                                     std::pair{"tokenize --model " + q(hf656()), std::string("give exactly one of")}}) {
+  for (const auto& [args, needle] :
+       {std::pair{"tokenize" + prompt, std::string("At least 1 option from [--model,--tokenizer] is required")},
+        std::pair{"tokenize --model " + q(hf656()),
+                  std::string("Exactly 1 option from [--text,--prompt-file,--prompt] is required")}}) {
     const auto r = run_cli(args);
     EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
     EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
@@ -825,11 +827,11 @@ TEST(CliBadInput, EmptyAndOutOfRangeModelOptionsAreUsageErrors) {
   for (const std::string& opt : std::vector<std::string>{"--tokenizer ''", "--rope-theta ''", "--rope-layout ''",
                                                         "--trained-context ''", "--trained-context 99999999999999999999",
                                                         "--trained-context 0", "--trained-context -5"}) {
-    const auto r = run_cli(base + " --max-tokens 64 " + opt);
+    const auto r = run_cli(base + " --scored-tokens 64 " + opt);
     EXPECT_EQ(r.exit_code, 2) << opt << ": " << r.err;
     EXPECT_NE(r.err.find(opt.substr(0, opt.find(' '))), std::string::npos) << r.err;
   }
-  const auto ok = run_cli(base + " --max-tokens 64 --trained-context 4294967296");
+  const auto ok = run_cli(base + " --scored-tokens 64 --trained-context 4294967296");
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
 }
 
