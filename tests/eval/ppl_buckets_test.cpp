@@ -61,6 +61,18 @@ std::string copy_text(int blocks) {
   return t;
 }
 
+// Width and height of a PNG (IHDR), or {0, 0} when `p` is not one.
+std::pair<uint32_t, uint32_t> png_size(const fs::path& p) {
+  const std::string b = test::slurp(p);
+  if (b.size() < 24 || b.compare(0, 8, "\x89PNG\r\n\x1a\n") != 0 || b.compare(12, 4, "IHDR") != 0) return {0, 0};
+  auto be32 = [&](std::size_t i) {
+    uint32_t v = 0;
+    for (std::size_t k = 0; k < 4; ++k) v = v << 8 | static_cast<unsigned char>(b[i + k]);
+    return v;
+  };
+  return {be32(16), be32(20)};
+}
+
 }  // namespace
 
 TEST(PplBuckets, DefaultEdgesFollowTheTrainedContext) {
@@ -304,8 +316,15 @@ TEST(PplBuckets, CliDefaultsFollowATrainedModel) {
   ASSERT_EQ(Model::load(pt).trained_context(), 130);
   const fs::path text = d.file("copy.txt", copy_text(300));
   const fs::path js = d.path() / "ppl.json";
-  auto r = test::run_cli(fmt::format("ppl --model {} --text {} --json {}", pt.string(), text.string(), js.string()));
+  const fs::path png = d.path() / "ppl.png";
+  auto r = test::run_cli(
+      fmt::format("ppl --model {} --text {} --json {} --plot {}", pt.string(), text.string(), js.string(), png.string()));
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Four window lengths side by side over two rows (NLL, difference to default).
+  const auto [pw, ph] = png_size(png);
+  EXPECT_GT(pw, 1500u) << r.err;
+  EXPECT_GT(ph, 500u);
+  EXPECT_LT(ph, pw);
   json j = json::parse(read_file(js));
   EXPECT_EQ(j.at("trained_context"), 130);
   std::vector<int64_t> contexts;
@@ -315,6 +334,12 @@ TEST(PplBuckets, CliDefaultsFollowATrainedModel) {
   const json& last = j["results"].back();
   EXPECT_EQ(last.at("context"), 520);
   EXPECT_EQ(edges_of(last), (std::vector<int64_t>{0, 65, 130, 260, 520}));
+  ASSERT_EQ(last.at("fine_buckets").size(), 16u);  // 4 bins per bucket
+  EXPECT_EQ(last["fine_buckets"][0].at("start"), 0);
+  EXPECT_EQ(last["fine_buckets"][15].at("end"), 520);
+  int64_t fine_tokens = 0;
+  for (const auto& b : last["fine_buckets"]) fine_tokens += b.at("tokens").get<int64_t>();
+  EXPECT_EQ(fine_tokens, last.at("tokens").get<int64_t>());
   for (const auto& b : last.at("buckets")) {
     EXPECT_LE(b.at("nll_ci_low").get<double>(), b.at("nll").get<double>());
     EXPECT_GE(b.at("nll_ci_high").get<double>(), b.at("nll").get<double>());
