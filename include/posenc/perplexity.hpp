@@ -13,9 +13,16 @@
 //     overlap; the last, shorter window is scored too when it has >= 2 tokens.
 //  4. In each window, the logits at position p score the token at p+1 (L-1
 //     predictions, none across a window boundary); a prediction's bucket is
-//     its input position p. Buckets: [0,256) [256,512) [512,1024) ... (doubling).
+//     its input position p. Buckets follow the model's trained context T:
+//     [0,T/2) [T/2,T) [T,2T) [2T,4T) ... (doubling past T) up to L, or the
+//     edges the caller gives (`posenc ppl --buckets 0,64,128`).
 //  5. NLL in nats, log-sum-exp in double. `max_tokens` N stops after
 //     ceil(N / (L-1)) windows.
+//  6. Each bucket's mean NLL carries a 95% percentile-bootstrap interval over
+//     windows: B resamples of the W windows drawn with replacement (a fixed
+//     seed, splitmix64), each giving the bucket's pooled mean NLL (sum of the
+//     drawn windows' NLL / their predictions); the 2.5% and 97.5% quantiles
+//     (linear interpolation, numpy's default) of the resampled means.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +31,10 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "posenc/model.hpp"
 #include "posenc/tokenizer.hpp"
@@ -39,20 +49,38 @@ std::vector<std::string> split_blocks(std::string_view text);
 /// parallel encode, rethrown) for a piece a symbol vocabulary does not hold.
 std::vector<int32_t> encode_stream(const Tokenizer& tokenizer, std::string_view text);
 
-/// The position buckets [0,256) [256,512) [512,1024) ... that start below
-/// `context` (the protocol's fixed bucket edges; the last may extend past it).
-std::vector<std::pair<int64_t, int64_t>> position_buckets(int64_t context);
+/// The default position buckets of a model trained at `trained_context` T,
+/// scored in windows of `context` L: [0,T/2) [T/2,T) [T,2T) [2T,4T) ... that
+/// start below L (the last may extend past L; [0,T/2) is left out when T < 2,
+/// giving [0,T) [T,2T) ...). Pairs are [start, end) input positions.
+/// Throws InvalidArgument for T < 1 or L < 1.
+std::vector<std::pair<int64_t, int64_t>> position_buckets(int64_t trained_context, int64_t context);
+
+/// Buckets from explicit edges e0 = 0 < e1 < ... < en: [e_i, e_{i+1}) for those
+/// starting below `context` L, plus [en, L) when L > en, so that every
+/// prediction falls in a bucket. Throws InvalidArgument when there are fewer
+/// than two edges, e0 != 0 or the edges do not increase (naming the edge).
+std::vector<std::pair<int64_t, int64_t>> buckets_from_edges(std::span<const int64_t> edges, int64_t context);
+
+/// Parses bucket edges "0,64,128,1K" (K = 1024, M = 1048576; no blank entry)
+/// and checks them as buckets_from_edges does. Throws ConfigError naming
+/// `flag` and the bad entry.
+std::vector<int64_t> parse_bucket_edges(std::string_view text, std::string_view flag = "--buckets");
 
 struct PplBucket {
   int64_t start = 0;
   int64_t end = 0;
   double nll_sum = 0.0;  ///< nats
   int64_t tokens = 0;
+  int64_t windows = 0;       ///< windows with at least one prediction in the bucket
+  double nll_ci_low = 0.0;   ///< 95% bootstrap interval of nll() over windows (protocol step 6), nats
+  double nll_ci_high = 0.0;  ///< equal to nll() when one window holds all of the bucket's predictions
   double nll() const { return tokens > 0 ? nll_sum / static_cast<double>(tokens) : 0.0; }
 };
 
 struct PplResult {
   int64_t context = 0;       ///< window length L
+  int64_t trained_context = 0;  ///< T of the model (the default buckets' anchor)
   std::string rope_scaling;  ///< rope_type used
   double factor = 1.0;       ///< scaling factor s used (1 for default)
   int64_t windows = 0;
@@ -60,6 +88,9 @@ struct PplResult {
   double nll = 0.0;          ///< mean NLL (nats/token)
   double ppl = 0.0;          ///< exp(nll)
   std::vector<PplBucket> buckets;
+  /// The buckets cut into PplOptions::fine_bins_per_bucket equal bins each
+  /// (empty when 0): finer position detail for plots, same NLL and intervals.
+  std::vector<PplBucket> fine_buckets;
 };
 
 struct PplProgress {
@@ -72,20 +103,70 @@ struct PplProgress {
 struct PplOptions {
   int64_t context = 512;     ///< L, in [2, 1048576]
   int64_t max_tokens = 0;    ///< 0 = the whole stream
+  /// Bucket edges (buckets_from_edges); empty = position_buckets(model.trained_context(), context).
+  std::vector<int64_t> bucket_edges;
+  int fine_bins_per_bucket = 0;  ///< in [0, 64]; > 0 fills PplResult::fine_buckets
+  int bootstrap_resamples = 1000;             ///< B of protocol step 6, in [1, 1000000]
+  uint64_t bootstrap_seed = 0x9e3779b97f4a7c15;  ///< fixed: the interval is a function of the windows only
   /// Called from the calling thread at most about once per second.
   std::function<void(const PplProgress&)> on_progress;
 };
 
 /// Scores `stream` with `model` (its current RopeSetup) per the protocol above.
 /// Windows run in parallel over the OpenMP threads (one window per thread, each
-/// with its own KV cache); sums are reduced in window order, so the result does
+/// with its own KV cache); sums are reduced in window order and the bootstrap
+/// runs after the loop on one thread, so the result (intervals included) does
 /// not depend on the thread count. Throws InvalidArgument for a context outside
-/// [2, 1048576], max_tokens < 0, or a stream shorter than 2 tokens;
+/// [2, 1048576], max_tokens < 0, bad bucket_edges, bootstrap_resamples outside
+/// [1, 1000000], or a stream shorter than 2 tokens;
 /// PositionError (before any window runs) when a learned-position model's
 /// table is shorter than the windows; any error of Model::score_window is
 /// rethrown after the parallel loop (never terminate()).
 PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> stream,
                               const PplOptions& options);
+
+/// Percentile-bootstrap 95% interval of a pooled mean over units (protocol
+/// step 6): sums[w] / counts[w] are unit w's NLL sum and prediction count;
+/// each of `resamples` resamples draws W units with replacement and gives
+/// sum(sums) / sum(counts) (resamples with no prediction are skipped). Returns
+/// {low, high}; {mean, mean} when a single unit holds predictions; {0, 0}
+/// when none does. Deterministic in `seed`. Throws InvalidArgument for spans
+/// of different sizes, negative counts or resamples < 1.
+std::pair<double, double> bootstrap_mean_interval(std::span<const double> sums, std::span<const int64_t> counts,
+                                                  int resamples, uint64_t seed);
+
+/// One result as JSON (the schema of `posenc ppl --json` "results" entries and
+/// of eval's ppl/<scaling>__L<length>.json): context, trained_context,
+/// rope_scaling, factor, ppl, nll, tokens, windows, buckets [{start, end,
+/// tokens, windows, nll, ppl, nll_ci_low, nll_ci_high}] (NLL in nats/token),
+/// and fine_buckets (same keys) when the result has them.
+nlohmann::json ppl_result_json(const PplResult& result);
+
+/// Margin, in nats/token, above log(vocab_size) (the NLL of guessing
+/// uniformly over the model's vocabulary) past which a mean NLL says the
+/// tokenizer's ids mean other pieces to the model than they did in training.
+inline constexpr double kTokenizerMismatchMarginNats = 1.0;
+
+/// The mean NLL that judges the tokenizer: over `results`, the lowest mean NLL
+/// of the predictions inside the trained context (buckets with end <=
+/// trained_context; a result without such a bucket counts with its whole NLL
+/// when its context <= trained_context, else not). nullopt when no result
+/// qualifies (every window past the trained context: a length effect, not a
+/// tokenizer one).
+std::optional<double> in_range_nll(std::span<const PplResult> results);
+
+/// A warning when `mean_nll` exceeds log(model_vocab_size) +
+/// kTokenizerMismatchMarginNats: a model reading its own tokens does better
+/// than uniform guessing, one fed another tokenizer's ids does far worse. The
+/// text names the NLL, the uniform level, the tokenizer (`tokenizer_source`,
+/// e.g. the --tokenizer path, and its piece count) and the model's
+/// vocabulary, and asks for the model's own tokenizer. nullopt otherwise, when
+/// model_vocab_size < 2, and for a symbol vocabulary (a `posenc train`
+/// checkpoint's own: those models learn to predict their task's answers
+/// only, so their NLL over other positions of a text says nothing of the
+/// tokenizer).
+std::optional<std::string> tokenizer_mismatch_warning(double mean_nll, int64_t model_vocab_size,
+                                                      const Tokenizer& tokenizer, std::string_view tokenizer_source);
 
 /// The RoPE setup for evaluating `model` at window length `context` with the
 /// scaling `rope_type` ("default", "linear", "ntk", "dynamic", "yarn", ...,

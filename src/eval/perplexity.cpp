@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <charconv>
 #include <cmath>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -67,21 +69,145 @@ std::vector<int32_t> encode_stream(const Tokenizer& tokenizer, std::string_view 
   return stream;
 }
 
-std::vector<std::pair<int64_t, int64_t>> position_buckets(int64_t context) {
+std::vector<std::pair<int64_t, int64_t>> position_buckets(int64_t trained_context, int64_t context) {
+  if (trained_context < 1) fail_field<InvalidArgument>("trained_context", "must be >= 1", trained_context);
+  if (context < 1) fail_field<InvalidArgument>("context", "must be >= 1", context);
   std::vector<std::pair<int64_t, int64_t>> b;
-  int64_t start = 0, end = 256;
+  const int64_t half = trained_context / 2;
+  int64_t start = 0, end = half > 0 ? half : trained_context;
   while (start < context) {
     b.emplace_back(start, end);
     start = end;
-    end *= 2;
+    end = start < trained_context ? trained_context : 2 * start;
   }
   return b;
+}
+
+std::vector<std::pair<int64_t, int64_t>> buckets_from_edges(std::span<const int64_t> edges, int64_t context) {
+  if (edges.size() < 2)
+    fail_field<InvalidArgument>("bucket_edges", "needs at least two edges (0 and the end of the first bucket)",
+                                edges.size());
+  if (edges[0] != 0) fail_field<InvalidArgument>("bucket_edges[0]", "must be 0", edges[0]);
+  for (std::size_t i = 1; i < edges.size(); ++i)
+    if (edges[i] <= edges[i - 1])
+      fail_field<InvalidArgument>(fmt::format("bucket_edges[{}]", i),
+                                  fmt::format("must be above the edge before it ({})", edges[i - 1]), edges[i]);
+  if (context < 1) fail_field<InvalidArgument>("context", "must be >= 1", context);
+  std::vector<std::pair<int64_t, int64_t>> b;
+  for (std::size_t i = 0; i + 1 < edges.size() && edges[i] < context; ++i) b.emplace_back(edges[i], edges[i + 1]);
+  if (context > edges.back()) b.emplace_back(edges.back(), context);
+  return b;
+}
+
+std::vector<int64_t> parse_bucket_edges(std::string_view text, std::string_view flag) {
+  std::vector<int64_t> edges;
+  std::size_t pos = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', pos);
+    const std::string_view item = strip(text.substr(pos, comma == std::string_view::npos ? std::string_view::npos
+                                                                                       : comma - pos));
+    if (item.empty())
+      throw ConfigError(fmt::format("{}: entry {} is empty (edges are comma-separated integers, e.g. 0,64,128; got "
+                                    "'{}')",
+                                    flag, edges.size() + 1, text));
+    std::string_view num = item;
+    int64_t mult = 1;
+    if (num.back() == 'K' || num.back() == 'k') mult = 1024;
+    if (num.back() == 'M' || num.back() == 'm') mult = int64_t{1} << 20;
+    if (mult != 1) num.remove_suffix(1);
+    int64_t v = 0;
+    const auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
+    if (num.empty() || ec != std::errc() || p != num.data() + num.size() || v < 0 || v > (int64_t{1} << 40) / mult)
+      throw ConfigError(fmt::format("{}: '{}' is not an edge (an integer in [0, 2^40], optional K or M suffix)", flag,
+                                    item));
+    edges.push_back(v * mult);
+    if (comma == std::string_view::npos) break;
+    pos = comma + 1;
+  }
+  if (edges.size() < 2)
+    throw ConfigError(fmt::format("{}: needs at least two edges, 0 and the end of the first bucket (got '{}')", flag,
+                                  text));
+  if (edges[0] != 0) throw ConfigError(fmt::format("{}: the first edge must be 0 (got {})", flag, edges[0]));
+  for (std::size_t i = 1; i < edges.size(); ++i)
+    if (edges[i] <= edges[i - 1])
+      throw ConfigError(fmt::format("{}: edges must increase ({} follows {})", flag, edges[i], edges[i - 1]));
+  return edges;
+}
+
+namespace {
+
+// splitmix64 (Steele, Lea, Flood 2014): a fixed, portable generator, so the
+// bootstrap draws are the same on every platform and standard library.
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Uniform in [0, n) without modulo bias (Lemire's multiply-shift with rejection).
+uint64_t below(uint64_t& state, uint64_t n) {
+  while (true) {
+    const unsigned __int128 m = static_cast<unsigned __int128>(splitmix64(state)) * n;
+    const auto low = static_cast<uint64_t>(m);
+    if (low >= n || low >= (0 - n) % n) return static_cast<uint64_t>(m >> 64);
+  }
+}
+
+// numpy.quantile's default (linear interpolation between order statistics).
+double quantile_sorted(const std::vector<double>& v, double q) {
+  const double h = (static_cast<double>(v.size()) - 1.0) * q;
+  const auto lo = static_cast<std::size_t>(std::floor(h));
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (h - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
+}  // namespace
+
+std::pair<double, double> bootstrap_mean_interval(std::span<const double> sums, std::span<const int64_t> counts,
+                                                  int resamples, uint64_t seed) {
+  if (sums.size() != counts.size())
+    throw InvalidArgument(fmt::format("bootstrap_mean_interval: {} sums for {} counts", sums.size(), counts.size()));
+  if (resamples < 1) fail_field<InvalidArgument>("bootstrap_resamples", "must be >= 1", resamples);
+  std::size_t holding = 0;
+  double total = 0.0;
+  int64_t n = 0;
+  for (std::size_t w = 0; w < counts.size(); ++w) {
+    if (counts[w] < 0) fail_field<InvalidArgument>(fmt::format("counts[{}]", w), "must be >= 0", counts[w]);
+    holding += counts[w] > 0 ? 1 : 0;
+    total += sums[w];
+    n += counts[w];
+  }
+  if (holding == 0) return {0.0, 0.0};
+  const double mean = total / static_cast<double>(n);
+  if (holding == 1) return {mean, mean};
+  const uint64_t W = counts.size();
+  std::vector<double> means;
+  means.reserve(static_cast<std::size_t>(resamples));
+  uint64_t state = seed;
+  for (int r = 0; r < resamples; ++r) {
+    double s = 0.0;
+    int64_t c = 0;
+    for (uint64_t k = 0; k < W; ++k) {
+      const auto w = static_cast<std::size_t>(below(state, W));
+      s += sums[w];
+      c += counts[w];
+    }
+    if (c > 0) means.push_back(s / static_cast<double>(c));
+  }
+  if (means.empty()) return {mean, mean};
+  std::sort(means.begin(), means.end());
+  return {quantile_sorted(means, 0.025), quantile_sorted(means, 0.975)};
 }
 
 PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> stream, const PplOptions& o) {
   const int64_t L = o.context;
   if (L < 2 || L > (int64_t{1} << 20)) fail_field<InvalidArgument>("context", "must be in [2, 1048576]", L);
   if (o.max_tokens < 0) fail_field<InvalidArgument>("max_tokens", "must be >= 0", o.max_tokens);
+  if (o.bootstrap_resamples < 1 || o.bootstrap_resamples > 1000000)
+    fail_field<InvalidArgument>("bootstrap_resamples", "must be in [1, 1000000]", o.bootstrap_resamples);
+  const int64_t trained = model.trained_context() > 0 ? model.trained_context() : L;
+  const auto edges = o.bucket_edges.empty() ? position_buckets(trained, L) : buckets_from_edges(o.bucket_edges, L);
   const int64_t T = static_cast<int64_t>(stream.size());
   if (T < 2) fail_field<InvalidArgument>("text", "needs at least 2 tokens to score (tokens)", T);
 
@@ -95,11 +221,10 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
     const int64_t keep = o.max_tokens / (L - 1) + (o.max_tokens % (L - 1) != 0 ? 1 : 0);
     if (static_cast<int64_t>(starts.size()) > keep) starts.resize(static_cast<std::size_t>(keep));
   }
-  const auto edges = position_buckets(L);
-  const std::size_t NB = edges.size();
+  if (o.fine_bins_per_bucket < 0 || o.fine_bins_per_bucket > 64)
+    fail_field<InvalidArgument>("fine_bins_per_bucket", "must be in [0, 64]", o.fine_bins_per_bucket);
   const std::size_t W = starts.size();
-  std::vector<double> sums(W * NB, 0.0);
-  std::vector<int64_t> counts(W * NB, 0);
+  std::vector<std::vector<double>> window_nll(W);  // per prediction, in position order
   const int V = model.config().vocab_size;
   if (model.family() == PositionFamily::learned_absolute && model.config().max_position_embeddings > 0 &&
       std::min(L, T) > model.config().max_position_embeddings)
@@ -122,6 +247,7 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
       logits = model.score_window(stream.subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(n)));
     });
     if (error.failed()) continue;
+    window_nll[w].resize(static_cast<std::size_t>(n - 1));
     for (int64_t p = 0; p + 1 < n; ++p) {
       const float* row = logits.data() + p * V;
       double mx = row[0];
@@ -129,10 +255,7 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
       double z = 0.0;
       for (int j = 0; j < V; ++j) z += std::exp(static_cast<double>(row[j]) - mx);
       const double nll = mx + std::log(z) - static_cast<double>(row[stream[static_cast<std::size_t>(s + p + 1)]]);
-      std::size_t b = 0;
-      while (b + 1 < NB && p >= edges[b].second) ++b;
-      sums[w * NB + b] += nll;
-      counts[w * NB + b] += 1;
+      window_nll[w][static_cast<std::size_t>(p)] = nll;
     }
 #pragma omp critical(posenc_ppl_progress)
     {
@@ -153,21 +276,61 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
 
   PplResult r;
   r.context = L;
+  r.trained_context = trained;
   const bool rope = model.family() == PositionFamily::rope;
   r.rope_scaling = rope ? model.rope().freqs.rope_type : "default";
   r.factor = rope ? model.rope().params.factor.value_or(1.0) : 1.0;
   r.windows = static_cast<int64_t>(W);
-  r.buckets.resize(NB);
-  double total = 0.0;
-  for (std::size_t b = 0; b < NB; ++b) {
-    r.buckets[b].start = edges[b].first;
-    r.buckets[b].end = edges[b].second;
-  }
-  for (std::size_t w = 0; w < W; ++w)
-    for (std::size_t b = 0; b < NB; ++b) {
-      r.buckets[b].nll_sum += sums[w * NB + b];
-      r.buckets[b].tokens += counts[w * NB + b];
+  // Per bucket: sums in window order, each window's in position order (the
+  // result does not depend on the thread count); step 6: one bootstrap per
+  // bucket over the windows' (sum, count) pairs, each bucket with its own
+  // seed so that adding a bucket changes no other bucket's interval.
+  auto make_buckets = [&](const std::vector<std::pair<int64_t, int64_t>>& edges) {
+    const std::size_t NB = edges.size();
+    std::vector<PplBucket> out(NB);
+    std::vector<double> sums(W * NB, 0.0);
+    std::vector<int64_t> counts(W * NB, 0);
+    for (std::size_t w = 0; w < W; ++w) {
+      std::size_t b = 0;
+      for (std::size_t p = 0; p < window_nll[w].size(); ++p) {
+        while (b + 1 < NB && static_cast<int64_t>(p) >= edges[b].second) ++b;
+        sums[w * NB + b] += window_nll[w][p];
+        counts[w * NB + b] += 1;
+      }
     }
+    std::vector<double> ws(W);
+    std::vector<int64_t> wc(W);
+    for (std::size_t b = 0; b < NB; ++b) {
+      out[b].start = edges[b].first;
+      out[b].end = edges[b].second;
+      for (std::size_t w = 0; w < W; ++w) {
+        ws[w] = sums[w * NB + b];
+        wc[w] = counts[w * NB + b];
+        out[b].nll_sum += ws[w];
+        out[b].tokens += wc[w];
+        out[b].windows += wc[w] > 0 ? 1 : 0;
+      }
+      const uint64_t seed = o.bootstrap_seed ^ (static_cast<uint64_t>(out[b].start) * 0xd1b54a32d192ed03ULL);
+      std::tie(out[b].nll_ci_low, out[b].nll_ci_high) = bootstrap_mean_interval(ws, wc, o.bootstrap_resamples, seed);
+    }
+    return out;
+  };
+  r.buckets = make_buckets(edges);
+  if (o.fine_bins_per_bucket > 0) {
+    // Each bucket cut into equal bins (as equal as integers allow; none empty),
+    // the last bucket only up to L.
+    std::vector<std::pair<int64_t, int64_t>> fine;
+    for (const auto& [a, b] : edges) {
+      const int64_t e = std::min(b, L - 1);  // positions p < L - 1 hold predictions
+      const int64_t k = std::min<int64_t>(o.fine_bins_per_bucket, std::max<int64_t>(1, e - a));
+      for (int64_t i = 0; i < k; ++i) {
+        const int64_t lo = a + (e - a) * i / k, hi = i + 1 == k ? b : a + (e - a) * (i + 1) / k;
+        if (hi > lo) fine.emplace_back(lo, hi);
+      }
+    }
+    r.fine_buckets = make_buckets(fine);
+  }
+  double total = 0.0;
   for (const auto& b : r.buckets) {
     total += b.nll_sum;
     r.tokens += b.tokens;
@@ -178,6 +341,63 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
     o.on_progress({static_cast<int64_t>(W), static_cast<int64_t>(W), r.tokens,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
   return r;
+}
+
+nlohmann::json ppl_result_json(const PplResult& r) {
+  // exp() of a large NLL overflows to inf, which JSON cannot hold: null then.
+  auto ppl_of = [](double nll) { return std::isfinite(std::exp(nll)) ? nlohmann::json(std::exp(nll)) : nlohmann::json(); };
+  nlohmann::json j{{"context", r.context}, {"trained_context", r.trained_context}, {"rope_scaling", r.rope_scaling},
+                   {"factor", r.factor},   {"ppl", ppl_of(r.nll)},                  {"nll", r.nll},
+                   {"tokens", r.tokens},   {"windows", r.windows}};
+  auto buckets = [&](const std::vector<PplBucket>& bs) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& b : bs)
+      a.push_back({{"start", b.start},
+                   {"end", b.end},
+                   {"tokens", b.tokens},
+                   {"windows", b.windows},
+                   {"nll", b.nll()},
+                   {"ppl", b.tokens > 0 ? ppl_of(b.nll()) : nlohmann::json()},
+                   {"nll_ci_low", b.nll_ci_low},
+                   {"nll_ci_high", b.nll_ci_high}});
+    return a;
+  };
+  j["buckets"] = buckets(r.buckets);
+  if (!r.fine_buckets.empty()) j["fine_buckets"] = buckets(r.fine_buckets);
+  return j;
+}
+
+std::optional<double> in_range_nll(std::span<const PplResult> results) {
+  std::optional<double> best;
+  for (const PplResult& r : results) {
+    double sum = 0.0;
+    int64_t n = 0;
+    for (const PplBucket& b : r.buckets)
+      if (b.end <= r.trained_context) {
+        sum += b.nll_sum;
+        n += b.tokens;
+      }
+    std::optional<double> v;
+    if (n > 0) v = sum / static_cast<double>(n);
+    else if (r.context <= r.trained_context && r.tokens > 0) v = r.nll;
+    if (v && (!best || *v < *best)) best = v;
+  }
+  return best;
+}
+
+std::optional<std::string> tokenizer_mismatch_warning(double mean_nll, int64_t model_vocab_size,
+                                                      const Tokenizer& tokenizer, std::string_view tokenizer_source) {
+  if (model_vocab_size < 2 || tokenizer.is_symbolic()) return std::nullopt;
+  const double uniform = std::log(static_cast<double>(model_vocab_size));
+  if (!(mean_nll > uniform + kTokenizerMismatchMarginNats)) return std::nullopt;
+  const int64_t pieces = tokenizer.vocab_size();
+  return fmt::format(
+      "mean NLL {:.3f} nats/token inside the trained context is {:.2f} above log({}) = {:.3f}, the NLL of guessing "
+      "uniformly over the model's vocabulary: the tokenizer {} ({}, {} pieces{}) likely does not belong to this "
+      "model (its ids name other pieces than the model was trained on); pass the model's own tokenizer with "
+      "--tokenizer",
+      mean_nll, mean_nll - uniform, model_vocab_size, uniform, tokenizer_source, tokenizer.describe(), pieces,
+      pieces != model_vocab_size ? fmt::format(" for a model of {}", model_vocab_size) : "");
 }
 
 bool is_rope_scaling_name(std::string_view name) {

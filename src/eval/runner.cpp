@@ -1441,12 +1441,8 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
         report(label, std::min(static_cast<double>(pp.tokens_done), ppl_weight(j)), false);
       };
       PplResult r = evaluate_perplexity(m, stream, o);
-      json jr{{"context", r.context}, {"rope_scaling", j.scaling}, {"factor", r.factor}, {"ppl", r.ppl},
-              {"nll", r.nll},         {"tokens", r.tokens},        {"windows", r.windows}};
-      jr["buckets"] = json::array();
-      for (const auto& b : r.buckets)
-        jr["buckets"].push_back({{"start", b.start}, {"end", b.end}, {"nll", b.nll()}, {"tokens", b.tokens}});
-      write_file_atomic(p, with_checksum(jr, 2));
+      r.rope_scaling = j.scaling;
+      write_file_atomic(p, with_checksum(ppl_result_json(r), 2));
       weight_done += ppl_weight(j);
       weight_done_here += ppl_weight(j);
       report(label, 0.0, true);

@@ -109,8 +109,10 @@ TEST(Perplexity, WrongLayoutIsClearlyWorse) {
 }
 
 TEST(Perplexity, ProtocolEdges) {
-  EXPECT_EQ(position_buckets(256).size(), 1u);
-  const auto b = position_buckets(3000);
+  // stories260K is trained at 512: the default buckets are the former fixed ones.
+  ASSERT_EQ(fx().model.trained_context(), 512);
+  EXPECT_EQ(position_buckets(512, 256).size(), 1u);
+  const auto b = position_buckets(512, 3000);
   ASSERT_EQ(b.size(), 5u);
   EXPECT_EQ(b[4], (std::pair<int64_t, int64_t>{2048, 4096}));
   PplOptions o;

@@ -22,7 +22,8 @@ namespace {
 struct PplArgs {
   ModelArgs model;
   std::string text_path;
-  std::string contexts = "256,512,1024,2048";
+  std::string contexts;  // empty = from the model: T/2, T, 2T, 4T
+  std::string buckets;   // empty = from the model: [0,T/2) [T/2,T) [T,2T) ...
   std::string scalings = "default,linear";
   CLI::Option* scalings_option = nullptr;  // to tell the default from an explicit --rope-scaling
   std::optional<double> rope_factor;
@@ -32,16 +33,40 @@ struct PplArgs {
   bool quiet = false;
 };
 
+// Bins per bucket in the JSON's fine_buckets (the plot's detail line).
+constexpr int kFineBins = 4;
+
+// The default window lengths of a model trained at T: T/2, T, 2T, 4T (each
+// at least 2; within a learned position table).
+std::vector<int64_t> default_contexts(const Model& model) {
+  const int64_t T = std::max<int64_t>(model.trained_context(), 2);
+  std::vector<int64_t> out;
+  for (int64_t L : {T / 2, T, 2 * T, 4 * T}) {
+    L = std::clamp<int64_t>(L, 2, int64_t{1} << 20);
+    if (model.family() == PositionFamily::learned_absolute && model.config().max_position_embeddings > 0 &&
+        L > model.config().max_position_embeddings)
+      continue;
+    if (out.empty() || out.back() != L) out.push_back(L);
+  }
+  return out;
+}
+
 void run_ppl(const PplArgs& a) {
-  const auto contexts = parse_lengths(a.contexts, "--context");
-  for (int64_t L : contexts)
-    if (L < 2 || L > (int64_t{1} << 20))
-      throw UsageError(fmt::format("--context: must be in [2, 1048576] (got {})", L));
+  std::vector<int64_t> contexts;
+  if (!a.contexts.empty()) {
+    contexts = parse_lengths(a.contexts, "--context");
+    for (int64_t L : contexts)
+      if (L < 2 || L > (int64_t{1} << 20))
+        throw UsageError(fmt::format("--context: must be in [2, 1048576] (got {})", L));
+  }
+  const std::vector<int64_t> edges =
+      a.buckets.empty() ? std::vector<int64_t>{} : as_usage_error([&] { return parse_bucket_edges(a.buckets); });
   auto scalings = split_list(a.scalings, "--rope-scaling");
   for (const auto& s : scalings) is_rope_scaling_name(s);  // unknown name -> ConfigError before any work
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
+  if (contexts.empty()) contexts = default_contexts(model);
   if (model.family() != PositionFamily::rope) {
     // RoPE scalings do not apply: the default list shrinks to "default"; an
     // explicit scaling is an error before any work.
@@ -82,6 +107,8 @@ void run_ppl(const PplArgs& a) {
       PplOptions o;
       o.context = L;
       o.max_tokens = a.max_tokens;
+      o.bucket_edges = edges;
+      o.fine_bins_per_bucket = kFineBins;
       if (!a.quiet)
         o.on_progress = [&, last = -1.0](const PplProgress& p) mutable {
           // A line every second on a terminal, every 15 s into a log.
@@ -96,28 +123,43 @@ void run_ppl(const PplArgs& a) {
       results.back().rope_scaling = s;
     }
 
-  // Table: one row per (context, scaling); bucket columns = union of all buckets.
+  // Table: one row per (context, scaling); bucket columns = union of all
+  // buckets. The scaling columns are printed for RoPE models only (nothing is
+  // scaled on an ALiBi, learned, sinusoidal, T5 or NoPE model).
+  const bool rope = model.family() == PositionFamily::rope;
   std::map<int64_t, int64_t> columns;
   for (const auto& r : results)
-    for (const auto& b : r.buckets) columns[b.start] = b.end;
-  std::string head = fmt::format("{:>8} {:<13} {:>7} {:>9} {:>8} {:>9}", "context", "rope_scaling", "factor",
-                                 "ppl", "nll", "tokens");
-  for (const auto& [s, e] : columns) head += fmt::format(" {:>12}", fmt::format("[{},{})", s, e));
-  fmt::print("mean NLL (nats/token) per position bucket{}\n{}\n",
-             model.family() == PositionFamily::rope
-                 ? fmt::format("; angle_precision {}", to_string(model.rope().precision))
-                 : fmt::format("; positional family {}", to_string(model.family())),
+    for (const auto& b : r.buckets) columns[b.start] = std::max(columns[b.start], b.end);
+  std::string head = fmt::format("{:>8}", "context");
+  if (rope) head += fmt::format(" {:<13} {:>7}", "rope_scaling", "factor");
+  head += fmt::format(" {:>9} {:>8} {:>9}", "ppl", "nll", "tokens");
+  for (const auto& [s, e] : columns) head += fmt::format(" {:>15}", fmt::format("[{},{})", s, e));
+  fmt::print("mean NLL (nats/token) per position bucket, \u00b1 half-width of its 95% bootstrap interval over "
+             "windows; trained context {}{}\n{}\n",
+             trained,
+             rope ? fmt::format("; angle_precision {}", to_string(model.rope().precision))
+                  : fmt::format("; positional family {}", to_string(model.family())),
              head);
   for (const auto& r : results) {
-    std::string row = fmt::format("{:>8} {:<13} {:>7.3f} {:>9.4f} {:>8.4f} {:>9}", r.context, r.rope_scaling,
-                                  r.factor, r.ppl, r.nll, r.tokens);
+    std::string row = fmt::format("{:>8}", r.context);
+    if (rope) row += fmt::format(" {:<13} {:>7.3f}", r.rope_scaling, r.factor);
+    row += fmt::format(" {:>9.4f} {:>8.4f} {:>9}", r.ppl, r.nll, r.tokens);
     for (const auto& [s, e] : columns) {
       auto it = std::find_if(r.buckets.begin(), r.buckets.end(), [&](const PplBucket& b) { return b.start == s; });
-      row += it != r.buckets.end() && it->tokens > 0 ? fmt::format(" {:>12.4f}", it->nll()) : fmt::format(" {:>12}", "-");
+      row += it != r.buckets.end() && it->tokens > 0
+                 ? fmt::format(" {:>15}", fmt::format("{:.4f}\u00b1{:.4f}", it->nll(),
+                                                      (it->nll_ci_high - it->nll_ci_low) / 2))
+                 : fmt::format(" {:>15}", "-");
     }
     fmt::print("{}\n", row);
   }
   std::fflush(stdout);
+  // A tokenizer that is not the model's: far worse than uniform guessing
+  // inside the trained context.
+  const auto in_range = in_range_nll(results);
+  const auto mismatch = in_range ? tokenizer_mismatch_warning(*in_range, model.config().vocab_size, tok, lm.tokenizer_source)
+                                 : std::nullopt;
+  if (mismatch) fmt::print(stderr, "ppl: warning: {}\n", *mismatch);
 
   if (!a.json_path.empty() || !a.plot_path.empty()) {
     nlohmann::json j;
@@ -134,16 +176,12 @@ void run_ppl(const PplArgs& a) {
     j["model_format"] = std::string(to_string(model.source().format));
     if (model.family() == PositionFamily::rope) j["rope_type"] = model.rope().params.rope_type;
     j["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
+    j["buckets"] = edges.empty() ? "trained_context" : "--buckets";
+    j["bootstrap"] = {{"resamples", PplOptions{}.bootstrap_resamples}, {"level", 0.95}, {"unit", "window"}};
+    j["fine_bins_per_bucket"] = kFineBins;
+    j["tokenizer_mismatch"] = mismatch ? nlohmann::json(*mismatch) : nlohmann::json();
     j["results"] = nlohmann::json::array();
-    for (const auto& r : results) {
-      nlohmann::json jr{{"context", r.context}, {"rope_scaling", r.rope_scaling}, {"factor", r.factor},
-                        {"ppl", r.ppl},         {"nll", r.nll},                   {"tokens", r.tokens},
-                        {"windows", r.windows}};
-      jr["buckets"] = nlohmann::json::array();
-      for (const auto& b : r.buckets)
-        jr["buckets"].push_back({{"start", b.start}, {"end", b.end}, {"nll", b.nll()}, {"tokens", b.tokens}});
-      j["results"].push_back(jr);
-    }
+    for (const auto& r : results) j["results"].push_back(ppl_result_json(r));
     if (!a.json_path.empty()) {
       write_output(a.json_path, j.dump(2) + "\n");
       if (!a.quiet) fmt::print(stderr, "wrote {}\n", a.json_path);
@@ -164,7 +202,12 @@ void add_ppl_command(CLI::App& app) {
              "by default: the numerics the model was trained with)");
   args->model.add_to(*cmd);
   cmd->add_option("--text", args->text_path, "UTF-8 text file to score")->required();
-  cmd->add_option("--context", args->contexts, "window lengths L, comma-separated (K = 1024)")->capture_default_str();
+  cmd->add_option("--context", args->contexts,
+                  "window lengths L, comma-separated (K = 1024); default: T/2,T,2T,4T for the model's trained context T "
+                  "(within a learned position table)");
+  cmd->add_option("--buckets", args->buckets,
+                  "position bucket edges, comma-separated, from 0 and increasing (e.g. 0,64,128,256; a last bucket runs "
+                  "from the last edge to L); default: [0,T/2) [T/2,T) [T,2T) [2T,4T) ... up to L");
   args->scalings_option = cmd->add_option("--rope-scaling", args->scalings,
                   "RoPE scalings (rope_type), comma-separated: default, linear, ntk, dynamic, yarn, llama3, longrope, ... "
                   "or native (the model's own parameters, or --config's)")
@@ -178,7 +221,8 @@ void add_ppl_command(CLI::App& app) {
   add_renamed_option(cmd, "--max-tokens", "renamed --scored-tokens (--max-tokens is generate's new tokens)");
   add_json_option(cmd, args->json_path, "the results as JSON");
   cmd->add_option("--plot", args->plot_path,
-                  "also draw NLL by position bucket, one line per scaling, one panel per context (PNG, matplotlib)")->check(output_path());
+                  "also draw NLL by position bucket with its 95% band, one colour per scaling, one panel per context, and the "
+                  "difference to default below (PNG, matplotlib)")->check(output_path());
   cmd->add_flag("--quiet", args->quiet, "no header or progress");
   cmd->callback([args] {
     const StdoutForData data({args->json_path}, {"--json"});  // --json -: the table goes to stderr
