@@ -76,7 +76,8 @@ ConsistencyPlan consistency_plan(const ConsistencyOptions& o) {
   p.padded_decode_steps = s;
   p.padded_offsets = {0, n, 2 * n, n / 3};
   p.ragged_totals = {n, n / 4, n / 2};
-  for (int64_t i = 0; i < 3; ++i) p.ragged_first.push_back(std::min(p.ragged_totals[static_cast<std::size_t>(i)], n / 13 + 1 + i * (n / 23 + 1)));
+  for (std::size_t i = 0; i < 3; ++i)
+    p.ragged_first.push_back(std::min(p.ragged_totals[i], n / 13 + 1 + static_cast<int64_t>(i) * (n / 23 + 1)));
   p.ragged_strides = {5, 1, std::max<int64_t>(3, n / 32 + 1)};
   p.fork_prefix = n / 2 + 3;
   if (p.fork_prefix % p.block_size == 0) ++p.fork_prefix;  // the last prefix block is shared and partial
@@ -220,7 +221,8 @@ ConsistencyReport check_cache_consistency(const Model& model, std::span<const in
       std::vector<int> who;
       for (int i = 0; i < 3; ++i) {
         // First step: a ragged prefill of different lengths; then different strides.
-        const int64_t want = first ? plan.ragged_first[static_cast<std::size_t>(i)] : per_step[static_cast<std::size_t>(i)];
+        const auto ui = static_cast<std::size_t>(i);
+        const int64_t want = first ? plan.ragged_first[ui] : per_step[ui];
         const int64_t take = std::min(want, total[i] - done[i]);
         if (take <= 0) continue;
         batch.push_back({seqs[i], stream.subspan(offs[i] + static_cast<std::size_t>(done[i]), static_cast<std::size_t>(take)), {}});

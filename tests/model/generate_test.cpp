@@ -144,14 +144,13 @@ TEST(Generate, RopeScalingIsPplsSetupAndWarnsOncePastTheTrainedContext) {
   const auto ld = fx().model.score_window(seq);
   const int V = fx().model.config().vocab_size;
   double worst = 0, past = 0;
+  const auto UV = static_cast<std::size_t>(V);
   for (std::size_t i = 0; i < r.new_tokens.size(); ++i) {
     const std::size_t row = static_cast<std::size_t>(P - 1) + i;
-    worst = std::max(worst, std::abs(log_softmax(&ls[row * static_cast<std::size_t>(V)], V, r.new_tokens[i]) -
-                                     r.new_token_logprobs[i]));
+    worst = std::max(worst, std::abs(log_softmax(&ls[row * UV], V, r.new_tokens[i]) - r.new_token_logprobs[i]));
     if (static_cast<int64_t>(row) >= 512)
-      for (int v = 0; v < V; ++v)
-        past = std::max(past, static_cast<double>(std::abs(ls[row * static_cast<std::size_t>(V) + static_cast<std::size_t>(v)] -
-                                                           ld[row * static_cast<std::size_t>(V) + static_cast<std::size_t>(v)])));
+      for (std::size_t v = 0; v < UV; ++v)
+        past = std::max(past, static_cast<double>(std::abs(ls[row * UV + v] - ld[row * UV + v])));
   }
   EXPECT_LE(worst, 1e-4);
   EXPECT_GT(past, 1e-2);
@@ -163,7 +162,8 @@ TEST(Generate, RopeScalingIsPplsSetupAndWarnsOncePastTheTrainedContext) {
   const GenerateResult rd = generate(fx().model, fx().tok, fx().long_prompt, d);
   EXPECT_EQ(warnings.size(), 1u);
   EXPECT_FALSE(rd.rope_factor.has_value());
-  EXPECT_NEAR(rd.new_token_logprobs[0], log_softmax(&ld[static_cast<std::size_t>(P - 1) * static_cast<std::size_t>(V)], V, rd.new_tokens[0]), 1e-4);
+  EXPECT_NEAR(rd.new_token_logprobs[0], log_softmax(&ld[static_cast<std::size_t>(P - 1) * UV], V, rd.new_tokens[0]),
+              1e-4);
 }
 
 TEST(Generate, NoWarningWithinTheTrainedContext) {
@@ -255,8 +255,9 @@ TEST(GenerateCli, RopeScalingFactorAndConfigChangeTheLogits) {
   ASSERT_EQ(lin["generated_logprobs"].size(), 30u);
   double same = 0, differ = 0;
   for (std::size_t i = 0; i < 30; ++i) {
-    same = std::max(same, std::abs(lin["generated_logprobs"][i].get<double>() - conf["generated_logprobs"][i].get<double>()));
-    differ = std::max(differ, std::abs(lin["generated_logprobs"][i].get<double>() - base["generated_logprobs"][i].get<double>()));
+    const double l = lin["generated_logprobs"][i].get<double>();
+    same = std::max(same, std::abs(l - conf["generated_logprobs"][i].get<double>()));
+    differ = std::max(differ, std::abs(l - base["generated_logprobs"][i].get<double>()));
   }
   EXPECT_LE(same, 1e-9);
   EXPECT_GT(differ, 1e-2);

@@ -77,7 +77,7 @@ void run_generate(const GenerateArgs& a) {
   });
   std::fputc('\n', stdout);
   std::fflush(stdout);
-  if (res.stop_reason == "position_limit" && !a.quiet)
+  if (res.stop_reason == "position_limit")
     fmt::print(stderr, "stopped: the learned position table ends at {} positions (stop_reason position_limit)\n",
                model.config().max_position_embeddings);
   if (!a.json_path.empty()) {
