@@ -376,3 +376,27 @@ TEST(ConsistencyCli, LengthBelowTheMinimumOrPastALearnedTableExits2) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--length: 64 positions are past the learned position table"), std::string::npos) << r.err;
 }
+
+// The plan's sizes hold at every length the CLI accepts: each piece is at
+// least one token, every compared sequence fits in n (a learned table of n
+// rows), the fork's last shared block is partial, nothing reads past 3n.
+TEST(Consistency, PlanHoldsAtEveryLength) {
+  int64_t lengths = 0;
+  for (int64_t n = kMinConsistencyLength; n <= kMaxConsistencyLength; n += n < 4096 ? 1 : 997, ++lengths) {
+    ConsistencyOptions o;
+    o.length = n;
+    ConsistencyPlan p;
+    ASSERT_NO_THROW(p = consistency_plan(o)) << n;
+    for (std::size_t b = 0; b < 4; ++b) {
+      ASSERT_GE(p.padded_first[b], 1) << n;
+      ASSERT_GE(p.padded_second[b], 1) << n;
+      ASSERT_LE(p.padded_first[b] + p.padded_second[b] + p.padded_decode_steps, n) << n;
+    }
+    ASSERT_NE(p.fork_prefix % p.block_size, 0) << n;
+    ASSERT_LT(p.fork_prefix, n) << n;
+    ASSERT_EQ(p.fork_suffix_offsets.back() + p.fork_suffix <= 3 * n, true) << n;
+    ASSERT_LT(p.sliding_window, n) << n;
+    ASSERT_EQ(p.chunk_sizes.back(), n) << n;
+  }
+  EXPECT_EQ(lengths, 4080 + 1048);  // every length to 4095, then every 997th to 2^20
+}
