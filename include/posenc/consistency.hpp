@@ -3,7 +3,11 @@
 //
 // Every scenario computes logits along an incremental / batched / cached path
 // and compares them with the logits of one full forward over the same tokens
-// (a fresh sequence at positions 0..n-1), reporting max |Δlogit|.
+// (a fresh sequence at positions 0..n-1), reporting max |Δlogit|. Every size a
+// scenario uses (chunks, prompt lengths, fork point, window, block size) is
+// derived from the sequence length n (consistency_plan), and n defaults to the
+// model's trained context (default_consistency_length), so the checker fits
+// a model trained at 64 tokens as well as one trained at 8192.
 #pragma once
 
 #include <cstdint>
@@ -24,40 +28,96 @@ struct ConsistencyScenario {
   /// position id differs from its index in the sequence, or eviction left more
   /// tokens than the window): the scenario fails whatever the logits say.
   std::string failure;
-  bool ok(double tolerance) const { return failure.empty() && max_abs_logit_diff <= tolerance; }
+  /// Non-empty when the scenario does not apply to the model (why, e.g.
+  /// "context shift re-rotates RoPE keys; this model uses alibi positions"):
+  /// it was not run, and neither passes nor fails the report.
+  std::string skipped;
+  bool ok(double tolerance) const {
+    return !skipped.empty() || (failure.empty() && max_abs_logit_diff <= tolerance);
+  }
+};
+
+/// The sizes the scenarios use for a sequence length n (all in tokens; every
+/// sequence a scenario compares is at most n long, so it stays inside a
+/// learned position table of n rows).
+struct ConsistencyPlan {
+  int64_t length = 0;                        ///< n
+  int block_size = 0;                        ///< KV cache block size
+  std::vector<int64_t> chunk_sizes;          ///< chunked_prefill_<c>, ascending, without 1 (token_by_token)
+  std::vector<int64_t> padded_first;         ///< left_padded_batch: the 4 prompts' first step
+  std::vector<int64_t> padded_second;        ///< ... their continuation (second padded step)
+  int64_t padded_decode_steps = 0;           ///< ... then decode steps for all 4 together
+  std::vector<int64_t> padded_offsets;       ///< ... where each prompt starts in the stream
+  std::vector<int64_t> ragged_totals;        ///< ragged_batch: each sequence's length
+  std::vector<int64_t> ragged_first;         ///< ... its first (prefill) step
+  std::vector<int64_t> ragged_strides;       ///< ... tokens per later step
+  int64_t fork_prefix = 0;                   ///< prefix_reuse_fork: shared prefix P (not a multiple of the block size)
+  int64_t fork_suffix = 0;                   ///< ... each suffix's length n - P
+  std::vector<int64_t> fork_suffix_offsets;  ///< ... where each of the 4 suffixes starts in the stream
+  int64_t shift_offset = 0;                  ///< context_shift: the first half prefilled at positions offset..
+  int64_t sliding_window = 0;                ///< sliding_window_eviction_<w>
+  int64_t stream_tokens = 0;                 ///< tokens of the stream the scenarios read (3n)
 };
 
 struct ConsistencyReport {
   std::vector<ConsistencyScenario> scenarios;
+  ConsistencyPlan plan;
+  PositionFamily family = PositionFamily::rope;
+  int64_t trained_context = 0;  ///< the model's
   double tolerance = 1e-4;
   bool passed = false;  ///< every scenario ok(tolerance)
 };
 
-/// The shortest ConsistencyOptions::length the scenarios fit in.
-inline constexpr int64_t kMinConsistencyLength = 96;
+/// The shortest sequence length the scenarios fit in.
+inline constexpr int64_t kMinConsistencyLength = 16;
+/// The longest (bounds the tokens the checker reads: 3 * n).
+inline constexpr int64_t kMaxConsistencyLength = int64_t{1} << 20;
 
 struct ConsistencyOptions {
-  int64_t length = 512;                        ///< tokens per sequence (<= the trained context)
-  std::vector<int64_t> chunk_sizes{1, 7, 64, 512};
-  int block_size = 16;                         ///< KV cache block size
-  int64_t sliding_window = 64;                 ///< window of the eviction scenario
+  int64_t length = 0;               ///< tokens per sequence; 0 = default_consistency_length(model)
+  std::vector<int64_t> chunk_sizes;  ///< empty = the plan's {7, n/8, n}
+  int block_size = 0;               ///< KV cache block size; 0 = clamp(n/8, 2, 16)
+  int64_t sliding_window = 0;       ///< window of the eviction scenario; 0 = max(2, n/8)
   double tolerance = 1e-4;
 };
+
+/// The default sequence length for `model`: its trained context, capped by the
+/// learned position table (config().max_position_embeddings) for
+/// learned-absolute models and by kMaxConsistencyLength; at least
+/// kMinConsistencyLength (a model trained on shorter sequences is checked at
+/// the minimum).
+int64_t default_consistency_length(const Model& model);
+
+/// The plan for `options` at length n (options.length must be set, > 0):
+/// chunk sizes {7, n/8, n} (deduplicated, 1 and sizes > n dropped); padded
+/// prompts with q = n/8 + 3 and s = max(2, n/64) decode steps: first steps
+/// {n/2, n/3, q, n/2 - q}, continuations {n/2 - s, q/2 + 1, n/2 - s, q + q/2},
+/// offsets {0, n, 2n, n/3}; ragged totals {n, n/4, n/2}, first steps
+/// n/13 + 1 + i (n/23 + 1), strides {5, 1, max(3, n/32 + 1)}; fork prefix
+/// n/2 + 3, suffixes at {P, n + k (n/3 + 1)}; shift offset 2n; window
+/// max(2, n/8); block size clamp(n/8, 2, 16). At n = 512 these are the
+/// checker's former fixed sizes (chunks 7/64/512, window 64, block 16, ragged
+/// 40/63/86 and 5/1/17). Throws InvalidArgument naming "length" and the
+/// minimum for n < kMinConsistencyLength (or > kMaxConsistencyLength), and
+/// naming the field for a non-positive chunk size, block size or window.
+ConsistencyPlan consistency_plan(const ConsistencyOptions& options);
 
 /// Runs the scenarios on `model` with tokens taken from `stream`:
 ///  token_by_token; chunked_prefill_<c> for each chunk size; left_padded_batch
 ///  (4 prompts of different lengths, prefilled in two left-padded steps, then
-///  decoded together; the cached position ids must be 0..len-1); ragged_batch (sequences of different lengths
-///  advancing by different amounts in shared steps); prefix_reuse_fork (a
-///  prefix prefilled once, forked three ways with copy-on-write, each fork and
-///  the parent continuing with its own suffix); context_shift (a prefix
-///  prefilled at positions 1000.., shifted by -1000 with re-rotation of its
-///  cached keys, then continued); sliding_window_eviction (token by token with
-///  blocks evicted outside a window, against one full forward under the
-///  sliding-window mask).
-/// Throws InvalidArgument if length < kMinConsistencyLength, the stream is
-/// shorter than max(3 * length, 1.5 * length + 288) tokens or the options are
-/// out of range.
+///  decoded together; the cached position ids must be 0..len-1); ragged_batch
+///  (sequences of different lengths advancing by different amounts in shared
+///  steps); prefix_reuse_fork (a prefix prefilled once, forked three ways with
+///  copy-on-write, each fork and the parent continuing with its own suffix);
+///  context_shift (RoPE only: a prefix prefilled at positions 2n.., shifted by
+///  -2n with re-rotation of its cached keys, then continued; reported as
+///  skipped for the other families); sliding_window_eviction_<w> (token by
+///  token with blocks evicted outside a window, against one full forward under
+///  the sliding-window mask). Every family the runtime runs (rope, alibi,
+///  t5_bias, learned_absolute, sinusoidal, nope) goes through every other scenario.
+/// Throws InvalidArgument as consistency_plan, or if the stream is shorter
+/// than plan.stream_tokens (3n); PositionError naming "length" if n is past a
+/// learned position table.
 ConsistencyReport check_cache_consistency(const Model& model, std::span<const int32_t> stream,
                                           const ConsistencyOptions& options);
 

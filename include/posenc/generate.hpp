@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -20,6 +21,15 @@ struct GenerateOptions {
   bool stop_at_bos = true;   ///< stop when the model emits the tokenizer's BOS, as run.c does (id 1)
   bool stop_at_eos = true;   ///< stop when the model emits the tokenizer's EOS (end-of-text)
   int block_size = 16;       ///< KV cache block size
+  /// RoPE scaling (RoPE models): a name rope_setup_for_context accepts
+  /// ("native" = the model's own parameters, as loaded or as --config set
+  /// them; "default", "linear", "ntk", "dynamic", "yarn", ...), applied as
+  /// `posenc ppl` applies it to a window of prompt + max_new_tokens tokens.
+  std::string rope_scaling = "native";
+  std::optional<double> rope_factor;  ///< s for rope_scaling (default: max(1, context / trained context))
+  /// Called at most once, before the first token at a position >= the
+  /// model's trained context is fed to the model, with a one-line message.
+  std::function<void(const std::string&)> on_warning;
 };
 
 struct GenerateResult {
@@ -30,16 +40,35 @@ struct GenerateResult {
   /// logits it was chosen from), whatever the sampling temperature.
   std::vector<double> new_token_logprobs;
   std::string text;                    ///< decoded prompt + continuation, as run.c prints it
-  std::string stop_reason;             ///< "max_tokens", "bos" or "eos"
+  /// "max_tokens", "bos", "eos", or "position_limit": the next token's
+  /// position is past the learned position table (learned-absolute models),
+  /// so nothing more can be generated.
+  std::string stop_reason;
+  /// Position of the first token fed at or past the trained context (the
+  /// sequence passed it there; on_warning was called), -1 if none was.
+  int64_t passed_trained_context_at = -1;
+  int64_t trained_context = 0;          ///< the model's
+  std::string rope_scaling;             ///< RoPE models: the scaling applied ("native", "linear", ...)
+  std::optional<double> rope_factor;    ///< ... its factor (none for default / native without one)
+  int64_t rope_context = 0;             ///< ... the sequence length its setup was built for
+  std::string rope_change_policy;       ///< ... "refuse" or "rerotate" (length-dependent methods)
 };
 
 /// Encodes `prompt` (tokenizer.encode(prompt, bos=true): BOS + dummy prefix for
 /// llama2.c, the tokenizer's own rules otherwise), prefills it in one forward
 /// and decodes token by token through the KV cache. `on_piece` (optional) is
 /// called with each decoded piece as it is produced, starting with the prompt's.
+/// RoPE models run with rope_setup_for_context(model.rope(), trained context,
+/// options.rope_scaling, prompt + max_new_tokens, options.rope_factor) (the
+/// setup `posenc ppl` uses for a window of that length); a length-dependent
+/// method (dynamic, longrope) re-rotates cached keys when its frequencies
+/// change (RopeChangePolicy::rerotate). Generation stops at the tokenizer's
+/// BOS / EOS (stop_at_bos / stop_at_eos), after max_new_tokens, or where a
+/// learned position table ends (stop_reason "position_limit").
 /// Throws InvalidArgument for bad options (temperature < 0, top_p not in (0,1],
-/// max_new_tokens < 0) and PositionError if prompt + new tokens exceed
-/// `max_positions` when it is > 0.
+/// max_new_tokens < 0, a RoPE scaling for a model without RoPE), ConfigError
+/// for an unknown scaling or one missing its parameters, PositionError for a
+/// prompt longer than a learned position table.
 GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::string_view prompt,
                         const GenerateOptions& options,
                         const std::function<void(std::string_view)>& on_piece = {});

@@ -42,27 +42,95 @@ std::vector<float> chunked(const Model& m, Tokens tokens, int64_t chunk, int blo
 
 }  // namespace
 
-ConsistencyReport check_cache_consistency(const Model& model, std::span<const int32_t> stream,
-                                          const ConsistencyOptions& o) {
+int64_t default_consistency_length(const Model& model) {
+  int64_t n = model.trained_context();
+  if (model.family() == PositionFamily::learned_absolute && model.config().max_position_embeddings > 0)
+    n = std::min(n, model.config().max_position_embeddings);
+  return std::clamp(n, kMinConsistencyLength, kMaxConsistencyLength);
+}
+
+ConsistencyPlan consistency_plan(const ConsistencyOptions& o) {
   const int64_t n = o.length;
-  // The left-padded scenario's shortest prompt is n/2 - 40 tokens.
-  if (n < kMinConsistencyLength || n > (int64_t{1} << 40))
-    fail_field<InvalidArgument>("length", fmt::format("must be in [{}, 2^40]", kMinConsistencyLength), n);
-  // The furthest token read: the prefix-reuse forks' suffixes start at n + 97k
-  // (k <= 3) and are n - (n/2 + 3) long; the other scenarios stay below 3n.
-  const int64_t need = std::max(3 * n, n + 97 * 3 + (n - (n / 2 + 3)));
-  if (static_cast<int64_t>(stream.size()) < need)
-    throw InvalidArgument(fmt::format("text: {} tokens, the checker needs at least {} for length {}", stream.size(),
-                                      need, n));
-  if (o.block_size <= 0) fail_field<InvalidArgument>("block_size", "must be positive", o.block_size);
-  for (int64_t c : o.chunk_sizes)
+  // Every size below is >= 1 and every compared sequence is <= n long from
+  // n = 16 on; the fixed sizes of the 512-token era (a prompt of n/2 - 40
+  // tokens) went negative below n = 80 (vector::_M_range_insert).
+  if (n < kMinConsistencyLength || n > kMaxConsistencyLength)
+    fail_field<InvalidArgument>("length",
+                                fmt::format("must be in [{}, {}] (the shortest sequence the scenarios fit in is {})",
+                                            kMinConsistencyLength, kMaxConsistencyLength, kMinConsistencyLength),
+                                n);
+  ConsistencyPlan p;
+  p.length = n;
+  p.block_size = o.block_size != 0 ? o.block_size : static_cast<int>(std::clamp<int64_t>(n / 8, 2, 16));
+  if (p.block_size <= 0) fail_field<InvalidArgument>("block_size", "must be positive", p.block_size);
+  std::vector<int64_t> chunks = o.chunk_sizes.empty() ? std::vector<int64_t>{7, n / 8, n} : o.chunk_sizes;
+  for (int64_t c : chunks)
     if (c <= 0) fail_field<InvalidArgument>("chunk_sizes", "must be positive", c);
-  if (o.sliding_window <= 0) fail_field<InvalidArgument>("sliding_window", "must be positive", o.sliding_window);
+  std::sort(chunks.begin(), chunks.end());
+  chunks.erase(std::unique(chunks.begin(), chunks.end()), chunks.end());
+  for (int64_t c : chunks)
+    if (c != 1 && (c <= n || !o.chunk_sizes.empty())) p.chunk_sizes.push_back(c);
+  const int64_t q = n / 8 + 3, s = std::max<int64_t>(2, n / 64);
+  p.padded_first = {n / 2, n / 3, q, n / 2 - q};
+  p.padded_second = {n / 2 - s, q / 2 + 1, n / 2 - s, q + q / 2};
+  p.padded_decode_steps = s;
+  p.padded_offsets = {0, n, 2 * n, n / 3};
+  p.ragged_totals = {n, n / 4, n / 2};
+  for (std::size_t i = 0; i < 3; ++i)
+    p.ragged_first.push_back(std::min(p.ragged_totals[i], n / 13 + 1 + static_cast<int64_t>(i) * (n / 23 + 1)));
+  p.ragged_strides = {5, 1, std::max<int64_t>(3, n / 32 + 1)};
+  p.fork_prefix = n / 2 + 3;
+  if (p.fork_prefix % p.block_size == 0) ++p.fork_prefix;  // the last prefix block is shared and partial
+  p.fork_suffix = n - p.fork_prefix;
+  p.fork_suffix_offsets = {p.fork_prefix};
+  for (int64_t k = 1; k <= 3; ++k) p.fork_suffix_offsets.push_back(n + k * (n / 3 + 1));
+  p.shift_offset = 2 * n;
+  p.sliding_window = o.sliding_window != 0 ? o.sliding_window : std::max<int64_t>(2, n / 8);
+  if (p.sliding_window <= 0) fail_field<InvalidArgument>("sliding_window", "must be positive", p.sliding_window);
+  p.stream_tokens = 3 * n;
+  // The invariants the scenarios rely on (a violation is a defect of the rules above).
+  int64_t furthest = 0;
+  for (std::size_t b = 0; b < 4; ++b) {
+    const int64_t total = p.padded_first[b] + p.padded_second[b] + s;
+    if (p.padded_first[b] < 1 || p.padded_second[b] < 1 || total > n)
+      throw InvalidArgument(fmt::format("consistency plan for length {}: padded prompt {} is {} + {} + {}", n, b,
+                                        p.padded_first[b], p.padded_second[b], s));
+    furthest = std::max(furthest, p.padded_offsets[b] + total);
+  }
+  for (std::size_t i = 0; i < 3; ++i)
+    if (p.ragged_totals[i] < 1 || p.ragged_first[i] < 1)
+      throw InvalidArgument(fmt::format("consistency plan for length {}: ragged sequence {} is empty", n, i));
+  if (p.fork_suffix < 1) throw InvalidArgument(fmt::format("consistency plan for length {}: empty fork suffix", n));
+  for (int64_t off : p.fork_suffix_offsets) furthest = std::max(furthest, off + p.fork_suffix);
+  if (furthest > p.stream_tokens)
+    throw InvalidArgument(fmt::format("consistency plan for length {}: reads token {} of {}", n, furthest,
+                                      p.stream_tokens));
+  return p;
+}
+
+ConsistencyReport check_cache_consistency(const Model& model, std::span<const int32_t> stream,
+                                          const ConsistencyOptions& opts) {
+  ConsistencyOptions o = opts;
+  if (o.length == 0) o.length = default_consistency_length(model);
+  const ConsistencyPlan plan = consistency_plan(o);
+  const int64_t n = plan.length;
+  if (model.family() == PositionFamily::learned_absolute && model.config().max_position_embeddings > 0 &&
+      n > model.config().max_position_embeddings)
+    throw PositionError(fmt::format("length: {} positions are past the learned position table ({} rows); the "
+                                    "longest length for this model is {}",
+                                    n, model.config().max_position_embeddings, model.config().max_position_embeddings));
+  if (static_cast<int64_t>(stream.size()) < plan.stream_tokens)
+    throw InvalidArgument(fmt::format("text: {} tokens, the checker needs at least {} (3 x length {})", stream.size(),
+                                      plan.stream_tokens, n));
+  const int block_size = plan.block_size;
 
   const std::size_t V = static_cast<std::size_t>(model.config().vocab_size);
   const std::size_t N = static_cast<std::size_t>(n);
   ConsistencyReport rep;
   rep.tolerance = o.tolerance;
+  rep.plan = plan;
+  rep.family = model.family();
+  rep.trained_context = model.trained_context();
   auto add = [&](std::string name, double diff, int64_t rows, std::string ref = "one full forward") {
     rep.scenarios.push_back({std::move(name), diff, rows, std::move(ref), {}});
   };
@@ -70,20 +138,20 @@ ConsistencyReport check_cache_consistency(const Model& model, std::span<const in
   const std::vector<float> full = model.score_window(base);
 
   // 1. token by token, and chunked prefill.
-  add("token_by_token", max_diff(chunked(model, base, 1, o.block_size), full), n);
-  for (int64_t c : o.chunk_sizes)
-    if (c != 1) add(fmt::format("chunked_prefill_{}", c), max_diff(chunked(model, base, c, o.block_size), full), n);
+  add("token_by_token", max_diff(chunked(model, base, 1, block_size), full), n);
+  for (int64_t c : plan.chunk_sizes)
+    add(fmt::format("chunked_prefill_{}", c), max_diff(chunked(model, base, c, block_size), full), n);
 
   // 2. left-padded batch: 4 prompts of different lengths, each fed in two
   //    left-padded steps (a first part, then a continuation of a different
   //    length per row), then `steps` decode steps for all of them together.
   {
-    const int64_t steps = 8;
-    const std::vector<int64_t> len_a{n / 2, n / 3, 19, n / 2 - 40};
-    const std::vector<int64_t> len_b{n / 2 - steps, 11, n / 2, 77};
-    const std::vector<std::size_t> offs{0, N, 2 * N, N / 3};
+    const int64_t steps = plan.padded_decode_steps;
+    const std::vector<int64_t>& len_a = plan.padded_first;
+    const std::vector<int64_t>& len_b = plan.padded_second;
+    const std::vector<std::size_t> offs(plan.padded_offsets.begin(), plan.padded_offsets.end());
     const std::size_t B = offs.size();
-    KvCache cache = model.make_cache(o.block_size);
+    KvCache cache = model.make_cache(block_size);
     std::vector<KvCache::SeqId> seqs;
     for (std::size_t b = 0; b < B; ++b) seqs.push_back(cache.create());
     std::vector<std::vector<float>> got(B);
@@ -139,9 +207,9 @@ ConsistencyReport check_cache_consistency(const Model& model, std::span<const in
   // 3. ragged batch: three sequences advancing by different amounts per step.
   {
     const std::vector<std::size_t> offs{0, N, 2 * N};
-    const std::vector<int64_t> per_step{5, 1, 17};
-    const std::vector<int64_t> total{n, n / 4, n / 2};
-    KvCache cache = model.make_cache(o.block_size);
+    const std::vector<int64_t>& per_step = plan.ragged_strides;
+    const std::vector<int64_t>& total = plan.ragged_totals;
+    KvCache cache = model.make_cache(block_size);
     std::vector<KvCache::SeqId> seqs;
     std::vector<int64_t> done(3, 0);
     std::vector<std::vector<float>> got(3);
@@ -153,7 +221,8 @@ ConsistencyReport check_cache_consistency(const Model& model, std::span<const in
       std::vector<int> who;
       for (int i = 0; i < 3; ++i) {
         // First step: a ragged prefill of different lengths; then different strides.
-        const int64_t want = first ? std::min<int64_t>(total[i], 40 + 23 * i) : per_step[i];
+        const auto ui = static_cast<std::size_t>(i);
+        const int64_t want = first ? plan.ragged_first[ui] : per_step[ui];
         const int64_t take = std::min(want, total[i] - done[i]);
         if (take <= 0) continue;
         batch.push_back({seqs[i], stream.subspan(offs[i] + static_cast<std::size_t>(done[i]), static_cast<std::size_t>(take)), {}});
@@ -185,9 +254,9 @@ ConsistencyReport check_cache_consistency(const Model& model, std::span<const in
   // 4. prefix reuse: prefill a prefix once, fork three ways (copy-on-write),
   //    parent and forks continue with different suffixes.
   {
-    const std::size_t P = N / 2 + 3;  // not a multiple of the block size: the last block is shared and partial
+    const std::size_t P = static_cast<std::size_t>(plan.fork_prefix);  // the last block is shared and partial
     const Tokens prefix = stream.subspan(0, P);
-    KvCache cache = model.make_cache(o.block_size);
+    KvCache cache = model.make_cache(block_size);
     const auto parent = cache.create();
     std::vector<float> pre, step;
     Model::SequenceInput in{parent, prefix, {}};
@@ -199,7 +268,7 @@ ConsistencyReport check_cache_consistency(const Model& model, std::span<const in
     const std::size_t S = N - P;
     for (std::size_t k = 0; k < seqs.size(); ++k) {
       // Suffix k comes from a different place of the stream (k = 0: the true continuation).
-      const std::size_t so = k == 0 ? P : N + 97 * k;
+      const std::size_t so = static_cast<std::size_t>(plan.fork_suffix_offsets[k]);
       const Tokens suffix = stream.subspan(so, S);
       in = {seqs[k], suffix, {}};
       model.forward(cache, std::span(&in, 1), Model::LogitsMode::all, step);
@@ -212,27 +281,35 @@ ConsistencyReport check_cache_consistency(const Model& model, std::span<const in
     add("prefix_reuse_fork", d, rows, "full forward of prefix + each suffix");
   }
 
-  // 5. context shift: the first half prefilled at positions 1000.., shifted by
-  //    -1000 (cached keys re-rotated), then the rest continues at n/2...
+  // 5. context shift (RoPE): the first half prefilled at positions 2n..,
+  //    shifted by -2n (cached keys re-rotated), then the rest continues at n/2...
   //    Both sides use angle_precision exact: in float32 the angle of position
-  //    1000+i is rounded to ulp(1000) = 6e-5 rad, so R(-1000)R(1000+i) differs
-  //    from R(i) by ~1e-4 in the logits whatever the cache does.
-  {
+  //    2n+i is rounded to ulp(2n), so R(-2n)R(2n+i) differs from R(i) by ~1e-4
+  //    in the logits whatever the cache does; the frequencies are frozen at
+  //    the model's (a length-dependent method would otherwise recompute them
+  //    for positions past 2n and compare two different encodings).
+  if (model.family() != PositionFamily::rope) {
+    rep.scenarios.push_back({"context_shift", 0.0, 0, "one full forward (both angle_precision exact)", {},
+                             fmt::format("applies to RoPE only (re-rotates cached keys); this model uses {} positions",
+                                         to_string(model.family()))});
+  } else {
     const std::size_t H = N / 2;
+    const int64_t shift = plan.shift_offset;
     Model ex = model;
     RopeSetup rs = ex.rope();
     rs.precision = AnglePrecision::exact;
+    rs.update_with_length = false;
     ex.set_rope(rs);
     const Model& model = ex;
     const auto full = model.score_window(base);
-    KvCache cache = model.make_cache(o.block_size);
+    KvCache cache = model.make_cache(block_size);
     const auto seq = cache.create();
     std::vector<int64_t> pos(H);
-    for (std::size_t i = 0; i < H; ++i) pos[i] = 1000 + static_cast<int64_t>(i);
+    for (std::size_t i = 0; i < H; ++i) pos[i] = shift + static_cast<int64_t>(i);
     std::vector<float> got, step;
     Model::SequenceInput in{seq, base.subspan(0, H), pos};
     model.forward(cache, std::span(&in, 1), Model::LogitsMode::all, got);
-    cache.shift(seq, -1000);
+    cache.shift(seq, -shift);
     in = {seq, base.subspan(H), {}};
     model.forward(cache, std::span(&in, 1), Model::LogitsMode::all, step);
     append_rows(got, step);
@@ -241,10 +318,11 @@ ConsistencyReport check_cache_consistency(const Model& model, std::span<const in
 
   // 6. sliding-window eviction: token by token, evicting what left the window.
   {
+    const int64_t window = plan.sliding_window;
     Model sw = model;
-    sw.set_sliding_window(o.sliding_window);
+    sw.set_sliding_window(window);
     const auto ref = sw.score_window(base);
-    KvCache cache = sw.make_cache(o.block_size);
+    KvCache cache = sw.make_cache(block_size);
     const auto seq = cache.create();
     std::vector<float> got, step;
     int64_t max_kept = 0;
@@ -252,14 +330,13 @@ ConsistencyReport check_cache_consistency(const Model& model, std::span<const in
       Model::SequenceInput in{seq, base.subspan(i, 1), {}};
       sw.forward(cache, std::span(&in, 1), Model::LogitsMode::all, step);
       append_rows(got, step);
-      cache.keep_window(seq, o.sliding_window);
+      cache.keep_window(seq, window);
       max_kept = std::max(max_kept, cache.size(seq));
     }
-    add(fmt::format("sliding_window_eviction_{}", o.sliding_window), max_diff(got, ref), n,
+    add(fmt::format("sliding_window_eviction_{}", window), max_diff(got, ref), n,
         "one full forward with the sliding-window mask");
-    if (max_kept > o.sliding_window)
-      rep.scenarios.back().failure =
-          fmt::format("the cache kept {} tokens for a window of {}", max_kept, o.sliding_window);
+    if (max_kept > window)
+      rep.scenarios.back().failure = fmt::format("the cache kept {} tokens for a window of {}", max_kept, window);
   }
 
   rep.passed = std::all_of(rep.scenarios.begin(), rep.scenarios.end(),

@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 
 #include "posenc/error.hpp"
+#include "posenc/perplexity.hpp"
+#include "posenc/scaling.hpp"
 
 namespace posenc {
 
@@ -87,11 +89,49 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::str
     res.text += piece;
     if (on_piece) on_piece(piece);
   }
-  KvCache cache = model.make_cache(o.block_size);
+  // The positional setup: the scaling as ppl applies it to a window of the
+  // longest sequence this call can reach.
+  const int64_t prompt_len = static_cast<int64_t>(res.prompt_tokens.size());
+  res.trained_context = model.trained_context();
+  Model m = model;
+  if (model.family() == PositionFamily::rope) {
+    res.rope_context = prompt_len + o.max_new_tokens;
+    m.set_rope(rope_setup_for_context(model.rope(), model.trained_context(), o.rope_scaling, res.rope_context,
+                                      o.rope_factor));
+    res.rope_scaling = o.rope_scaling;
+    res.rope_factor = m.rope().params.factor;
+    const bool length_dependent = find_rope_scaling(m.rope().params.rope_type).depends_on_seq_len;
+    if (length_dependent) m.set_rope_change_policy(RopeChangePolicy::rerotate);
+    res.rope_change_policy = length_dependent ? "rerotate" : "refuse";
+  } else if (o.rope_scaling != "native" && o.rope_scaling != "default") {
+    throw InvalidArgument(fmt::format("rope_scaling: the model uses {} positions; RoPE scalings do not apply (got {})",
+                                      to_string(model.family()), o.rope_scaling));
+  }
+  // A learned table ends: positions >= its rows cannot be fed.
+  const int64_t limit = model.family() == PositionFamily::learned_absolute && model.config().max_position_embeddings > 0
+                            ? model.config().max_position_embeddings
+                            : -1;
+  if (limit >= 0 && prompt_len > limit)
+    throw PositionError(fmt::format("prompt: {} tokens are past the learned position table ({} positions)", prompt_len,
+                                    limit));
+  // Warns once, before the first token at position >= the trained context.
+  const int64_t T = model.trained_context();
+  auto about_to_feed = [&](int64_t from, int64_t count) {
+    if (res.passed_trained_context_at >= 0 || T <= 0 || from + count <= T) return;
+    res.passed_trained_context_at = std::max(from, T);
+    if (o.on_warning)
+      o.on_warning(fmt::format(
+          "the sequence passes the trained context ({} tokens, {}) at position {}: {} positions{} from here on are "
+          "outside what the model was trained on",
+          T, model.trained_context_source(), res.passed_trained_context_at, to_string(model.family()),
+          model.family() == PositionFamily::rope ? fmt::format(" (rope_scaling {})", o.rope_scaling) : ""));
+  };
+  KvCache cache = m.make_cache(o.block_size);
   const KvCache::SeqId seq = cache.create();
   std::vector<float> logits;
   Model::SequenceInput in{seq, res.prompt_tokens, {}};
-  model.forward(cache, std::span<const Model::SequenceInput>(&in, 1), Model::LogitsMode::last, logits);
+  about_to_feed(0, prompt_len);
+  m.forward(cache, std::span<const Model::SequenceInput>(&in, 1), Model::LogitsMode::last, logits);
   std::mt19937_64 rng(o.seed);
   int32_t prev = res.prompt_tokens.size() > first ? res.prompt_tokens.back() : -1;
   res.stop_reason = "max_tokens";
@@ -113,9 +153,15 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::str
     if (on_piece) on_piece(piece);
     prev = next;
     if (step + 1 == o.max_new_tokens) break;
+    const int64_t position = prompt_len + static_cast<int64_t>(res.new_tokens.size()) - 1;
+    if (limit >= 0 && position >= limit) {
+      res.stop_reason = "position_limit";
+      break;
+    }
     const int32_t tok[1] = {next};
     in = {seq, tok, {}};
-    model.forward(cache, std::span<const Model::SequenceInput>(&in, 1), Model::LogitsMode::last, logits);
+    about_to_feed(position, 1);
+    m.forward(cache, std::span<const Model::SequenceInput>(&in, 1), Model::LogitsMode::last, logits);
   }
   return res;
 }

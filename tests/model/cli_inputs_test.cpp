@@ -95,7 +95,7 @@ TEST(CliInputs, BadFlagValuesAreUsageErrorsNamingFlagAndRange) {
       {"check-cache " + model_args() + text + " --tolerance nan", "--tolerance"},
       {"check-cache " + model_args() + text + " --tolerance inf", "--tolerance"},
       // "length must be positive" for INT64_MAX.
-      {"check-cache " + model_args() + text + " --length 9223372036854775807", "[96, 1048576]"},
+      {"check-cache " + model_args() + text + " --length 9223372036854775807", "[16, 1048576]"},
       {"check-cache " + model_args() + text + " --block-size 0", "--block-size"},
       {"ppl " + model_args() + text + " --scored-tokens 9223372036854775807", "--scored-tokens"},
       {"ppl " + model_args() + text + " --context 9223372036854775807", "--context: a length must be an integer in [1, 1099511627776]"},

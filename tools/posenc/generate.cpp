@@ -1,4 +1,6 @@
 // posenc generate: greedy (or sampled) continuation of a prompt with the KV cache.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
 
@@ -10,6 +12,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "posenc/generate.hpp"
+#include "posenc/perplexity.hpp"
 #include "posenc/scaling.hpp"
 
 namespace posenc::cli {
@@ -27,28 +30,45 @@ struct GenerateArgs {
 };
 
 void run_generate(const GenerateArgs& a) {
+  GenerateOptions opt = a.options;
+  as_usage_error([&] { return is_rope_scaling_name(opt.rope_scaling); });  // an unknown name: exit 2, before loading
+  if (opt.rope_factor && (opt.rope_scaling == "native" || opt.rope_scaling == "default"))
+    throw UsageError(fmt::format("--rope-factor: applies to a --rope-scaling method (linear, ntk, yarn, ...), not "
+                                 "--rope-scaling {} (got --rope-factor {})",
+                                 opt.rope_scaling, *opt.rope_factor));
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
+  if (model.family() != PositionFamily::rope && opt.rope_scaling != "native" && opt.rope_scaling != "default")
+    throw ConfigError(fmt::format("--rope-scaling: {} uses {} positions; RoPE scalings do not apply (got {})",
+                                  a.model.model_path, to_string(model.family()), opt.rope_scaling));
   // Length-dependent RoPE (dynamic NTK, longrope) changes the frequencies once
-  // the text passes the original context: the cached keys are rotated again
-  // with the new frequencies. This is an approximation of a full forward at
-  // the new length (keys of layers >= 1 come from hidden states computed with
-  // the old frequencies); the default policy, refuse, stopped generation
-  // there with a CacheError that no flag could lift.
-  const bool length_dependent = model.family() == PositionFamily::rope &&
-                                find_rope_scaling(model.rope().params.rope_type).depends_on_seq_len;
-  if (length_dependent) model.set_rope_change_policy(RopeChangePolicy::rerotate);
+  // the text passes the original context: generate() re-rotates the cached
+  // keys with the new frequencies. This is an approximation of a full forward
+  // at the new length (keys of layers >= 1 come from hidden states computed
+  // with the old frequencies).
+  const std::string method = opt.rope_scaling == "native" && model.family() == PositionFamily::rope
+                                 ? model.rope().params.rope_type
+                                 : opt.rope_scaling;
+  const bool length_dependent = model.family() == PositionFamily::rope && find_rope_scaling(method).depends_on_seq_len;
   if (!a.quiet) {
     print_model_header(stderr, lm, a.model);
+    if (model.family() == PositionFamily::rope && opt.rope_scaling != "native")
+      fmt::print(stderr, "  rope scaling: {}{} (as ppl applies it to a window of prompt + --max-tokens tokens)\n",
+                 opt.rope_scaling, opt.rope_factor ? fmt::format(", factor {:g}", *opt.rope_factor) : "");
     if (length_dependent)
       fmt::print(stderr,
                  "  cache: rope_type {} depends on the length: cached keys are re-rotated when it changes "
                  "(approximate past the original context)\n",
-                 model.rope().params.rope_type);
+                 method);
   }
-  GenerateOptions opt = a.options;
   if (a.ignore_eos) opt.stop_at_bos = opt.stop_at_eos = false;
+  opt.on_warning = [](const std::string& message) {
+    std::fflush(stdout);
+    // On one terminal the warning starts its own line after the streamed text.
+    const bool same_tty = ::isatty(STDOUT_FILENO) != 0 && ::isatty(STDERR_FILENO) != 0;
+    fmt::print(stderr, "{}posenc: warning: {}\n", same_tty ? "\n" : "", message);
+  };
   const auto t0 = std::chrono::steady_clock::now();
   const std::string prompt = a.prompt.text();
   const auto res = generate(model, tok, prompt, opt, [](std::string_view piece) {
@@ -57,6 +77,9 @@ void run_generate(const GenerateArgs& a) {
   });
   std::fputc('\n', stdout);
   std::fflush(stdout);
+  if (res.stop_reason == "position_limit")
+    fmt::print(stderr, "stopped: the learned position table ends at {} positions (stop_reason position_limit)\n",
+               model.config().max_position_embeddings);
   if (!a.json_path.empty()) {
     nlohmann::json j;
     j["model"] = a.model.model_path;
@@ -68,14 +91,21 @@ void run_generate(const GenerateArgs& a) {
     j["generated_logprobs"] = res.new_token_logprobs;
     j["text"] = res.text;
     j["stop_reason"] = res.stop_reason;
+    j["trained_context"] = res.trained_context;
+    j["passed_trained_context_at"] =
+        res.passed_trained_context_at >= 0 ? nlohmann::json(res.passed_trained_context_at) : nlohmann::json(nullptr);
+    j["positional_family"] = std::string(to_string(model.family()));
     j["temperature"] = opt.temperature;
     j["top_p"] = opt.top_p;
     j["seed"] = opt.seed;
     if (model.family() == PositionFamily::rope) {
       j["rope_type"] = model.rope().params.rope_type;
+      j["rope_scaling"] = res.rope_scaling;
+      j["rope_factor"] = res.rope_factor ? nlohmann::json(*res.rope_factor) : nlohmann::json(nullptr);
+      j["rope_context"] = res.rope_context;
       j["rope_layout"] = std::string(to_string(model.rope().layout));
       j["angle_precision"] = std::string(to_string(model.rope().precision));
-      j["rope_change_policy"] = length_dependent ? "rerotate" : "refuse";
+      j["rope_change_policy"] = res.rope_change_policy;
     }
     j["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
     write_output(a.json_path, j.dump(2) + "\n");
@@ -104,8 +134,18 @@ void add_generate_command(CLI::App& app) {
       ->check(finite_above(0, 1))
       ->capture_default_str();
   cmd->add_option("--seed", args->options.seed, "sampling seed")->check(seed_value())->capture_default_str();
+  cmd->add_option("--rope-scaling", args->options.rope_scaling,
+                  "RoPE scaling (rope_type) applied as ppl applies it to a window of prompt + --max-tokens tokens: "
+                  "native (the model's own parameters, or --config's), default, linear, ntk, dynamic, yarn, llama3, "
+                  "longrope, ...")
+      ->capture_default_str();
+  cmd->add_option("--rope-factor", args->options.rope_factor,
+                  "scaling factor s of --rope-scaling (default: max(1, (prompt + --max-tokens) / trained context))")
+      ->check(finite_above(0, 1e6));
   cmd->add_flag("--stats", args->stats, "print tokens/s to stderr");
-  cmd->add_flag("--ignore-eos", args->ignore_eos, "do not stop at the tokenizer's BOS/EOS: always --max-tokens tokens");
+  cmd->add_flag("--ignore-eos", args->ignore_eos,
+                "do not stop at the tokenizer's BOS/EOS: --max-tokens tokens (fewer only where a learned position "
+                "table ends)");
   add_json_option(cmd, args->json_path,
                   "prompt ids, generated ids, their log-probabilities (temperature 1) and the text as JSON");
   cmd->add_flag("--quiet", args->quiet,

@@ -701,32 +701,34 @@ TEST(HfConfigFuzzCorpus, SeedsAreCurrent) {
 
 // ---- check-cache, convert ---------------------------------------------------
 
-// check-cache's scenarios need length >= 96 (a prompt of length/2 - 40) and
-// up to 1.5 length + 288 tokens: shorter lengths threw std::length_error
-// ("vector::_M_range_insert"), texts between 3 length and that read past the stream.
+// check-cache's scenario sizes follow the length (from 16 up) and read 3 x
+// length tokens: the fixed sizes of before threw std::length_error
+// ("vector::_M_range_insert") below 80, and texts shorter than the forks read
+// ran past the stream.
 TEST(ConsistencyBadInput, LengthAndTextSizeAreCheckedUpFront) {
   const Model m = Model::load(hf656());
   const auto stream = some_tokens(437, 2048);
   ConsistencyOptions o;
-  o.length = 64;
+  o.length = 15;
   try {
     (void)check_cache_consistency(m, stream, o);
-    ADD_FAILURE() << "length 64 accepted";
+    ADD_FAILURE() << "length 15 accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("length"), std::string::npos) << e.what();
   }
-  o.length = 100;  // 3 * 100 = 300 <= 437 tokens, but the forks read up to 438
+  o.length = 146;  // 3 * 146 = 438 > 437 tokens
   try {
     (void)check_cache_consistency(m, stream, o);
-    ADD_FAILURE() << "437 tokens accepted for length 100";
+    ADD_FAILURE() << "437 tokens accepted for length 146";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("438"), std::string::npos) << e.what();
   }
+  o.length = 64;
   o.chunk_sizes = {1, 7};
-  EXPECT_TRUE(check_cache_consistency(m, some_tokens(438, 2048), o).passed);
-  const auto r = run_cli("check-cache --model " + q(hf656()) + " --text " + q(test::text_path()) + " --length 64");
+  EXPECT_TRUE(check_cache_consistency(m, some_tokens(192, 2048), o).passed);
+  const auto r = run_cli("check-cache --model " + q(hf656()) + " --text " + q(test::text_path()) + " --length 15");
   EXPECT_EQ(r.exit_code, 2);  // a flag value out of range: usage error, refused while parsing
-  EXPECT_NE(r.err.find("--length: must be an integer in [96, 1048576] (got '64')"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--length: must be an integer in [16, 1048576] (got '15')"), std::string::npos) << r.err;
 }
 
 // convert used the file's layout whatever --rope-layout said (while honouring
