@@ -354,7 +354,7 @@ def accuracy_plot(R, task, control, path):
     if not lengths:
         return False
     has_delta = "default" in scalings and len(scalings) > 1
-    fig, axes = plt.subplots(2 if has_delta else 1, 1, figsize=(7, 5.6 if has_delta else 3.8), sharex=True,
+    fig, axes = plt.subplots(2 if has_delta else 1, 1, figsize=(8.4, 5.6 if has_delta else 3.8), sharex=True,
                              squeeze=False, gridspec_kw={"height_ratios": [3, 2]} if has_delta else None)
     ax = axes[0][0]
     ch = R.pooled_chance(task, metric)
@@ -378,7 +378,7 @@ def accuracy_plot(R, task, control, path):
     ax.set_ylim(-0.02, 1.02)
     ax.set_ylabel(f"{metric} (pooled over depths)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="best", ncol=2, framealpha=0.85)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(f"{task}" + (f" / control {control}" if control != "none" else "") +
                  ": accuracy vs length (95% Wilson bands)", fontsize=9)
     length_axis(ax, lengths, R.trained)
@@ -400,7 +400,7 @@ def accuracy_plot(R, task, control, path):
             ax2.plot(off, [d[0] for d in ds], marker="o", ms=4, color=col, label=f"{s} − default")
         ax2.set_ylabel(f"Δ {metric} vs default")
         ax2.grid(True, alpha=0.3)
-        ax2.legend(fontsize=7, loc="best", framealpha=0.85)
+        ax2.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         ax2.set_title("difference against default (95% Newcombe bands)", fontsize=8)
         length_axis(ax2, lengths, R.trained)
     fig.tight_layout()
@@ -711,7 +711,9 @@ def main(argv):
             if accuracy_plot(R, task, control, acc_path):
                 body.append(img_tag(acc_path, f"{task}{sub} accuracy vs length"))
             body.append(f"<p class='cap'>Per-length accuracy pooled over depths with its 95% Wilson interval; "
-                        f"bold: the interval lies above chance. {esc(cap)}.</p>")
+                        f"bold: the interval lies above chance. {esc(cap)}. The differences against default treat the two "
+                        f"as independent samples; the same prompts are scored under every scaling, so the Newcombe "
+                        f"band is conservative.</p>")
             body.append(length_table(R, task, control))
 
     if ppl and ppl.get("results"):
