@@ -163,8 +163,9 @@ def check_html(src):
                 check(kv.get("run_id") == summary["run_id"], f"{v}: run_id row")
                 check((kv.get("family") == "rope") == (v == "v2"), f"{v}: family row = {kv.get('family')!r}")
             # the summaries are tables, not a terminal dump: the text table only inside <details>
-            check(all("name_recall        none" not in p or "<details><summary>The table" in doc for p in page.pres),
-                  f"{v}: the text summary is shown outside its <details>")
+            pres = [m.start() for m in re.finditer("<pre>", doc)]
+            check(len(pres) == 1 and doc.rfind("<details>", 0, pres[0]) > doc.rfind("</details>", 0, pres[0]),
+                  f"{v}: the text summary (report.txt) is shown outside one collapsed <details> ({len(pres)} <pre>)")
             eff = table_with(page, "task", "effective context")
             n_eff = 12 if v == "v1" else 18  # (2 tasks x 2 controls x 3 scalings) x metrics (v2: acc+acc_norm)
             if check(eff is not None, f"{v}: no effective-context table"):
@@ -296,7 +297,7 @@ def check_chromium(src, shots):
             r = subprocess.run([chrome] + flags + ["--enable-logging=stderr", "--v=0", "--virtual-time-budget=20000",
                                                    "--dump-dom", "file://" + checked],
                                capture_output=True, text=True, timeout=180)
-            if not check(r.returncode == 0, f"{v_name(version)}: chromium --dump-dom exit {r.returncode}: "
+            if not check(r.returncode == 0, f"{version}: chromium --dump-dom exit {r.returncode}: "
                                             f"{r.stderr[-2000:]}"):
                 continue
             m = re.search(r"<pre id=\"posenc-check\">(.*?)</pre>", r.stdout, re.S)
@@ -321,10 +322,6 @@ def check_chromium(src, shots):
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0
-
-
-def v_name(v):
-    return v
 
 
 def html_unescape(s):
