@@ -139,7 +139,12 @@ def mark_trained_context_columns(ax, trained_context, lengths, xs, edges):
             ax.set_xticklabels(labels)
         x = edges[i + 1] if i + 1 < len(lengths) else None
     elif lengths[0] < trained_context < lengths[-1]:
-        x = math.log2(trained_context)
+        # not a tested length: the line goes on the edge between the last column within it and the
+        # first past it (never through a cell), labelled with its value
+        i = max(j for j, L in enumerate(lengths) if L < trained_context)
+        x = edges[i + 1]
+        ax.annotate(f"T={trained_context}", xy=(x, 0.0), xycoords=("data", "axes fraction"), xytext=(0, -3),
+                    textcoords="offset points", ha="center", va="top", fontsize=6, color="#333333")
     else:
         x = None
     if x is not None and edges[0] < x < edges[-1]:
