@@ -239,7 +239,7 @@ TEST_F(EvalCli, ReportWritesTableHeatmapsAndSelfContainedHtml) {
     GTEST_SKIP() << "python3-matplotlib is not installed (scripts/install-deps installs it)";
   const auto r = run_cli("eval report " + q(d.path() / "run"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  for (const char* f : {"plots/heatmap_name_recall_none_default.png", "plots/heatmap_name_recall_none_linear.png",
+  for (const char* f : {"plots/heatmaps_name_recall_none.png",
                         "plots/accuracy_name_recall_none.png", "plots/ppl_by_position.png", "report.html"})
     EXPECT_TRUE(fs::exists(d.path() / "run" / f)) << f;
   const std::string html = slurp(d.path() / "run" / "report.html");

@@ -1,0 +1,60 @@
+// scripts/eval_report.py on the fixtures in tests/eval/data/report (v1: a real
+// stories260K run's summary.json/run.json/ppl.json without schema_version; v2:
+// the same run edited per the issue-14 summary contract by
+// tests/scripts/make_report_v2_fixture.py). The checks themselves are in
+// tests/scripts/eval_report_test.py (Debian's /usr/bin/python3, matplotlib);
+// exit 77 from it means a tool it needs is missing and is reported as skipped.
+#include <cstdlib>
+#include <iostream>
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "test_support.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using posenc::test::slurp;
+using posenc::test::TempDir;
+
+struct ScriptResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+ScriptResult run_check(const std::string& mode, const std::string& extra = "") {
+  TempDir d;
+  const fs::path log = d.path() / "log";
+  const std::string src = POSENC_SOURCE_DIR;
+  const std::string cmd = "MPLBACKEND=Agg /usr/bin/python3 '" + src + "/tests/scripts/eval_report_test.py' " + mode +
+                          " '" + src + "' " + extra + " >'" + log.string() + "' 2>&1";
+  const int st = std::system(cmd.c_str());
+  ScriptResult r;
+  if (WIFEXITED(st)) r.exit_code = WEXITSTATUS(st);
+  r.output = slurp(log);
+  return r;
+}
+
+bool have_matplotlib() { return std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0; }
+
+TEST(EvalReportHtml, TablesContentsChanceAndUnsolvableTasksFromSchema1And2Summaries) {
+  if (!have_matplotlib()) GTEST_SKIP() << "python3-matplotlib is not installed (scripts/install-deps installs it)";
+  const ScriptResult r = run_check("html");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("0 failure(s)"), std::string::npos) << r.output;
+}
+
+TEST(EvalReportHtml, LoadsWithoutErrorsAndEveryImageDecodesInHeadlessChromium) {
+  if (!have_matplotlib()) GTEST_SKIP() << "python3-matplotlib is not installed (scripts/install-deps installs it)";
+  // The screenshots stay for a person to look at (the test prints their paths).
+  const fs::path shots = fs::temp_directory_path() / "posenc-report-screenshots";
+  const ScriptResult r = run_check("chromium", "'" + shots.string() + "'");
+  if (r.exit_code == 77) GTEST_SKIP() << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("0 failure(s)"), std::string::npos) << r.output;
+  std::cout << r.output;
+}
+
+}  // namespace
