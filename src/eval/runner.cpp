@@ -593,13 +593,13 @@ void validate_eval_config(EvalConfig& c) {
       if (!seen.insert(t).second) throw ConfigError(fmt::format("--tasks: '{}' listed twice", t));
     }
   }
-  if (c.lengths.empty()) throw ConfigError("--lengths: at least one length is required");
+  if (c.lengths.empty()) throw ConfigError("--context: at least one length is required");
   std::sort(c.lengths.begin(), c.lengths.end());
   for (std::size_t i = 0; i < c.lengths.size(); ++i) {
     if (c.lengths[i] < 8 || c.lengths[i] > (int64_t{1} << 20))
-      throw ConfigError(fmt::format("--lengths: must be in [8, 1048576] (got {})", c.lengths[i]));
+      throw ConfigError(fmt::format("--context: must be in [8, 1048576] (got {})", c.lengths[i]));
     if (i > 0 && c.lengths[i] == c.lengths[i - 1])
-      throw ConfigError(fmt::format("--lengths: {} listed twice", c.lengths[i]));
+      throw ConfigError(fmt::format("--context: {} listed twice", c.lengths[i]));
   }
   if (c.depths.empty()) throw ConfigError("--depths: at least one depth is required");
   std::sort(c.depths.begin(), c.depths.end());
@@ -651,7 +651,7 @@ void validate_eval_config(EvalConfig& c) {
     throw ConfigError(fmt::format("--shard: must be i/n with 0 <= i < n (got {}/{})", c.shard_index, c.shard_count));
   if (c.out.empty()) throw ConfigError("--out: an output directory is required");
   if (const auto cells = cell_count(axes_from_config(c)); !cells || *cells > kMaxCells)
-    throw ConfigError(fmt::format("--tasks x --control x --rope-scaling x --lengths x --depths: more than {} cells",
+    throw ConfigError(fmt::format("--tasks x --control x --rope-scaling x --context x --depths: more than {} cells",
                                   kMaxCells));
 }
 

@@ -224,7 +224,7 @@ TEST(EvalChanceRun, AbsentCellsMeasureChanceAndTheGateUsesIt) {
   TempDir d;
   const auto r = run_cli("eval --model '" + test::model_path().string() + "' --tokenizer '" +
                          test::tokenizer_path().string() + "' --haystack '" + test::text_path().string() +
-                         "' --tasks name_recall --lengths 128,256 --depths 1 --samples 30 --ppl-tokens -1 --quiet "
+                         "' --tasks name_recall --context 128,256 --depths 1 --samples 30 --ppl-tokens -1 --quiet "
                          "--out '" + (d.path() / "e").string() + "'");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const fs::path run = resolve_run_dir(d.path() / "e");

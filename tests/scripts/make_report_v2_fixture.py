@@ -6,7 +6,7 @@ summary.json / cell files"). The v1 files are the summary.json, run.json,
 ppl.json and report.txt of
 
   posenc eval --model stories260K.bin --tokenizer tok512.bin --haystack tinystories_val.txt \\
-      --tasks name_recall,passkey --lengths 128,256,512 --samples 10 --control none,shuffle \\
+      --tasks name_recall,passkey --context 128,256,512 --samples 10 --control none,shuffle \\
       --rope-scaling default,linear,yarn --ppl-tokens 8192
 
 (posenc 0.1.0, git c3ba4df, run id e455bde28196d422). The v2 edits are made by
