@@ -1422,6 +1422,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
   // ---- perplexity matrix ----
   bool any_ppl = false;
   for (const auto& u : units) any_ppl = any_ppl || u.is_ppl;
+  std::vector<PplResult> computed_ppl;
   if (any_ppl) {
     json header = run["ppl_header"];
     header["tokens_total"] = stream.size();
@@ -1446,7 +1447,15 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
       weight_done += ppl_weight(j);
       weight_done_here += ppl_weight(j);
       report(label, 0.0, true);
+      computed_ppl.push_back(std::move(r));
     }
+    // A tokenizer that is not the model's shows as an NLL above uniform guessing inside the trained context
+    // (the `ppl` job's check): every task score of the run is then meaningless, so say so.
+    if (const auto nll = in_range_nll(computed_ppl))
+      if (const auto w = tokenizer_mismatch_warning(
+              *nll, model.config().vocab_size, tokenizer,
+              c.tokenizer_path.empty() ? std::string("the model's own tokenizer") : c.tokenizer_path))
+        warn(*w);
   }
 
   res.seconds = elapsed();

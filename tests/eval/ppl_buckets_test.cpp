@@ -302,6 +302,29 @@ TEST(PplBuckets, CliWarnsOfAForeignTokenizer) {
   EXPECT_TRUE(json::parse(read_file(d.path() / "good.json")).at("tokenizer_mismatch").is_null());
 }
 
+// eval runs the same check on its perplexity matrix: a run whose tokenizer is
+// not the model's warns (every task score of that run means nothing).
+TEST(PplBuckets, EvalWarnsOfAForeignTokenizer) {
+  test::TempDir d;
+  const fs::path model = test::shared_dir() / "models/TinyStories-656K";
+  json tj = json::parse(read_file(model / "tokenizer.json"));
+  for (auto& [piece, id] : tj["model"]["vocab"].items())
+    if (id.get<int>() >= 3) id = 3 + (id.get<int>() - 3 + 1000) % 2045;
+  const fs::path rotated = d.file("rotated.json", tj.dump());
+  const fs::path text = d.file("text.txt", read_file(test::text_path()).substr(0, 12000));
+  const std::string common = fmt::format(
+      "eval --model {} --haystack {} --tasks name_recall --context 256 --depths 0.5 --samples 2 --ppl-tokens 2048 "
+      "--quiet ",
+      model.string(), text.string());
+  const auto bad = test::run_cli(common + "--tokenizer " + rotated.string() + " --out " + (d.path() / "bad").string());
+  ASSERT_EQ(bad.exit_code, 0) << bad.err;
+  EXPECT_NE(bad.err.find("eval: warning: mean NLL "), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("likely does not belong to this model"), std::string::npos) << bad.err;
+  const auto good = test::run_cli(common + "--out " + (d.path() / "good").string());
+  ASSERT_EQ(good.exit_code, 0) << good.err;
+  EXPECT_EQ(good.err.find("does not belong"), std::string::npos) << good.err;
+}
+
 // A `posenc train` model trained on copy at input lengths 8..64 reads 130
 // positions (<bos> + 64 + '>' + 64 answer tokens): with all defaults `ppl`
 // scores L = 65, 130, 260, 520 in buckets 0,65,130,260,520 and prints the RoPE

@@ -166,7 +166,6 @@ TEST(CliConvention, RequiredOptionsAreMarkedAndMissingOnesExit2) {
       {"ppl", "--text", "ppl " + model_args()},
       {"generate", "--model", "generate --tokenizer " + t + " --prompt hi"},
       {"detect-layout", "--text", "detect-layout " + model_args()},
-      {"check-cache", "--text", "check-cache " + model_args()},
       {"convert", "--out", "convert " + model_args()},
       {"inspect", "--config", "inspect"},
       {"periods", "--rope-theta", "periods --context 4K"},
