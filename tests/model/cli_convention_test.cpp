@@ -107,13 +107,14 @@ TEST(CliConvention, PeriodsWritesJsonAndCsvFiles) {
 
 // The old spellings exit 2 with a message that names the new form (they were the only names, or meant a switch).
 TEST(CliConvention, OldSpellingsAreRefusedNamingTheNewOnes) {
-  const std::string llama = config("llama-3.1-8b.json");
+  TempDir d;
+  const std::string llama = config("llama-3.1-8b.json"), out = q(d.path() / "out"), txt = q(d.path() / "x.txt");
   const std::pair<std::string, std::vector<std::string>> cases[] = {
       {"inspect --config " + llama + " --json", {"--json: needs a FILE", "'--json -' for stdout"}},
-      {"inspect --config " + llama + " -o /tmp/posenc-never.txt", {"removed", "--json FILE"}},
+      {"inspect --config " + llama + " -o " + txt, {"removed", "--json FILE"}},
       {"periods --rope-theta 10000 --context 4K --json", {"--json: needs a FILE"}},
       {"periods --rope-theta 10000 --context 4K --csv", {"--csv: needs a FILE", "'--csv -'"}},
-      {"periods --rope-theta 10000 --context 4K -o /tmp/posenc-never.txt", {"removed", "--csv FILE"}},
+      {"periods --rope-theta 10000 --context 4K -o " + txt, {"removed", "--csv FILE"}},
       {"periods --rope-theta 10000 --lengths 4K", {"--lengths", "renamed --context"}},
       {"periods --rope-theta 10000 --context 4K --rope-scaling linear --factor 2",
        {"--factor", "renamed --rope-factor"}},
@@ -121,8 +122,11 @@ TEST(CliConvention, OldSpellingsAreRefusedNamingTheNewOnes) {
       {"detect-layout " + model_args() + text_arg() + " --json", {"--json: needs a FILE"}},
       {"detect-layout " + model_args() + text_arg() + " --max-tokens 100", {"renamed --scored-tokens"}},
       {"ppl " + model_args() + text_arg() + " --max-tokens 100", {"--max-tokens", "renamed --scored-tokens"}},
-      {"eval " + model_args() + " --tasks kv_retrieval --lengths 256 --out /tmp/posenc-never", {"renamed --context"}},
-      {"study --out /tmp/posenc-never --scalings linear", {"--scalings", "renamed --rope-scaling"}},
+      // (--shard 3/2 and --recipe copy:bogus=1, refused after the lists are read, keep the binary of before from
+      // running an eval or a whole study with the names it accepted.)
+      {"eval " + model_args() + " --tasks kv_retrieval --lengths 256 --ppl-tokens -1 --shard 3/2 --out " + out,
+       {"renamed --context"}},
+      {"study --scalings linear --recipe copy:bogus=1 --out " + out, {"--scalings", "renamed --rope-scaling"}},
   };
   for (const auto& [args, needles] : cases) expect_usage_error(args, needles);
   // The new names work where the old ones did.
@@ -161,6 +165,8 @@ TEST(CliConvention, RequiredOptionsAreMarkedAndMissingOnesExit2) {
     std::string without;             // a command line with everything else
   };
   const std::string m = q(posenc::test::model_path()), t = q(posenc::test::tokenizer_path());
+  TempDir d;
+  const std::string out = q(d.path() / "out");
   const Case cases[] = {
       {"ppl", "--model", "ppl --tokenizer " + t + text_arg()},
       {"ppl", "--text", "ppl " + model_args()},
@@ -170,9 +176,9 @@ TEST(CliConvention, RequiredOptionsAreMarkedAndMissingOnesExit2) {
       {"inspect", "--config", "inspect"},
       {"periods", "--rope-theta", "periods --context 4K"},
       {"periods", "--context", "periods --rope-theta 10000"},
-      {"eval", "--model", "eval --tokenizer " + t + " --tasks kv_retrieval --ppl-tokens -1 --out /tmp/posenc-never"},
+      {"eval", "--model", "eval --tokenizer " + t + " --tasks kv_retrieval --ppl-tokens -1 --out " + out},
       {"eval", "--out", "eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1"},
-      {"train", "--out", "train --task copy --steps 5"},
+      {"train", "--out", "train --task copy --steps 5 --eval-samples 0"},
       {"study", "--out", "study --tasks copy --pe rope --seeds 1"},
   };
   for (const auto& c : cases) {
@@ -191,7 +197,6 @@ TEST(CliConvention, RequiredOptionsAreMarkedAndMissingOnesExit2) {
   expect_usage_error("tokenize --tokenizer " + t, {"--text", "--prompt"});
   expect_usage_error("tokenize --tokenizer " + t + " --prompt hi --text " + q(posenc::test::text_path()), {"--prompt"});
   // The subcommands that share eval / study do not need their parent's required options.
-  TempDir d;
   const CliResult er = run_cli("eval report --no-plots " + q(d.path()));
   EXPECT_EQ(er.exit_code, 1) << er.err;  // the directory holds no run: an input problem, not --model
   EXPECT_EQ(er.err.find("--model is required"), std::string::npos) << er.err;
@@ -218,8 +223,13 @@ TEST(CliConvention, TrainWithoutOutIsRefusedBeforeTraining) {
 
 // An empty list item is a typo; it was dropped silently (256,,512 ran 256 and 512).
 TEST(CliConvention, EmptyListItemsAreRefusedNamingTheFlag) {
-  const std::string eval = "eval " + model_args() + " --ppl-tokens -1 --out /tmp/posenc-never ";
-  const std::string ppl = "ppl " + model_args() + text_arg() + " ";
+  // A flag error found after the lists are read (--shard 3/2, --recipe copy:bogus=1) and a small --scored-tokens
+  // keep the binary of before, which dropped the empty item, from running a whole eval, study or ppl.
+  TempDir d;
+  const std::string out = q(d.path() / "out");
+  const std::string eval = "eval " + model_args() + " --ppl-tokens -1 --shard 3/2 --out " + out + " ";
+  const std::string ppl = "ppl " + model_args() + text_arg() + " --scored-tokens 200 ";
+  const std::string study = "study --recipe copy:bogus=1 --out " + out + " ";
   const std::pair<std::string, std::string> cases[] = {
       {ppl + "--context 256,,512", "--context"},
       {ppl + "--rope-scaling default,", "--rope-scaling"},
@@ -232,10 +242,10 @@ TEST(CliConvention, EmptyListItemsAreRefusedNamingTheFlag) {
       {"periods --rope-theta 10000,,500000 --context 4K", "--rope-theta"},
       {"periods --rope-theta 10000 --context 4K,,8K", "--context"},
       {"periods --rope-theta 10000 --context 4K --rope-scaling default,", "--rope-scaling"},
-      {"study --out /tmp/posenc-never --tasks copy,,reverse", "--tasks"},
-      {"study --out /tmp/posenc-never --pe rope,", "--pe"},
-      {"study --out /tmp/posenc-never --seeds 1,,2", "--seeds"},
-      {"study --out /tmp/posenc-never --rope-scaling linear,,ntk", "--rope-scaling"},
+      {study + "--tasks copy,,reverse", "--tasks"},
+      {study + "--pe rope,", "--pe"},
+      {study + "--seeds 1,,2", "--seeds"},
+      {study + "--rope-scaling linear,,ntk", "--rope-scaling"},
   };
   for (const auto& [args, flag] : cases) expect_usage_error(args, {flag + ": item", "is empty"});
 }
@@ -253,13 +263,13 @@ TEST(CliConvention, AFilesMissingDirectoryIsAnErrorNamingIt) {
       "periods --rope-theta 10000 --context 4K --plot " + f,
       "decay --csv " + f,
       "tokenize --tokenizer " + q(posenc::test::tokenizer_path()) + " --prompt hi --json " + f,
-      "ppl " + model_args() + text_arg() + " --json " + f,
-      "ppl " + model_args() + text_arg() + " --plot " + f,
+      "ppl " + model_args() + text_arg() + " --context 128 --rope-scaling default --json " + f,
+      "ppl " + model_args() + text_arg() + " --context 128 --rope-scaling default --plot " + f,
       "generate " + model_args() + " --prompt hi --json " + f,
       "detect-layout " + model_args() + text_arg() + " --json " + f,
       "check-cache " + model_args() + text_arg() + " --json " + f,
       "convert " + model_args() + " --out " + f,
-      "train --task copy --steps 5 --out " + f,
+      "train --task copy --steps 5 --eval-samples 0 --out " + f,
   };
   for (const auto& args : cases) {
     expect_usage_error(args, {missing.string() + " does not exist"});

@@ -159,7 +159,7 @@ CLI::Option* add_curriculum_option(CLI::App* cmd, double& value, const std::stri
 /// naming the new form. `what` describes the contents for --help. Bound to `target` ("" = not given).
 CLI::Option* add_output_option(CLI::App* cmd, const std::string& name, std::string& target, const std::string& what);
 /// `--json FILE` (add_output_option).
-CLI::Option* add_json_option(CLI::App* cmd, std::string& target, const std::string& what);
+CLI::Option* add_json_option(CLI::App* cmd, std::string& target, const std::string& what = "the result as JSON");
 /// Writes `text` where an output option's `target` says: nothing for "", stdout for "-" (the data stream of a
 /// live StdoutForData), else the file, atomically. Throws IoError naming the file.
 void write_output(const std::string& target, std::string_view text);
