@@ -184,7 +184,7 @@ void run_ppl(const PplArgs& a) {
     for (const auto& r : results) j["results"].push_back(ppl_result_json(r));
     if (!a.json_path.empty()) {
       write_output(a.json_path, j.dump(2) + "\n");
-      if (!a.quiet) fmt::print(stderr, "wrote {}\n", a.json_path);
+      if (!a.quiet && a.json_path != "-") fmt::print(stderr, "wrote {}\n", a.json_path);
     }
     if (!a.plot_path.empty()) {
       run_plot("plot_ppl.py", j.dump() + "\n", a.plot_path);
