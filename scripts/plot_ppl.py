@@ -165,7 +165,9 @@ def plot_ppl(data, out_png, title=None):
                     if d is None:
                         continue
                     e = {"start": b["start"], "end": b["end"], "nll": b["nll"] - d["nll"], "tokens": 1}
-                    if _has_ci(b) and _has_ci(d):
+                    # Bit-identical NLL (e.g. linear at L <= T, where s = 1: the same encoding): the difference is
+                    # exactly 0 on the same windows, with no uncertainty; an unpaired band would draw noise there.
+                    if _has_ci(b) and _has_ci(d) and b["nll"] != d["nll"]:
                         # Half-widths added in quadrature: an approximate band (both
                         # scalings are scored on the same windows, so it errs wide).
                         h = math.hypot((b["nll_ci_high"] - b["nll_ci_low"]) / 2, (d["nll_ci_high"] - d["nll_ci_low"]) / 2)
