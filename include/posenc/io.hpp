@@ -59,8 +59,11 @@ std::string read_file_prefix(const std::filesystem::path& path, std::size_t n);
 /// Writes `contents` to `path` atomically: a temporary file in the same
 /// directory is written, flushed (fsync) and renamed over `path`, so a reader
 /// sees either the old file or the whole new one, never a partial write.
-/// Creates missing parent directories. Throws IoError on failure (the
-/// temporary file is removed).
+/// Creates missing parent directories. A symbolic link is written through
+/// (the link stays; the file it names is replaced). Throws IoError, before
+/// writing anything, when `path` exists and is not a regular file (a device
+/// such as /dev/null, a FIFO, a socket, a directory: renaming over it would
+/// replace the node), and on any failure (the temporary file is removed).
 void write_file_atomic(const std::filesystem::path& path, std::string_view contents);
 
 /// An advisory lock on a directory posenc writes a run into (a study, an eval

@@ -147,7 +147,12 @@ nlohmann::json ppl_result_json(const PplResult& result);
 /// tokenizer's ids mean other pieces to the model than they did in training.
 inline constexpr double kTokenizerMismatchMarginNats = 1.0;
 
-/// The mean NLL that judges the tokenizer: over `results`, the lowest mean NLL
+/// Windows shorter than this many tokens do not judge the tokenizer (their
+/// predictions have next to no context; see in_range_nll).
+inline constexpr int64_t kTokenizerCheckMinContext = 16;
+
+/// The mean NLL that judges the tokenizer: over `results` with a window of at
+/// least kTokenizerCheckMinContext tokens, the lowest mean NLL
 /// of the predictions inside the trained context (buckets with end <=
 /// trained_context; a result without such a bucket counts with its whole NLL
 /// when its context <= trained_context, else not). nullopt when no result

@@ -116,8 +116,10 @@ class Haystack {
 ///  - absent (forced-choice tasks only; the runner adds it by itself, one cell
 ///    per task x scaling x length, no depth axis): the same sample with the
 ///    evidence removed (name_recall: no needle; associative_recall: the queried
-///    pair's slot holds a pair of a key absent from the rest of the context, or
-///    is dropped when all keys are in use), same candidates, gold = the index
+///    pair keeps its slot and value but its key is one absent from the rest of
+///    the context - with all keys in use, the key of the last other pair, which
+///    is dropped - so every candidate value is as present in the context as
+///    without the control), same candidates, gold = the index
 ///    the uncontrolled sample's gold has. Nothing in the prompt points to the
 ///    gold, so its accuracy measures the chance level of the task x model x
 ///    scoring (1/K for an unbiased scoring).

@@ -150,10 +150,31 @@ std::string read_file_prefix(const std::filesystem::path& path, std::size_t n) {
   return read_up_to(path, f, static_cast<std::size_t>(std::min<std::uint64_t>(size, n)));
 }
 
-void write_file_atomic(const std::filesystem::path& path, std::string_view contents) {
+void write_file_atomic(const std::filesystem::path& requested, std::string_view contents) {
   namespace fs = std::filesystem;
-  fs::path dir = path.parent_path();
   std::error_code ec;
+  // A symbolic link is written through (the link stays, the file it names is
+  // replaced); anything that exists and is not a regular file - a device such
+  // as /dev/null, a FIFO, a socket, a directory - is refused: renaming over it
+  // would replace the node itself (as root, /dev/null would become a file).
+  fs::path path = requested;
+  for (int hops = 0; fs::is_symlink(fs::symlink_status(path, ec)); ++hops) {
+    if (hops == 40) throw IoError(fmt::format("{}: too many levels of symbolic links", requested.string()));
+    const fs::path link = fs::read_symlink(path, ec);
+    if (ec) throw IoError(fmt::format("{}: cannot read the symbolic link ({})", path.string(), ec.message()));
+    path = link.is_absolute() ? link : path.parent_path() / link;
+  }
+  if (const fs::file_status st = fs::status(path, ec); fs::exists(st) && !fs::is_regular_file(st)) {
+    const char* kind = fs::is_directory(st)       ? "a directory"
+                       : fs::is_character_file(st) ? "a character device"
+                       : fs::is_block_file(st)     ? "a block device"
+                       : fs::is_fifo(st)           ? "a FIFO"
+                       : fs::is_socket(st)         ? "a socket"
+                                                   : "not a regular file";
+    throw IoError(fmt::format("{}: exists and is {}; refusing to replace it (give the path of a regular file)",
+                              requested.string(), kind));
+  }
+  fs::path dir = path.parent_path();
   if (!dir.empty()) {
     fs::create_directories(dir, ec);
     if (ec) throw IoError(fmt::format("{}: cannot create directory ({})", dir.string(), ec.message()));

@@ -37,7 +37,7 @@ namespace {
 // Bump when the task generator or the scoring changes what a cell holds.
 // 2: acc_norm (primary) next to acc, the "absent" control, name_recall's
 // equal-length candidates.
-constexpr int kTaskGeneratorVersion = 2;
+constexpr int kTaskGeneratorVersion = 3;  // 3: associative_recall absent keeps the gold value
 
 // Upper bound of --ppl-tokens (2^48 tokens, far beyond any text): larger
 // values are refused by name rather than carried into window arithmetic.
@@ -561,13 +561,17 @@ std::vector<int64_t> default_eval_lengths(const Model& model) {
   const int64_t T = model.trained_context();
   if (T < 1) fail_field<InvalidArgument>("trained context", "must be >= 1", T);
   const int64_t table = model.config().max_position_embeddings;
+  const bool capped = model.family() == PositionFamily::learned_absolute && table > 0;
+  // A learned table bounds every length; a --trained-context past it (the user's
+  // claim) would otherwise leave no length at all: the list then follows the table.
+  const int64_t base = capped ? std::min(T, table) : T;
   std::vector<int64_t> out;
-  for (const int64_t L : {T / 2, T, 2 * T, 4 * T, 8 * T}) {
+  for (const int64_t L : {base / 2, base, 2 * base, 4 * base, 8 * base}) {
     const int64_t x = std::clamp<int64_t>(L, 8, int64_t{1} << 20);
-    if (model.family() == PositionFamily::learned_absolute && table > 0 && x > table) continue;
+    if (capped && x > table) continue;
     if (out.empty() || x > out.back()) out.push_back(x);
   }
-  if (out.empty()) out.push_back(std::min<int64_t>(8, std::max<int64_t>(table, 8)));
+  if (out.empty()) out.push_back(8);  // a table shorter than 8 positions: validate_eval_config names the limit
   return out;
 }
 

@@ -1,6 +1,7 @@
 // Input opening rules (read_file, MappedFile) and the checked JSON reader.
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -48,6 +49,50 @@ TEST(Io, FifoIsRefusedWithoutHanging) {
   for (const auto& e : fut.get()) {
     EXPECT_NE(e.find("fifo: not a regular file (a FIFO)"), std::string::npos) << e;
   }
+}
+
+// write_file_atomic renamed its temporary over whatever the path named: as root,
+// `--json /dev/null` replaced the device with a regular file, and a FIFO or a
+// device node became a file too; a symbolic link was replaced by a file instead
+// of written through. Now anything that is not a regular file is refused before
+// anything is written, and links are followed.
+TEST(Io, AtomicWriteRefusesNodesThatAreNotRegularFilesAndFollowsLinks) {
+  Tmp t;
+  const fs::path fifo = t.dir / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_NE(error_of([&] { write_file_atomic(fifo, "x"); }).find("fifo: exists and is a FIFO; refusing to replace it"),
+            std::string::npos);
+  EXPECT_TRUE(fs::is_fifo(fifo));
+  const fs::path dev = t.dir / "null";
+  if (::mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) {  // root only: a /dev/null node of our own
+    EXPECT_NE(error_of([&] { write_file_atomic(dev, "x"); }).find("exists and is a character device"),
+              std::string::npos);
+    EXPECT_TRUE(fs::is_character_file(dev));
+  }
+  fs::create_directory(t.dir / "sub");
+  EXPECT_NE(error_of([&] { write_file_atomic(t.dir / "sub", "x"); }).find("exists and is a directory"),
+            std::string::npos);
+  // Through a relative link (and a link to the link): the links stay, the file they name gets the contents.
+  const fs::path real = t.dir / "real.json";
+  write_file_atomic(real, "old");
+  fs::create_symlink("real.json", t.dir / "link.json");
+  fs::create_symlink(t.dir / "link.json", t.dir / "link2.json");
+  write_file_atomic(t.dir / "link2.json", "new");
+  EXPECT_TRUE(fs::is_symlink(t.dir / "link.json"));
+  EXPECT_TRUE(fs::is_symlink(t.dir / "link2.json"));
+  EXPECT_EQ(read_file(real), "new");
+  // A link to a FIFO is refused like the FIFO; a dangling link creates the file it names.
+  fs::create_symlink(fifo, t.dir / "to_fifo");
+  EXPECT_NE(error_of([&] { write_file_atomic(t.dir / "to_fifo", "x"); }).find("exists and is a FIFO"), std::string::npos);
+  fs::create_symlink("made.json", t.dir / "dangling");
+  write_file_atomic(t.dir / "dangling", "made");
+  EXPECT_EQ(read_file(t.dir / "made.json"), "made");
+  EXPECT_TRUE(fs::is_symlink(t.dir / "dangling"));
+  // A loop is an error, not a hang.
+  fs::create_symlink("loop_b", t.dir / "loop_a");
+  fs::create_symlink("loop_a", t.dir / "loop_b");
+  EXPECT_NE(error_of([&] { write_file_atomic(t.dir / "loop_a", "x"); }).find("too many levels of symbolic links"),
+            std::string::npos);
 }
 
 // /dev/zero read to its end grew memory to several GB.

@@ -343,6 +343,12 @@ TEST(EvalDefaults, AnAssociativeRecallModelTrainedAt64RunsEvalWithNoOtherFlag) {
   EXPECT_EQ(runl["model"]["family"], "learned");
   EXPECT_EQ(runl["config"]["lengths"], (std::vector<int64_t>{32, 64}));
   EXPECT_EQ(rl.out.find("scaling"), std::string::npos) << rl.out;
+  // A --trained-context past the table: the lengths follow the table (they were {8} alone).
+  const auto rt = run_cli("eval --model " + learned.string() + " --trained-context 1000 --samples 2 --out " +
+                          (d.path() / "t").string());
+  ASSERT_EQ(rt.exit_code, 0) << rt.err;
+  const auto runt = nlohmann::json::parse(slurp(resolve_run_dir(d.path() / "t") / "run.json"));
+  EXPECT_EQ(runt["config"]["lengths"], (std::vector<int64_t>{32, 64}));
 }
 
 TEST(EvalSummaryTable, AccRowsAreShownOnlyWhereTheyDifferFromAccNorm) {

@@ -275,6 +275,13 @@ TEST(PplBuckets, ForeignTokenizerIsFlagged) {
   past.trained_context = 16;
   past.buckets = {{.start = 0, .end = 256, .nll_sum = 1e4, .tokens = 100}};
   EXPECT_FALSE(in_range_nll(std::span(&past, 1)).has_value());
+  // Nor do windows of a few tokens (TinyStories-656K's own tokenizer scored 8.84 nats at L = 2, above
+  // log(2048) + 1, and was flagged as foreign): the same bad result cut to L = 8 is not judged, at L = 16 it is.
+  PplResult tiny = bad;
+  tiny.context = 8;
+  EXPECT_FALSE(in_range_nll(std::span(&tiny, 1)).has_value());
+  tiny.context = kTokenizerCheckMinContext;
+  EXPECT_TRUE(in_range_nll(std::span(&tiny, 1)).has_value());
 }
 
 // The CLI: TinyStories-656K with a tokenizer.json whose ids are rotated (same

@@ -241,6 +241,42 @@ TEST(RecallTask, ControlsMoveTheQueriedValue) {
     }
 }
 
+// The absent control (the chance level) removes the binding and nothing else:
+// the queried key occurs nowhere in the context, while the values in the context
+// are exactly those of the uncontrolled sample (the gold value included). It
+// used to drop the queried pair, taking the gold value out of the context while
+// the distractors (values other keys hold) stayed: a model that picks a value it
+// has seen then scored far below 1/K (0.04 at L = 24 on a trained model) and the
+// "measured chance" measured that habit instead. Also at the longest length,
+// where every key is in use.
+TEST(RecallTask, AbsentControlRemovesOnlyTheQueriedKey) {
+  const TaskGenerator g(ar_tok(), no_haystack(), {});
+  for (int64_t L : {8, 24, 48, 260})
+    for (int64_t i = 0; i < 20; ++i) {
+      const TaskSample base = g.make("associative_recall", i, L, 0.5);
+      const TaskSample ab = g.make("associative_recall", i, L, 0.5, TaskControl::absent);
+      EXPECT_EQ(ab.choices, base.choices);
+      EXPECT_EQ(ab.gold, base.gold);
+      const int32_t query = base.prompt_tokens.back();
+      ASSERT_EQ(ab.prompt_tokens.back(), query);
+      std::multiset<int32_t> vb, va;
+      for (std::size_t j = 1; j + 2 < base.prompt_tokens.size(); j += 2) vb.insert(base.prompt_tokens[j + 1]);
+      for (std::size_t j = 1; j + 2 < ab.prompt_tokens.size(); j += 2) {
+        EXPECT_NE(ab.prompt_tokens[j], query) << "L=" << L << " i=" << i;
+        va.insert(ab.prompt_tokens[j + 1]);
+      }
+      const int32_t gold_value = base.choice_tokens[static_cast<std::size_t>(base.gold)][0];
+      EXPECT_GE(va.count(gold_value), 1u) << "L=" << L << " i=" << i;
+      if (ab.prompt_tokens.size() == base.prompt_tokens.size()) {
+        EXPECT_EQ(va, vb) << "L=" << L << " i=" << i;
+      } else {  // every key in use: one other pair dropped
+        EXPECT_EQ(L, 260);
+        EXPECT_EQ(ab.prompt_tokens.size() + 2, base.prompt_tokens.size()) << "L=" << L;
+        EXPECT_EQ(va.size() + 1, vb.size());
+      }
+    }
+}
+
 TEST(RecallTask, TokenizerWithoutTheVocabularyIsATypedError) {
   // The llama2.c tokenizer.
   const Tokenizer bpe = Tokenizer::load_llama2c(test::tokenizer_path());

@@ -121,15 +121,21 @@ void build_associative_recall(TaskContext& x, TaskSample& s, double depth, TaskC
     cv.push_back(vals[slot]);
   }
   if (control == TaskControl::absent) {
-    // No evidence: the queried pair's slot (at depth 0) holds a key that occurs
-    // nowhere else with a value drawn uniformly, so nothing favours any
-    // candidate; with every key in use the slot is dropped.
+    // No evidence, and nothing else changed: the queried pair keeps its slot
+    // and its value, but its key becomes one that occurs nowhere else, so the
+    // queried key is absent while every candidate value is as present in the
+    // context as without the control (the distractors are values other keys
+    // hold; the gold value stays in the context). Removing the pair instead
+    // took the gold value out of the context and measured how often a model
+    // picks a value it has seen, not chance. With all keys in use (the longest
+    // length), the slot takes the key of the last other pair, which is dropped.
     if (m < keys.size()) {
       ck[g] = keys[m];
-      cv[g] = static_cast<int>(ctl.uniform(static_cast<uint64_t>(rv.values)));
     } else {
-      ck.erase(ck.begin() + static_cast<std::ptrdiff_t>(g));
-      cv.erase(cv.begin() + static_cast<std::ptrdiff_t>(g));
+      const std::size_t last = g + 1 == ck.size() ? ck.size() - 2 : ck.size() - 1;
+      ck[g] = ck[last];
+      ck.erase(ck.begin() + static_cast<std::ptrdiff_t>(last));
+      cv.erase(cv.begin() + static_cast<std::ptrdiff_t>(last));
     }
   }
   const std::vector<int32_t> train_prompt = ar.recall_prompt(ck, cv, keys[0]);
