@@ -360,7 +360,9 @@ void check_rope_scaling_name(const std::string& name, const std::string& flag) {
   try {
     is_rope_scaling_name(name);
   } catch (const ConfigError& e) {
-    throw UsageError(fmt::format("{}: {}", flag, e.what()));
+    std::string_view what = e.what();
+    if (what.starts_with("rope_type: ")) what.remove_prefix(11);  // the library's field name; the flag says it
+    throw UsageError(fmt::format("{}: {}", flag, what));
   }
 }
 
