@@ -50,6 +50,7 @@ struct GenerateResult {
   int64_t trained_context = 0;          ///< the model's
   std::string rope_scaling;             ///< RoPE models: the scaling applied ("native", "linear", ...)
   std::optional<double> rope_factor;    ///< ... its factor (none for default / native without one)
+  std::string rope_type;                ///< ... the applied setup's rope_type (the model's for native)
   int64_t rope_context = 0;             ///< ... the sequence length its setup was built for
   std::string rope_change_policy;       ///< ... "refuse" or "rerotate" (length-dependent methods)
 };

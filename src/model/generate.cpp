@@ -100,6 +100,7 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::str
                                       o.rope_factor));
     res.rope_scaling = o.rope_scaling;
     res.rope_factor = m.rope().params.factor;
+    res.rope_type = m.rope().params.rope_type;
     const bool length_dependent = find_rope_scaling(m.rope().params.rope_type).depends_on_seq_len;
     if (length_dependent) m.set_rope_change_policy(RopeChangePolicy::rerotate);
     res.rope_change_policy = length_dependent ? "rerotate" : "refuse";

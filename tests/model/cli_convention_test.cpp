@@ -16,6 +16,10 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/types.h>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -293,6 +297,85 @@ TEST(CliConvention, AFilesMissingDirectoryIsAnErrorNamingIt) {
                               "--ppl-tokens -1 --quiet --out " + q(missing / "runs"));
   EXPECT_EQ(e.exit_code, 0) << e.err;
   EXPECT_TRUE(fs::exists(missing / "runs" / "LATEST"));
+}
+
+// An existing output path that is not a regular file is refused at parse time naming the flag: the atomic rename
+// replaced a FIFO or a device node (`--json /dev/null` as root) by a regular file. The special files are made in a
+// temporary directory (never /dev/null itself); the device case is skipped where mknod is not permitted.
+TEST(CliConvention, AnOutputThatIsNotARegularFileIsRefused) {
+  TempDir d;
+  std::vector<fs::path> specials;
+  const fs::path fifo = d.path() / "fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  specials.push_back(fifo);
+  const fs::path dev = d.path() / "null";
+  if (::mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0) specials.push_back(dev);
+  else std::fprintf(stderr, "mknod not permitted here: the device case is skipped (FIFO only)\n");
+  for (const fs::path& sp : specials) {
+    const std::string f = q(sp);
+    const std::pair<std::string, std::string> cases[] = {
+        {"periods --rope-theta 10000 --context 4K --json " + f, "--json"},
+        {"periods --rope-theta 10000 --context 4K --csv " + f, "--csv"},
+        {"periods --rope-theta 10000 --context 4K --plot " + f, "--plot"},
+        {"decay --csv " + f, "--csv"},
+        {"inspect --config " + config("llama-3.1-8b.json") + " --json " + f, "--json"},
+        {"tokenize --tokenizer " + q(posenc::test::tokenizer_path()) + " --prompt hi --json " + f, "--json"},
+        {"ppl " + model_args() + text_arg() + " --context 128 --rope-scaling default --json " + f, "--json"},
+        {"ppl " + model_args() + text_arg() + " --context 128 --rope-scaling default --plot " + f, "--plot"},
+        {"generate " + model_args() + " --prompt hi --json " + f, "--json"},
+        {"check-cache " + model_args() + " --json " + f, "--json"},
+        {"convert " + model_args() + " --out " + f, "--out"},
+        {"train --task copy --steps 5 --eval-samples 0 --out " + f, "--out"},
+    };
+    for (const auto& [args, flag] : cases) {
+      expect_usage_error(args, {flag + ": " + sp.string() + " exists and is not a regular file"});
+      struct stat st {};
+      ASSERT_EQ(::lstat(sp.c_str(), &st), 0) << args;
+      EXPECT_FALSE(S_ISREG(st.st_mode)) << args << " replaced " << sp << " by a regular file";
+    }
+  }
+  // A symlink to a regular file is an ordinary output (written through by the library).
+  const fs::path target = d.path() / "target.json";
+  { std::FILE* f = std::fopen(target.c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
+  fs::create_symlink(target, d.path() / "link.json");
+  const CliResult ok = run_cli("periods --rope-theta 10000 --context 4K --json " + q(d.path() / "link.json"));
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
+
+// `-` is stdout for --json / --csv only: an image or a checkpoint given `-` wrote a file literally named `-`. One
+// path given to two outputs is refused naming both flags (one overwrote the other).
+TEST(CliConvention, DashForAnImageOrCheckpointAndOneFileForTwoOutputsAreRefused) {
+  TempDir d;
+  const std::string cd = "cd " + q(d.path()) + " && '" + POSENC_CLI_PATH + "' ";
+  const std::pair<std::string, std::string> dash[] = {
+      {"ppl " + model_args() + text_arg() + " --context 128 --rope-scaling default --plot -", "--plot"},
+      {"periods --rope-theta 10000 --context 4K --plot -", "--plot"},
+      {"decay --plot -", "--plot"},
+      {"train --task copy --steps 5 --eval-samples 0 --out -", "--out"},
+      {"convert " + model_args() + " --out -", "--out"},
+  };
+  for (const auto& [args, flag] : dash) {
+    const CliResult r = run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << args << "\nstderr: " << r.err;
+    EXPECT_NE(r.err.find(flag + ": '-' (stdout) is not supported"), std::string::npos) << args << ": " << r.err;
+    // Run from the temporary directory: no file named "-" appears there.
+    const int st = std::system((cd + args + " >/dev/null 2>&1").c_str());
+    EXPECT_EQ(WEXITSTATUS(st), 2) << args;
+    EXPECT_FALSE(fs::exists(d.path() / "-")) << args << " wrote a file named '-'";
+  }
+  const std::string x = q(d.path() / "x.out");
+  const std::string y = q(d.path() / "." / "x.out");  // the same file spelled differently
+  const std::pair<std::string, std::vector<std::string>> same[] = {
+      {"ppl " + model_args() + text_arg() + " --context 128 --rope-scaling default --json " + x + " --plot " + x,
+       {"--json and --plot", "given twice"}},
+      {"periods --rope-theta 10000 --context 4K --json " + x + " --csv " + y, {"--json and --csv", "given twice"}},
+      {"periods --rope-theta 10000 --context 4K --csv " + x + " --plot " + x, {"--csv and --plot", "given twice"}},
+      {"decay --csv " + x + " --plot " + x, {"--csv and --plot", "given twice"}},
+  };
+  for (const auto& [args, needles] : same) {
+    expect_usage_error(args, needles);
+    EXPECT_FALSE(fs::exists(d.path() / "x.out")) << args;
+  }
 }
 
 // inspect's text (issue 14 part 6): no column or field printed twice. Without scaling the channel table had

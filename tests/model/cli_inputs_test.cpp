@@ -6,9 +6,12 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "test_support.hpp"
 
@@ -175,4 +178,121 @@ TEST(CliInputs, PromptFileGivesTheSamePromptAsPrompt) {
                                             " --prompt-file " + q(big_file) + " --json " + q(d.path() / "t.json"));
   ASSERT_EQ(t.exit_code, 0) << t.err;
   EXPECT_NE(posenc::test::slurp(d.path() / "t.json").find("\"ids\""), std::string::npos);
+}
+
+namespace {
+
+void expect_exit(int code, const std::string& args, const std::vector<std::string>& needles,
+                 const std::vector<std::string>& absent = {}) {
+  const CliResult r = posenc::test::run_cli(args);
+  EXPECT_EQ(r.exit_code, code) << args << "\nstderr: " << r.err;
+  for (const auto& n : needles)
+    EXPECT_NE(r.err.find(n), std::string::npos) << args << ": '" << n << "' not in " << r.err;
+  for (const auto& n : absent) EXPECT_EQ(r.err.find(n), std::string::npos) << args << ": '" << n << "' in " << r.err;
+}
+
+/// A small `posenc train` checkpoint (`pe` positions, 5 steps: only its positional family matters here).
+std::filesystem::path train_small(const TempDir& d, const std::string& pe) {
+  const auto out = d.path() / (pe + ".pt");
+  const CliResult r = posenc::test::run_cli("train --task copy --pe " + pe + " --train-lengths 8:32 --steps 5 "
+                                            "--batch-size 4 --dim 32 --heads 4 --layers 1 --seed 1 --eval-samples 0 "
+                                            "--out " + q(out));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return out;
+}
+
+}  // namespace
+
+// `--context ""`, `--buckets ""`, `--tasks ""` silently ran the defaults: an option given empty is not an option
+// left out.
+TEST(CliInputs, EmptyValuesAreRefusedNamingTheFlag) {
+  TempDir d;
+  const std::string text = " --text " + q(posenc::test::text_path());
+  const std::string eval = "eval " + model_args() + " --ppl-tokens -1 --out " + q(d.path() / "runs");
+  for (const std::string& args : {"ppl " + model_args() + text + " --context ''",
+                                  "ppl " + model_args() + text + " --buckets ''",
+                                  eval + " --tasks kv_retrieval --context ''", eval + " --tasks ''"}) {
+    const std::string flag = args.substr(args.rfind(" --") + 1, args.rfind(" ''") - args.rfind(" --") - 1);
+    expect_exit(2, args, {flag + ":", "empty"});
+  }
+  EXPECT_FALSE(std::filesystem::exists(d.path() / "runs"));
+}
+
+// An unknown --rope-scaling exited 1 from ppl with a message starting "rope_type:"; an unknown --control exited 1.
+TEST(CliInputs, UnknownScalingOrControlIsAUsageErrorNamingTheFlag) {
+  TempDir d;
+  const std::string text = " --text " + q(posenc::test::text_path());
+  const std::string eval = "eval " + model_args() + " --ppl-tokens -1 --tasks kv_retrieval --out " + q(d.path() / "r");
+  const std::string unknown = "--rope-scaling: unknown RoPE scaling 'bogus'";
+  expect_exit(2, "ppl " + model_args() + text + " --rope-scaling bogus", {unknown});
+  expect_exit(2, "ppl " + model_args() + text + " --rope-scaling default,bogus", {unknown});
+  expect_exit(2, eval + " --rope-scaling bogus", {unknown});
+  expect_exit(2, "generate " + model_args() + " --prompt hi --rope-scaling bogus", {unknown});
+  expect_exit(2, eval + " --control bogus", {"--control: ", "bogus"});
+}
+
+// Models whose positions are not RoPE or end in a learned table: --rope-factor was ignored by ppl and eval (and
+// generate blamed "--rope-scaling native", a flag never passed); a --context past the learned table exited 1 while
+// check-cache --length exited 2. A posenc checkpoint given as --tokenizer failed on a llama2.c header field.
+TEST(CliInputs, FlagsThatDoNotFitTheModelAreUsageErrors) {
+  TempDir d;
+  const auto alibi = train_small(d, "alibi");
+  const auto learned = train_small(d, "learned");
+  ASSERT_TRUE(std::filesystem::exists(alibi) && std::filesystem::exists(learned));
+  {
+    std::ofstream t(d.path() / "copy.txt");
+    for (int i = 0; i < 64; ++i) t << "a b c > a b c\n\n";
+  }
+  const std::string text = " --text " + q(d.path() / "copy.txt");
+  const std::string no_rope = "--rope-factor: the model has no RoPE (alibi positions)";
+  expect_exit(2, "ppl --model " + q(alibi) + text + " --context 16 --rope-factor 2", {no_rope});
+  expect_exit(2, "eval --model " + q(alibi) + " --tasks kv_retrieval --context 16 --ppl-tokens -1 --rope-factor 2 "
+                 "--out " + q(d.path() / "runs"), {no_rope});
+  expect_exit(2, "generate --model " + q(alibi) + " --prompt 'a b' --max-tokens 2 --rope-factor 2", {no_rope},
+              {"--rope-scaling native"});
+  EXPECT_FALSE(std::filesystem::exists(d.path() / "runs"));
+
+  const std::string past = "--context: 100000 positions are past the learned position table (max_position_embeddings ";
+  expect_exit(2, "ppl --model " + q(learned) + text + " --context 100000", {past});
+  expect_exit(2, "ppl --model " + q(learned) + text + " --context 16,100000", {past});
+  expect_exit(2, "eval --model " + q(learned) + " --tasks kv_retrieval --context 100000 --ppl-tokens -1 --out " +
+                     q(d.path() / "runs"), {past});
+  // Inside the table it runs.
+  expect_exit(0, "ppl --model " + q(learned) + text + " --context 16 --quiet", {});
+
+  expect_exit(1, "ppl --model " + q(posenc::test::model_path()) + " --tokenizer " + q(alibi) + text,
+              {alibi.string() + ": is a posenc checkpoint, not a tokenizer (its vocabulary is used when it is the "
+                                "--model)"},
+              {"max_token_length"});
+}
+
+// check-cache without --text feeds pseudo-random ids: a llama2.c .bin, which brings no tokenizer, needs none. With
+// --text it does.
+TEST(CliInputs, CheckCacheWithoutTextNeedsNoTokenizer) {
+  const std::string m = "check-cache --model " + q(posenc::test::model_path()) + " --length 40";
+  const CliResult r = posenc::test::run_cli(m);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("tokenizer: none"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("PASSED"), std::string::npos) << r.out;
+  expect_exit(1, m + " --text " + q(posenc::test::text_path()), {"--tokenizer: required"});
+}
+
+// generate --json recorded the model's base rope_type ("default") whatever --rope-scaling applied.
+TEST(CliInputs, GenerateJsonRecordsTheAppliedRopeSetup) {
+  TempDir d;
+  const auto f = d.path() / "g.json";
+  const std::string g =
+      "generate " + model_args() + " --prompt 'Once upon a time' --max-tokens 4 --quiet --json " + q(f);
+  CliResult r = posenc::test::run_cli(g + " --rope-scaling linear --rope-factor 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(posenc::test::slurp(f));
+  EXPECT_EQ(j["rope_type"], "linear");
+  EXPECT_EQ(j["rope_scaling"], "linear");
+  EXPECT_EQ(j["rope_factor"], 2.0);
+  r = posenc::test::run_cli(g);  // native: the model's own (stories260K: default, no factor)
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  j = nlohmann::json::parse(posenc::test::slurp(f));
+  EXPECT_EQ(j["rope_type"], "default");
+  EXPECT_EQ(j["rope_scaling"], "native");
+  EXPECT_TRUE(j["rope_factor"].is_null());
 }

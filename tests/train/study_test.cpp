@@ -204,10 +204,11 @@ TEST(TrainStudy, TrainedCheckpointsGiveTypedErrorsNotAborts) {
     for (int i = 0; i < 4 * table; ++i) ok << "a b c > a b c\n\n";  // longer than the table
     std::ofstream(d.path() / "oov.txt") << "a b c > a b c\n\nthis word is not a symbol\n";
   }
-  // Windows longer than the learned table: PositionError before any work.
+  // Windows longer than the learned table: a usage error naming --context before any work (as check-cache --length).
   auto p = run_cli(fmt::format("ppl --model {} --text {} --context {}", learned.string(),
                                (d.path() / "ok.txt").string(), 4 * table));
-  EXPECT_EQ(p.exit_code, 1) << p.err;
+  EXPECT_EQ(p.exit_code, 2) << p.err;
+  EXPECT_NE(p.err.find("--context: " + std::to_string(4 * table) + " positions"), std::string::npos) << p.err;
   EXPECT_NE(p.err.find("past the learned position table (max_position_embeddings " + std::to_string(table)),
             std::string::npos)
       << p.err;

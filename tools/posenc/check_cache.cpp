@@ -54,7 +54,9 @@ nlohmann::json plan_json(const ConsistencyPlan& p) {
 }
 
 void run_check(const CheckArgs& a) {
-  LoadedModel lm = load_model(a.model);
+  ModelArgs margs = a.model;
+  margs.tokenizer_optional = a.text_path.empty();  // pseudo-random ids need no tokenizer
+  LoadedModel lm = load_model(margs);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
   ConsistencyOptions opt = a.options;

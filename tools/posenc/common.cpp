@@ -18,19 +18,30 @@
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
 #include "posenc/overrides.hpp"
+#include "posenc/perplexity.hpp"
 
 namespace posenc::cli {
 
-CLI::Validator output_path(bool directory) {
+CLI::Validator output_path(bool directory, bool stdout_ok) {
   return CLI::Validator(
-      [directory](std::string& text) -> std::string {
+      [directory, stdout_ok](std::string& text) -> std::string {
         namespace fs = std::filesystem;
         if (text.empty()) return "empty path";
+        // Only --json / --csv stream to stdout (add_output_option handles "-" before this check); elsewhere "-"
+        // would become a file literally named "-".
+        if (text == "-" && !stdout_ok)
+          return directory ? "'-' (stdout) is not supported for an output directory; give a directory path"
+                           : "'-' (stdout) is not supported for images/checkpoints; give a file path";
         std::error_code ec;
         const fs::path p(text);
         if (fs::exists(p, ec)) {
           if (directory && !fs::is_directory(p, ec)) return fmt::format("{} exists and is not a directory", text);
           if (!directory && fs::is_directory(p, ec)) return fmt::format("{} is a directory, not a file", text);
+          // The file is replaced by renaming a temporary over it: a device (/dev/null), FIFO or socket would be
+          // replaced by a regular file. A symlink to a regular file is followed (fs::status).
+          if (!directory && !fs::is_regular_file(p, ec))
+            return fmt::format("{} exists and is not a regular file (a device, FIFO or socket); give a file path{}",
+                               text, stdout_ok ? ", or '-' for stdout" : "");
         }
         const fs::path abs = fs::absolute(p, ec);
         if (!directory) {
@@ -190,11 +201,31 @@ Tokenizer load_tokenizer_file(const std::string& path) {
   }
   const MappedFile f(path);
   const auto b = f.bytes();
+  // A posenc checkpoint (magic "POSENC01", src/model/checkpoint.cpp) would be read as a llama2.c tokenizer and
+  // fail on its "max_token_length".
+  if (b.size() >= 8 && std::memcmp(b.data(), "POSENC01", 8) == 0)
+    throw TokenizerError(fmt::format("--tokenizer {}: is a posenc checkpoint, not a tokenizer (its vocabulary is used "
+                                     "when it is the --model)",
+                                     path));
   std::size_t i = 0;
   while (i < b.size() && std::isspace(static_cast<unsigned char>(b[i]))) ++i;
   if (i < b.size() && static_cast<char>(b[i]) == '{') return Tokenizer::load_tokenizer_json(path);
   return Tokenizer::load_llama2c(path);
 }
+
+namespace {
+/// --config, --rope-theta, --rope-layout, --angle-precision, --trained-context applied to `model`.
+std::vector<std::string> apply_model_overrides(Model& model, const ModelArgs& args) {
+  PositionalOverrides o;
+  if (!args.config_path.empty()) o.config = args.config_path;
+  o.rope_theta = args.rope_theta;
+  if (!args.rope_layout.empty()) o.layout = parse_rope_layout(args.rope_layout, "--rope-layout");
+  o.precision = parse_angle_precision(args.angle_precision, "--angle-precision");
+  o.trained_context = args.trained_context;
+  if (model.family() != PositionFamily::rope) o.precision.reset();
+  return apply_positional_overrides(model, o);
+}
+}  // namespace
 
 LoadedModel load_model(const ModelArgs& args) {
   LoadOptions lo;
@@ -202,6 +233,10 @@ LoadedModel load_model(const ModelArgs& args) {
   Model model = Model::load(args.model_path, lo);
   const ModelConfig& c = model.config();
   std::string tok_source;
+  if (args.tokenizer_optional && args.tokenizer_path.empty() && !model.bundled_tokenizer()) {
+    auto notes = apply_model_overrides(model, args);
+    return {std::move(model), Tokenizer{}, std::string(), std::move(notes)};
+  }
   Tokenizer tok = [&] {
     if (!args.tokenizer_path.empty()) {
       tok_source = args.tokenizer_path;
@@ -226,14 +261,7 @@ LoadedModel load_model(const ModelArgs& args) {
   if (exact ? tok.vocab_size() != c.vocab_size : tok.vocab_size() > c.vocab_size)
     throw TokenizerError(fmt::format("{}: vocab_size {} does not {} the model's vocab_size {} ({})", tok_source,
                                      tok.vocab_size(), exact ? "match" : "fit", c.vocab_size, args.model_path));
-  PositionalOverrides o;
-  if (!args.config_path.empty()) o.config = args.config_path;
-  o.rope_theta = args.rope_theta;
-  if (!args.rope_layout.empty()) o.layout = parse_rope_layout(args.rope_layout, "--rope-layout");
-  o.precision = parse_angle_precision(args.angle_precision, "--angle-precision");
-  o.trained_context = args.trained_context;
-  if (model.family() != PositionFamily::rope) o.precision.reset();
-  auto notes = apply_positional_overrides(model, o);
+  auto notes = apply_model_overrides(model, args);
   return {std::move(model), std::move(tok), std::move(tok_source), std::move(notes)};
 }
 
@@ -277,8 +305,11 @@ void print_model_header(std::FILE* out, const LoadedModel& m, const ModelArgs& a
       fmt::print(out, "  rope scaling: {}; attention_factor {:g}\n", params, model.rope().freqs.attention_factor);
     }
   }
-  fmt::print(out, "  tokenizer: {} ({}, {} tokens)\n", m.tokenizer_source, m.tokenizer.describe(),
-             m.tokenizer.vocab_size());
+  if (m.tokenizer_source.empty())
+    fmt::print(out, "  tokenizer: none (not needed: token ids are fed directly)\n");
+  else
+    fmt::print(out, "  tokenizer: {} ({}, {} tokens)\n", m.tokenizer_source, m.tokenizer.describe(),
+               m.tokenizer.vocab_size());
   for (const auto& n : s.notes)
     if (!n.starts_with("layout ")) fmt::print(out, "  note: {}\n", n);  // the layout line says it already
   for (const auto& n : m.overrides) fmt::print(out, "  override: {}\n", n);
@@ -325,6 +356,31 @@ std::vector<int64_t> parse_lengths(const std::string& text, const std::string& f
   return out;
 }
 
+void check_rope_scaling_name(const std::string& name, const std::string& flag) {
+  try {
+    is_rope_scaling_name(name);
+  } catch (const ConfigError& e) {
+    std::string_view what = e.what();
+    if (what.starts_with("rope_type: ")) what.remove_prefix(11);  // the library's field name; the flag says it
+    throw UsageError(fmt::format("{}: {}", flag, what));
+  }
+}
+
+void check_learned_table(const Model& model, const std::string& model_path, int64_t length, const std::string& flag) {
+  const int64_t table = model.config().max_position_embeddings;
+  if (model.family() == PositionFamily::learned_absolute && table > 0 && length > table)
+    throw UsageError(fmt::format("{}: {} positions are past the learned position table (max_position_embeddings {}) "
+                                 "of {}; the longest length for this model is {}",
+                                 flag, length, table, model_path, table));
+}
+
+void check_rope_factor_applies(const Model& model, const std::optional<double>& rope_factor) {
+  if (rope_factor && model.family() != PositionFamily::rope)
+    throw UsageError(fmt::format("--rope-factor: the model has no RoPE ({} positions); nothing is scaled (got "
+                                 "--rope-factor {:g})",
+                                 to_string(model.family()), *rope_factor));
+}
+
 std::string describe(const Model& model) {
   const auto& c = model.config();
   std::string arch = fmt::format("dim {}, {} layers, {} heads / {} KV heads, head_dim {}, vocab {}, trained context {}",
@@ -358,7 +414,7 @@ void write_fd(int fd, std::string_view text) {
 }  // namespace
 
 CLI::Option* add_output_option(CLI::App* cmd, const std::string& name, std::string& target, const std::string& what) {
-  const CLI::Validator file = output_path();
+  const CLI::Validator file = output_path(false, true);
   return cmd
       ->add_option_function<std::string>(
           name,
@@ -393,7 +449,24 @@ void write_output(const std::string& target, std::string_view text) {
 void emit_json(const std::string& target, const nlohmann::json& j) { write_output(target, j.dump(2) + "\n"); }
 void emit_json(const std::string& target, const nlohmann::ordered_json& j) { write_output(target, j.dump(2) + "\n"); }
 
+void distinct_outputs(const std::vector<std::string>& targets, const std::vector<std::string>& names) {
+  namespace fs = std::filesystem;
+  for (std::size_t i = 0; i < targets.size(); ++i)
+    for (std::size_t j = i + 1; j < targets.size(); ++j) {
+      if (targets[i].empty() || targets[j].empty() || targets[i] == "-" || targets[j] == "-") continue;
+      std::error_code ec1, ec2;
+      const fs::path a = fs::weakly_canonical(fs::absolute(targets[i]), ec1);
+      const fs::path b = fs::weakly_canonical(fs::absolute(targets[j]), ec2);
+      if (targets[i] == targets[j] || (!ec1 && !ec2 && a == b))
+        throw UsageError(fmt::format("{} and {}: the same output file {} given twice (one would overwrite the "
+                                     "other); give each its own path",
+                                     i < names.size() ? names[i] : "?", j < names.size() ? names[j] : "?",
+                                     targets[i]));
+    }
+}
+
 bool output_to_stdout(const std::vector<std::string>& targets, const std::vector<std::string>& names) {
+  distinct_outputs(targets, names);
   std::vector<std::string> to_stdout;
   for (std::size_t i = 0; i < targets.size(); ++i)
     if (targets[i] == "-") to_stdout.push_back(i < names.size() ? names[i] : "?");

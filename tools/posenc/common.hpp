@@ -30,13 +30,17 @@ struct ModelArgs {
   std::string angle_precision = "float32";
   std::optional<int64_t> trained_context;
   std::string quantized_matmul = "dequantize";
+  /// No tokenizer needed (check-cache without --text feeds token ids): a model that brings none loads with an
+  /// empty LoadedModel::tokenizer and tokenizer_source "" instead of "--tokenizer: required". A --tokenizer given
+  /// is still loaded and checked.
+  bool tokenizer_optional = false;
   void add_to(CLI::App& cmd);
 };
 
 struct LoadedModel {
   Model model;
   Tokenizer tokenizer;
-  std::string tokenizer_source;        ///< the file, or "bundled: ..."
+  std::string tokenizer_source;        ///< the file, or "bundled: ...", or "" (none: ModelArgs::tokenizer_optional)
   std::vector<std::string> overrides;  ///< one line per applied override
 };
 
@@ -83,8 +87,8 @@ auto as_usage_error(F&& f) -> decltype(f()) {
 /// not a regular file, or with bad contents; a check that failed).
 inline constexpr const char* kExitCodeRule =
     "Exit codes: 0 success; 2 the command line is rejected (unknown, renamed or missing option, a flag value "
-    "malformed or out of its range, an empty list item, an output path that is a directory, in a directory that "
-    "does not exist, or not writable); 1 a problem found in the inputs while running (a file missing, unreadable, "
+    "malformed or out of its range, an empty list item or value, a flag the model cannot take, an output path that "
+    "is a directory or an existing non-regular file, in a directory that does not exist, or not writable); 1 a problem found in the inputs while running (a file missing, unreadable, "
     "not a regular file, or with bad contents) or a failed check.";
 
 /// The conventions every subcommand follows (README "Command-line conventions", `posenc --help`).
@@ -137,7 +141,9 @@ std::vector<std::string> split_list(const std::string& text, const std::string& 
 /// /nonexistdir). A DIR (`directory` = true): an existing directory must be
 /// writable; a missing one is created with its missing parents, so its nearest
 /// existing ancestor must be a writable directory.
-CLI::Validator output_path(bool directory = false);
+/// A FILE that exists must be a regular file (or a symlink to one): a device, FIFO or socket would be replaced
+/// by the atomic rename. "-" is refused unless `stdout_ok` (the --json / --csv options of add_output_option).
+CLI::Validator output_path(bool directory = false, bool stdout_ok = false);
 
 /// The --steps / --lr / --batch-size / --curriculum options a task recipe yields to: a field
 /// the user gave explicitly is removed from the recipe.
@@ -167,7 +173,11 @@ void write_output(const std::string& target, std::string_view text);
 void emit_json(const std::string& target, const nlohmann::json& j);
 void emit_json(const std::string& target, const nlohmann::ordered_json& j);
 
-/// True when one of `targets` (output options' values) is "-". Two or more "-" is a UsageError naming their flags
+/// Throws UsageError naming both flags when two of `targets` (output options' values, "" = not given, "-" =
+/// stdout) are the same file (`ppl --json X --plot X`).
+void distinct_outputs(const std::vector<std::string>& targets, const std::vector<std::string>& names);
+
+/// distinct_outputs, then true when one of `targets` (output options' values) is "-". Two or more "-" is a UsageError naming their flags
 /// (`names[i]` is the flag of `targets[i]`): stdout carries one output.
 bool output_to_stdout(const std::vector<std::string>& targets, const std::vector<std::string>& names);
 
@@ -197,6 +207,17 @@ void not_required_with(CLI::App* sub, const std::vector<CLI::Option*>& options);
 /// "posenc 0.1.0 (git 1a2b3c4d, v0.1.0-12-g1a2b3c4d)": the CMake project version and the commit the build was
 /// configured from ("unknown" outside a git checkout).
 std::string version_text();
+
+/// `name` is a RoPE scaling of the registry or "native"; else a UsageError naming `flag` and the known names.
+void check_rope_scaling_name(const std::string& name, const std::string& flag = "--rope-scaling");
+
+/// A window length past a learned-absolute model's position table: UsageError naming `flag`, the length and the
+/// table size (check-cache's --length, ppl's and eval's --context). Other families: nothing.
+void check_learned_table(const Model& model, const std::string& model_path, int64_t length, const std::string& flag);
+
+/// --rope-factor given for a model without RoPE: UsageError "--rope-factor: the model has no RoPE (alibi
+/// positions)".
+void check_rope_factor_applies(const Model& model, const std::optional<double>& rope_factor);
 
 /// One-line description of the model and its positional setup.
 std::string describe(const Model& model);

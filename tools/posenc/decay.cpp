@@ -29,6 +29,7 @@ struct DecayOptions {
 };
 
 void run_decay(const DecayOptions& opt) {
+  distinct_outputs({opt.csv, opt.plot}, {"--csv", "--plot"});
   // Every input of decay is a flag: a bad value is a usage error (exit 2).
   const double theta = as_usage_error([&] { return parse_number(opt.rope_theta, "--rope-theta"); });
   const int64_t max_distance =

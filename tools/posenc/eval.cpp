@@ -114,7 +114,9 @@ void run_eval_cmd(const EvalArgs& a) {
   c.rope_scalings = split_list(a.scalings, "--rope-scaling");
   c.rope_factor = a.rope_factor;
   c.controls.clear();
-  for (const auto& s : split_list(a.controls, "--control")) c.controls.push_back(parse_task_control(s, "--control"));
+  for (const auto& s : split_list(a.controls, "--control"))
+    c.controls.push_back(as_usage_error([&] { return parse_task_control(s, "--control"); }));
+  for (const auto& s : c.rope_scalings) check_rope_scaling_name(s);
   c.seed = a.seed;
   c.choices = a.choices;
   c.threshold = a.threshold;
@@ -138,6 +140,8 @@ void run_eval_cmd(const EvalArgs& a) {
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
   if (c.lengths.empty()) c.lengths = default_eval_lengths(model);
+  for (int64_t L : c.lengths) check_learned_table(model, a.model.model_path, L, "--context");
+  check_rope_factor_applies(model, a.rope_factor);
   if (c.tasks.empty()) c.tasks = default_eval_tasks(tok);
   as_usage_error([&] { validate_eval_config(c); });  // e.g. the default name_recall without --haystack
   const std::string text = a.haystack.empty() ? std::string() : read_file(a.haystack);
@@ -205,10 +209,12 @@ void add_eval_command(CLI::App& app) {
   for (const auto& t : eval_tasks()) known += (known.empty() ? "" : ", ") + std::string(t.name);
   cmd->add_option("--tasks", args->tasks,
                   "tasks, comma-separated: " + known +
-                      " (default: associative_recall for a model trained on it, else name_recall)");
+                      " (default: associative_recall for a model trained on it, else name_recall)")
+      ->check(non_empty());  // "" must not mean the default
   cmd->add_option("--context", args->lengths,
                   "context lengths in tokens (prompt + answer budget), K = 1024 (default: T/2,T,2T,4T,8T of the "
-                  "trained context T, within a learned position table)");
+                  "trained context T, within a learned position table)")
+      ->check(non_empty());  // "" must not mean the default
   add_renamed_option(cmd, "--lengths", "renamed --context (e.g. --context 256,512,1K)");
   cmd->add_option("--depths", args->depths, "needle depths in [0, 1] (fraction of the context before the needle)")
       ->capture_default_str();

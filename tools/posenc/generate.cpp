@@ -27,18 +27,22 @@ struct GenerateArgs {
   bool ignore_eos = false;
   std::string json_path;
   bool quiet = false;
+  CLI::Option* rope_scaling_option = nullptr;  // given or the default ("native")
 };
 
 void run_generate(const GenerateArgs& a) {
   GenerateOptions opt = a.options;
-  as_usage_error([&] { return is_rope_scaling_name(opt.rope_scaling); });  // an unknown name: exit 2, before loading
-  if (opt.rope_factor && (opt.rope_scaling == "native" || opt.rope_scaling == "default"))
-    throw UsageError(fmt::format("--rope-factor: applies to a --rope-scaling method (linear, ntk, yarn, ...), not "
-                                 "--rope-scaling {} (got --rope-factor {})",
-                                 opt.rope_scaling, *opt.rope_factor));
+  check_rope_scaling_name(opt.rope_scaling);  // an unknown name: exit 2, before loading
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
+  // A model without RoPE first: "not --rope-scaling native" would blame a flag the user may not have passed.
+  check_rope_factor_applies(model, opt.rope_factor);
+  if (opt.rope_factor && (opt.rope_scaling == "native" || opt.rope_scaling == "default"))
+    throw UsageError(fmt::format("--rope-factor: applies to a --rope-scaling method (linear, ntk, yarn, ...), not "
+                                 "--rope-scaling {}{} (got --rope-factor {})",
+                                 opt.rope_scaling, a.rope_scaling_option->count() > 0 ? "" : " (the default)",
+                                 *opt.rope_factor));
   if (model.family() != PositionFamily::rope && opt.rope_scaling != "native" && opt.rope_scaling != "default")
     throw ConfigError(fmt::format("--rope-scaling: {} uses {} positions; RoPE scalings do not apply (got {})",
                                   a.model.model_path, to_string(model.family()), opt.rope_scaling));
@@ -99,7 +103,7 @@ void run_generate(const GenerateArgs& a) {
     j["top_p"] = opt.top_p;
     j["seed"] = opt.seed;
     if (model.family() == PositionFamily::rope) {
-      j["rope_type"] = model.rope().params.rope_type;
+      j["rope_type"] = res.rope_type;  // of the setup applied (--rope-scaling), not the model's base setup
       j["rope_scaling"] = res.rope_scaling;
       j["rope_factor"] = res.rope_factor ? nlohmann::json(*res.rope_factor) : nlohmann::json(nullptr);
       j["rope_context"] = res.rope_context;
@@ -134,7 +138,7 @@ void add_generate_command(CLI::App& app) {
       ->check(finite_above(0, 1))
       ->capture_default_str();
   cmd->add_option("--seed", args->options.seed, "sampling seed")->check(seed_value())->capture_default_str();
-  cmd->add_option("--rope-scaling", args->options.rope_scaling,
+  args->rope_scaling_option = cmd->add_option("--rope-scaling", args->options.rope_scaling,
                   "RoPE scaling (rope_type) applied as ppl applies it to a window of prompt + --max-tokens tokens: "
                   "native (the model's own parameters, or --config's), default, linear, ntk, dynamic, yarn, llama3, "
                   "longrope, ...")

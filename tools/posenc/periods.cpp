@@ -150,7 +150,7 @@ std::vector<PeriodRow> periods_rows(const PeriodsOptions& opt, PeriodsRequest& r
 }
 
 void run_periods(const PeriodsOptions& opt) {
-  const bool data_on_stdout = output_to_stdout({opt.json, opt.csv}, {"--json", "--csv"});
+  const bool data_on_stdout = output_to_stdout({opt.json, opt.csv, opt.plot}, {"--json", "--csv", "--plot"});
   PeriodsRequest req;
   // Every input of periods is a flag: a bad value is a usage error (exit 2).
   const auto rows = as_usage_error([&] { return periods_rows(opt, req); });

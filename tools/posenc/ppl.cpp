@@ -62,11 +62,13 @@ void run_ppl(const PplArgs& a) {
   const std::vector<int64_t> edges =
       a.buckets.empty() ? std::vector<int64_t>{} : as_usage_error([&] { return parse_bucket_edges(a.buckets); });
   auto scalings = split_list(a.scalings, "--rope-scaling");
-  for (const auto& s : scalings) is_rope_scaling_name(s);  // unknown name -> ConfigError before any work
+  for (const auto& s : scalings) check_rope_scaling_name(s);  // unknown name: exit 2 before any work
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
   if (contexts.empty()) contexts = default_contexts(model);
+  for (int64_t L : contexts) check_learned_table(model, a.model.model_path, L, "--context");
+  check_rope_factor_applies(model, a.rope_factor);
   if (model.family() != PositionFamily::rope) {
     // RoPE scalings do not apply: the default list shrinks to "default"; an
     // explicit scaling is an error before any work.
@@ -204,10 +206,12 @@ void add_ppl_command(CLI::App& app) {
   cmd->add_option("--text", args->text_path, "UTF-8 text file to score")->required();
   cmd->add_option("--context", args->contexts,
                   "window lengths L, comma-separated (K = 1024); default: T/2,T,2T,4T for the model's trained context T "
-                  "(within a learned position table)");
+                  "(within a learned position table)")
+      ->check(non_empty());  // "" must not mean the default
   cmd->add_option("--buckets", args->buckets,
                   "position bucket edges, comma-separated, from 0 and increasing (e.g. 0,64,128,256; a last bucket runs "
-                  "from the last edge to L); default: [0,T/2) [T/2,T) [T,2T) [2T,4T) ... up to L");
+                  "from the last edge to L); default: [0,T/2) [T/2,T) [T,2T) [2T,4T) ... up to L")
+      ->check(non_empty());  // "" must not mean the default
   args->scalings_option = cmd->add_option("--rope-scaling", args->scalings,
                   "RoPE scalings (rope_type), comma-separated: default, linear, ntk, dynamic, yarn, llama3, longrope, ... "
                   "or native (the model's own parameters, or --config's)")
@@ -225,7 +229,8 @@ void add_ppl_command(CLI::App& app) {
                   "difference to default below (PNG, matplotlib)")->check(output_path());
   cmd->add_flag("--quiet", args->quiet, "no header or progress");
   cmd->callback([args] {
-    const StdoutForData data({args->json_path}, {"--json"});  // --json -: the table goes to stderr
+    // --json -: the table goes to stderr
+    const StdoutForData data({args->json_path, args->plot_path}, {"--json", "--plot"});
     run_ppl(*args);
   });
 }
