@@ -20,8 +20,13 @@ or attached to an issue on its own; the PNGs stay in plots/ for slides.
 
 Accuracy colours (cividis, a colour-vision-deficiency-safe sequential map) run
 from the task's chance level to 1: the chance level measured by the "absent"
-control (summary "chance") when the run has it, else 1/K for forced choice and
-0 for generation; each caption says which.
+control (summary "chance", one level per task x scaling x metric) when the run
+has it, else 1/K for forced choice and 0 for generation; each caption says which.
+Measured levels are never pooled over scalings (the same prompts are scored under
+each): every panel and caption names its scaling's own level, the shared colour
+scale starts at the lowest of them, and a line for all scalings gives their range.
+Bold in the per-length tables follows the effective-context gate: the cell's
+Wilson lower bound above the measured chance's upper 95% bound.
 Uses matplotlib's Agg backend.
 """
 import base64

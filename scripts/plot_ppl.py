@@ -216,7 +216,8 @@ def plot_ppl_by_scaling(data, out_prefix):
                 _draw_buckets(ax, [], colour, label, fine, spans=False)
             else:
                 _draw_buckets(ax, clip_to_window(_filled(r["buckets"]), r["context"]), colour, label)
-        _edge_ticks(ax, rs, xmax, trained)
+        # ticks at the clipped edges too: where each shorter window ends
+        _edge_ticks(ax, [dict(r, buckets=clip_to_window(r["buckets"], r["context"])) for r in rs], xmax, trained)
         ax.set_xlabel("input position (bold tick: trained context)" if trained else "input position")
         ax.set_ylabel("mean NLL (nats/token)")
         ax.set_title(f"{s}: NLL by position for each window length", fontsize=10)
