@@ -20,8 +20,13 @@ or attached to an issue on its own; the PNGs stay in plots/ for slides.
 
 Accuracy colours (cividis, a colour-vision-deficiency-safe sequential map) run
 from the task's chance level to 1: the chance level measured by the "absent"
-control (summary "chance") when the run has it, else 1/K for forced choice and
-0 for generation; each caption says which.
+control (summary "chance", one level per task x scaling x metric) when the run
+has it, else 1/K for forced choice and 0 for generation; each caption says which.
+Measured levels are never pooled over scalings (the same prompts are scored under
+each): every panel and caption names its scaling's own level, the shared colour
+scale starts at the lowest of them, and a line for all scalings gives their range.
+Bold in the per-length tables follows the effective-context gate: the cell's
+Wilson lower bound above the measured chance's upper 95% bound.
 Uses matplotlib's Agg backend.
 """
 import base64
@@ -164,20 +169,33 @@ class Run:
         return {"accuracy": assumed if assumed is not None else 0.0, "ci_low": None, "ci_high": None, "n": None,
                 "source": "assumed", "assumed": assumed}
 
-    def pooled_chance(self, task, metric):
-        """One anchor for a task's colour scale over all its scalings: the measured levels pooled
-        (sum correct / sum n) when every scaling has one, else the assumed level."""
-        cs = [self.chance(task, s, metric) for s in self.scalings_of(task)]
-        if cs and all(c["source"] == "measured" for c in cs):
-            rows = [r for r in self.chance_rows if r["task"] == task and r.get("metric", metric) == metric]
-            n = sum(r.get("n") or 0 for r in rows)
-            if n > 0:
-                k = sum(r.get("correct") or 0 for r in rows)
-                lo, hi = wilson(k, n)
-                return {"accuracy": k / n, "ci_low": lo, "ci_high": hi, "n": n, "source": "measured"}
-            return {"accuracy": sum(c["accuracy"] for c in cs) / len(cs), "ci_low": None, "ci_high": None,
-                    "n": None, "source": "measured"}
-        return cs[0] if cs else {"accuracy": 0.0, "source": "none", "ci_low": None, "ci_high": None, "n": None}
+    def chances(self, task, metric):
+        """[(scaling, chance)] of every scaling of the task: each scaling's own level. The absent control is
+        measured separately per scaling (the same samples under each encoding), so levels of different scalings
+        are never added up as if they were independent samples."""
+        return [(s, self.chance(task, s, metric)) for s in self.scalings_of(task)]
+
+    def anchor_chance(self, task, metric):
+        """The lowest of the per-scaling chance levels: the one anchor of a colour scale shared by all panels."""
+        cs = [c["accuracy"] for _, c in self.chances(task, metric)]
+        return min(cs) if cs else 0.0
+
+    def family(self):
+        f = (self.run.get("model") or {}).get("family")
+        return f if isinstance(f, str) and f else None
+
+    def scaling_title(self, s):
+        """A panel's name for scaling s: a model without RoPE has no scaling; its one series is its family's."""
+        f = self.family()
+        if s == "default" and f is not None and f != "rope":
+            return f"{f} positions"
+        return s
+
+    def fits(self, task, control, scaling, length):
+        """False when the run recorded the cell(s) at this length as not fitting the model's context."""
+        cs = [c for c in self.cells if c["task"] == task and c["control"] == control and c["rope_scaling"] == scaling
+              and c["length"] == length]
+        return not (cs and all(c.get("status") == "does not fit" for c in cs))
 
     def scalings_of(self, task):
         return order([c["rope_scaling"] for c in self.cells if c["task"] == task])
@@ -199,6 +217,29 @@ class Run:
         m = self.primary_metric(task)
         es = [self.eff_entry(task, "none", s, m) for s in self.scalings_of(task)]
         return bool(es) and all(e is not None and e.get("solvable") is False for e in es)
+
+
+def chance_levels(chs, k=None, collapse=False):
+    """Caption text of per-scaling chance levels [(scaling, chance)]: each scaling's own level and n, or with
+    collapse=True one line for all scalings (the range of their levels, never their samples added up)."""
+    if not chs:
+        return "chance 0"
+    srcs = {c["source"] for _, c in chs}
+    if srcs != {"measured"}:
+        return chance_caption(chs[0][1], k)
+    tail = f" measured by the '{CHANCE_CONTROL}' control (evidence removed), separately per scaling"
+    if collapse:
+        lo = min(c["accuracy"] for _, c in chs)
+        hi = max(c["accuracy"] for _, c in chs)
+        n = {c.get("n") for _, c in chs}
+        ns = f", n={n.pop()} each" if len(n) == 1 and None not in n else ""
+        return (f"chance {f2(lo)}" + (f"–{f2(hi)}" if f2(hi) != f2(lo) else "") + tail + ns)
+    parts = []
+    for s, c in chs:
+        ci = f" [{f2(c['ci_low'])}, {f2(c['ci_high'])}]" if c.get("ci_low") is not None else ""
+        n = f" (n={c['n']})" if c.get("n") else ""
+        parts.append(f"{s} {f2(c['accuracy'])}{ci}{n}")
+    return "chance" + tail + ": " + "; ".join(parts)
 
 
 def chance_caption(ch, k=None):
@@ -257,8 +298,8 @@ def heatmaps(R, task, control, path):
         return g, kn
 
     grids = {s: grid(s) for s in scalings}
-    ch = R.pooled_chance(task, metric)
-    vmin = min(max(ch["accuracy"], 0.0), 0.95)
+    chs = dict(R.chances(task, metric))
+    vmin = min(max(R.anchor_chance(task, metric), 0.0), 0.95)
     seq = plt.get_cmap(SEQ_CMAP).copy()
     seq.set_bad("#e8e8e8")
     norm = matplotlib.colors.Normalize(vmin=vmin, vmax=1.0)
@@ -293,8 +334,11 @@ def heatmaps(R, task, control, path):
         for i in range(len(rows)):
             for jj in range(len(lengths)):
                 if math.isnan(g[i, jj]):
-                    ax.text(xs[jj], i, "n/a", ha="center", va="center", fontsize=fs, color="#555555")
-        style(ax, f"{s}")
+                    fit = R.fits(task, control, s, lengths[jj])
+                    ax.text(xs[jj], i, "n/a" if fit else "does not\nfit", ha="center", va="center",
+                            fontsize=fs if fit else fs - 1, color="#555555")
+        c = chs.get(s)
+        style(ax, R.scaling_title(s) + (f" (chance {c['accuracy']:.2f})" if c and c["source"] == "measured" else ""))
         if j == 0:
             ax.set_ylabel("needle depth" if depths else "", fontsize=7)
     cb = fig.colorbar(im, ax=list(axes[0]), extend="min" if vmin > 0 else "neither", fraction=0.04, pad=0.01, aspect=15)
@@ -334,7 +378,7 @@ def heatmaps(R, task, control, path):
                 star = "*" if lo > 0 or hi < 0 else ""
                 ax.text(xs[jj], i, f"{dd:+.2f}{star}", ha="center", va="center", fontsize=fs,
                         color="black" if abs(dd) < 0.6 * dmax else "white")
-            style(ax, f"{s} − default")
+            style(ax, f"{R.scaling_title(s)} − default")
         if "default" in scalings and scalings.index("default") != 0:
             axes[1][scalings.index("default")].axis("off")
         cb2 = fig.colorbar(dim, ax=list(axes[1]), fraction=0.04, pad=0.01, aspect=15)
@@ -344,6 +388,19 @@ def heatmaps(R, task, control, path):
     fig.suptitle(f"{task}" + (f" / control {control}" if control != "none" else "") +
                  f": {metric} per cell (n={n} samples per cell)", fontsize=9)
     save_png_atomic(fig, path, dpi=110)
+
+
+def diff_points(pts, base, lengths):
+    """[(d, low, high)] of pts - base at each length: the Newcombe 95% interval, except where the two per-length
+    counts are identical (same correct, same n; e.g. a scaling equal to default at L <= T, the same encoding,
+    samples and predictions), where the difference is exactly 0 with no band (low = high = d)."""
+    out = []
+    for L in lengths:
+        if pts[L] == base[L]:
+            out.append((0.0, 0.0, 0.0))
+        else:
+            out.append(newcombe_diff(*pts[L], *base[L]))
+    return out
 
 
 def accuracy_plot(R, task, control, path):
@@ -357,11 +414,19 @@ def accuracy_plot(R, task, control, path):
     fig, axes = plt.subplots(2 if has_delta else 1, 1, figsize=(8.4, 5.6 if has_delta else 3.8), sharex=True,
                              squeeze=False, gridspec_kw={"height_ratios": [3, 2]} if has_delta else None)
     ax = axes[0][0]
-    ch = R.pooled_chance(task, metric)
-    if ch["source"] == "measured" and ch.get("ci_low") is not None:
-        ax.axhspan(ch["ci_low"], ch["ci_high"], color="#bbbbbb", alpha=0.35, linewidth=0, zorder=0)
-    ax.axhline(ch["accuracy"], color="#777777", linestyle=":", linewidth=1.2,
-               label=f"chance {ch['accuracy']:.2f} ({ch['source']})", zorder=1)
+    chs = R.chances(task, metric)
+    if chs and all(c["source"] == "measured" for _, c in chs):
+        # each scaling's own measured level (its own samples), in its colour
+        for s, c in chs:
+            col = scaling_color(s, scalings)
+            if c.get("ci_low") is not None:
+                ax.axhspan(c["ci_low"], c["ci_high"], color=col, alpha=0.06, linewidth=0, zorder=0)
+            ax.axhline(c["accuracy"], color=col, linestyle=":", linewidth=1.2,
+                       label=f"chance {R.scaling_title(s)} {c['accuracy']:.2f} (measured)", zorder=1)
+    elif chs:
+        ch = chs[0][1]
+        ax.axhline(ch["accuracy"], color="#777777", linestyle=":", linewidth=1.2,
+                   label=f"chance {ch['accuracy']:.2f} ({ch['source']})", zorder=1)
     n_s = len(scalings)
     for i, s in enumerate(scalings):
         pts = series[s]
@@ -374,7 +439,7 @@ def accuracy_plot(R, task, control, path):
         ci = [wilson(k, n) for k, n in pts.values()]
         col = scaling_color(s, scalings)
         ax.fill_between(off, [c[0] for c in ci], [c[1] for c in ci], color=col, alpha=0.15, linewidth=0)
-        ax.plot(off, acc, marker="o", ms=4, color=col, label=s, zorder=3)
+        ax.plot(off, acc, marker="o", ms=4, color=col, label=R.scaling_title(s), zorder=3)
     ax.set_ylim(-0.02, 1.02)
     ax.set_ylabel(f"{metric} (pooled over depths)")
     ax.grid(True, alpha=0.3)
@@ -393,7 +458,7 @@ def accuracy_plot(R, task, control, path):
             Ls = [L for L in series[s] if L in base]
             if not Ls:
                 continue
-            ds = [newcombe_diff(*series[s][L], *base[L]) for L in Ls]
+            ds = diff_points(series[s], base, Ls)
             off = [L * 2 ** ((i - (n_s - 1) / 2) * 0.03) for L in Ls]
             col = scaling_color(s, scalings)
             ax2.fill_between(off, [d[1] for d in ds], [d[2] for d in ds], color=col, alpha=0.15, linewidth=0)
@@ -427,6 +492,13 @@ def flatten(prefix, v, out):
         out.append((prefix, json.dumps(v) if not isinstance(v, str) else v))
 
 
+def _is_number(v):
+    try:
+        return math.isfinite(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
 def config_section(R):
     run = R.run
     groups = [("run", {k: run[k] for k in ("run_id", "date", "command", "posenc_version", "git_hash",
@@ -443,6 +515,7 @@ def config_section(R):
     for g, d in groups:
         items = []
         flatten("", d, items)
+        items = [(k, f"{float(v):.1f}" if k == "samples_per_second" and _is_number(v) else v) for k, v in items]
         for i, (k, v) in enumerate(items):
             val = f"<code>{esc(v)}</code>" if k in ("command", "path") or k.endswith(".path") else esc(v)
             rows.append((f"<b>{esc(g)}</b>" if i == 0 else "", esc(k), val))
@@ -517,6 +590,14 @@ def chance_table(R):
     return table(head, rows) + note
 
 
+def chance_gate(ch):
+    """The level a cell's Wilson lower bound must exceed to count as above chance: the measured chance's upper
+    95% bound (as the effective-context gate), else the level itself (assumed 1/K, or 0 for generation)."""
+    if ch["source"] == "measured" and ch.get("ci_high") is not None:
+        return ch["ci_high"]
+    return ch["accuracy"]
+
+
 def length_table(R, task, control):
     lengths = sorted({c["length"] for c in R.cells if c["task"] == task and c["control"] == control})
     rows = []
@@ -525,15 +606,15 @@ def length_table(R, task, control):
             pts = R.pooled(task, control, s, m)
             if not pts:
                 continue
-            ch = R.chance(task, s, m)["accuracy"]
+            gate = chance_gate(R.chance(task, s, m))
             tds = []
             for L in lengths:
                 if L not in pts:
-                    tds.append("n/a")
+                    tds.append("n/a" if R.fits(task, control, s, L) else "does not fit")
                     continue
                 k, n = pts[L]
                 lo, _ = wilson(k, n)
-                tds.append(("<span class='above'>" if lo > ch else "<span>") + ci_txt(k, n) + "</span>")
+                tds.append(("<span class='above'>" if lo > gate else "<span>") + ci_txt(k, n) + "</span>")
             rows.append([esc(s), esc(m)] + tds)
     return table(["scaling", "metric"] + [f"L={esc(L)}" + (" (T)" if L == R.trained else "") for L in lengths], rows)
 
@@ -551,7 +632,8 @@ def controls_table(R):
             for s in R.scalings_of(task):
                 pts = R.pooled(task, control, s, m)
                 rows.append([esc(task), esc(control), esc(s), esc(m)] +
-                            [ci_txt(*pts[L]) if L in pts else "n/a" for L in lengths])
+                            [ci_txt(*pts[L]) if L in pts else ("n/a" if R.fits(task, control, s, L) else "does not fit")
+                             for L in lengths])
     if not rows:
         return ("<p>This run has no controls besides 'none' (<code>--control swap,shuffle</code> adds them).</p>")
     width = max(len(r) for r in rows)
@@ -645,6 +727,11 @@ def main(argv):
         with open(os.path.join(run_dir, "report.txt")) as f:
             text = f.read()
     plots = os.path.join(run_dir, "plots")
+    if os.path.lexists(plots) and not os.path.isdir(plots):
+        raise ReportError(f"{plots}: exists and is not a directory (the plots go there)")
+    out_html = os.path.join(run_dir, "report.html")
+    if os.path.isdir(out_html):
+        raise ReportError(f"{out_html}: is a directory (the report is written there as a file)")
     os.makedirs(plots, exist_ok=True)
     R = Run(summary, run)
 
@@ -680,8 +767,11 @@ def main(argv):
     unsolved = [t for t in R.tasks if R.unsolvable(t)]
     for task in R.tasks:
         m = R.primary_metric(task)
-        ch = R.pooled_chance(task, m)
-        cap = chance_caption(ch, R.k if R.kind(task) == "choice" else None)
+        chs = R.chances(task, m)
+        kk = R.k if R.kind(task) == "choice" else None
+        cap = chance_levels(chs, kk)
+        anchor_txt = (f"the lowest per-scaling chance level {f2(R.anchor_chance(task, m))}" if len(chs) > 1 and
+                      chs[0][1]["source"] == "measured" else "chance")
         tc = (f"trained context T={R.trained}: the dashed line separates the lengths within it from those past it"
               if R.trained else "trained context unknown (run.json has none)")
         if task in unsolved:
@@ -691,7 +781,15 @@ def main(argv):
                        default=0)
             body.append(f"<details id='{a}' class='unsolved'><summary><b>{esc(task)}</b>: no scaling solves it — "
                         f"the short baseline ({esc(m)}, best {best:.2f}) is not above chance for any of "
-                        f"{esc(', '.join(R.scalings_of(task)))} ({esc(cap)}). Click for its tables.</summary>")
+                        f"{esc(', '.join(R.scalings_of(task)))} ({esc(chance_levels(chs, kk, collapse=True))}). "
+                        f"Click for its heatmaps and tables.</summary>")
+            for control in R.controls(task):
+                sub = "" if control == "none" else f" — control {control}"
+                hm_path = os.path.join(plots, f"heatmaps_{fname(task)}_{fname(control)}.png")
+                heatmaps(R, task, control, hm_path)
+                body.append(img_tag(hm_path, f"{task}{sub} heatmaps"))
+                body.append(f"<p class='cap'>{esc(task)}{esc(sub)}: depth × length, one panel per scaling; "
+                            f"{esc(cap)}.</p>")
             body.append(length_table(R, task, "none"))
             body.append("</details>")
             continue
@@ -705,13 +803,15 @@ def main(argv):
             heatmaps(R, task, control, hm_path)
             body.append(img_tag(hm_path, f"{task}{sub} heatmaps"))
             body.append(f"<p class='cap'>Depth × length, one panel per RoPE scaling; colour ({SEQ_CMAP}) from "
-                        f"{esc(cap)} (darkest) to 1; columns at log2 of the tested lengths; {esc(tc)}. Below: "
+                        f"{esc(anchor_txt)} (darkest) to 1; {esc(cap)}; columns at log2 of the tested lengths; {esc(tc)}. Below: "
                         f"each scaling minus default ({DIFF_CMAP}); * marks differences whose 95% Newcombe "
                         f"interval excludes 0.</p>")
             if accuracy_plot(R, task, control, acc_path):
                 body.append(img_tag(acc_path, f"{task}{sub} accuracy vs length"))
             body.append(f"<p class='cap'>Per-length accuracy pooled over depths with its 95% Wilson interval; "
-                        f"bold: the interval lies above chance. {esc(cap)}. The differences against default treat the two "
+                        f"bold: the interval's lower bound lies above the upper bound of the measured chance interval of "
+                        f"that scaling (the effective-context gate; above the chance level itself when it is assumed "
+                        f"or 0). {esc(cap)}. The differences against default treat the two "
                         f"as independent samples; the same prompts are scored under every scaling, so the Newcombe "
                         f"band is conservative.</p>")
             body.append(length_table(R, task, control))
@@ -771,5 +871,17 @@ def main(argv):
             os.remove(tmp)
 
 
+class ReportError(Exception):
+    """A bad run directory: printed as one line naming the path, exit 1."""
+
+
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    try:
+        main(sys.argv[1:])
+    except ReportError as e:
+        print(f"eval_report.py: {e}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as e:
+        where = e.filename if e.filename is not None else "?"
+        print(f"eval_report.py: {where}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(1)

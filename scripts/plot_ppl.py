@@ -187,6 +187,17 @@ def plot_ppl(data, out_png, title=None):
     save_png_atomic(fig, out_png, dpi=110)
 
 
+def clip_to_window(buckets, window):
+    """The buckets of a window of `window` tokens with each span [start, end) cut at the window's end (a
+    bucket [0, 256) of a 128-token window covers positions 0..127 only); buckets past it are dropped."""
+    out = []
+    for b in buckets:
+        if b["start"] >= window:
+            continue
+        out.append(dict(b, end=min(b["end"], window)) if b["end"] > window else b)
+    return out
+
+
 def plot_ppl_by_scaling(data, out_prefix):
     results = data.get("results", [])
     trained = data.get("trained_context")
@@ -198,13 +209,15 @@ def plot_ppl_by_scaling(data, out_prefix):
         _trained_band(ax, trained, xmax, label=True)
         for j, r in enumerate(rs):
             colour = OKABE_ITO[j % len(OKABE_ITO)]
-            fine = _filled(r.get("fine_buckets", []))
+            # a window of L tokens has no position >= L: each bucket is drawn up to the window only
+            fine = clip_to_window(_filled(r.get("fine_buckets", [])), r["context"])
             label = f"L={r['context']} (ppl {r['ppl']:.2f})" if r.get("ppl") else f"L={r['context']}"
             if fine:
                 _draw_buckets(ax, [], colour, label, fine, spans=False)
             else:
-                _draw_buckets(ax, _filled(r["buckets"]), colour, label)
-        _edge_ticks(ax, rs, xmax, trained)
+                _draw_buckets(ax, clip_to_window(_filled(r["buckets"]), r["context"]), colour, label)
+        # ticks at the clipped edges too: where each shorter window ends
+        _edge_ticks(ax, [dict(r, buckets=clip_to_window(r["buckets"], r["context"])) for r in rs], xmax, trained)
         ax.set_xlabel("input position (bold tick: trained context)" if trained else "input position")
         ax.set_ylabel("mean NLL (nats/token)")
         ax.set_title(f"{s}: NLL by position for each window length", fontsize=10)

@@ -210,11 +210,18 @@ def check_html(src):
                 check({"none", "shuffle"} <= ctrls and (("absent" in ctrls) == (v == "v2")),
                       f"{v}: controls in the table {ctrls}")
             check(table_with(page, "task", "followed_rate") is not None, f"{v}: no paired-controls table")
-            # passkey: no scaling solves it -> one line, no heatmaps
+            # passkey: no scaling solves it -> one collapsed line, its heatmaps inside the <details> only
             check(len(page.unsolved) == 1 and "passkey" in page.unsolved[0] and "no scaling solves it" in
                   page.unsolved[0], f"{v}: collapsed lines {page.unsolved}")
             plots = sorted(os.listdir(os.path.join(run_dir, "plots")))
-            check(not any("passkey" in p for p in plots), f"{v}: plots drawn for passkey: {plots}")
+            check([p for p in plots if "passkey" in p] == ["heatmaps_passkey_none.png", "heatmaps_passkey_shuffle.png"],
+                  f"{v}: plots drawn for passkey: {plots}")
+            m = re.search(r"<details id='s-task-passkey' class='unsolved'>(.*?)</details>", doc, re.S)
+            if check(m is not None, f"{v}: no collapsed block for passkey"):
+                block = m.group(1)
+                check(block.count("<img ") == 2 and "alt='passkey heatmaps'" in block,
+                      f"{v}: the passkey heatmaps are not inside its collapsed block")
+                check(doc.count("alt='passkey heatmaps'") == 1, f"{v}: passkey heatmaps outside the collapsed block")
             for p in ("heatmaps_name_recall_none.png", "heatmaps_name_recall_shuffle.png",
                       "accuracy_name_recall_none.png", "accuracy_name_recall_shuffle.png", "ppl_by_position.png"):
                 check(p in plots, f"{v}: {p} not written")
@@ -222,10 +229,13 @@ def check_html(src):
             if v == "v1":
                 check("chance 0.25 assumed = 1/K (K=4)" in doc, "v1: no 'assumed = 1/K' caption")
             else:
-                k = sum(sum(x) for x in ([2, 3, 2], [2, 3, 2], [2, 3, 3]))  # acc_norm, all scalings
-                lo, hi = wilson(k, 90)
-                want = f"chance {k / 90:.2f} [{lo:.2f}, {hi:.2f}] measured by the &#x27;absent&#x27; control"
-                check(want in doc, f"v2: no caption {want!r}")
+                # each scaling's own measured level (acc_norm: default 7 of 30, make_report_v2_fixture.py ABSENT),
+                # never the scalings' samples added up (n=90 would count the same prompts three times)
+                lo, hi = wilson(7, 30)
+                want = f"default {7 / 30:.2f} [{lo:.2f}, {hi:.2f}] (n=30)"
+                check(want in doc and "measured by the &#x27;absent&#x27; control" in doc,
+                      f"v2: no per-scaling chance caption {want!r}")
+                check("n=90" not in doc, "v2: a chance level pooled over scalings (n=90) in the report")
             check("chance 0 (generation task" in doc, f"{v}: no generation chance caption")
             # every image is an embedded PNG that decodes, one per plot file
             srcs = [i.get("src", "") for i in page.imgs]
@@ -235,12 +245,131 @@ def check_html(src):
                     continue
                 a = mpimg.imread(io.BytesIO(base64.b64decode(s.split(",", 1)[1])), format="png")
                 check(a.ndim == 3 and a.shape[0] > 100 and a.shape[1] > 100, f"{v}: image of shape {a.shape}")
+            check_units(src, run_dir, summary, page, v)
             # perplexity buckets, with the bootstrap interval where the file has one (v2)
             pt = table_with(page, "context", "ppl")
             if check(pt is not None, f"{v}: no perplexity table"):
                 check(len(pt) - 1 == 9, f"{v}: {len(pt) - 1} perplexity rows")
                 has_ci = any("[" in c for r in pt[1:] for c in r[7:])
                 check(has_ci == (v == "v2"), f"{v}: bucket intervals shown = {has_ci}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def load_scripts(src):
+    sys.path.insert(0, os.path.join(src, "scripts"))
+    import eval_report
+    import plot_ppl
+
+    return eval_report, plot_ppl
+
+
+def check_units(src, run_dir, summary, page, v):
+    """The helpers behind the plots and tables, on the fixture's own data."""
+    er, pp = load_scripts(src)
+    with open(os.path.join(run_dir, "run.json")) as f:
+        run = json.load(f)
+    R = er.Run(summary, run)
+    # no difference band where a scaling's per-length counts equal default's (same correct, same n)
+    m = R.primary_metric("name_recall")
+    base = R.pooled("name_recall", "none", "default", m)
+    for s in ("linear", "yarn"):
+        pts = R.pooled("name_recall", "none", s, m)
+        Ls = [L for L in pts if L in base]
+        for L, (d, lo, hi) in zip(Ls, er.diff_points(pts, base, Ls)):
+            if pts[L] == base[L]:
+                check((d, lo, hi) == (0.0, 0.0, 0.0), f"{v}: {s} L={L} identical counts, band {(d, lo, hi)}")
+            else:
+                check(lo < d < hi, f"{v}: {s} L={L} counts {pts[L]} vs {base[L]}: band {(d, lo, hi)}")
+    check(er.diff_points({1: (5, 20)}, {1: (5, 20)}, [1]) == [(0.0, 0.0, 0.0)] and
+          er.diff_points({1: (5, 20)}, {1: (6, 20)}, [1])[0][1] < -0.2, f"{v}: diff_points on 5/20 vs 5/20, 6/20")
+    # bold in the per-length table = the effective-context gate: Wilson low > the chance's upper bound
+    t = er.length_table(R, "name_recall", "none")
+    for row in re.findall(r"<tr>(.*?)</tr>", t)[1:]:
+        tds = re.findall(r"<td>(.*?)</td>", row)
+        s, metric = tds[0], tds[1]
+        gate = er.chance_gate(R.chance("name_recall", s, metric))
+        pts = R.pooled("name_recall", "none", s, metric)
+        for L, td in zip(sorted(pts), tds[2:]):
+            lo = wilson(*pts[L])[0]
+            check(("class='above'" in td) == (lo > gate), f"{v}: {s} {metric} L={L} bold={td[:26]} lo={lo} gate={gate}")
+    if v == "v2":
+        ch = R.chance("name_recall", "default", "acc_norm")
+        check(er.chance_gate(ch) == ch["ci_high"] and ch["ci_high"] > ch["accuracy"], f"v2: gate {ch}")
+    check("the upper bound of the measured chance interval" in " ".join(page.text), f"{v}: no bold rule caption")
+    # ppl-by-scaling: every bucket drawn within its window (a [0,256) bucket of L=128 stops at 128)
+    with open(os.path.join(run_dir, "ppl.json")) as f:
+        ppl = json.load(f)
+    figs = []
+    saved = pp.save_png_atomic
+    pp.save_png_atomic = lambda fig, path, **kw: figs.append(fig)
+    try:
+        pp.plot_ppl_by_scaling(ppl, os.path.join(run_dir, "unused_"))
+    finally:
+        pp.save_png_atomic = saved
+    ctxs = sorted({r["context"] for r in ppl["results"]})
+    check(len(figs) == len({r["rope_scaling"] for r in ppl["results"]}), f"{v}: {len(figs)} by-scaling figures")
+    for fig in figs:
+        ax = fig.axes[0]
+        by_colour = {}
+        for ln in ax.lines:
+            if len(ln.get_xdata()) == 2 and ln.get_xdata()[0] != ln.get_xdata()[1]:
+                by_colour.setdefault(ln.get_color(), []).append(max(ln.get_xdata()))
+        for j, L in enumerate(ctxs):
+            xs = by_colour.get(pp.OKABE_ITO[j % len(pp.OKABE_ITO)].lower()) or by_colour.get(pp.OKABE_ITO[j])
+            check(xs and max(xs) == L, f"{v}: window L={L} drawn to x={xs}")
+    check(pp.clip_to_window([{"start": 0, "end": 256}, {"start": 256, "end": 512}], 128) == [{"start": 0, "end": 128}],
+          f"{v}: clip_to_window")
+    # a model without RoPE: its panel is named by its family, not "default"
+    R2 = er.Run(summary, dict(run, model=dict(run.get("model", {}), family="alibi")))
+    check(R2.scaling_title("default") == "alibi positions", f"{v}: alibi panel title {R2.scaling_title('default')}")
+    check(R.scaling_title("default") == "default", f"{v}: RoPE panel title {R.scaling_title('default')}")
+    # samples per second rounded in the configuration table
+    sps = (run.get("timing") or {}).get("samples_per_second")
+    if sps is not None:
+        cfg = table_with(page, "section", "value")
+        kv = {r[1]: r[2] for r in cfg[1:] if len(r) == 3} if cfg else {}
+        check(kv.get("samples_per_second") == f"{sps:.1f}", f"{v}: samples_per_second {kv.get('samples_per_second')}")
+
+
+def check_bad_run_dirs(src):
+    """A run dir whose plots is a file, or whose report.html is a directory, or with cells that do not fit."""
+    work = tempfile.mkdtemp(prefix="posenc-report-bad-")
+    try:
+        for what in ("plots", "report.html"):
+            d = os.path.join(work, what)
+            shutil.copytree(os.path.join(src, "tests", "eval", "data", "report", "v2"), d)
+            bad = os.path.join(d, what)
+            if what == "plots":
+                open(bad, "w").close()
+            else:
+                os.mkdir(bad)
+            r = subprocess.run(["/usr/bin/python3", os.path.join(src, "scripts", "eval_report.py"), d],
+                               capture_output=True, text=True, env=dict(os.environ, MPLBACKEND="Agg"))
+            lines = r.stderr.strip().splitlines()
+            check(r.returncode == 1 and len(lines) == 1 and bad in lines[0] and "Traceback" not in r.stderr,
+                  f"{what}: exit {r.returncode}, stderr {r.stderr[-800:]!r}")
+        # cells that do not fit the model's context: "does not fit", as the text table says
+        d = os.path.join(work, "nofit")
+        shutil.copytree(os.path.join(src, "tests", "eval", "data", "report", "v2"), d)
+        with open(os.path.join(d, "summary.json")) as f:
+            summary = json.load(f)
+        for c in summary["cells"]:
+            if c["task"] == "name_recall" and c["rope_scaling"] == "default" and c["length"] == 512:
+                c.update(status="does not fit", n=0, correct=0, accuracy=None, ci_low=None, ci_high=None,
+                         metrics={})
+        with open(os.path.join(d, "summary.json"), "w") as f:
+            json.dump(summary, f)
+        r = subprocess.run(["/usr/bin/python3", os.path.join(src, "scripts", "eval_report.py"), d],
+                           capture_output=True, text=True, env=dict(os.environ, MPLBACKEND="Agg"))
+        if check(r.returncode == 0, f"nofit: exit {r.returncode} {r.stderr[-1500:]}"):
+            page = Page()
+            with open(os.path.join(d, "report.html"), encoding="utf-8") as f:
+                page.feed(f.read())
+            lt = [t for t in page.tables if t and t[0][:2] == ["scaling", "metric"]]
+            row = lt[0][1] if lt else []
+            check(row[:2] == ["default", "acc_norm"] and row[-1] == "does not fit" and "n/a" not in row,
+                  f"nofit: per-length row {row}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -338,6 +467,7 @@ def main(argv):
     rc = 0
     if argv[0] == "html":
         check_html(src)
+        check_bad_run_dirs(src)
     else:
         rc = check_chromium(src, argv[2] if len(argv) > 2 else None)
         if rc == SKIP:

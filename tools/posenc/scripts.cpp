@@ -103,9 +103,12 @@ void run_script(const std::string& script, const std::vector<std::string>& args)
     } catch (const IoError&) {
     }
     if (output.size() > 2000) output = "..." + output.substr(output.size() - 2000);
-    throw IoError(fmt::format("{} {} failed ({}); is python3-matplotlib installed? {}", python, path_s,
+    while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
+    // The hint only when the script could not import matplotlib; any other failure is the script's own message.
+    const bool no_matplotlib = output.find("No module named 'matplotlib") != std::string::npos;
+    throw IoError(fmt::format("{} {} failed ({}){}: {}", python, path_s,
                               WIFEXITED(status) ? fmt::format("exit {}", WEXITSTATUS(status)) : std::string("killed"),
-                              output));
+                              no_matplotlib ? "; is python3-matplotlib installed?" : "", output));
   }
 }
 
