@@ -351,7 +351,8 @@ TEST(RecallTask, TrainedModelBeatsChanceThroughTheEvalRunner) {
   // model left it only after well over 1000 steps): at 4 pairs, where the
   // candidates are all values other keys hold, it scored 31/120. At 2 pairs the
   // context holds at most 2 of the 4 candidates, so beating chance needs
-  // trained weights, which the untrained control shows; recall proper is
+  // trained weights, which the untrained control shows; whether that is
+  // recall is what the absent control decides (below); recall proper is
   // measured on a fully trained model (see the report of the real run).
   TempDir d;
   const fs::path model = d.path() / "ar.pt", untrained = d.path() / "untrained.pt";
@@ -386,10 +387,19 @@ TEST(RecallTask, TrainedModelBeatsChanceThroughTheEvalRunner) {
   const auto [k, n] = pooled(trained);
   EXPECT_EQ(n, 120);
   EXPECT_GT(wilson_interval(k, n).low, 0.25) << k << "/" << n;
-  bool solvable = false;
+  // The absent control (the queried key replaced, every value left in place) measures exactly that habit:
+  // at 2 pairs a model that answers "a value of the context" is right about half the time without any
+  // evidence (0.62 [0.47,0.76] here, against 0.68 [0.60,0.76] with it), so the gate, which compares with
+  // the measured level and not with 1/K, does not call the task solved. Before the control kept the gold
+  // value in the context, the habit passed as recall ("solvable" against an assumed or biased chance).
+  double chance_low = -1.0;
+  for (const auto& c : trained["chance"])
+    if (c["metric"] == "acc_norm") chance_low = c["ci_low"].get<double>();
+  EXPECT_GT(chance_low, 0.25) << trained["chance"].dump();
+  bool solvable = true;
   for (const auto& e : trained["effective_context"])
-    if (e["control"] == "none") solvable = e["solvable"].get<bool>();
-  EXPECT_TRUE(solvable);
+    if (e["control"] == "none" && e["metric"] == "acc_norm") solvable = e["solvable"].get<bool>();
+  EXPECT_FALSE(solvable);
   EXPECT_FALSE(trained["controls"].empty());  // swap ran and was paired with none
   // The same architecture untrained is not above chance: the score is the weights'.
   const auto [k0, n0] = pooled(eval(untrained, "untrained"));
