@@ -15,14 +15,10 @@ namespace posenc::detail::tasks {
 void build_common_words(TaskContext& x, TaskSample& s, double depth, TaskControl control) {
   const Tokenizer& tok_ = x.tok;
   const Haystack& hay_ = x.hay;
-  const TaskOptions& options_ = x.options;
-  const TaskInfo& info = x.info;
   const int64_t length = s.length;
   const uint64_t key = x.key;
   Rng& content = x.content;
-  Rng& hay_rng = x.hay_rng;
   Rng& ctl = x.ctl;
-  (void)tok_, (void)hay_, (void)options_, (void)info, (void)length, (void)key, (void)content, (void)hay_rng, (void)ctl;
   const auto& vocab = hay_.words();
   constexpr int kCommon = 5, kFreqCommon = 4;
   if (vocab.size() < 64) throw InvalidArgument("common_words: the haystack has fewer than 64 distinct words");

@@ -27,16 +27,10 @@ const Task& recall_task() {
 }  // namespace
 
 void build_associative_recall(TaskContext& x, TaskSample& s, double depth, TaskControl control) {
-  const Tokenizer& tok_ = x.tok;
-  const Haystack& hay_ = x.hay;
   const TaskOptions& options_ = x.options;
-  const TaskInfo& info = x.info;
   const int64_t length = s.length;
-  const uint64_t key = x.key;
   Rng& content = x.content;
-  Rng& hay_rng = x.hay_rng;
   Rng& ctl = x.ctl;
-  (void)tok_, (void)hay_, (void)options_, (void)info, (void)length, (void)key, (void)content, (void)hay_rng, (void)ctl;
   const std::span<const int32_t> recall_ids_ = x.recall_ids;
   if (!x.recall_error.empty()) throw ConfigError(x.recall_error);
   const Task& ar = recall_task();
@@ -163,13 +157,9 @@ void build_name_recall(TaskContext& x, TaskSample& s, double depth, TaskControl 
   const Tokenizer& tok_ = x.tok;
   const Haystack& hay_ = x.hay;
   const TaskOptions& options_ = x.options;
-  const TaskInfo& info = x.info;
-  const int64_t length = s.length;
-  const uint64_t key = x.key;
   Rng& content = x.content;
   Rng& hay_rng = x.hay_rng;
   Rng& ctl = x.ctl;
-  (void)tok_, (void)hay_, (void)options_, (void)info, (void)length, (void)key, (void)content, (void)hay_rng, (void)ctl;
   auto names = names_list();
   content.shuffle(names);
   const auto kind = std::string(kKinds[content.uniform(kKinds.size())]);

@@ -15,13 +15,9 @@ namespace posenc::detail::tasks {
 void build_passkey(TaskContext& x, TaskSample& s, double depth, TaskControl control) {
   const Tokenizer& tok_ = x.tok;
   const Haystack& hay_ = x.hay;
-  const TaskOptions& options_ = x.options;
-  const TaskInfo& info = x.info;
-  const int64_t length = s.length;
   Rng& content = x.content;
   Rng& hay_rng = x.hay_rng;
   Rng& ctl = x.ctl;
-  (void)tok_, (void)hay_, (void)options_, (void)info, (void)length, (void)content, (void)hay_rng, (void)ctl;
   const std::string key = digits(content, 5);
   std::string used = key;
   if (control == TaskControl::swap) {
@@ -48,14 +44,10 @@ void build_passkey(TaskContext& x, TaskSample& s, double depth, TaskControl cont
 void build_niah(TaskContext& x, TaskSample& s, double depth, TaskControl control) {
   const Tokenizer& tok_ = x.tok;
   const Haystack& hay_ = x.hay;
-  const TaskOptions& options_ = x.options;
   const TaskInfo& info = x.info;
-  const int64_t length = s.length;
-  const uint64_t key = x.key;
   Rng& content = x.content;
   Rng& hay_rng = x.hay_rng;
   Rng& ctl = x.ctl;
-  (void)tok_, (void)hay_, (void)options_, (void)info, (void)length, (void)key, (void)content, (void)hay_rng, (void)ctl;
   int nk = 1, nv = 1, nq = 1;
   if (info.name == "niah_multikey") nk = 4;
   if (info.name == "niah_multivalue") nv = 4;
@@ -137,15 +129,9 @@ void build_niah(TaskContext& x, TaskSample& s, double depth, TaskControl control
 
 void build_kv_retrieval(TaskContext& x, TaskSample& s, double depth, TaskControl control) {
   const Tokenizer& tok_ = x.tok;
-  const Haystack& hay_ = x.hay;
-  const TaskOptions& options_ = x.options;
-  const TaskInfo& info = x.info;
   const int64_t length = s.length;
-  const uint64_t key = x.key;
   Rng& content = x.content;
-  Rng& hay_rng = x.hay_rng;
   Rng& ctl = x.ctl;
-  (void)tok_, (void)hay_, (void)options_, (void)info, (void)length, (void)key, (void)content, (void)hay_rng, (void)ctl;
   // Records: 0 = the queried pair; 1.. = distractors, in a fixed order.
   std::set<std::string> seen;
   auto fresh = [&](Rng& r) {

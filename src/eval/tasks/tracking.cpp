@@ -15,14 +15,9 @@ namespace posenc::detail::tasks {
 void build_variable_tracking(TaskContext& x, TaskSample& s, double depth, TaskControl control) {
   const Tokenizer& tok_ = x.tok;
   const Haystack& hay_ = x.hay;
-  const TaskOptions& options_ = x.options;
-  const TaskInfo& info = x.info;
-  const int64_t length = s.length;
-  const uint64_t key = x.key;
   Rng& content = x.content;
   Rng& hay_rng = x.hay_rng;
   Rng& ctl = x.ctl;
-  (void)tok_, (void)hay_, (void)options_, (void)info, (void)length, (void)key, (void)content, (void)hay_rng, (void)ctl;
   auto name5 = [](Rng& r) {
     std::string n;
     for (int i = 0; i < 5; ++i) n += static_cast<char>('A' + r.uniform(26));
