@@ -10,13 +10,12 @@
 #include "posenc/perplexity.hpp"
 #include "posenc/scaling.hpp"
 
+#include "eval/logprob.hpp"
+
 namespace posenc {
 
-namespace {
+namespace detail {
 
-using Input = Model::SequenceInput;
-
-// log softmax(row)[token] in double.
 double log_prob(const float* row, int V, int32_t token) {
   double mx = row[0];
   for (int j = 1; j < V; ++j) mx = std::max(mx, static_cast<double>(row[j]));
@@ -31,6 +30,14 @@ int32_t argmax(const float* x, int n) {
     if (x[i] > x[best]) best = i;
   return best;
 }
+
+}  // namespace detail
+
+namespace {
+
+using Input = Model::SequenceInput;
+using detail::argmax;
+using detail::log_prob;
 
 void forward_one(const Model& model, KvCache& cache, KvCache::SeqId seq, std::span<const int32_t> tokens,
                  std::vector<float>& logits) {
