@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -123,19 +124,56 @@ class LlamaServer : public ::testing::Test {
 
 }  // namespace
 
-// The C++ side finds the binary where the script puts it (the commit is written in both).
-TEST(LlamaServerLocate, CachePathMatchesBuildScript) {
+// Sets (or, with nullptr, unsets) an environment variable for its lifetime.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    if (value) ::setenv(name, value, 1);
+    else ::unsetenv(name);
+  }
+  ~ScopedEnv() {
+    if (old_) ::setenv(name_, old_->c_str(), 1);
+    else ::unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+std::string script_print_path() {
   const std::string cmd = std::string("'") + POSENC_SOURCE_DIR + "/scripts/build-llama-server' --print-path";
   std::unique_ptr<FILE, int (*)(FILE*)> p(::popen(cmd.c_str(), "r"), ::pclose);
-  ASSERT_TRUE(p);
+  if (!p) return "popen failed";
   std::string out;
   char buf[512];
   while (std::fgets(buf, sizeof buf, p.get())) out += buf;
-  ASSERT_EQ(::pclose(p.release()), 0) << out;
+  if (::pclose(p.release()) != 0) return "script failed: " + out;
   while (!out.empty() && out.back() == '\n') out.pop_back();
-  EXPECT_EQ(out, test::llama_server_cache_path().string());
-  EXPECT_NE(out.find(std::string("llama.cpp-") + std::string(test::kLlamaCppCommit).substr(0, 12)), std::string::npos)
-      << out;
+  return out;
+}
+
+// The C++ side looks for the binary where the script puts it (the commit is written in both).
+TEST(LlamaServerLocate, CachePathMatchesBuildScript) {
+  const ScopedEnv no_cache("POSENC_LLAMA_CPP_CACHE", nullptr);
+  {
+    const ScopedEnv xdg("XDG_CACHE_HOME", "/tmp/posenc-xdg-test");
+    const std::string expected = std::string("/tmp/posenc-xdg-test/posenc/llama.cpp-") +
+                                 std::string(test::kLlamaCppCommit).substr(0, 12) + "/bin/llama-server";
+    EXPECT_EQ(script_print_path(), expected);
+    EXPECT_EQ(test::llama_server_cache_path().string(), expected);
+  }
+  {
+    const ScopedEnv xdg("XDG_CACHE_HOME", nullptr);
+    const ScopedEnv home("HOME", "/tmp/posenc-home-test");
+    EXPECT_EQ(script_print_path(), test::llama_server_cache_path().string());
+    EXPECT_EQ(test::llama_server_cache_path().parent_path().parent_path().parent_path(),
+              fs::path("/tmp/posenc-home-test/.cache/posenc"));
+  }
+  const ScopedEnv cache("POSENC_LLAMA_CPP_CACHE", "/tmp/posenc-cache-test");
+  EXPECT_EQ(script_print_path(), "/tmp/posenc-cache-test/bin/llama-server");
+  EXPECT_EQ(test::llama_server_cache_path().string(), "/tmp/posenc-cache-test/bin/llama-server");
 }
 
 TEST_F(LlamaServer, ReportsTheModelAndItsContext) {
