@@ -109,6 +109,7 @@ struct ServeConfig {
   /// room (their prompt + max_tokens is reserved at admission), so the pool never runs out mid-request.
   int64_t kv_cache_tokens = 0;
   int prefix_cache_entries = 16;   ///< finished sequences kept for prefix reuse (LRU); 0 = no prefix reuse
+  int threads = 0;                 ///< OpenMP threads of the forward steps; 0 = the OpenMP default (all cores)
   int http_threads = 0;            ///< HTTP worker threads; 0 = max_batch + max_queue + 8 (each waiting request holds one)
   std::string version = "unknown";     ///< GET /version
   std::string git_commit = "unknown";  ///< GET /version

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include "eval/logprob.hpp"
 
@@ -195,6 +196,7 @@ bool Scheduler::admit_one(const std::shared_ptr<Job>& jp) {
 }
 
 void Scheduler::run() {
+  if (cfg_.threads > 0) omp_set_num_threads(cfg_.threads);  // this thread's parallel regions (the forward steps)
   for (;;) {
     {
       std::unique_lock lk(mu_);

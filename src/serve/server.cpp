@@ -77,6 +77,7 @@ void ServeConfig::validate(const Model& model) const {
   if (max_request_bytes < 1024) fail_field<ConfigError>("max_request_bytes", "must be >= 1024", max_request_bytes);
   if (block_size < 1 || block_size > 4096) fail_field<ConfigError>("block_size", "must be in [1, 4096]", block_size);
   if (prefix_cache_entries < 0) fail_field<ConfigError>("prefix_cache_entries", "must be >= 0", prefix_cache_entries);
+  if (threads < 0) fail_field<ConfigError>("threads", "must be >= 0", threads);
   if (http_threads < 0) fail_field<ConfigError>("http_threads", "must be >= 0", http_threads);
   if (max_step_tokens < max_batch)
     throw ConfigError(fmt::format("max_step_tokens: must be >= max_batch ({}) so every running sequence can decode in "

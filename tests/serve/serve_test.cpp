@@ -282,6 +282,27 @@ TEST(Serve, SeededSamplingIsReproducibleWhateverTheBatch) {
   go = false;
   for (auto& t : noise) t.join();
   EXPECT_EQ(batched, a);
+  // The same draws in process: the forward of the prompt alone, then token by token, sampled with the seed's Rng.
+  {
+    const Model& m = stories().model;
+    const int V = m.config().vocab_size;
+    KvCache cache = m.make_cache(16);
+    const auto seq = cache.create();
+    std::vector<float> row;
+    Model::SequenceInput in{seq, prompt, {}};
+    m.forward(cache, std::span(&in, 1), Model::LogitsMode::last, row);
+    posenc::detail::Rng rng(7);
+    std::vector<int32_t> want;
+    for (int i = 0; i < 30; ++i) {
+      const int32_t next = posenc::serve::detail::sample_token(row.data(), V, 1.0, 0.9, rng);
+      if (next == *stories().tok.eos_id()) break;
+      want.push_back(next);
+      const int32_t t[1] = {next};
+      in = {seq, t, {}};
+      m.forward(cache, std::span(&in, 1), Model::LogitsMode::last, row);
+    }
+    EXPECT_EQ(a, want);
+  }
   // Temperature 0 is greedy, whatever the seed.
   EXPECT_EQ(sampled(1, 0.0, 0.5), reference(prompt, 30).tokens);
   // The sampler itself: a seed gives the splitmix64 draws of detail::Rng; top_p keeps the nucleus only.
@@ -517,6 +538,31 @@ TEST(Serve, StopFinishesInFlightRequests) {
   }
   auto c = s.client();
   EXPECT_EQ(get(c, "/health").status, -1);  // stopped: nothing listens
+}
+
+TEST(Serve, TheConfigurationIsValidated) {
+  using posenc::test::message_of;
+  auto make = [](ServeConfig c) { posenc::serve::Server s(stories().model, stories().tok, c); };
+  ServeConfig c;
+  c.max_batch = 0;
+  EXPECT_EQ(message_of<ConfigError>([&] { make(c); }), "max_batch: must be >= 1 (got 0)");
+  c = {};
+  c.kv_cache_tokens = 100;
+  EXPECT_NE(message_of<ConfigError>([&] { make(c); }).find("kv_cache_tokens: 100 tokens cannot hold one sequence of "
+                                                          "max_model_len 512"),
+            std::string::npos);
+  c = {};
+  c.port = 70000;
+  EXPECT_EQ(message_of<ConfigError>([&] { make(c); }), "port: must be in [0, 65535] (got 70000)");
+  c = {};
+  c.max_step_tokens = 4;
+  EXPECT_NE(message_of<ConfigError>([&] { make(c); }).find("max_step_tokens: must be >= max_batch (16)"),
+            std::string::npos);
+  // A tokenizer that is not the model's.
+  const Tokenizer other = Tokenizer::load_tokenizer_json(posenc::test::shared_dir() / "tokenizers/gpt2/tokenizer.json");
+  EXPECT_NE(message_of<TokenizerError>([&] { posenc::serve::Server s(stories().model, other, {}); })
+                .find("does not match the model's vocab_size 512"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -120,6 +120,8 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-request-bytes", c.max_request_bytes, "largest request body accepted (a longer one is a 400)")
       ->check(int_in(1024, int64_t{1} << 32))
       ->capture_default_str();
+  cmd->add_option("--threads", c.threads, "OpenMP threads of the forward steps (default: all cores)")
+      ->check(int_in(1, 4096));
   cmd->add_option("--http-threads", c.http_threads,
                   "HTTP worker threads (default: max-batch + max-queue + 8; each waiting request holds one)")
       ->check(int_in(1, 1 << 16));
