@@ -200,6 +200,16 @@ TEST(ServeCli, RejectsABadCommandLineWithExit2) {
   const auto r = posenc::test::run_cli("serve --model '" + posenc::test::model_path().string() + "' --port 70000");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--port"), std::string::npos) << r.err;
+  // A missing model is a problem of the inputs: exit 1, naming the file.
+  const auto m = posenc::test::run_cli("serve --model /nonexistent/model.bin --port 0");
+  EXPECT_EQ(m.exit_code, 1) << m.err;
+  EXPECT_NE(m.err.find("/nonexistent/model.bin"), std::string::npos) << m.err;
+  // A KV budget below one sequence of the allowed context: a flag the model cannot take, exit 2 naming it.
+  const auto k = posenc::test::run_cli("serve --model '" + posenc::test::model_path().string() + "' --tokenizer '" +
+                                       posenc::test::tokenizer_path().string() + "' --kv-cache-tokens 10 --port 0");
+  EXPECT_EQ(k.exit_code, 2) << k.err;
+  EXPECT_NE(k.err.find("--kv-cache-tokens: 10 tokens cannot hold one sequence of max_model_len 512"), std::string::npos)
+      << k.err;
 }
 
 }  // namespace

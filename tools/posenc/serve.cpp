@@ -66,6 +66,26 @@ void run_serve(ServeArgs& a) {
       fmt::print(stderr, "  rope scaling: {}{} (set up for max_model_len {}, the same for every request)\n",
                  a.rope_scaling, a.rope_factor ? fmt::format(", factor {:g}", *a.rope_factor) : "", L);
   }
+  // A flag value the model cannot take (a KV budget below one --max-model-len sequence, a length past a learned
+  // position table): a usage error naming the flag, exit 2.
+  try {
+    cfg.validate(model);
+  } catch (const ConfigError& e) {
+    std::string msg = e.what();
+    static const std::pair<const char*, const char*> kFlags[] = {
+        {"kv_cache_tokens", "--kv-cache-tokens"}, {"max_model_len", "--max-model-len"},
+        {"max_step_tokens", "--max-step-tokens"}, {"max_batch", "--max-batch"},
+        {"max_queue", "--max-queue"},             {"prefix_cache_entries", "--prefix-cache"},
+        {"http_threads", "--http-threads"},       {"max_request_bytes", "--max-request-bytes"},
+        {"threads", "--threads"},                 {"port", "--port"},
+        {"host", "--host"}};
+    for (const auto& [field, flag] : kFlags)
+      if (msg.rfind(std::string(field) + ":", 0) == 0) {
+        msg = flag + msg.substr(std::string(field).size());
+        break;
+      }
+    throw UsageError(msg);
+  }
   serve::Server server(std::move(model), std::move(lm.tokenizer), cfg);
   const int port = server.start();
   fmt::print(stderr, "posenc serve: listening on http://{}:{}/v1 (model {}, max_model_len {})\n", cfg.host, port,
