@@ -111,7 +111,8 @@ struct Server::Impl {
   std::atomic<int> bound_port{-1};
   std::mutex stop_mu;
   std::condition_variable stop_cv;
-  bool stopped = false;
+  bool stopped = false;    // stop() has begun
+  bool stop_done = false;  // ... and completed
   int64_t created = static_cast<int64_t>(std::time(nullptr));
 
   Impl(Model m, Tokenizer t, ServeConfig c) : model(std::move(m)), tok(std::move(t)), cfg(std::move(c)) {}
@@ -539,8 +540,11 @@ int Server::start() {
 void Server::stop() {
   Impl& s = *impl_;
   {
-    std::lock_guard lk(s.stop_mu);
-    if (s.stopped) return;
+    std::unique_lock lk(s.stop_mu);
+    if (s.stopped) {  // another thread is stopping: wait until it is done
+      s.stop_cv.wait(lk, [&] { return s.stop_done; });
+      return;
+    }
     s.stopped = true;
   }
   s.draining = true;
@@ -555,14 +559,15 @@ void Server::stop() {
   }
   {
     std::lock_guard lk(s.stop_mu);
-    s.stop_cv.notify_all();
+    s.stop_done = true;
   }
+  s.stop_cv.notify_all();
 }
 
 void Server::wait() {
   Impl& s = *impl_;
   std::unique_lock lk(s.stop_mu);
-  s.stop_cv.wait(lk, [&] { return s.stopped; });
+  s.stop_cv.wait(lk, [&] { return s.stop_done; });
 }
 
 int Server::port() const { return impl_->bound_port.load(); }
