@@ -70,7 +70,7 @@ CompletionRequest parse_completion_request(std::string_view body, const RequestL
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number past double (1e400)
     throw RequestError(400, "invalid_request_error", "", fmt::format("request body: malformed JSON: {}", e.what()));
   }
   if (!j.is_object())

@@ -386,6 +386,7 @@ TEST(Serve, BadRequestsAre400NamingTheFieldAndTheServerKeepsServing) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"{\"prompt\": [1, 2", "malformed JSON"},
       {"[1, 2, 3]", "must be a JSON object"},
+      {R"({"prompt": [1, 2], "temperature": 301e308})", "number overflow"},  // fuzz finding: out_of_range, not parse_error
       {R"({"prompt": [1, 2], "max_tokens": -1})", "max_tokens"},
       {R"({"prompt": [1, 2], "max_tokens": 0})", "max_tokens: 0 is allowed only with echo"},
       {R"({"prompt": [1, 2], "max_tokens": "5"})", "max_tokens: must be an integer"},
