@@ -157,6 +157,7 @@ class EndpointClient {
     int status = 0;  ///< HTTP status; 0 = no answer (connection error)
     std::string body;
     std::string error;  ///< connection error text when status is 0
+    std::optional<double> retry_after;  ///< seconds of a Retry-After header (429/5xx; delta-seconds form only)
   };
   /// GET root + path (no retries; the probes of optional endpoints).
   Reply get_once(const std::string& path);

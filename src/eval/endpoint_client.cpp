@@ -174,6 +174,20 @@ std::string error_message_of(const std::string& body) {
   return s;
 }
 
+// httplib's terse error names, said in full.
+std::string describe(httplib::Error e, double timeout) {
+  switch (e) {
+    case httplib::Error::Connection: return "cannot connect (Connection)";
+    case httplib::Error::ConnectionTimeout: return fmt::format("connect timed out after {} s (ConnectionTimeout)", timeout);
+    case httplib::Error::Read:
+      return fmt::format("no complete answer: the connection closed or --request-timeout {} s passed (Read)", timeout);
+    case httplib::Error::Write: return "sending the request failed (Write)";
+    case httplib::Error::SSLConnection: return "TLS handshake failed (SSLConnection)";
+    case httplib::Error::SSLServerVerification: return "the server's TLS certificate did not verify (SSLServerVerification)";
+    default: return httplib::to_string(e);
+  }
+}
+
 double jitter_seconds(double initial, double cap, int attempt) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   const double ceiling = std::min(cap, initial * std::ldexp(1.0, std::min(attempt, 30)));
@@ -206,7 +220,7 @@ EndpointClient::Reply EndpointClient::get_once(const std::string& path) {
   Reply r;
   auto res = impl_->http.Get(path.starts_with("/v1/") ? impl_->parsed.path + path.substr(3) : impl_->root_path + path);
   if (!res) {
-    r.error = httplib::to_string(res.error());
+    r.error = describe(res.error(), options_.request_timeout);
     return r;
   }
   r.status = res->status;
@@ -221,7 +235,7 @@ EndpointClient::Reply EndpointClient::post_once(const std::string& path, const j
   const std::string full = path.starts_with("/v1/") ? impl_->parsed.path + path.substr(3) : impl_->root_path + path;
   auto res = impl_->http.Post(full, body.dump(), "application/json");
   if (!res) {
-    r.error = httplib::to_string(res.error());
+    r.error = describe(res.error(), options_.request_timeout);
     return r;
   }
   r.status = res->status;
@@ -229,7 +243,7 @@ EndpointClient::Reply EndpointClient::post_once(const std::string& path, const j
   if (res->status == 429 || res->status >= 500) {
     const std::string ra = res->get_header_value("Retry-After");
     if (!ra.empty() && std::all_of(ra.begin(), ra.end(), [](char c) { return c >= '0' && c <= '9'; }) && ra.size() < 6)
-      r.error = "retry-after:" + ra;
+      r.retry_after = std::stod(ra);
   }
   return r;
 }
@@ -254,7 +268,7 @@ EndpointClient::Reply EndpointClient::post(const std::string& path, const json& 
       last = fmt::format("connection error: {}", r.error);
     } else if (r.status == 429 || r.status >= 500) {
       last = fmt::format("HTTP {}: {}", r.status, error_message_of(r.body));
-      if (r.error.starts_with("retry-after:")) wait = std::min(120.0, std::stod(r.error.substr(12)));
+      if (r.retry_after) wait = std::min(120.0, *r.retry_after);
     } else {
       if (return_4xx && r.status >= 400 && r.status < 500) return r;
       throw EndpointProtocolError(

@@ -95,7 +95,7 @@ TEST(EndpointCli, AServerWithoutPromptLogprobsRunsGenerationAndReportsTheRestAsN
   EXPECT_EQ(rep.exit_code, 0) << rep.err;
   EXPECT_NE(rep.out.find("not supported by this endpoint"), std::string::npos) << rep.out;
   // The HTML report (matplotlib) copes with results that have no NLL, where python3 has matplotlib.
-  if (std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") == 0) {
+  if (std::system("/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1") == 0) {
     const auto html = run_cli("eval report '" + out + "'");
     EXPECT_EQ(html.exit_code, 0) << html.err;
     EXPECT_TRUE(fs::exists(run_dir / "report.html"));

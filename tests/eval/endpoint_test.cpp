@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -490,15 +491,44 @@ TEST(EndpointLab, Http429And503AreRetriedAndTheRunSucceeds) {
   const auto r0 = run_eval_endpoint(endpoint_config(plain.url()), tok(), text(), c);
   FakeEndpoint busy(model(), tok());
   busy.fault = [](int64_t n, const json&, const std::string&) -> std::optional<FakeEndpoint::Fault> {
-    if (n == 2) return FakeEndpoint::Fault{429, R"({"error":{"message":"rate limited"}})", "0"};
+    if (n == 2) return FakeEndpoint::Fault{429, R"({"error":{"message":"rate limited"}})", "1"};
     if (n == 5) return FakeEndpoint::Fault{503, R"({"error":{"message":"queue full"}})", "0"};
     return std::nullopt;
   };
   busy.start();
   c.out = d.path() / "b";
+  const auto t0 = std::chrono::steady_clock::now();
   const auto r1 = run_eval_endpoint(endpoint_config(busy.url()), tok(), text(), c);
+  // Retry-After: 1 was honoured (the jittered backoff alone is at most 2 ms here).
+  EXPECT_GE(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 0.95);
   EXPECT_EQ(busy.work_requests, plain.work_requests + 2);  // each refused request sent once more
   EXPECT_EQ(test::slurp(r1.run_dir / "summary.json"), test::slurp(r0.run_dir / "summary.json"));
+}
+
+TEST(EndpointLab, ARequestPastItsTimeoutIsRetriedThenStopsTheRun) {
+  TempDir d;
+  EvalConfig c = base_config(d.path());
+  c.tasks = {"passkey"};
+  c.lengths = {128};
+  c.depths = {0.5};
+  c.samples = 2;
+  c.ppl_tokens = -1;
+  FakeEndpoint srv(model(), tok());
+  srv.fault = [](int64_t, const json&, const std::string&) -> std::optional<FakeEndpoint::Fault> {
+    std::this_thread::sleep_for(std::chrono::milliseconds(900));  // a server that hangs
+    return std::nullopt;
+  };
+  srv.start();
+  EndpointEvalConfig e = endpoint_config(srv.url());
+  e.options.request_timeout = 0.25;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg =
+      test::message_of<EndpointUnavailable>([&] { (void)run_eval_endpoint(e, tok(), text(), c); });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(msg.find("--request-timeout 0.25 s"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(srv.url()), std::string::npos) << msg;
+  EXPECT_EQ(srv.work_requests, 2 * 2);  // 2 attempts (retries 1) x 2 requests (breaker 2)
+  EXPECT_LT(s, 4 * 0.9);                // the client did not wait for the hanging answers
 }
 
 // ---------------------------------------------------------------- (e) no prompt log-probabilities
