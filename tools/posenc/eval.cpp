@@ -296,7 +296,8 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--endpoint", args->endpoints,
                   "evaluate a served model instead of --model: the OpenAI-compatible API base URL[=LABEL] (e.g. "
                   "http://127.0.0.1:8000/v1=yarn; repeatable: several servers of one model, each label a value of the "
-                  "scaling axis; default label 'default'); needs --tokenizer")
+                  "scaling axis; default label 'default'); needs --tokenizer; the model: exactly one of --model and "
+                  "--endpoint")
       ->check(non_empty());
   cmd->add_option("--served-model", args->served_model,
                   "--endpoint: the model name to request (default: the only one GET /v1/models lists)")
