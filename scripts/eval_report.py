@@ -722,6 +722,11 @@ def main(argv):
     if os.path.exists(os.path.join(run_dir, "ppl.json")):
         with open(os.path.join(run_dir, "ppl.json")) as f:
             ppl = json.load(f)
+    # eval --endpoint: results not computed ("does not fit", "not supported by this endpoint") carry no NLL.
+    ppl_skipped = []
+    if ppl:
+        ppl_skipped = [r for r in ppl.get("results", []) if r.get("status", "ok") != "ok"]
+        ppl["results"] = [r for r in ppl.get("results", []) if r.get("status", "ok") == "ok"]
     text = ""
     if os.path.exists(os.path.join(run_dir, "report.txt")):
         with open(os.path.join(run_dir, "report.txt")) as f:
@@ -821,6 +826,12 @@ def main(argv):
         tab, parts = ppl_section(ppl, plots)
         body.append(tab)
         body += [img_tag(p, os.path.basename(p)) for p in parts]
+    if ppl_skipped:
+        if not ppl.get("results"):
+            h2("Perplexity by position", "ppl")
+        body.append("<ul>" + "".join(f"<li>L={esc(r.get('context'))} {esc(r.get('rope_scaling'))}: "
+                                     f"{esc(r.get('status'))} ({esc(r.get('note', ''))})</li>" for r in ppl_skipped)
+                    + "</ul>")
 
     if text:
         h2("Text summary", "text")

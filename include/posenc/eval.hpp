@@ -60,6 +60,7 @@ struct SampleOutcome {
   bool correct_acc = false;      ///< predicted_acc == gold
   // generation
   std::vector<int32_t> new_tokens;
+  int64_t generated_tokens = -1;  ///< eval --endpoint: the server's usage.completion_tokens (new_tokens stays empty)
   std::string prediction;  ///< decoded continuation
   double score = 0.0;      ///< fraction of gold strings matched (1/0 for choice)
   bool correct = false;    ///< under the primary metric
@@ -78,6 +79,18 @@ RopeSetup eval_rope_setup(const Model& model, std::string_view rope_scaling, int
 /// sample's length or a candidate list is empty.
 std::vector<SampleOutcome> evaluate_samples(const Model& model, const Tokenizer& tokenizer,
                                             std::span<const TaskSample> samples);
+
+/// The outcome of a forced-choice sample from its candidates' summed
+/// log-probabilities (nats, [choices], the order of s.choices): acc and
+/// acc_norm predictions by score_choice, correct under both, kept_original.
+/// The scoring of evaluate_samples, shared by the endpoint client. Throws
+/// InvalidArgument when logprobs does not hold one value per candidate.
+SampleOutcome choice_outcome(const TaskSample& s, std::vector<double> logprobs);
+
+/// The outcome of a generation sample from its decoded continuation:
+/// score_generation against s.answers (and s.original_answers for controls).
+/// new_tokens is left empty (the caller fills it when it has the ids).
+SampleOutcome generation_outcome(const TaskSample& s, std::string prediction);
 
 /// Forced choice on a prompt whose last-token logits are `last_logits` and
 /// whose KV state is sequence `seq` of `cache`: summed log-probabilities of
@@ -105,6 +118,9 @@ struct EvalConfig {
   std::vector<double> depths;          ///< in [0, 1], sorted, distinct
   int64_t samples = 50;
   std::vector<std::string> rope_scalings{"default"};
+  /// eval --endpoint: rope_scalings holds the endpoints' labels (scaling is the
+  /// server's business), each one path component of [A-Za-z0-9._-].
+  bool scaling_labels = false;
   std::optional<double> rope_factor;
   std::vector<TaskControl> controls{TaskControl::none};
   uint64_t seed = 42;

@@ -125,6 +125,27 @@ struct PplOptions {
 PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> stream,
                               const PplOptions& options);
 
+/// One window of protocol step 3: stream tokens [start, start + tokens).
+struct PplWindow {
+  int64_t start = 0;
+  int64_t tokens = 0;  ///< in [2, context]
+};
+
+/// Fills nll[w] with the tokens[w] - 1 prediction NLLs (nats, position order:
+/// nll[w][p] = -log P(stream[start + p + 1] | stream[start .. start + p])) of
+/// each window w. Throws whatever the scorer's backend throws.
+using PplWindowsScorer =
+    std::function<void(std::span<const PplWindow> windows, std::vector<std::vector<double>>& nll)>;
+
+/// The same protocol with the windows scored by `score_windows` (e.g. an
+/// endpoint's prompt log-probabilities, posenc/endpoint.hpp) instead of a
+/// Model: windows, buckets (default buckets from `trained_context`) and
+/// bootstrap are the code above. rope_scaling is "default", factor 1 (the
+/// caller names what scored the windows). Throws InvalidArgument as above and
+/// when the scorer returns a window with the wrong number of values.
+PplResult evaluate_perplexity(std::span<const int32_t> stream, int64_t trained_context, const PplOptions& options,
+                              const PplWindowsScorer& score_windows);
+
 /// Percentile-bootstrap 95% interval of a pooled mean over units (protocol
 /// step 6): sums[w] / counts[w] are unit w's NLL sum and prediction count;
 /// each of `resamples` resamples draws W units with replacement and gives

@@ -132,6 +132,37 @@ std::vector<int32_t> greedy_continue(const Model& model, KvCache& cache, KvCache
   return out;
 }
 
+SampleOutcome choice_outcome(const TaskSample& s, std::vector<double> logprobs) {
+  if (logprobs.size() != s.choices.size() || logprobs.empty())
+    throw InvalidArgument(fmt::format("sample {} of {}: {} candidate log-probabilities for {} candidates", s.index,
+                                      s.task, logprobs.size(), s.choices.size()));
+  SampleOutcome o;
+  o.logprobs = std::move(logprobs);
+  std::vector<int64_t> bytes = s.choice_bytes;
+  if (bytes.empty())
+    for (const auto& ch : s.choices) bytes.push_back(candidate_bytes(ch));
+  const ChoiceScore cs = score_choice(o.logprobs, bytes);
+  o.predicted = cs.acc_norm;
+  o.predicted_acc = cs.acc;
+  o.correct_acc = cs.acc == s.gold;
+  o.correct = o.predicted == s.gold;
+  o.score = o.correct ? 1.0 : 0.0;
+  o.kept_original = o.predicted == s.original_gold;
+  o.prediction = s.choices[static_cast<std::size_t>(o.predicted)];
+  return o;
+}
+
+SampleOutcome generation_outcome(const TaskSample& s, std::string prediction) {
+  SampleOutcome o;
+  o.prediction = std::move(prediction);
+  const auto g = score_generation(s.metric, o.prediction, s.answers);
+  o.correct = g.correct;
+  o.score = g.score;
+  o.kept_original = s.original_answers.empty() ? g.correct
+                                               : score_generation(s.metric, o.prediction, s.original_answers).correct;
+  return o;
+}
+
 std::vector<SampleOutcome> evaluate_samples(const Model& model, const Tokenizer& tokenizer,
                                             std::span<const TaskSample> samples) {
   const std::size_t m = samples.size();
@@ -173,30 +204,17 @@ std::vector<SampleOutcome> evaluate_samples(const Model& model, const Tokenizer&
     }
     SampleOutcome& o = out[j];
     if (!s.choice_tokens.empty()) {
-      o.logprobs = score_candidates(model, cache, seq, logits, s.choice_tokens);
-      std::vector<int64_t> bytes = s.choice_bytes;
-      if (bytes.empty())
-        for (const auto& ch : s.choices) bytes.push_back(candidate_bytes(ch));
-      const ChoiceScore cs = score_choice(o.logprobs, bytes);
-      o.predicted = cs.acc_norm;
-      o.predicted_acc = cs.acc;
-      o.correct_acc = cs.acc == s.gold;
-      o.correct = o.predicted == s.gold;
-      o.score = o.correct ? 1.0 : 0.0;
-      o.kept_original = o.predicted == s.original_gold;
-      o.prediction = s.choices[static_cast<std::size_t>(o.predicted)];
+      o = choice_outcome(s, score_candidates(model, cache, seq, logits, s.choice_tokens));
     } else {
-      o.new_tokens = greedy_continue(model, cache, seq, logits, s.answer_budget, stop_ids);
+      std::vector<int32_t> ids = greedy_continue(model, cache, seq, logits, s.answer_budget, stop_ids);
+      std::string text;
       int32_t prev = s.prompt_tokens.back();
-      for (int32_t id : o.new_tokens) {
-        o.prediction += tokenizer.decode(prev, id);
+      for (int32_t id : ids) {
+        text += tokenizer.decode(prev, id);
         prev = id;
       }
-      const auto g = score_generation(s.metric, o.prediction, s.answers);
-      o.correct = g.correct;
-      o.score = g.score;
-      o.kept_original = s.original_answers.empty() ? g.correct
-                                                   : score_generation(s.metric, o.prediction, s.original_answers).correct;
+      o = generation_outcome(s, std::move(text));
+      o.new_tokens = std::move(ids);
     }
     cache.free(seq);
   }

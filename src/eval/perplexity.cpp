@@ -200,15 +200,28 @@ std::pair<double, double> bootstrap_mean_interval(std::span<const double> sums, 
   return {quantile_sorted(means, 0.025), quantile_sorted(means, 0.975)};
 }
 
-PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> stream, const PplOptions& o) {
+namespace {
+
+// Protocol steps 3 and 5 (the windows) with the options checked.
+struct PplPlan {
+  int64_t context = 0;
+  int64_t trained = 0;
+  std::vector<std::pair<int64_t, int64_t>> edges;
+  std::vector<PplWindow> windows;
+};
+
+PplPlan plan_perplexity(int64_t trained_context, int64_t stream_size, const PplOptions& o) {
+  PplPlan plan;
   const int64_t L = o.context;
   if (L < 2 || L > (int64_t{1} << 20)) fail_field<InvalidArgument>("context", "must be in [2, 1048576]", L);
   if (o.max_tokens < 0) fail_field<InvalidArgument>("max_tokens", "must be >= 0", o.max_tokens);
   if (o.bootstrap_resamples < 1 || o.bootstrap_resamples > 1000000)
     fail_field<InvalidArgument>("bootstrap_resamples", "must be in [1, 1000000]", o.bootstrap_resamples);
-  const int64_t trained = model.trained_context() > 0 ? model.trained_context() : L;
-  const auto edges = o.bucket_edges.empty() ? position_buckets(trained, L) : buckets_from_edges(o.bucket_edges, L);
-  const int64_t T = static_cast<int64_t>(stream.size());
+  const int64_t trained = trained_context > 0 ? trained_context : L;
+  plan.context = L;
+  plan.trained = trained;
+  plan.edges = o.bucket_edges.empty() ? position_buckets(trained, L) : buckets_from_edges(o.bucket_edges, L);
+  const int64_t T = stream_size;
   if (T < 2) fail_field<InvalidArgument>("text", "needs at least 2 tokens to score (tokens)", T);
 
   // Window starts; the last shorter window is kept if it has >= 2 tokens.
@@ -223,63 +236,18 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
   }
   if (o.fine_bins_per_bucket < 0 || o.fine_bins_per_bucket > 64)
     fail_field<InvalidArgument>("fine_bins_per_bucket", "must be in [0, 64]", o.fine_bins_per_bucket);
-  const std::size_t W = starts.size();
-  std::vector<std::vector<double>> window_nll(W);  // per prediction, in position order
-  const int V = model.config().vocab_size;
-  if (model.family() == PositionFamily::learned_absolute && model.config().max_position_embeddings > 0 &&
-      std::min(L, T) > model.config().max_position_embeddings)
-    throw PositionError(fmt::format(
-        "context: {} positions are past the learned position table (max_position_embeddings {})", std::min(L, T),
-        model.config().max_position_embeddings));
+  for (int64_t s : starts) plan.windows.push_back({s, std::min(L, T - s)});
+  return plan;
+}
 
-  const auto t0 = std::chrono::steady_clock::now();
-  auto last_report = t0;
-  int64_t done = 0, tokens_done = 0;
-
-  detail::FirstException error;
-#pragma omp parallel for schedule(dynamic, 1)
-  for (std::size_t w = 0; w < W; ++w) {
-    if (error.failed()) continue;
-    const int64_t s = starts[w];
-    const int64_t n = std::min(L, T - s);
-    std::vector<float> logits;
-    error.run([&] {
-      logits = model.score_window(stream.subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(n)));
-    });
-    if (error.failed()) continue;
-    window_nll[w].resize(static_cast<std::size_t>(n - 1));
-    for (int64_t p = 0; p + 1 < n; ++p) {
-      const float* row = logits.data() + p * V;
-      double mx = row[0];
-      for (int j = 1; j < V; ++j) mx = std::max(mx, static_cast<double>(row[j]));
-      double z = 0.0;
-      for (int j = 0; j < V; ++j) z += std::exp(static_cast<double>(row[j]) - mx);
-      const double nll = mx + std::log(z) - static_cast<double>(row[stream[static_cast<std::size_t>(s + p + 1)]]);
-      window_nll[w][static_cast<std::size_t>(p)] = nll;
-    }
-#pragma omp critical(posenc_ppl_progress)
-    {
-      ++done;
-      tokens_done += n - 1;
-      if (o.on_progress && omp_get_thread_num() == 0) {
-        const auto now = std::chrono::steady_clock::now();
-        if (now - last_report >= std::chrono::seconds(1)) {
-          last_report = now;
-          o.on_progress({done, static_cast<int64_t>(W), tokens_done,
-                         std::chrono::duration<double>(now - t0).count()});
-        }
-      }
-    }
-  }
-
-  error.rethrow();
-
+// Protocol steps 4 and 6 from every window's per-prediction NLL.
+PplResult finish_perplexity(const PplPlan& plan, const std::vector<std::vector<double>>& window_nll,
+                            const PplOptions& o, std::chrono::steady_clock::time_point t0) {
+  const int64_t L = plan.context;
+  const std::size_t W = plan.windows.size();
   PplResult r;
   r.context = L;
-  r.trained_context = trained;
-  const bool rope = model.family() == PositionFamily::rope;
-  r.rope_scaling = rope ? model.rope().freqs.rope_type : "default";
-  r.factor = rope ? model.rope().params.factor.value_or(1.0) : 1.0;
+  r.trained_context = plan.trained;
   r.windows = static_cast<int64_t>(W);
   // Per bucket: sums in window order, each window's in position order (the
   // result does not depend on the thread count); step 6: one bootstrap per
@@ -315,12 +283,12 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
     }
     return out;
   };
-  r.buckets = make_buckets(edges);
+  r.buckets = make_buckets(plan.edges);
   if (o.fine_bins_per_bucket > 0) {
     // Each bucket cut into equal bins (as equal as integers allow; none empty),
     // the last bucket only up to L.
     std::vector<std::pair<int64_t, int64_t>> fine;
-    for (const auto& [a, b] : edges) {
+    for (const auto& [a, b] : plan.edges) {
       const int64_t e = std::min(b, L - 1);  // positions p < L - 1 hold predictions
       const int64_t k = std::min<int64_t>(o.fine_bins_per_bucket, std::max<int64_t>(1, e - a));
       for (int64_t i = 0; i < k; ++i) {
@@ -340,6 +308,86 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
   if (o.on_progress)
     o.on_progress({static_cast<int64_t>(W), static_cast<int64_t>(W), r.tokens,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+  return r;
+}
+
+}  // namespace
+
+PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> stream, const PplOptions& o) {
+  const PplPlan plan = plan_perplexity(model.trained_context(), static_cast<int64_t>(stream.size()), o);
+  const int64_t L = plan.context, T = static_cast<int64_t>(stream.size());
+  const std::size_t W = plan.windows.size();
+  std::vector<std::vector<double>> window_nll(W);  // per prediction, in position order
+  const int V = model.config().vocab_size;
+  if (model.family() == PositionFamily::learned_absolute && model.config().max_position_embeddings > 0 &&
+      std::min(L, T) > model.config().max_position_embeddings)
+    throw PositionError(fmt::format(
+        "context: {} positions are past the learned position table (max_position_embeddings {})", std::min(L, T),
+        model.config().max_position_embeddings));
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last_report = t0;
+  int64_t done = 0, tokens_done = 0;
+
+  detail::FirstException error;
+#pragma omp parallel for schedule(dynamic, 1)
+  for (std::size_t w = 0; w < W; ++w) {
+    if (error.failed()) continue;
+    const int64_t s = plan.windows[w].start;
+    const int64_t n = plan.windows[w].tokens;
+    std::vector<float> logits;
+    error.run([&] {
+      logits = model.score_window(stream.subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(n)));
+    });
+    if (error.failed()) continue;
+    window_nll[w].resize(static_cast<std::size_t>(n - 1));
+    for (int64_t p = 0; p + 1 < n; ++p) {
+      const float* row = logits.data() + p * V;
+      double mx = row[0];
+      for (int j = 1; j < V; ++j) mx = std::max(mx, static_cast<double>(row[j]));
+      double z = 0.0;
+      for (int j = 0; j < V; ++j) z += std::exp(static_cast<double>(row[j]) - mx);
+      const double nll = mx + std::log(z) - static_cast<double>(row[stream[static_cast<std::size_t>(s + p + 1)]]);
+      window_nll[w][static_cast<std::size_t>(p)] = nll;
+    }
+#pragma omp critical(posenc_ppl_progress)
+    {
+      ++done;
+      tokens_done += n - 1;
+      if (o.on_progress && omp_get_thread_num() == 0) {
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last_report >= std::chrono::seconds(1)) {
+          last_report = now;
+          o.on_progress({done, static_cast<int64_t>(W), tokens_done,
+                         std::chrono::duration<double>(now - t0).count()});
+        }
+      }
+    }
+  }
+
+  error.rethrow();
+
+  PplResult r = finish_perplexity(plan, window_nll, o, t0);
+  const bool rope = model.family() == PositionFamily::rope;
+  r.rope_scaling = rope ? model.rope().freqs.rope_type : "default";
+  r.factor = rope ? model.rope().params.factor.value_or(1.0) : 1.0;
+  return r;
+}
+
+PplResult evaluate_perplexity(std::span<const int32_t> stream, int64_t trained_context, const PplOptions& o,
+                              const PplWindowsScorer& score_windows) {
+  const PplPlan plan = plan_perplexity(trained_context, static_cast<int64_t>(stream.size()), o);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::vector<double>> window_nll(plan.windows.size());
+  score_windows(plan.windows, window_nll);
+  for (std::size_t w = 0; w < plan.windows.size(); ++w)
+    if (static_cast<int64_t>(window_nll[w].size()) != plan.windows[w].tokens - 1)
+      throw InvalidArgument(fmt::format("window {} (tokens [{}, {})): {} NLL values for {} predictions", w,
+                                        plan.windows[w].start, plan.windows[w].start + plan.windows[w].tokens,
+                                        window_nll[w].size(), plan.windows[w].tokens - 1));
+  PplResult r = finish_perplexity(plan, window_nll, o, t0);
+  r.rope_scaling = "default";
+  r.factor = 1.0;
   return r;
 }
 

@@ -19,6 +19,7 @@
 
 #include <fmt/format.h>
 
+#include "eval/endpoint_lab.hpp"
 #include "eval/rng.hpp"
 #include "posenc/error.hpp"
 #include "posenc/eval.hpp"
@@ -153,6 +154,7 @@ struct Axes {
   double min_baseline = 0.0;
   int64_t ppl_tokens = -1;
   bool absent = false;  ///< the "absent" control runs for every forced-choice task (run.json config.absent_control)
+  bool labels = false;  ///< the scaling axis holds endpoint labels (eval --endpoint), not RoPE methods
 };
 
 // Upper bound of a run's cells (a grid of 2^20 cells is already days of
@@ -237,6 +239,7 @@ Axes axes_from_config(const EvalConfig& c) {
   a.min_baseline = c.min_baseline;
   a.ppl_tokens = c.ppl_tokens;
   a.absent = true;
+  a.labels = c.scaling_labels;
   return a;
 }
 
@@ -267,7 +270,12 @@ Axes axes_from_run_json(const JsonView& run) {
     if (parse_task_control(t, "control") == TaskControl::absent)
       throw DataError("absent is not a --control value (config.absent_control adds it)");
   });
-  a.scalings = names("rope_scalings", [](const std::string& t) { is_rope_scaling_name(t); });
+  // eval --endpoint: the axis holds the endpoints' labels (one path component each).
+  a.labels = c.string_or("scaling_axis", "rope_scaling") == "endpoint_label";
+  a.scalings = names("rope_scalings", [&](const std::string& t) {
+    if (!a.labels) is_rope_scaling_name(t);
+    else if (!safe_component(t)) throw DataError("is not an endpoint label (one path component of [A-Za-z0-9._-])");
+  });
   {
     const JsonView list = c.at("lengths");
     if (list.size() == 0) list.fail("must not be empty");
@@ -343,7 +351,7 @@ json sample_record(const TaskSample& s, const SampleOutcome& o, const std::strin
     r["answer"] = s.answers;
     if (s.control != TaskControl::none) r["original_answer"] = s.original_answers;
     r["metric"] = s.metric;
-    r["predicted_tokens"] = o.new_tokens.size();
+    r["predicted_tokens"] = o.generated_tokens >= 0 ? o.generated_tokens : static_cast<int64_t>(o.new_tokens.size());
   }
   r["prediction"] = o.prediction;
   r["score"] = o.score;
@@ -432,10 +440,11 @@ JsonDocument load_cell(const fs::path& p, const Group& g, double depth, const Ax
     cell.at("length").fail(fmt::format("is {}, the cell {} has length {}", cell.at("length").raw().dump(), where, g.length));
   check_depth(cell.at("depth"), depth, where);
   const std::string status = cell.string_or("status", "ok");
-  if (status != "ok" && status != "does not fit") cell.at("status").fail("expected \"ok\" or \"does not fit\"");
+  if (status != "ok" && status != "does not fit" && status != detail::kNotSupported)
+    cell.at("status").fail(fmt::format("expected \"ok\", \"does not fit\" or \"{}\"", detail::kNotSupported));
   const int64_t n = cell.at("n").integer(0, a.samples);
   if (status == "ok" && n != a.samples) cell.at("n").fail(fmt::format("is {}, the run has {} samples per cell", n, a.samples));
-  if (status != "ok" && n != 0) cell.at("n").fail("must be 0 for a cell that does not fit");
+  if (status != "ok" && n != 0) cell.at("n").fail(fmt::format("must be 0 for a cell that is \"{}\"", status));
   const int64_t correct = cell.at("correct").integer(0, n);
   const JsonView acc = cell.at("accuracy");
   if (n == 0) {
@@ -508,6 +517,16 @@ JsonDocument load_ppl(const fs::path& p, const std::string& scaling, int64_t len
     r.at("context").fail(fmt::format("expected {} (the file is named {})", length, p.filename().string()));
   (void)r.at("factor").number();
   (void)r.at("ppl");  // a number, or null if it overflowed
+  // eval --endpoint: a result not computed ("does not fit", "not supported by
+  // this endpoint") has null nll/ppl, no tokens and no buckets.
+  const std::string status = r.string_or("status", "ok");
+  if (status != "ok") {
+    if (status != "does not fit" && status != detail::kNotSupported)
+      r.at("status").fail(fmt::format("expected \"ok\", \"does not fit\" or \"{}\"", detail::kNotSupported));
+    if (!r.at("nll").is_null() || !r.at("ppl").is_null() || r.at("tokens").integer() != 0 || r.at("buckets").size() != 0)
+      r.fail("a result that is not computed must have null nll and ppl, tokens 0 and no buckets");
+    return doc;
+  }
   (void)r.at("nll").number();
   (void)r.at("tokens").integer(0);
   (void)r.at("windows").integer(0);
@@ -617,9 +636,14 @@ void validate_eval_config(EvalConfig& c) {
   {
     std::set<std::string> seen;
     for (const auto& s : c.rope_scalings) {
-      is_rope_scaling_name(s);
-      if (!seen.insert(s).second) throw ConfigError(fmt::format("--rope-scaling: '{}' listed twice", s));
+      if (!c.scaling_labels) is_rope_scaling_name(s);
+      else if (!safe_component(s))
+        throw ConfigError(fmt::format("--endpoint: label {} is not one path component of [A-Za-z0-9._-]", shown_string(s)));
+      if (!seen.insert(s).second)
+        throw ConfigError(fmt::format("{}: '{}' listed twice", c.scaling_labels ? "--endpoint label" : "--rope-scaling", s));
     }
+    if (c.scaling_labels && c.rope_factor)
+      throw ConfigError("--rope-factor: scaling a served model is the server's business (label each endpoint instead)");
   }
   if (c.rope_factor && (!std::isfinite(*c.rope_factor) || *c.rope_factor <= 0))
     fail_field<ConfigError>("--rope-factor", "must be finite and > 0", *c.rope_factor);
@@ -865,15 +889,19 @@ json summarise(const Collected& col, const Axes& a, const std::string& run_id, c
                              {"chance_source", ch.source},
                              {"chance_gate", gate}};
           std::vector<LengthAccuracy> la;
-          bool complete = true;
+          bool complete = true, unsupported = true;  // unsupported: every cell is "not supported by this endpoint"
           for (int64_t L : a.lengths) {
             auto it = by_group.find({t, ctl, s, L});
             if (it == by_group.end() || it->second.size() != nd) {
               complete = false;
               break;
             }
-            if (!std::all_of(it->second.begin(), it->second.end(), [](const json* c) { return cell_ok(*c); }))
+            if (!std::all_of(it->second.begin(), it->second.end(), [](const json* c) { return cell_ok(*c); })) {
+              for (const json* cell : it->second)
+                unsupported = unsupported && cell->value("status", std::string("ok")) == detail::kNotSupported;
               continue;  // does not fit at this length: not part of the length curve
+            }
+            unsupported = false;
             const auto [n, k] = pooled(it->second, metric);
             // Every cell of a group has n = samples: the depth average is the pooled rate.
             la.push_back({L, n > 0 ? static_cast<double>(k) / static_cast<double>(n) : 0.0, n, k});
@@ -882,7 +910,8 @@ json summarise(const Collected& col, const Axes& a, const std::string& run_id, c
           json e{{"task", t}, {"control", ctl}, {"rope_scaling", s}, {"metric", metric}};
           if (la.empty()) {
             e.update({{"baseline", nullptr}, {"threshold", nullptr}, {"length", nullptr}, {"solvable", false},
-                      {"status", "does not fit at any tested length"}, {"accuracy_by_length", json::array()}});
+                      {"status", unsupported ? detail::kNotSupported : "does not fit at any tested length"},
+                      {"accuracy_by_length", json::array()}});
             e.update(chance_fields);
             eff.push_back(e);
             continue;
@@ -1081,20 +1110,64 @@ std::string eval_file_checksum(const json& file) { return content_checksum(file)
 
 EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::string_view haystack_text, EvalConfig c,
                        const std::function<void(const EvalProgress&)>& on_progress) {
+  if (c.scaling_labels) throw ConfigError("--rope-scaling: endpoint labels are for eval --endpoint only");
+  return detail::run_eval_impl(&model, nullptr, tokenizer, haystack_text, std::move(c), on_progress);
+}
+
+namespace {
+
+// The run id of an endpoint run (eval --endpoint): the arguments that change a
+// result, as eval_run_id, with the served model's reported identity in place
+// of the model file and its RoPE setup.
+std::string endpoint_run_id(const EvalConfig& c, const json& endpoints) {
+  json a;
+  a["backend"] = "endpoint";
+  a["generator_version"] = kTaskGeneratorVersion;
+  a["endpoints"] = endpoints;
+  a["tokenizer"] = file_hash(c.tokenizer_path);
+  a["haystack"] = c.haystack_path.empty() ? std::string("none") : file_hash(c.haystack_path);
+  a["tasks"] = c.tasks;
+  a["lengths"] = c.lengths;
+  a["depths"] = c.depths;
+  a["samples"] = c.samples;
+  a["labels"] = c.rope_scalings;
+  std::vector<std::string> ctl;
+  for (auto x : c.controls) ctl.emplace_back(to_string(x));
+  a["controls"] = ctl;
+  a["seed"] = c.seed;
+  a["choices"] = c.choices;
+  a["ppl_tokens"] = c.ppl_tokens;
+  return hex16(hash_bytes(a.dump()));
+}
+
+// A group's journal (eval --endpoint): its finished samples until its cells are written.
+fs::path group_journal(const fs::path& run_dir, const std::string& task, const std::string& control,
+                       const std::string& scaling, int64_t L) {
+  return run_dir / "journal" / fmt::format("{}__{}__{}__L{}.jsonl", task, control, scaling, L);
+}
+
+}  // namespace
+
+EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoint, const Tokenizer& tokenizer,
+                                    std::string_view haystack_text, EvalConfig c,
+                                    const std::function<void(const EvalProgress&)>& on_progress) {
+  if ((model_ptr == nullptr) == (endpoint == nullptr))
+    throw InvalidArgument("run_eval_impl: exactly one of a model and an endpoint");
   validate_eval_config(c);
   const auto t0 = std::chrono::steady_clock::now();
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
 
   // RoPE scalings apply to RoPE models only; another family runs as trained.
-  const bool rope = model.family() == PositionFamily::rope;
-  if (!rope)
+  // A served model (endpoint): the scaling axis holds labels, scaling is the server's.
+  const bool rope = model_ptr && model_ptr->family() == PositionFamily::rope;
+  if (model_ptr && !rope)
     for (const auto& s : c.rope_scalings)
       if (s != "default")
         throw ConfigError(fmt::format("--rope-scaling: {} rescales RoPE; this model's positions are {} (only default "
                                       "applies)",
-                                      s, eval_model_family(model)));
+                                      s, eval_model_family(*model_ptr)));
   EvalRunResult res;
-  res.run_id = eval_run_id(c, model);
+  res.run_id = model_ptr ? eval_run_id(c, *model_ptr) : endpoint_run_id(c, endpoint->run_id_material());
   res.run_dir = c.out / res.run_id;
   const fs::path run_dir = res.run_dir;
 
@@ -1108,7 +1181,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
   topt.choices = c.choices;
   const TaskGenerator gen(tokenizer, hay, topt);
   const Axes axes = axes_from_config(c);
-  const int64_t trained = model.trained_context();
+  const int64_t trained = model_ptr ? model_ptr->trained_context() : endpoint->trained_context();
 
   // Every task must be generatable (a length too short for a task is not an
   // error: its cells are recorded as "does not fit"). Checked before anything
@@ -1154,10 +1227,17 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
     cfg["shard"] = fmt::format("{}/{}", c.shard_index, c.shard_count);
     cfg["log_prompts"] = c.log_prompts;
     cfg["absent_control"] = true;
+    if (endpoint) cfg["scaling_axis"] = "endpoint_label";
     run["config"] = cfg;
   }
   run["seeds"] = {{"task_seed", c.seed},
                   {"rng", "splitmix64 streams keyed by (seed, task, sample index): 1 content, 2 haystack, 3 control"}};
+  if (endpoint) {
+    run["model"] = endpoint->model_json();
+    run["endpoints"] = endpoint->endpoints_json();
+    run["request_parameters"] = endpoint->request_parameters_json();
+  } else {
+  const Model& model = *model_ptr;
   const auto& mc = model.config();
   run["model"] = {{"path", c.model_path},
                   {"fnv1a64", file_hash(c.model_path)},
@@ -1176,6 +1256,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
                   {"weights", model.source().weights},
                   {"quantized_matmul", std::string(to_string(model.quantized_matmul()))},
                   {"layout_reason", model.source().layout_reason}};
+  }
   if (c.tokenizer_path.empty())
     run["tokenizer"] = {{"path", nullptr}, {"embedded", true}, {"vocab_size", tokenizer.vocab_size()}};
   else
@@ -1194,8 +1275,8 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
   json encs = json::array();
   for (const auto& s : c.rope_scalings)
     for (int64_t L : c.lengths) {
-      if (!rope) break;  // other families: positions as trained, no RoPE setup
-      const RopeSetup r = eval_rope_setup(model, s, L, c.rope_factor);
+      if (!rope) break;  // other families and endpoints: positions as trained (or the server's), no RoPE setup
+      const RopeSetup r = eval_rope_setup(*model_ptr, s, L, c.rope_factor);
       encs.push_back({{"rope_scaling", s},
                       {"length", L},
                       {"rope_type", r.freqs.rope_type},
@@ -1228,11 +1309,17 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
       "generation: greedy, stop at BOS/EOS, "
       "RULER normalisation (strip, control chars -> newline), case-insensitive substring match of every answer "
       "(string_match_all; correct = all found); passkey: first integer equals the key";
-  run["ppl_header"] = {{"model", c.model_path},
-                       {"text", c.haystack_path},
-                       {"rope_layout", std::string(to_string(model.rope().layout))},
-                       {"angle_precision", std::string(to_string(model.rope().precision))},
-                       {"trained_context", trained}};
+  if (endpoint)
+    run["ppl_header"] = {{"model", run["model"].value("served_model", std::string())},
+                         {"text", c.haystack_path},
+                         {"endpoint", true},
+                         {"trained_context", trained}};
+  else
+    run["ppl_header"] = {{"model", c.model_path},
+                         {"text", c.haystack_path},
+                         {"rope_layout", std::string(to_string(model_ptr->rope().layout))},
+                         {"angle_precision", std::string(to_string(model_ptr->rope().precision))},
+                         {"trained_context", trained}};
   run["threads"] = omp_get_max_threads();
   write_file_atomic(run_dir / "run.json", run.dump(2) + "\n");
   // LATEST only ever names a run that has its run.json.
@@ -1337,11 +1424,35 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
     const Group& g = groups[units[u].i];
     const auto depths = task_depths(axes, g.task, g.control);
     const TaskControl control = parse_task_control(g.control);
-    Model m = model;
+    const bool choice_task = find_eval_task(g.task).kind == TaskKind::choice;
+    // Writes every missing cell of the group as not computed (`status`, `note`).
+    auto write_status_cells = [&](const std::string& status, const std::string& note) {
+      for (double d : depths) {
+        const std::string name = cell_name(g.task, g.control, g.scaling, g.length, d);
+        if (std::find(missing[u].begin(), missing[u].end(), name) == missing[u].end()) continue;
+        json cell;
+        cell["cell"] = cell_json(g.task, g.control, g.scaling, g.length, d, 0, {}, status);
+        cell["cell"]["note"] = note;
+        cell["samples"] = json::array();
+        write_file_atomic(run_dir / "cells" / (name + ".json"), with_checksum(cell));
+        ++res.cells_computed;
+        ++cells_done;
+      }
+      weight_done += group_weight(g);
+      weight_done_here += group_weight(g);
+    };
+    if (endpoint)
+      if (const auto st = endpoint->status(g.scaling, g.length, choice_task)) {
+        write_status_cells(st->status, st->note);
+        continue;
+      }
+    std::optional<Model> m;
     std::string key = fmt::format("{}|{}|{}|", g.task, g.control, g.length);
+    if (model_ptr) m = *model_ptr;
+    else key += "endpoint:" + g.scaling;  // each label is another server: never reused
     if (rope) {
-      const RopeSetup setup = eval_rope_setup(model, g.scaling, g.length, c.rope_factor);
-      m.set_rope(setup);
+      const RopeSetup setup = eval_rope_setup(*model_ptr, g.scaling, g.length, c.rope_factor);
+      m->set_rope(setup);
       key += fingerprint(setup);
     }
     const std::string label = fmt::format("{} {} {} L={}", g.task, g.control, g.scaling, g.length);
@@ -1358,7 +1469,7 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
       try {
         std::vector<TaskSample> ss;
         for (double d : depths) ss.push_back(gen.make(g.task, static_cast<int64_t>(i), g.length, d < 0 ? 0.0 : d, control));
-        if (!reuse) outcomes[i] = evaluate_samples(m, tokenizer, ss);
+        if (!reuse && m) outcomes[i] = evaluate_samples(*m, tokenizer, ss);
         samples[i] = std::move(ss);
       } catch (const TaskDoesNotFit& e) {
         std::lock_guard lock(progress_mu);
@@ -1369,26 +1480,24 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
       }
       std::lock_guard lock(progress_mu);
       ++done_in_group;
-      if (!reuse) res.samples_computed += static_cast<int64_t>(depths.size());
+      if (!reuse && m) res.samples_computed += static_cast<int64_t>(depths.size());
       if (omp_get_thread_num() == 0)
         report(label, group_weight(g) * static_cast<double>(done_in_group) / static_cast<double>(n), false);
     }
     if (error) std::rethrow_exception(error);
     if (!nofit.empty()) {
-      for (double d : depths) {
-        const std::string name = cell_name(g.task, g.control, g.scaling, g.length, d);
-        if (std::find(missing[u].begin(), missing[u].end(), name) == missing[u].end()) continue;
-        json cell;
-        cell["cell"] = cell_json(g.task, g.control, g.scaling, g.length, d, 0, {}, "does not fit");
-        cell["cell"]["note"] = nofit;
-        cell["samples"] = json::array();
-        write_file_atomic(run_dir / "cells" / (name + ".json"), with_checksum(cell));
-        ++res.cells_computed;
-        ++cells_done;
-      }
-      weight_done += group_weight(g);
-      weight_done_here += group_weight(g);
+      write_status_cells("does not fit", nofit);
       continue;
+    }
+    const fs::path journal = group_journal(run_dir, g.task, g.control, g.scaling, g.length);
+    if (endpoint && !reuse) {
+      // The samples through the server: each finished one is journaled before more are sent.
+      auto r = endpoint->run_group(g.scaling, journal, samples, [&](int64_t done) {
+        std::lock_guard lock(progress_mu);
+        report(label, group_weight(g) * static_cast<double>(done) / static_cast<double>(n), false);
+      });
+      outcomes = std::move(r.outcomes);
+      res.samples_computed += r.computed;
     }
     if (reuse) {
       outcomes = it->second;
@@ -1417,6 +1526,11 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
       ++res.cells_computed;
       ++cells_done;
     }
+    if (endpoint) {
+      // Its cells hold every sample now: the journal has done its work.
+      std::error_code ec;
+      fs::remove(journal, ec);
+    }
     weight_done += group_weight(g);
     weight_done_here += group_weight(g);
     report(label, 0.0, true);
@@ -1436,8 +1550,17 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
       if (!u.is_ppl || ppl_found[ui]) continue;
       const PplJob& j = pjobs[u.i];
       const fs::path p = run_dir / "ppl" / (ppl_name(j) + ".json");
-      Model m = model;
-      if (rope) m.set_rope(rope_setup_for_context(model.rope(), trained, j.scaling, j.length, c.rope_factor));
+      if (endpoint)
+        if (const auto st = endpoint->status(j.scaling, j.length, true)) {
+          json r{{"context", j.length}, {"trained_context", trained}, {"rope_scaling", j.scaling}, {"factor", 1.0},
+                 {"ppl", nullptr},      {"nll", nullptr},            {"tokens", 0},               {"windows", 0},
+                 {"buckets", json::array()}, {"status", st->status}, {"note", st->note}};
+          fs::create_directories(p.parent_path());
+          write_file_atomic(p, with_checksum(r, 2));
+          weight_done += ppl_weight(j);
+          weight_done_here += ppl_weight(j);
+          continue;
+        }
       PplOptions o;
       o.context = j.length;
       o.max_tokens = c.ppl_tokens;
@@ -1445,9 +1568,21 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
       o.on_progress = [&](const PplProgress& pp) {
         report(label, std::min(static_cast<double>(pp.tokens_done), ppl_weight(j)), false);
       };
-      PplResult r = evaluate_perplexity(m, stream, o);
+      PplResult r;
+      const fs::path journal = run_dir / "journal" / fmt::format("ppl__{}.jsonl", ppl_name(j));
+      if (endpoint) {
+        r = endpoint->perplexity(j.scaling, journal, stream, o);
+      } else {
+        Model m = *model_ptr;
+        if (rope) m.set_rope(rope_setup_for_context(m.rope(), trained, j.scaling, j.length, c.rope_factor));
+        r = evaluate_perplexity(m, stream, o);
+      }
       r.rope_scaling = j.scaling;
       write_file_atomic(p, with_checksum(ppl_result_json(r), 2));
+      if (endpoint) {
+        std::error_code ec;
+        fs::remove(journal, ec);  // the result is on disk: its windows' journal has done its work
+      }
       weight_done += ppl_weight(j);
       weight_done_here += ppl_weight(j);
       report(label, 0.0, true);
@@ -1455,9 +1590,10 @@ EvalRunResult run_eval(const Model& model, const Tokenizer& tokenizer, std::stri
     }
     // A tokenizer that is not the model's shows as an NLL above uniform guessing inside the trained context
     // (the `ppl` job's check): every task score of the run is then meaningless, so say so.
+    const int64_t model_vocab = model_ptr ? model_ptr->config().vocab_size : endpoint->vocab_size().value_or(0);
     if (const auto nll = in_range_nll(computed_ppl))
       if (const auto w = tokenizer_mismatch_warning(
-              *nll, model.config().vocab_size, tokenizer,
+              *nll, model_vocab, tokenizer,
               c.tokenizer_path.empty() ? std::string("the model's own tokenizer") : c.tokenizer_path))
         warn(*w);
   }
@@ -1591,7 +1727,7 @@ std::string format_eval_summary(const JsonView& summary) {
   // A row: (task, control, scaling, metric).
   using Key = std::tuple<std::string, std::string, std::string, std::string>;
   struct Pool {
-    int64_t n = 0, k = 0, cells = 0, fit = 0;
+    int64_t n = 0, k = 0, cells = 0, fit = 0, unsupported = 0;
   };
   std::map<Key, std::map<int64_t, Pool>> rows;
   std::vector<Key> order;
@@ -1607,6 +1743,7 @@ std::string format_eval_summary(const JsonView& summary) {
       if (!rows.count(key)) order.push_back(key);
       Pool& p = rows[key][L];
       ++p.cells;
+      if (c.string_or("status", "ok") == detail::kNotSupported) ++p.unsupported;
       if (fits) {
         ++p.fit;
         p.n += n;
@@ -1692,7 +1829,7 @@ std::string format_eval_summary(const JsonView& summary) {
       }
       const Pool& p = it->second;
       if (p.fit != p.cells || p.n == 0) {
-        row += fmt::format(" {:>17}", "does not fit");
+        row += fmt::format(" {:>17}", p.unsupported == p.cells ? "not supported" : "does not fit");
         continue;
       }
       const Interval ci = wilson_interval(p.k, p.n);

@@ -191,7 +191,6 @@ TEST(CliConvention, RequiredOptionsAreMarkedAndMissingOnesExit2) {
       {"inspect", "--config", "inspect"},
       {"periods", "--rope-theta", "periods --context 4K"},
       {"periods", "--context", "periods --rope-theta 10000"},
-      {"eval", "--model", "eval --tokenizer " + t + " --tasks kv_retrieval --ppl-tokens -1 --out " + out},
       {"eval", "--out", "eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1"},
       {"train", "--out", "train --task copy --steps 5 --eval-samples 0"},
       {"study", "--out", "study --tasks copy --pe rope --seeds 1"},
@@ -209,6 +208,11 @@ TEST(CliConvention, RequiredOptionsAreMarkedAndMissingOnesExit2) {
   EXPECT_NE(th.out.find("the tokenizer: --model, --tokenizer or both"), std::string::npos) << th.out;
   EXPECT_NE(th.out.find("the text: exactly one of --text (--prompt-file) and --prompt"), std::string::npos) << th.out;
   expect_usage_error("tokenize --prompt hi", {"--model", "--tokenizer"});
+  // eval: an in-process --model or a served --endpoint (issue 15), one of them.
+  const CliResult eh = run_cli("eval --help");
+  EXPECT_NE(eh.out.find("the model: exactly one of --model and --endpoint"), std::string::npos) << eh.out;
+  expect_usage_error("eval --tokenizer " + t + " --tasks kv_retrieval --ppl-tokens -1 --out " + out,
+                     {"--model or --endpoint is required"});
   expect_usage_error("tokenize --tokenizer " + t, {"--text", "--prompt"});
   expect_usage_error("tokenize --tokenizer " + t + " --prompt hi --text " + q(posenc::test::text_path()), {"--prompt"});
   // The subcommands that share eval / study do not need their parent's required options.

@@ -9,6 +9,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "posenc/endpoint.hpp"
 #include "posenc/error.hpp"
 #include "posenc/eval.hpp"
 #include "posenc/io.hpp"
@@ -38,6 +39,13 @@ struct EvalArgs {
   std::string out;
   bool log_prompts = false;
   bool quiet = false;
+  // eval --endpoint
+  std::vector<std::string> endpoints;  ///< URL[=LABEL]
+  std::string served_model;
+  int concurrency = 1;
+  double request_timeout = 600.0;
+  int retries = 4;
+  std::vector<std::string> model_only_flags;  ///< flags given that apply to an in-process model only
 };
 
 struct ReportArgs {
@@ -98,13 +106,76 @@ std::string fmt_duration(double s) {
   return fmt::format("{}s", t);
 }
 
+// --tokenizer with --endpoint: a tokenizer file (tokenizer.json, a directory
+// holding one, a llama2.c tokenizer) or a model file whose bundled tokenizer
+// is used (a GGUF's vocabulary, a posenc checkpoint's symbols).
+Tokenizer endpoint_tokenizer(const std::string& path) {
+  std::string head;
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec)) head = read_file(path, 8 * 1024 * 1024).substr(0, 8);
+  if (head.starts_with("GGUF") || head.starts_with("POSENC01")) {
+    ModelArgs m;
+    m.model_path = path;
+    return load_model(m).tokenizer;
+  }
+  return load_tokenizer_file(path);
+}
+
+void run_endpoint_eval(const EvalArgs& a, EvalConfig c, const std::function<void(const EvalProgress&)>& progress) {
+  EndpointEvalConfig ec;
+  for (const auto& e : a.endpoints) ec.endpoints.push_back(as_usage_error([&] { return parse_endpoint_spec(e); }));
+  ec.served_model = a.served_model;
+  ec.options.concurrency = a.concurrency;
+  ec.options.request_timeout = a.request_timeout;
+  ec.options.retries = a.retries;
+  ec.trained_context = a.model.trained_context;
+  const Tokenizer tok = endpoint_tokenizer(a.model.tokenizer_path);
+  const std::string text = a.haystack.empty() ? std::string() : read_file(a.haystack);
+  if (!a.quiet) {
+    for (const auto& e : ec.endpoints) fmt::print(stderr, "endpoint {} = {}\n", e.label, e.url);
+    fmt::print(stderr, "tokenizer: {} ({})\n", a.model.tokenizer_path, tok.describe());
+  }
+  const EvalRunResult r = run_eval_endpoint(ec, tok, text, std::move(c), progress);
+  if (!a.quiet && ::isatty(STDERR_FILENO)) fmt::print(stderr, "\n");
+  const JsonDocument summary = read_json_document(r.run_dir / "summary.json");
+  fmt::print("{}", format_eval_summary(summary.root()));
+  fmt::print("\nrun {} in {}: {} cells computed now ({} samples in {:.1f} s, {:.1f} samples/s), {} of {} cells present\n",
+             r.run_id, r.run_dir.string(), r.cells_computed, r.samples_computed, r.seconds,
+             r.seconds > 0 ? static_cast<double>(r.samples_computed) / r.seconds : 0.0, r.cells_present, r.cells_total);
+  fmt::print("outputs: samples.jsonl, summary.json, summary.csv, run.json{}; `posenc eval report {}` draws the plots\n",
+             std::filesystem::exists(r.run_dir / "ppl.json") ? ", ppl.json" : "", a.out);
+}
+
 void run_eval_cmd(const EvalArgs& a) {
+  const bool served = !a.endpoints.empty();
+  if (served && !a.model.model_path.empty())
+    throw UsageError("--model and --endpoint are mutually exclusive (an in-process model or a served one)");
+  if (!served && a.model.model_path.empty()) throw UsageError("--model or --endpoint is required");
+  if (!served) {
+    for (const char* f : {"--served-model", "--concurrency", "--request-timeout", "--retries"})
+      if (std::find(a.model_only_flags.begin(), a.model_only_flags.end(), f) != a.model_only_flags.end())
+        throw UsageError(fmt::format("{}: applies to --endpoint only", f));
+  } else {
+    for (const auto& f : a.model_only_flags) {
+      if (f == "--rope-scaling" || f == "--rope-factor")
+        throw UsageError(fmt::format("{}: scaling a served model is the server's business (vLLM --hf-overrides / "
+                                     "--rope-scaling, llama-server --rope-scaling / --rope-freq-base / --yarn-orig-ctx); "
+                                     "label each endpoint instead: --endpoint URL=yarn",
+                                     f));
+      if (f != "--served-model" && f != "--concurrency" && f != "--request-timeout" && f != "--retries")
+        throw UsageError(fmt::format("{}: applies to an in-process --model, not to --endpoint", f));
+    }
+    if (a.model.tokenizer_path.empty())
+      throw UsageError("--tokenizer: required with --endpoint (a tokenizer.json, a llama2.c tokenizer, or a model file "
+                       "whose bundled tokenizer is used): prompts are sent as the served model's token ids");
+    for (const auto& e : a.endpoints) as_usage_error([&] { (void)parse_endpoint_spec(e); });
+  }
   // --model and --out are required options (CLI11, exit 2); --tokenizer may be
   // omitted for posenc checkpoints with an embedded vocabulary (load_model);
   // --haystack when no task and no perplexity matrix reads it
   // (validate_eval_config names what needs it).
   EvalConfig c;
-  c.model_path = a.model.model_path;
+  c.model_path = served ? std::string() : a.model.model_path;
   c.tokenizer_path = a.model.tokenizer_path;
   c.haystack_path = a.haystack;
   if (!a.tasks.empty()) c.tasks = split_list(a.tasks, "--tasks");
@@ -133,7 +204,37 @@ void run_eval_cmd(const EvalArgs& a) {
     EvalConfig check = c;
     if (check.tasks.empty()) check.tasks = {"kv_retrieval"};
     if (check.lengths.empty()) check.lengths = {256};
+    if (served) {
+      check.rope_scalings.clear();
+      for (const auto& e : a.endpoints) check.rope_scalings.push_back(parse_endpoint_spec(e).label);
+      check.scaling_labels = true;
+    }
     as_usage_error([&] { validate_eval_config(check); });
+  }
+  const bool tty = ::isatty(STDERR_FILENO) != 0;
+  std::function<void(const EvalProgress&)> progress;
+  if (!a.quiet)
+    progress = [tty, last = -100.0](const EvalProgress& p) mutable {
+      if (!tty && p.seconds - last < 15.0 && p.cells_done != p.cells_total) return;
+      last = p.seconds;
+      const double sps = p.seconds > 0 ? static_cast<double>(p.samples_done) / p.seconds : 0.0;
+      fmt::print(stderr, "{}eval: cells {}/{}, {:.1f} samples/s, ETA {} [{}]{}", tty ? "\r\033[K" : "", p.cells_done,
+                 p.cells_total, sps, fmt_duration(p.eta_seconds), p.current, tty ? "" : "\n");
+      std::fflush(stderr);
+    };
+  if (served) {
+    if (c.tasks.empty()) {
+      c.tasks = default_eval_tasks(endpoint_tokenizer(a.model.tokenizer_path));
+      as_usage_error([&] {  // e.g. the default name_recall without --haystack
+        EvalConfig check = c;
+        if (check.lengths.empty()) check.lengths = {256};
+        check.rope_scalings = {"default"};
+        check.scaling_labels = false;
+        validate_eval_config(check);
+      });
+    }
+    run_endpoint_eval(a, std::move(c), progress);
+    return;
   }
 
   LoadedModel lm = load_model(a.model);
@@ -145,18 +246,7 @@ void run_eval_cmd(const EvalArgs& a) {
   if (c.tasks.empty()) c.tasks = default_eval_tasks(tok);
   as_usage_error([&] { validate_eval_config(c); });  // e.g. the default name_recall without --haystack
   const std::string text = a.haystack.empty() ? std::string() : read_file(a.haystack);
-  const bool tty = ::isatty(STDERR_FILENO) != 0;
   if (!a.quiet) print_model_header(stderr, lm, a.model);
-  std::function<void(const EvalProgress&)> progress;
-  if (!a.quiet)
-    progress = [tty, last = -100.0](const EvalProgress& p) mutable {
-      if (!tty && p.seconds - last < 15.0 && p.cells_done != p.cells_total) return;
-      last = p.seconds;
-      const double sps = p.seconds > 0 ? static_cast<double>(p.samples_done) / p.seconds : 0.0;
-      fmt::print(stderr, "{}eval: cells {}/{}, {:.1f} samples/s, ETA {} [{}]{}", tty ? "\r\033[K" : "", p.cells_done,
-                 p.cells_total, sps, fmt_duration(p.eta_seconds), p.current, tty ? "" : "\n");
-      std::fflush(stderr);
-    };
   const EvalRunResult r = run_eval(model, tok, text, c, progress);
   if (!a.quiet && tty) fmt::print(stderr, "\n");
   const JsonDocument summary = read_json_document(r.run_dir / "summary.json");
@@ -202,6 +292,27 @@ void add_eval_command(CLI::App& app) {
       "controls, perplexity matrix; resumable (same arguments = same run id) and shardable (--shard i/n, `eval "
       "merge`). Subcommands: report, merge.");
   args->model.add_to(*cmd);
+  cmd->get_option("--model")->required(false);  // --model or --endpoint (run_eval_cmd checks)
+  cmd->add_option("--endpoint", args->endpoints,
+                  "evaluate a served model instead of --model: the OpenAI-compatible API base URL[=LABEL] (e.g. "
+                  "http://127.0.0.1:8000/v1=yarn; repeatable: several servers of one model, each label a value of the "
+                  "scaling axis; default label 'default'); needs --tokenizer; the model: exactly one of --model and "
+                  "--endpoint")
+      ->check(non_empty());
+  cmd->add_option("--served-model", args->served_model,
+                  "--endpoint: the model name to request (default: the only one GET /v1/models lists)")
+      ->check(non_empty());
+  cmd->add_option("--concurrency", args->concurrency, "--endpoint: requests in flight")
+      ->check(int_in(1, 1024))
+      ->capture_default_str();
+  cmd->add_option("--request-timeout", args->request_timeout, "--endpoint: seconds per request")
+      ->check(finite_above(0, 86400))
+      ->capture_default_str();
+  cmd->add_option("--retries", args->retries,
+                  "--endpoint: retries of a request on connection errors, 429 and 5xx (exponential backoff, full "
+                  "jitter, Retry-After honoured)")
+      ->check(int_in(0, 100))
+      ->capture_default_str();
   cmd->add_option("--haystack", args->haystack,
                   "real text for the haystacks and the perplexity matrix (not needed for kv_retrieval and "
                   "associative_recall with --ppl-tokens -1)");
@@ -270,6 +381,11 @@ void add_eval_command(CLI::App& app) {
 
   cmd->callback([args, cmd, report, merge] {
     if (cmd->got_subcommand(report) || cmd->got_subcommand(merge)) return;
+    args->model_only_flags.clear();
+    for (const char* f : {"--rope-scaling", "--rope-factor", "--config", "--rope-theta", "--rope-layout",
+                          "--angle-precision", "--quantized-matmul", "--served-model", "--concurrency",
+                          "--request-timeout", "--retries"})
+      if (cmd->count(f) > 0) args->model_only_flags.emplace_back(f);
     run_eval_cmd(*args);
   });
 }
