@@ -12,6 +12,8 @@
 #include "core/parallel.hpp"
 #include "posenc/error.hpp"
 
+#include "eval/logprob.hpp"
+
 namespace posenc {
 
 namespace {
@@ -342,12 +344,10 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
     if (error.failed()) continue;
     window_nll[w].resize(static_cast<std::size_t>(n - 1));
     for (int64_t p = 0; p + 1 < n; ++p) {
+      // -log_softmax, with the very function posenc serve computes prompt logprobs with, so a window scored
+      // over HTTP (nll = -logprob) is bit-identical to one scored here.
       const float* row = logits.data() + p * V;
-      double mx = row[0];
-      for (int j = 1; j < V; ++j) mx = std::max(mx, static_cast<double>(row[j]));
-      double z = 0.0;
-      for (int j = 0; j < V; ++j) z += std::exp(static_cast<double>(row[j]) - mx);
-      const double nll = mx + std::log(z) - static_cast<double>(row[stream[static_cast<std::size_t>(s + p + 1)]]);
+      const double nll = -detail::log_prob(row, V, stream[static_cast<std::size_t>(s + p + 1)]);
       window_nll[w][static_cast<std::size_t>(p)] = nll;
     }
 #pragma omp critical(posenc_ppl_progress)
