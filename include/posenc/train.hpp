@@ -323,7 +323,8 @@ void validate_train_config(const TrainConfig& config);
 /// Deterministic: torch::manual_seed(seed) for the initial weights, a
 /// SampleRng stream derived from the seed for the data, fixed thread count.
 /// `on_progress` is called every `report_every` steps.
-/// Throws ConfigError for bad hyper-parameters (naming the field), IoError on write failure.
+/// Throws ConfigError for bad hyper-parameters (naming the field), IoError on write failure
+/// or when the libtorch half of the trainer (libposenc_torch.so, loaded on first use) cannot be loaded.
 TrainResult train_model(const TrainConfig& config,
                         const std::function<void(const TrainProgress&)>& on_progress = {},
                         int report_every = 100);
@@ -357,7 +358,8 @@ const char* fast_openblas_coretype(const char* reported);
 /// set_openblas_threads) and re-executes the current program with the same
 /// arguments (/proc/self/exe, /proc/self/cmdline); it does not return then.
 /// Otherwise (another BLAS, a fast core, variable already set, exec failure)
-/// it returns false.
+/// it returns false. Loads the trainer's libtorch module first (OpenBLAS comes
+/// with libtorch); throws IoError when it cannot.
 bool reexec_for_fast_openblas();
 
 /// openblas_set_num_threads(n) when the loaded BLAS is OpenBLAS (looked up

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "posenc/train.hpp"
+#include "train/torch_module.hpp"
 
 namespace posenc {
 
@@ -36,6 +37,7 @@ const char* fast_openblas_coretype(const char* reported) {
 
 bool reexec_for_fast_openblas() {
   if (std::getenv("OPENBLAS_CORETYPE")) return false;
+  detail::torch_train_model();  // OpenBLAS comes with libtorch, in the module: load it to ask OpenBLAS
   using CoreName = char* (*)();
   auto* corename = reinterpret_cast<CoreName>(::dlsym(RTLD_DEFAULT, "openblas_get_corename"));
   if (!corename) return false;
