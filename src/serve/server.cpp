@@ -1,7 +1,9 @@
 // posenc serve: the HTTP side (cpp-httplib) and the response formats.
 #include <httplib.h>
 
+#include <netdb.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -65,6 +67,48 @@ class HttpServer : public httplib::Server {
       throw IoError(fmt::format("posenc serve: listen(backlog {}) failed: {}", backlog, std::strerror(errno)));
   }
 };
+
+/// Listening-socket options: SO_REUSEADDR only (a restarted server can bind while old connections are in
+/// TIME_WAIT). cpp-httplib 0.11.4's default_socket_options sets SO_REUSEPORT instead, which lets a second server
+/// bind the same port and the kernel spread connections between the two: a port in use must fail to bind.
+void listening_socket_options(socket_t sock) {
+  int yes = 1;
+  ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+}
+
+/// Why host:port cannot be bound (cpp-httplib only says that it failed): binds a probe socket with the same
+/// options and describes its errno ("address in use", "not an address of this host", ...).
+std::string bind_failure(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0)
+    return fmt::format("cannot resolve the host ({})", ::gai_strerror(rc));
+  int err = 0;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    listening_socket_options(fd);
+    const bool ok = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0;
+    err = ok ? 0 : errno;
+    ::close(fd);
+    if (!ok) break;
+  }
+  ::freeaddrinfo(found);
+  switch (err) {
+    case EADDRINUSE: return "address in use";
+    case EADDRNOTAVAIL: return "not an address of this host";
+    case EACCES: return "permission denied (ports below 1024 need privileges)";
+    case 0: return "bind failed (the address is free now: a race with another process?)";
+    default: return std::strerror(err);
+  }
+}
 
 }  // namespace
 
@@ -519,6 +563,7 @@ int Server::start() {
                              : static_cast<std::size_t>(s.cfg.max_batch + s.cfg.max_queue + 8);
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.http.set_payload_max_length(std::max<std::size_t>(s.cfg.max_request_bytes * 16, std::size_t{64} << 20));
+  s.http.set_socket_options(listening_socket_options);
   s.http.set_keep_alive_max_count(1000);
   s.http.set_read_timeout(30, 0);
   s.http.set_write_timeout(30, 0);
@@ -526,10 +571,10 @@ int Server::start() {
   int port = s.cfg.port;
   if (port == 0) {
     port = s.http.bind_to_any_port(s.cfg.host);
-    if (port < 0) throw IoError(fmt::format("posenc serve: cannot bind {} (any port)", s.cfg.host));
+    if (port < 0)
+      throw IoError(fmt::format("cannot bind {} (any port): {}", s.cfg.host, bind_failure(s.cfg.host, 0)));
   } else if (!s.http.bind_to_port(s.cfg.host, port)) {
-    throw IoError(fmt::format("posenc serve: cannot bind {}:{} (in use, or not an address of this host)", s.cfg.host,
-                              port));
+    throw IoError(fmt::format("cannot bind {}:{}: {}", s.cfg.host, port, bind_failure(s.cfg.host, port)));
   }
   s.http.set_backlog(1024);
   s.bound_port = port;
