@@ -95,7 +95,7 @@ CompletionRequest parse_completion_request(std::string_view body, const RequestL
 
 /// Server configuration. validate() is called by Server's constructor.
 struct ServeConfig {
-  std::string host = "127.0.0.1";  ///< loopback by default
+  std::string host = "127.0.0.1";  ///< loopback by default; a literal IPv4/IPv6 address or a resolvable name
   int port = 8000;                 ///< 0 = any free port (Server::start returns the bound one)
   std::string served_model_name;   ///< "" = the model path's file or directory name (ModelSource::path)
   int64_t max_model_len = 0;       ///< allowed context (prompt + generated tokens); 0 = model.trained_context()
@@ -116,7 +116,8 @@ struct ServeConfig {
   /// Testing and benchmarks only: the scheduler sleeps this long after every step (makes requests slow enough to
   /// fill a queue or to disconnect from in a test). Not a CLI option.
   std::chrono::milliseconds step_delay{0};
-  /// Throws ConfigError naming the field for a value out of range (port outside [0, 65535], max_batch < 1,
+  /// Throws ConfigError naming the field for a value out of range (a host that is neither a literal IPv4/IPv6
+  /// address nor a resolvable name, port outside [0, 65535], max_batch < 1,
   /// max_queue < 0, max_model_len past a learned position table, a KV budget below one max_model_len sequence).
   void validate(const Model& model) const;
 };

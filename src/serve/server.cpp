@@ -1,7 +1,9 @@
 // posenc serve: the HTTP side (cpp-httplib) and the response formats.
 #include <httplib.h>
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -110,10 +112,30 @@ std::string bind_failure(const std::string& host, int port) {
   }
 }
 
+/// Throws ConfigError("host: ...") unless `host` is a literal IPv4 / IPv6 address or a name that resolves (a
+/// malformed address is a configuration error, not a bind failure). All-numeric dotted names (999.1.1.1) are
+/// malformed IPv4 addresses, never names to look up.
+void check_host(const std::string& host) {
+  unsigned char buf[sizeof(in6_addr)];
+  if (::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1) return;
+  const bool numeric = host.find_first_not_of("0123456789.") == std::string::npos;
+  if (numeric || host.find(':') != std::string::npos)
+    throw ConfigError(fmt::format("host: '{}' is not a valid {} address", host, numeric ? "IPv4" : "IPv6"));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0)
+    throw ConfigError(fmt::format("host: '{}' is neither an IPv4/IPv6 address nor a resolvable host name ({})", host,
+                                  ::gai_strerror(rc)));
+  ::freeaddrinfo(found);
+}
+
 }  // namespace
 
 void ServeConfig::validate(const Model& model) const {
   if (host.empty()) throw ConfigError("host: must not be empty");
+  check_host(host);
   if (port < 0 || port > 65535) fail_field<ConfigError>("port", "must be in [0, 65535]", port);
   if (max_batch < 1) fail_field<ConfigError>("max_batch", "must be >= 1", max_batch);
   if (max_queue < 0) fail_field<ConfigError>("max_queue", "must be >= 0", max_queue);

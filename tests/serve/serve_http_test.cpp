@@ -37,4 +37,22 @@ TEST(ServeHttp, APortInUseIsRefusedNamingThePort) {
   }
 }
 
+TEST(ServeHttp, AMalformedHostIsAConfigErrorNotABindFailure) {
+  auto make = [](const std::string& host) {
+    ServeConfig c;
+    c.host = host;
+    posenc::serve::Server s(stories().model, stories().tok, c);
+  };
+  using posenc::test::message_of;
+  EXPECT_EQ(message_of<ConfigError>([&] { make("999.1.1.1"); }), "host: '999.1.1.1' is not a valid IPv4 address");
+  EXPECT_EQ(message_of<ConfigError>([&] { make("1.2.3"); }), "host: '1.2.3' is not a valid IPv4 address");
+  EXPECT_EQ(message_of<ConfigError>([&] { make("::g"); }), "host: '::g' is not a valid IPv6 address");
+  // .invalid never resolves (RFC 2606).
+  EXPECT_NE(message_of<ConfigError>([&] { make("example.invalid"); })
+                .find("host: 'example.invalid' is neither an IPv4/IPv6 address nor a resolvable host name"),
+            std::string::npos);
+  // Literal addresses and a resolvable name are accepted (validation only: nothing is bound here).
+  for (const char* ok : {"127.0.0.1", "0.0.0.0", "::1", "localhost"}) EXPECT_NO_THROW(make(ok)) << ok;
+}
+
 }  // namespace
