@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <strings.h>
 #include <atomic>
 #include <ctime>
 #include <random>
@@ -45,11 +46,37 @@ std::string default_model_name(const Model& model) {
   return name.empty() ? std::string("posenc") : name;
 }
 
+/// The endpoints and the methods each answers (the Allow header of a 405).
+struct Route {
+  const char* path;
+  const char* allow;
+};
+constexpr Route kRoutes[] = {{"/health", "GET, HEAD"},       {"/version", "GET, HEAD"}, {"/v1/models", "GET, HEAD"},
+                             {"/v1/completions", "POST"},    {"/tokenize", "POST"},     {"/detokenize", "POST"},
+                             {"/metrics", "GET, HEAD"}};
+
+/// The route of a known path, nullptr for an unknown one.
+const Route* find_route(const std::string& path) {
+  for (const Route& r : kRoutes)
+    if (path == r.path) return &r;
+  return nullptr;
+}
+
+/// True when `route` answers `method`.
+bool allows(const Route& route, const std::string& method) {
+  return std::string_view(route.allow) == "POST" ? method == "POST" : method == "GET" || method == "HEAD";
+}
+
+/// True when a request declares a body (Content-Length or chunked Transfer-Encoding). Without either a request
+/// has no body (RFC 9112 6.3); cpp-httplib 0.11.4 would read one until the connection closes or times out.
+bool has_body_framing(const httplib::Request& req) {
+  return req.has_header("Content-Length") || strcasecmp(req.get_header_value("Transfer-Encoding").c_str(), "chunked") == 0;
+}
+
 /// The endpoint label of a request's metrics: a known path, else "other" (unknown paths must not grow the series).
 std::string endpoint_label(const std::string& path) {
-  for (const char* known : {"/health", "/version", "/v1/models", "/v1/completions", "/tokenize", "/detokenize", "/metrics"})
-    if (path == known) return path;
-  return "other";
+  const Route* r = find_route(path);
+  return r != nullptr ? r->path : "other";
 }
 
 std::string random_hex() {
@@ -529,9 +556,27 @@ void Server::Impl::setup_routes() {
     res.set_content(metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
     metrics.count_request("/metrics", 200);
   });
+  // Before any body is read: a request without a body for a path that does not take its method is answered at once
+  // (404, or 405 + Allow from the error handler) instead of waiting for a body that will not come.
+  http.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (has_body_framing(req)) return httplib::Server::HandlerResponse::Unhandled;
+    const Route* route = find_route(req.path);
+    if (route != nullptr && allows(*route, req.method)) return httplib::Server::HandlerResponse::Unhandled;
+    res.status = 404;
+    return httplib::Server::HandlerResponse::Handled;
+  });
   http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    // No handler for this method on a known path: 405 with the methods it has (RFC 9110 15.5.6).
+    const Route* route = find_route(req.path);
+    if (res.status == 404 && route != nullptr) {
+      res.status = 405;
+      res.set_header("Allow", route->allow);
+    }
     const std::string msg = res.status == 404 ? fmt::format("{} {}: no such endpoint", req.method, req.path)
+                            : res.status == 405
+                                ? fmt::format("{} {}: method not allowed (allowed: {})", req.method, req.path,
+                                              route->allow)
                             : res.status == 413
                                 ? fmt::format("request body: larger than this server accepts (max_request_bytes {})",
                                               cfg.max_request_bytes)

@@ -55,4 +55,92 @@ TEST(ServeHttp, AMalformedHostIsAConfigErrorNotABindFailure) {
   for (const char* ok : {"127.0.0.1", "0.0.0.0", "::1", "localhost"}) EXPECT_NO_THROW(make(ok)) << ok;
 }
 
+/// The answer to one raw HTTP/1.1 request on a new loopback connection (receive timeout `seconds`): the status
+/// line, headers and body as the server wrote them until it closed the connection or went quiet.
+std::string raw_exchange(int port, const std::string& request, double seconds = 3) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{static_cast<time_t>(seconds), static_cast<suseconds_t>((seconds - static_cast<time_t>(seconds)) * 1e6)};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string got;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(request.size())) {
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<std::size_t>(n));
+      // One complete answer (head + Content-Length body) is enough: keep-alive connections stay open.
+      const auto head_end = got.find("\r\n\r\n");
+      const auto cl = got.find("Content-Length: ");
+      if (head_end != std::string::npos && cl != std::string::npos && cl < head_end &&
+          got.size() >= head_end + 4 + std::stoul(got.substr(cl + 16)))
+        break;
+    }
+  }
+  ::close(fd);
+  return got;
+}
+
+int status_of(const std::string& answer) {
+  return answer.rfind("HTTP/1.1 ", 0) == 0 ? std::stoi(answer.substr(9, 3)) : -1;
+}
+
+json body_of(const std::string& answer) {
+  const auto at = answer.find("\r\n\r\n");
+  return at == std::string::npos ? json() : json::parse(answer.substr(at + 4), nullptr, false);
+}
+
+std::string header_of(const std::string& answer, const std::string& name) {
+  const auto at = answer.find("\r\n" + name + ": ");
+  if (at == std::string::npos || at > answer.find("\r\n\r\n")) return "(none)";
+  const auto from = at + 4 + name.size();
+  return answer.substr(from, answer.find("\r\n", from) - from);
+}
+
+TEST(ServeHttp, AWrongMethodOnAKnownPathIs405WithAllow) {
+  Running s;
+  struct Case {
+    std::string request;
+    int status;
+    std::string allow;
+  };
+  const std::vector<Case> cases = {
+      {"GET /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n", 405, "POST"},
+      {"PUT /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 405, "POST"},
+      {"PUT /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n", 405, "POST"},
+      {"DELETE /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 405, "GET, HEAD"},
+      {"OPTIONS /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n", 405, "POST"},
+      {"POST /health HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}", 405, "GET, HEAD"},
+      {"GET /tokenize HTTP/1.1\r\nHost: x\r\n\r\n", 405, "POST"},
+      // Unknown paths stay 404, with or without a body.
+      {"GET /v1/nothing HTTP/1.1\r\nHost: x\r\n\r\n", 404, "(none)"},
+      {"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n", 404, "(none)"},
+      {"DELETE /nope HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx", 404, "(none)"},
+  };
+  for (const auto& c : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string a = raw_exchange(s.port, c.request);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const std::string line = c.request.substr(0, c.request.find('\r'));
+    EXPECT_EQ(status_of(a), c.status) << line << "\n" << a.substr(0, 300);
+    EXPECT_LT(took, 1.0) << line;  // at once: a request without a body is not waited on
+    EXPECT_EQ(header_of(a, "Allow"), c.allow) << line;
+    const json b = body_of(a);
+    ASSERT_TRUE(b.is_object() && b.contains("error")) << line << "\n" << a.substr(0, 300);
+    EXPECT_EQ(b["error"]["code"], c.status) << line;
+    EXPECT_NE(b["error"]["message"].get<std::string>().find(c.status == 405 ? "method not allowed" : "no such endpoint"),
+              std::string::npos)
+        << line << ": " << b.dump();
+  }
+  // The right methods still work, and a known route with a body under the wrong method does not poison the
+  // connection (the body was read).
+  auto c = s.client(5);
+  EXPECT_EQ(get(c, "/health").status, 200);
+  EXPECT_EQ(post(c, "/tokenize", R"({"prompt": "Once"})").status, 200);
+}
+
 }  // namespace
