@@ -110,7 +110,13 @@ struct ServeConfig {
   int64_t kv_cache_tokens = 0;
   int prefix_cache_entries = 16;   ///< finished sequences kept for prefix reuse (LRU); 0 = no prefix reuse
   int threads = 0;                 ///< OpenMP threads of the forward steps; 0 = the OpenMP default (all cores)
-  int http_threads = 0;            ///< HTTP worker threads; 0 = max_batch + max_queue + 8 (each waiting request holds one)
+  /// Most HTTP connection threads, started on demand (each open connection holds one while it is open, a waiting
+  /// request too); 0 = max(1024, max_batch + max_queue + 8).
+  int http_threads = 0;
+  /// How long a read of a request (head or body) may wait for the next bytes: a client that stops sending is
+  /// answered 408 (body) or dropped (head) after it, and an idle keep-alive connection closed. A POST without
+  /// Content-Length (and not chunked) is 411 at once.
+  std::chrono::milliseconds read_timeout{5000};
   std::string version = "unknown";     ///< GET /version
   std::string git_commit = "unknown";  ///< GET /version
   /// Testing and benchmarks only: the scheduler sleeps this long after every step (makes requests slow enough to

@@ -12,7 +12,10 @@
 #include <cstring>
 #include <strings.h>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <ctime>
+#include <deque>
 #include <random>
 #include <thread>
 
@@ -97,6 +100,52 @@ class HttpServer : public httplib::Server {
   }
 };
 
+/// cpp-httplib's task queue for connections, grown on demand: httplib keeps a pool thread for each connection's
+/// whole life (every keep-alive request and every wait for bytes), so a fixed pool lets slow or idle clients hold
+/// every thread while /health waits behind them. A connection gets an idle thread or a new one, up to `max_threads`
+/// (past that it waits for a thread). Threads are kept for reuse until shutdown().
+class ConnectionThreads : public httplib::TaskQueue {
+ public:
+  explicit ConnectionThreads(std::size_t max_threads) : max_(max_threads) {}
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard lk(mu_);
+    jobs_.push_back(std::move(fn));
+    if (jobs_.size() > idle_ && threads_.size() < max_) threads_.emplace_back([this] { work(); });
+    else cv_.notify_one();
+  }
+  void shutdown() override {
+    {
+      std::lock_guard lk(mu_);
+      shutdown_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();  // enqueue is not called after shutdown (httplib's accept loop has ended)
+  }
+
+ private:
+  void work() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lk, [&] { return !jobs_.empty() || shutdown_; });
+      --idle_;
+      if (jobs_.empty()) return;  // shutdown, nothing left
+      auto fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      lk.unlock();
+      fn();
+      lk.lock();
+    }
+  }
+  std::size_t max_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  std::size_t idle_ = 0;
+  bool shutdown_ = false;
+};
+
 /// Listening-socket options: SO_REUSEADDR only (a restarted server can bind while old connections are in
 /// TIME_WAIT). cpp-httplib 0.11.4's default_socket_options sets SO_REUSEPORT instead, which lets a second server
 /// bind the same port and the kernel spread connections between the two: a port in use must fail to bind.
@@ -172,6 +221,8 @@ void ServeConfig::validate(const Model& model) const {
   if (prefix_cache_entries < 0) fail_field<ConfigError>("prefix_cache_entries", "must be >= 0", prefix_cache_entries);
   if (threads < 0) fail_field<ConfigError>("threads", "must be >= 0", threads);
   if (http_threads < 0) fail_field<ConfigError>("http_threads", "must be >= 0", http_threads);
+  if (read_timeout.count() < 10 || read_timeout.count() > 3600000)
+    throw ConfigError(fmt::format("read_timeout: must be in [0.01, 3600] s (got {} ms)", read_timeout.count()));
   if (max_step_tokens < max_batch)
     throw ConfigError(fmt::format("max_step_tokens: must be >= max_batch ({}) so every running sequence can decode in "
                                   "each step (got {})",
@@ -557,11 +608,16 @@ void Server::Impl::setup_routes() {
     metrics.count_request("/metrics", 200);
   });
   // Before any body is read: a request without a body for a path that does not take its method is answered at once
-  // (404, or 405 + Allow from the error handler) instead of waiting for a body that will not come.
+  // (404, or 405 + Allow from the error handler), and a POST without Content-Length (and not chunked) is 411,
+  // instead of waiting for a body that will not come.
   http.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
     if (has_body_framing(req)) return httplib::Server::HandlerResponse::Unhandled;
     const Route* route = find_route(req.path);
-    if (route != nullptr && allows(*route, req.method)) return httplib::Server::HandlerResponse::Unhandled;
+    if (route != nullptr && allows(*route, req.method)) {
+      if (req.method != "POST") return httplib::Server::HandlerResponse::Unhandled;
+      res.status = 411;  // a POST endpoint takes a JSON body: its length must be declared
+      return httplib::Server::HandlerResponse::Handled;
+    }
     res.status = 404;
     return httplib::Server::HandlerResponse::Handled;
   });
@@ -573,7 +629,19 @@ void Server::Impl::setup_routes() {
       res.status = 405;
       res.set_header("Allow", route->allow);
     }
+    // httplib's 400 for a body that stopped arriving (read_timeout): 408 saying so.
+    const std::size_t declared =
+        req.has_header("Content-Length") ? std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) : 0;
+    if (res.status == 400 && req.body.size() < declared) res.status = 408;
     const std::string msg = res.status == 404 ? fmt::format("{} {}: no such endpoint", req.method, req.path)
+                            : res.status == 411
+                                ? fmt::format("{} {}: a request body needs a Content-Length header (or chunked "
+                                              "Transfer-Encoding)",
+                                              req.method, req.path)
+                            : res.status == 408
+                                ? fmt::format("{} {}: request body incomplete: {} of {} bytes arrived, then nothing "
+                                              "for the read timeout ({} ms)",
+                                              req.method, req.path, req.body.size(), declared, cfg.read_timeout.count())
                             : res.status == 405
                                 ? fmt::format("{} {}: method not allowed (allowed: {})", req.method, req.path,
                                               route->allow)
@@ -627,12 +695,15 @@ int Server::start() {
   if (s.bound_port.load() >= 0) throw InvalidArgument("Server::start: already started");
   const std::size_t threads =
       s.cfg.http_threads > 0 ? static_cast<std::size_t>(s.cfg.http_threads)
-                             : static_cast<std::size_t>(s.cfg.max_batch + s.cfg.max_queue + 8);
-  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+                             : static_cast<std::size_t>(std::max(1024, s.cfg.max_batch + s.cfg.max_queue + 8));
+  s.http.new_task_queue = [threads] { return new ConnectionThreads(threads); };
   s.http.set_payload_max_length(std::max<std::size_t>(s.cfg.max_request_bytes * 16, std::size_t{64} << 20));
   s.http.set_socket_options(listening_socket_options);
   s.http.set_keep_alive_max_count(1000);
-  s.http.set_read_timeout(30, 0);
+  // A client that stops sending (a half-sent head or body) holds its connection only this long per read.
+  const auto rt = std::chrono::duration_cast<std::chrono::microseconds>(s.cfg.read_timeout).count();
+  s.http.set_read_timeout(rt / 1000000, rt % 1000000);
+  s.http.set_keep_alive_timeout(std::max<time_t>(1, (rt + 999999) / 1000000));
   s.http.set_write_timeout(30, 0);
   s.setup_routes();
   int port = s.cfg.port;

@@ -143,4 +143,95 @@ TEST(ServeHttp, AWrongMethodOnAKnownPathIs405WithAllow) {
   EXPECT_EQ(post(c, "/tokenize", R"({"prompt": "Once"})").status, 200);
 }
 
+/// A loopback connection that sent `request` and keeps the socket open (receive timeout `seconds`).
+struct OpenConnection {
+  int fd = -1;
+  OpenConnection(int port, const std::string& request, double seconds) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    timeval tv{static_cast<time_t>(seconds), 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0)
+      ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  }
+  ~OpenConnection() { ::close(fd); }
+  std::string answer() const {
+    std::string got;
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) break;
+      got.append(buf, static_cast<std::size_t>(n));
+      if (got.find("\r\n\r\n") != std::string::npos && got.back() == '}') break;
+    }
+    return got;
+  }
+};
+
+TEST(ServeHttp, APostWithoutContentLengthIs411AtOnce) {
+  Running s;
+  for (const char* path : {"/v1/completions", "/tokenize", "/detokenize"}) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string a = raw_exchange(s.port, fmt::format("POST {} HTTP/1.1\r\nHost: x\r\n\r\n", path));
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(status_of(a), 411) << path << "\n" << a.substr(0, 300);
+    EXPECT_LT(took, 1.0) << path;
+    const json b = body_of(a);
+    ASSERT_TRUE(b.is_object() && b.contains("error")) << a;
+    EXPECT_EQ(b["error"]["code"], 411);
+    EXPECT_NE(b["error"]["message"].get<std::string>().find("needs a Content-Length"), std::string::npos) << b.dump();
+  }
+  // A chunked body is framed: it is read and answered as usual.
+  const std::string body = R"({"prompt": "Once"})";
+  const std::string a = raw_exchange(
+      s.port, fmt::format("POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{}\r\n0\r\n\r\n",
+                          body.size(), body));
+  EXPECT_EQ(status_of(a), 200) << a.substr(0, 300);
+}
+
+TEST(ServeHttp, SlowClientsTimeOutAndDoNotStarveHealth) {
+  ServeConfig cfg;
+  cfg.read_timeout = std::chrono::milliseconds(1000);
+  Running s(cfg);  // the default pool bounds (max_batch 16, max_queue 64)
+  // 120 clients that announce a 100-byte body and send 10 bytes (more than a fixed pool of
+  // max_batch + max_queue + 8 = 88 threads).
+  const std::string half = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           "Content-Length: 100\r\n\r\n{\"prompt\":";
+  std::vector<std::unique_ptr<OpenConnection>> slow;
+  for (int i = 0; i < 120; ++i) slow.push_back(std::make_unique<OpenConnection>(s.port, half, 5));
+  // /health answers within 2 s throughout, on new connections.
+  const auto t0 = std::chrono::steady_clock::now();
+  int answered = 0;
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1500)) {
+    httplib::Client c("127.0.0.1", s.port);
+    c.set_connection_timeout(2, 0);
+    c.set_read_timeout(2, 0);
+    const auto q0 = std::chrono::steady_clock::now();
+    auto r = c.Get("/health");
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - q0).count();
+    ASSERT_TRUE(r) << "/health: " << httplib::to_string(r.error()) << " after " << took << " s";
+    EXPECT_EQ(r->status, 200);
+    EXPECT_LT(took, 2.0);
+    ++answered;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GE(answered, 5);
+  // Each slow client is answered 408 after the read timeout (1 s), naming what arrived.
+  for (std::size_t i = 0; i < slow.size(); ++i) {
+    const std::string a = slow[i]->answer();
+    ASSERT_EQ(status_of(a), 408) << "client " << i << ": " << a.substr(0, 300);
+    const json b = body_of(a);
+    ASSERT_TRUE(b.is_object()) << a;
+    EXPECT_NE(b["error"]["message"].get<std::string>().find("10 of 100 bytes arrived"), std::string::npos) << b.dump();
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(total, 4.0);
+  // And the server still serves completions.
+  auto c = s.client(10);
+  EXPECT_EQ(post(c, "/v1/completions", json{{"prompt", {1, 403}}, {"max_tokens", 2}, {"temperature", 0}}).status, 200);
+}
+
 }  // namespace
