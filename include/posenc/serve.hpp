@@ -84,8 +84,8 @@ struct RequestLimits {
 
 /// Parses and validates a /v1/completions JSON body (no tokenization, no model
 /// needed: a pure function, fuzzed by fuzz/serve_request_fuzz.cpp). Throws
-/// RequestError (status 400, `param` = the field) for a body over
-/// max_request_bytes, malformed JSON, a body that is not an object, an unknown
+/// RequestError with status 413 for a body over max_request_bytes, and with
+/// status 400 (`param` = the field) for malformed JSON, a body that is not an object, an unknown
 /// field, a wrong type or a value out of range (negative max_tokens, max_tokens
 /// 0 without echo, temperature < 0, top_p outside (0, 1], logprobs outside
 /// 0..20, more than 4 stop strings, a token id outside [0, vocab_size), n != 1,
@@ -102,7 +102,7 @@ struct ServeConfig {
   int max_batch = 16;              ///< sequences per step (running requests)
   int max_queue = 64;              ///< requests waiting for a batch slot; one more gets 503 + Retry-After
   int retry_after_seconds = 1;     ///< the Retry-After of a 503
-  std::size_t max_request_bytes = 4 << 20;  ///< a longer request body is a 400 naming the limit
+  std::size_t max_request_bytes = 4 << 20;  ///< a longer request body is a 413 naming the limit
   int64_t max_step_tokens = 512;   ///< tokens per forward step (prefill chunks share it; decodes come first)
   int block_size = 16;             ///< KV cache block (tokens)
   /// KV cache budget in tokens (blocks of block_size); 0 = (max_batch + 4) * max_model_len. Requests wait for

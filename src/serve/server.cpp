@@ -526,7 +526,7 @@ void Server::Impl::setup_routes() {
   http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     try {
       if (req.body.size() > cfg.max_request_bytes)
-        throw RequestError(400, "invalid_request_error", "",
+        throw RequestError(413, "invalid_request_error", "",
                            fmt::format("request body: {} bytes exceed the limit of {} bytes (max_request_bytes)",
                                        req.body.size(), cfg.max_request_bytes));
       const json j = json::parse(req.body, nullptr, false);
@@ -570,7 +570,7 @@ void Server::Impl::setup_routes() {
   http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
     try {
       if (req.body.size() > cfg.max_request_bytes)
-        throw RequestError(400, "invalid_request_error", "",
+        throw RequestError(413, "invalid_request_error", "",
                            fmt::format("request body: {} bytes exceed the limit of {} bytes (max_request_bytes)",
                                        req.body.size(), cfg.max_request_bytes));
       const json j = json::parse(req.body, nullptr, false);
@@ -646,8 +646,8 @@ void Server::Impl::setup_routes() {
                                 ? fmt::format("{} {}: method not allowed (allowed: {})", req.method, req.path,
                                               route->allow)
                             : res.status == 413
-                                ? fmt::format("request body: larger than this server accepts (max_request_bytes {})",
-                                              cfg.max_request_bytes)
+                                ? fmt::format("request body: {} bytes exceed the limit of {} bytes (max_request_bytes)",
+                                              declared, cfg.max_request_bytes)
                                 : fmt::format("{} {}: HTTP {}", req.method, req.path, res.status);
     res.set_content(dump(error_body(res.status, "invalid_request_error", "", msg)), "application/json");
     metrics.count_request(endpoint_label(req.path), res.status);
@@ -697,7 +697,9 @@ int Server::start() {
       s.cfg.http_threads > 0 ? static_cast<std::size_t>(s.cfg.http_threads)
                              : static_cast<std::size_t>(std::max(1024, s.cfg.max_batch + s.cfg.max_queue + 8));
   s.http.new_task_queue = [threads] { return new ConnectionThreads(threads); };
-  s.http.set_payload_max_length(std::max<std::size_t>(s.cfg.max_request_bytes * 16, std::size_t{64} << 20));
+  // A declared body past max_request_bytes is refused (413) by httplib before it is buffered; the handlers check
+  // the size too (a chunked body has no declared length).
+  s.http.set_payload_max_length(s.cfg.max_request_bytes);
   s.http.set_socket_options(listening_socket_options);
   s.http.set_keep_alive_max_count(1000);
   // A client that stops sending (a half-sent head or body) holds its connection only this long per read.

@@ -234,4 +234,39 @@ TEST(ServeHttp, SlowClientsTimeOutAndDoNotStarveHealth) {
   EXPECT_EQ(post(c, "/v1/completions", json{{"prompt", {1, 403}}, {"max_tokens", 2}, {"temperature", 0}}).status, 200);
 }
 
+TEST(ServeHttp, ABodyOverMaxRequestBytesIs413NamingTheLimit) {
+  // The parser alone (a chunked body reaches it with no declared length).
+  posenc::serve::RequestLimits limits;
+  limits.vocab_size = 512;
+  limits.max_model_len = 512;
+  limits.max_request_bytes = 1024;
+  const std::string long_body = R"({"prompt": ")" + std::string(2000, 'a') + R"("})";
+  try {
+    posenc::serve::parse_completion_request(long_body, limits);
+    ADD_FAILURE() << "no RequestError";
+  } catch (const posenc::serve::RequestError& e) {
+    EXPECT_EQ(e.status(), 413);
+    EXPECT_EQ(std::string(e.what()), "request body: 2014 bytes exceed the limit of 1024 bytes (max_request_bytes)");
+  }
+  // Over HTTP, declared (Content-Length) and chunked, on every POST endpoint.
+  ServeConfig cfg;
+  cfg.max_request_bytes = 4096;
+  Running s(cfg);
+  auto c = s.client(10);
+  const std::string big = R"({"prompt": ")" + std::string(10 << 10, 'a') + R"("})";
+  for (const char* path : {"/v1/completions", "/tokenize", "/detokenize"}) {
+    auto r = post(c, path, big);
+    EXPECT_EQ(r.status, 413) << path << ": " << r.raw.substr(0, 200);
+    ASSERT_TRUE(r.body.is_object()) << r.raw.substr(0, 200);
+    EXPECT_EQ(r.body["error"]["code"], 413);
+    EXPECT_EQ(r.body["error"]["message"], "request body: 10254 bytes exceed the limit of 4096 bytes (max_request_bytes)");
+    const std::string a = raw_exchange(
+        s.port, fmt::format("POST {} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{}\r\n0\r\n\r\n",
+                            path, big.size(), big));
+    EXPECT_EQ(status_of(a), 413) << path << " chunked: " << a.substr(0, 300);
+  }
+  // A body at the limit is read and parsed.
+  EXPECT_EQ(post(c, "/tokenize", R"({"prompt": ")" + std::string(4096 - 14, 'a') + R"("})").status, 200);
+}
+
 }  // namespace

@@ -140,7 +140,7 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--prefix-cache", c.prefix_cache_entries, "finished sequences kept for prefix reuse (0 = none)")
       ->check(int_in(0, 1 << 16))
       ->capture_default_str();
-  cmd->add_option("--max-request-bytes", c.max_request_bytes, "largest request body accepted (a longer one is a 400)")
+  cmd->add_option("--max-request-bytes", c.max_request_bytes, "largest request body accepted in bytes (a longer one is a 413)")
       ->check(int_in(1024, int64_t{1} << 32))
       ->capture_default_str();
   cmd->add_option("--threads", c.threads, "OpenMP threads of the forward steps (default: all cores)")
