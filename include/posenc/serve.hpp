@@ -84,8 +84,8 @@ struct RequestLimits {
 
 /// Parses and validates a /v1/completions JSON body (no tokenization, no model
 /// needed: a pure function, fuzzed by fuzz/serve_request_fuzz.cpp). Throws
-/// RequestError (status 400, `param` = the field) for a body over
-/// max_request_bytes, malformed JSON, a body that is not an object, an unknown
+/// RequestError with status 413 for a body over max_request_bytes, and with
+/// status 400 (`param` = the field) for malformed JSON, a body that is not an object, an unknown
 /// field, a wrong type or a value out of range (negative max_tokens, max_tokens
 /// 0 without echo, temperature < 0, top_p outside (0, 1], logprobs outside
 /// 0..20, more than 4 stop strings, a token id outside [0, vocab_size), n != 1,
@@ -95,14 +95,14 @@ CompletionRequest parse_completion_request(std::string_view body, const RequestL
 
 /// Server configuration. validate() is called by Server's constructor.
 struct ServeConfig {
-  std::string host = "127.0.0.1";  ///< loopback by default
+  std::string host = "127.0.0.1";  ///< loopback by default; a literal IPv4/IPv6 address or a resolvable name
   int port = 8000;                 ///< 0 = any free port (Server::start returns the bound one)
   std::string served_model_name;   ///< "" = the model path's file or directory name (ModelSource::path)
   int64_t max_model_len = 0;       ///< allowed context (prompt + generated tokens); 0 = model.trained_context()
   int max_batch = 16;              ///< sequences per step (running requests)
   int max_queue = 64;              ///< requests waiting for a batch slot; one more gets 503 + Retry-After
   int retry_after_seconds = 1;     ///< the Retry-After of a 503
-  std::size_t max_request_bytes = 4 << 20;  ///< a longer request body is a 400 naming the limit
+  std::size_t max_request_bytes = 4 << 20;  ///< a longer request body is a 413 naming the limit
   int64_t max_step_tokens = 512;   ///< tokens per forward step (prefill chunks share it; decodes come first)
   int block_size = 16;             ///< KV cache block (tokens)
   /// KV cache budget in tokens (blocks of block_size); 0 = (max_batch + 4) * max_model_len. Requests wait for
@@ -110,13 +110,20 @@ struct ServeConfig {
   int64_t kv_cache_tokens = 0;
   int prefix_cache_entries = 16;   ///< finished sequences kept for prefix reuse (LRU); 0 = no prefix reuse
   int threads = 0;                 ///< OpenMP threads of the forward steps; 0 = the OpenMP default (all cores)
-  int http_threads = 0;            ///< HTTP worker threads; 0 = max_batch + max_queue + 8 (each waiting request holds one)
+  /// Most HTTP connection threads, started on demand (each open connection holds one while it is open, a waiting
+  /// request too); 0 = max(1024, max_batch + max_queue + 8).
+  int http_threads = 0;
+  /// How long a read of a request (head or body) may wait for the next bytes: a client that stops sending is
+  /// answered 408 (body) or dropped (head) after it, and an idle keep-alive connection closed. A POST without
+  /// Content-Length (and not chunked) is 411 at once.
+  std::chrono::milliseconds read_timeout{5000};
   std::string version = "unknown";     ///< GET /version
   std::string git_commit = "unknown";  ///< GET /version
   /// Testing and benchmarks only: the scheduler sleeps this long after every step (makes requests slow enough to
   /// fill a queue or to disconnect from in a test). Not a CLI option.
   std::chrono::milliseconds step_delay{0};
-  /// Throws ConfigError naming the field for a value out of range (port outside [0, 65535], max_batch < 1,
+  /// Throws ConfigError naming the field for a value out of range (a host that is neither a literal IPv4/IPv6
+  /// address nor a resolvable name, port outside [0, 65535], max_batch < 1,
   /// max_queue < 0, max_model_len past a learned position table, a KV budget below one max_model_len sequence).
   void validate(const Model& model) const;
 };

@@ -64,7 +64,7 @@ int32_t token_id(std::string_view field, const json& v, int vocab_size) {
 
 CompletionRequest parse_completion_request(std::string_view body, const RequestLimits& limits) {
   if (body.size() > limits.max_request_bytes)
-    throw RequestError(400, "invalid_request_error", "",
+    throw RequestError(413, "invalid_request_error", "",
                        fmt::format("request body: {} bytes exceed the limit of {} bytes (max_request_bytes)",
                                    body.size(), limits.max_request_bytes));
   json j;

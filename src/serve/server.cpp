@@ -1,13 +1,21 @@
 // posenc serve: the HTTP side (cpp-httplib) and the response formats.
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <strings.h>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <ctime>
+#include <deque>
 #include <random>
 #include <thread>
 
@@ -41,11 +49,37 @@ std::string default_model_name(const Model& model) {
   return name.empty() ? std::string("posenc") : name;
 }
 
+/// The endpoints and the methods each answers (the Allow header of a 405).
+struct Route {
+  const char* path;
+  const char* allow;
+};
+constexpr Route kRoutes[] = {{"/health", "GET, HEAD"},       {"/version", "GET, HEAD"}, {"/v1/models", "GET, HEAD"},
+                             {"/v1/completions", "POST"},    {"/tokenize", "POST"},     {"/detokenize", "POST"},
+                             {"/metrics", "GET, HEAD"}};
+
+/// The route of a known path, nullptr for an unknown one.
+const Route* find_route(const std::string& path) {
+  for (const Route& r : kRoutes)
+    if (path == r.path) return &r;
+  return nullptr;
+}
+
+/// True when `route` answers `method`.
+bool allows(const Route& route, const std::string& method) {
+  return std::string_view(route.allow) == "POST" ? method == "POST" : method == "GET" || method == "HEAD";
+}
+
+/// True when a request declares a body (Content-Length or chunked Transfer-Encoding). Without either a request
+/// has no body (RFC 9112 6.3); cpp-httplib 0.11.4 would read one until the connection closes or times out.
+bool has_body_framing(const httplib::Request& req) {
+  return req.has_header("Content-Length") || strcasecmp(req.get_header_value("Transfer-Encoding").c_str(), "chunked") == 0;
+}
+
 /// The endpoint label of a request's metrics: a known path, else "other" (unknown paths must not grow the series).
 std::string endpoint_label(const std::string& path) {
-  for (const char* known : {"/health", "/version", "/v1/models", "/v1/completions", "/tokenize", "/detokenize", "/metrics"})
-    if (path == known) return path;
-  return "other";
+  const Route* r = find_route(path);
+  return r != nullptr ? r->path : "other";
 }
 
 std::string random_hex() {
@@ -66,10 +100,118 @@ class HttpServer : public httplib::Server {
   }
 };
 
+/// cpp-httplib's task queue for connections, grown on demand: httplib keeps a pool thread for each connection's
+/// whole life (every keep-alive request and every wait for bytes), so a fixed pool lets slow or idle clients hold
+/// every thread while /health waits behind them. A connection gets an idle thread or a new one, up to `max_threads`
+/// (past that it waits for a thread). Threads are kept for reuse until shutdown().
+class ConnectionThreads : public httplib::TaskQueue {
+ public:
+  explicit ConnectionThreads(std::size_t max_threads) : max_(max_threads) {}
+  void enqueue(std::function<void()> fn) override {
+    std::lock_guard lk(mu_);
+    jobs_.push_back(std::move(fn));
+    if (jobs_.size() > idle_ && threads_.size() < max_) threads_.emplace_back([this] { work(); });
+    else cv_.notify_one();
+  }
+  void shutdown() override {
+    {
+      std::lock_guard lk(mu_);
+      shutdown_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();  // enqueue is not called after shutdown (httplib's accept loop has ended)
+  }
+
+ private:
+  void work() {
+    std::unique_lock lk(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lk, [&] { return !jobs_.empty() || shutdown_; });
+      --idle_;
+      if (jobs_.empty()) return;  // shutdown, nothing left
+      auto fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      lk.unlock();
+      fn();
+      lk.lock();
+    }
+  }
+  std::size_t max_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> threads_;
+  std::size_t idle_ = 0;
+  bool shutdown_ = false;
+};
+
+/// Listening-socket options: SO_REUSEADDR only (a restarted server can bind while old connections are in
+/// TIME_WAIT). cpp-httplib 0.11.4's default_socket_options sets SO_REUSEPORT instead, which lets a second server
+/// bind the same port and the kernel spread connections between the two: a port in use must fail to bind.
+void listening_socket_options(socket_t sock) {
+  int yes = 1;
+  ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+}
+
+/// Why host:port cannot be bound (cpp-httplib only says that it failed): binds a probe socket with the same
+/// options and describes its errno ("address in use", "not an address of this host", ...).
+std::string bind_failure(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0)
+    return fmt::format("cannot resolve the host ({})", ::gai_strerror(rc));
+  int err = 0;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype, a->ai_protocol);
+    if (fd < 0) {
+      err = errno;
+      continue;
+    }
+    listening_socket_options(fd);
+    const bool ok = ::bind(fd, a->ai_addr, a->ai_addrlen) == 0;
+    err = ok ? 0 : errno;
+    ::close(fd);
+    if (!ok) break;
+  }
+  ::freeaddrinfo(found);
+  switch (err) {
+    case EADDRINUSE: return "address in use";
+    case EADDRNOTAVAIL: return "not an address of this host";
+    case EACCES: return "permission denied (ports below 1024 need privileges)";
+    case 0: return "bind failed (the address is free now: a race with another process?)";
+    default: return std::strerror(err);
+  }
+}
+
+/// Throws ConfigError("host: ...") unless `host` is a literal IPv4 / IPv6 address or a name that resolves (a
+/// malformed address is a configuration error, not a bind failure). All-numeric dotted names (999.1.1.1) are
+/// malformed IPv4 addresses, never names to look up.
+void check_host(const std::string& host) {
+  unsigned char buf[sizeof(in6_addr)];
+  if (::inet_pton(AF_INET, host.c_str(), buf) == 1 || ::inet_pton(AF_INET6, host.c_str(), buf) == 1) return;
+  const bool numeric = host.find_first_not_of("0123456789.") == std::string::npos;
+  if (numeric || host.find(':') != std::string::npos)
+    throw ConfigError(fmt::format("host: '{}' is not a valid {} address", host, numeric ? "IPv4" : "IPv6"));
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0)
+    throw ConfigError(fmt::format("host: '{}' is neither an IPv4/IPv6 address nor a resolvable host name ({})", host,
+                                  ::gai_strerror(rc)));
+  ::freeaddrinfo(found);
+}
+
 }  // namespace
 
 void ServeConfig::validate(const Model& model) const {
   if (host.empty()) throw ConfigError("host: must not be empty");
+  check_host(host);
   if (port < 0 || port > 65535) fail_field<ConfigError>("port", "must be in [0, 65535]", port);
   if (max_batch < 1) fail_field<ConfigError>("max_batch", "must be >= 1", max_batch);
   if (max_queue < 0) fail_field<ConfigError>("max_queue", "must be >= 0", max_queue);
@@ -79,6 +221,8 @@ void ServeConfig::validate(const Model& model) const {
   if (prefix_cache_entries < 0) fail_field<ConfigError>("prefix_cache_entries", "must be >= 0", prefix_cache_entries);
   if (threads < 0) fail_field<ConfigError>("threads", "must be >= 0", threads);
   if (http_threads < 0) fail_field<ConfigError>("http_threads", "must be >= 0", http_threads);
+  if (read_timeout.count() < 10 || read_timeout.count() > 3600000)
+    throw ConfigError(fmt::format("read_timeout: must be in [0.01, 3600] s (got {} ms)", read_timeout.count()));
   if (max_step_tokens < max_batch)
     throw ConfigError(fmt::format("max_step_tokens: must be >= max_batch ({}) so every running sequence can decode in "
                                   "each step (got {})",
@@ -382,7 +526,7 @@ void Server::Impl::setup_routes() {
   http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     try {
       if (req.body.size() > cfg.max_request_bytes)
-        throw RequestError(400, "invalid_request_error", "",
+        throw RequestError(413, "invalid_request_error", "",
                            fmt::format("request body: {} bytes exceed the limit of {} bytes (max_request_bytes)",
                                        req.body.size(), cfg.max_request_bytes));
       const json j = json::parse(req.body, nullptr, false);
@@ -426,7 +570,7 @@ void Server::Impl::setup_routes() {
   http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
     try {
       if (req.body.size() > cfg.max_request_bytes)
-        throw RequestError(400, "invalid_request_error", "",
+        throw RequestError(413, "invalid_request_error", "",
                            fmt::format("request body: {} bytes exceed the limit of {} bytes (max_request_bytes)",
                                        req.body.size(), cfg.max_request_bytes));
       const json j = json::parse(req.body, nullptr, false);
@@ -463,12 +607,47 @@ void Server::Impl::setup_routes() {
     res.set_content(metrics_text(), "text/plain; version=0.0.4; charset=utf-8");
     metrics.count_request("/metrics", 200);
   });
+  // Before any body is read: a request without a body for a path that does not take its method is answered at once
+  // (404, or 405 + Allow from the error handler), and a POST without Content-Length (and not chunked) is 411,
+  // instead of waiting for a body that will not come.
+  http.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+    if (has_body_framing(req)) return httplib::Server::HandlerResponse::Unhandled;
+    const Route* route = find_route(req.path);
+    if (route != nullptr && allows(*route, req.method)) {
+      if (req.method != "POST") return httplib::Server::HandlerResponse::Unhandled;
+      res.status = 411;  // a POST endpoint takes a JSON body: its length must be declared
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    res.status = 404;
+    return httplib::Server::HandlerResponse::Handled;
+  });
   http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    // No handler for this method on a known path: 405 with the methods it has (RFC 9110 15.5.6).
+    const Route* route = find_route(req.path);
+    if (res.status == 404 && route != nullptr) {
+      res.status = 405;
+      res.set_header("Allow", route->allow);
+    }
+    // httplib's 400 for a body that stopped arriving (read_timeout): 408 saying so.
+    const std::size_t declared =
+        req.has_header("Content-Length") ? std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) : 0;
+    if (res.status == 400 && req.body.size() < declared) res.status = 408;
     const std::string msg = res.status == 404 ? fmt::format("{} {}: no such endpoint", req.method, req.path)
+                            : res.status == 411
+                                ? fmt::format("{} {}: a request body needs a Content-Length header (or chunked "
+                                              "Transfer-Encoding)",
+                                              req.method, req.path)
+                            : res.status == 408
+                                ? fmt::format("{} {}: request body incomplete: {} of {} bytes arrived, then nothing "
+                                              "for the read timeout ({} ms)",
+                                              req.method, req.path, req.body.size(), declared, cfg.read_timeout.count())
+                            : res.status == 405
+                                ? fmt::format("{} {}: method not allowed (allowed: {})", req.method, req.path,
+                                              route->allow)
                             : res.status == 413
-                                ? fmt::format("request body: larger than this server accepts (max_request_bytes {})",
-                                              cfg.max_request_bytes)
+                                ? fmt::format("request body: {} bytes exceed the limit of {} bytes (max_request_bytes)",
+                                              declared, cfg.max_request_bytes)
                                 : fmt::format("{} {}: HTTP {}", req.method, req.path, res.status);
     res.set_content(dump(error_body(res.status, "invalid_request_error", "", msg)), "application/json");
     metrics.count_request(endpoint_label(req.path), res.status);
@@ -516,20 +695,26 @@ int Server::start() {
   if (s.bound_port.load() >= 0) throw InvalidArgument("Server::start: already started");
   const std::size_t threads =
       s.cfg.http_threads > 0 ? static_cast<std::size_t>(s.cfg.http_threads)
-                             : static_cast<std::size_t>(s.cfg.max_batch + s.cfg.max_queue + 8);
-  s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  s.http.set_payload_max_length(std::max<std::size_t>(s.cfg.max_request_bytes * 16, std::size_t{64} << 20));
+                             : static_cast<std::size_t>(std::max(1024, s.cfg.max_batch + s.cfg.max_queue + 8));
+  s.http.new_task_queue = [threads] { return new ConnectionThreads(threads); };
+  // A declared body past max_request_bytes is refused (413) by httplib before it is buffered; the handlers check
+  // the size too (a chunked body has no declared length).
+  s.http.set_payload_max_length(s.cfg.max_request_bytes);
+  s.http.set_socket_options(listening_socket_options);
   s.http.set_keep_alive_max_count(1000);
-  s.http.set_read_timeout(30, 0);
+  // A client that stops sending (a half-sent head or body) holds its connection only this long per read.
+  const auto rt = std::chrono::duration_cast<std::chrono::microseconds>(s.cfg.read_timeout).count();
+  s.http.set_read_timeout(rt / 1000000, rt % 1000000);
+  s.http.set_keep_alive_timeout(std::max<time_t>(1, (rt + 999999) / 1000000));
   s.http.set_write_timeout(30, 0);
   s.setup_routes();
   int port = s.cfg.port;
   if (port == 0) {
     port = s.http.bind_to_any_port(s.cfg.host);
-    if (port < 0) throw IoError(fmt::format("posenc serve: cannot bind {} (any port)", s.cfg.host));
+    if (port < 0)
+      throw IoError(fmt::format("cannot bind {} (any port): {}", s.cfg.host, bind_failure(s.cfg.host, 0)));
   } else if (!s.http.bind_to_port(s.cfg.host, port)) {
-    throw IoError(fmt::format("posenc serve: cannot bind {}:{} (in use, or not an address of this host)", s.cfg.host,
-                              port));
+    throw IoError(fmt::format("cannot bind {}:{}: {}", s.cfg.host, port, bind_failure(s.cfg.host, port)));
   }
   s.http.set_backlog(1024);
   s.bound_port = port;

@@ -382,7 +382,6 @@ TEST(Serve, TheAllowedContextIsALimit) {
 TEST(Serve, BadRequestsAre400NamingTheFieldAndTheServerKeepsServing) {
   Running s;
   auto c = s.client();
-  const std::string big(10 << 20, 'a');
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"{\"prompt\": [1, 2", "malformed JSON"},
       {"[1, 2, 3]", "must be a JSON object"},
@@ -417,7 +416,6 @@ TEST(Serve, BadRequestsAre400NamingTheFieldAndTheServerKeepsServing) {
       {R"({"prompt": [1, 2], "presence_penalty": 0.5})", "presence_penalty"},
       {R"({"prompt": [1, 2], "logit_bias": {"5": 1}})", "logit_bias"},
       {R"({"prompt": [1, 2], "suffix": "x"})", "suffix"},
-      {"{\"prompt\": \"" + big + "\"}", "exceed the limit of 4194304 bytes"},
   };
   const json good = {{"prompt", {1, 403, 407}}, {"max_tokens", 2}, {"temperature", 0}};
   for (const auto& [body, want] : cases) {

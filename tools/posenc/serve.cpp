@@ -2,6 +2,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <cmath>
 #include <cstdio>
 #include <thread>
 
@@ -25,6 +26,7 @@ struct ServeArgs {
   std::optional<double> rope_factor;
   CLI::Option* rope_scaling_option = nullptr;
   bool quiet = false;
+  double read_timeout_s = 5;
 };
 
 void run_serve(ServeArgs& a) {
@@ -50,6 +52,7 @@ void run_serve(ServeArgs& a) {
     throw ConfigError(fmt::format("--rope-scaling: {} uses {} positions; RoPE scalings do not apply (got {})",
                                   a.model.model_path, to_string(model.family()), a.rope_scaling));
   serve::ServeConfig cfg = a.config;
+  cfg.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(std::llround(a.read_timeout_s * 1000)));
   const int64_t L = cfg.max_model_len > 0 ? cfg.max_model_len : model.trained_context();
   if (model.family() == PositionFamily::rope)
     model.set_rope(rope_setup_for_context(model.rope(), model.trained_context(), a.rope_scaling, L, a.rope_factor));
@@ -78,7 +81,7 @@ void run_serve(ServeArgs& a) {
         {"max_queue", "--max-queue"},             {"prefix_cache_entries", "--prefix-cache"},
         {"http_threads", "--http-threads"},       {"max_request_bytes", "--max-request-bytes"},
         {"threads", "--threads"},                 {"port", "--port"},
-        {"host", "--host"}};
+        {"host", "--host"},                       {"read_timeout", "--read-timeout"}};
     for (const auto& [field, flag] : kFlags)
       if (msg.rfind(std::string(field) + ":", 0) == 0) {
         msg = flag + msg.substr(std::string(field).size());
@@ -137,14 +140,20 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--prefix-cache", c.prefix_cache_entries, "finished sequences kept for prefix reuse (0 = none)")
       ->check(int_in(0, 1 << 16))
       ->capture_default_str();
-  cmd->add_option("--max-request-bytes", c.max_request_bytes, "largest request body accepted (a longer one is a 400)")
+  cmd->add_option("--max-request-bytes", c.max_request_bytes, "largest request body accepted in bytes (a longer one is a 413)")
       ->check(int_in(1024, int64_t{1} << 32))
       ->capture_default_str();
   cmd->add_option("--threads", c.threads, "OpenMP threads of the forward steps (default: all cores)")
       ->check(int_in(1, 4096));
   cmd->add_option("--http-threads", c.http_threads,
-                  "HTTP worker threads (default: max-batch + max-queue + 8; each waiting request holds one)")
+                  "most HTTP connection threads, started on demand (default: max(1024, max-batch + max-queue + 8); "
+                  "each open connection holds one)")
       ->check(int_in(1, 1 << 16));
+  cmd->add_option("--read-timeout", args->read_timeout_s,
+                  "seconds a request read (head or body) may wait for the next bytes; a half-sent body is a 408, "
+                  "a POST without Content-Length a 411")
+      ->check(finite_in(0.01, 3600))
+      ->capture_default_str();
   args->rope_scaling_option =
       cmd->add_option("--rope-scaling", args->rope_scaling,
                       "RoPE scaling (rope_type) applied as ppl applies it to a window of --max-model-len tokens, the "
