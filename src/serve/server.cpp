@@ -520,6 +520,9 @@ int Server::start() {
   s.http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   s.http.set_payload_max_length(std::max<std::size_t>(s.cfg.max_request_bytes * 16, std::size_t{64} << 20));
   s.http.set_keep_alive_max_count(1000);
+  // httplib sends the headers and the body (and each chunk) in separate writes: without TCP_NODELAY every answer
+  // waits for the client's delayed ACK (~40 ms on Linux) under Nagle's algorithm.
+  s.http.set_tcp_nodelay(true);
   s.http.set_read_timeout(30, 0);
   s.http.set_write_timeout(30, 0);
   s.setup_routes();
