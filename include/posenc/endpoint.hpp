@@ -78,16 +78,21 @@ struct CompletionResponse {
   bool has_logprobs = false;  ///< choices[0].logprobs is an object
   /// choices[0].logprobs.token_logprobs (natural log); nullopt for a null entry.
   std::vector<std::optional<double>> token_logprobs;
-  std::vector<int32_t> token_ids;          ///< logprobs.token_ids (a posenc extension), empty when absent
+  std::vector<int32_t> token_ids;          ///< logprobs.token_ids (a posenc extension) or content[].id (llama.cpp)
+  bool has_token_ids = false;              ///< the logprobs object carries token ids (token_ids or content[].id)
+  std::string logprobs_shape;              ///< "legacy" (token_logprobs), "content" (llama.cpp's chat-style), ""
   std::optional<int64_t> completion_tokens;  ///< usage.completion_tokens when present
 };
 
 /// Parses a /v1/completions response body. `source` names the endpoint and
-/// request in errors. Throws DataError "<source>: <key path>: <what>" for
-/// text that is not JSON (or truncated), a missing "choices" or empty list, a
-/// missing or non-string "text", a logprobs object without a token_logprobs
-/// array, an entry that is neither a finite number nor null, a token id
-/// outside int32, a negative usage count.
+/// request in errors. Two logprobs shapes are read: the OpenAI legacy one
+/// ({"tokens", "token_logprobs", "top_logprobs", "text_offset"}, plus posenc's
+/// "token_ids") and llama.cpp's chat-style {"content": [{"id", "token",
+/// "bytes", "logprob", ...}]} (generated tokens only). Throws DataError
+/// "<source>: <key path>: <what>" for text that is not JSON (or truncated), a
+/// missing "choices" or empty list, a missing or non-string "text", a logprobs
+/// object with neither token_logprobs nor content, an entry that is neither a
+/// finite number nor null, a token id outside int32, a negative usage count.
 CompletionResponse parse_completion_response(std::string_view body, std::string_view source);
 
 /// One entry of GET /v1/models.
@@ -173,16 +178,22 @@ class EndpointClient {
   /// the tokens before (nats; [n - 1]). `what` names the request in errors.
   /// Throws EndpointProtocolError (wrong count, null or non-number entries,
   /// 4xx), EndpointUnavailable.
+  /// `max_tokens` (0 where the server allows it with echo, else 1) and `logprobs` (the smallest top-k the
+  /// server answers prompt log-probabilities for) come from the probe.
   std::vector<double> prompt_logprobs(std::span<const int32_t> prompt, const std::string& served_model,
-                                      const std::string& what);
+                                      const std::string& what, int max_tokens = 1, int logprobs = 1);
 
   struct Generation {
     std::string text;
     std::optional<int64_t> completion_tokens;
+    bool has_ids = false;        ///< the answer carried the generated tokens' ids
+    std::vector<int32_t> ids;    ///< the generated tokens' ids (as the server sent them, not cut)
   };
   /// Greedy generation of at most max_tokens (stop_token_ids = stop_ids).
+  /// `logprobs` (nullopt = null) asks for the generated tokens' ids where the server gives them with
+  /// logprobs (posenc serve's token_ids, llama.cpp's content[].id).
   Generation generate(std::span<const int32_t> prompt, int max_tokens, std::span<const int32_t> stop_ids,
-                      const std::string& served_model, const std::string& what);
+                      const std::string& served_model, const std::string& what, std::optional<int> logprobs = {});
 
   /// The requests this client sent (attempts included).
   int64_t requests_sent() const { return sent_; }
@@ -207,6 +218,10 @@ struct EndpointInfo {
   nlohmann::json props;                        ///< GET /props body (llama.cpp), or null
   bool likelihood = false;                     ///< prompt log-probabilities (echo + logprobs) work
   std::string likelihood_note;                 ///< why not, when not
+  int likelihood_max_tokens = 1;               ///< max_tokens of a likelihood request (0 where echo allows it)
+  int likelihood_logprobs = 1;                 ///< logprobs (top-k) of a likelihood request: the smallest that works
+  std::optional<int> generation_logprobs;      ///< logprobs of a generation request: the smallest giving token ids
+  std::string prediction_rule;                 ///< "token ids (cut at BOS/EOS, local decode)" or "server text"
   std::string tokenize_check;                  ///< "matched (/tokenize)", "no /tokenize", ...
 };
 
