@@ -10,21 +10,30 @@
 //    (vLLM's {"prompt"} spelling, then llama.cpp's {"content"}): ids differing
 //    from the local tokenizer's are a ConfigError naming both.
 //  - Generation: {"model", "prompt": [ids], "max_tokens": answer budget,
-//    "temperature": 0, "logprobs": null, "stop_token_ids": [bos, eos]};
-//    the prediction is choices[0].text, scored by score_generation().
+//    "temperature": 0, "logprobs": K, "stop_token_ids": [bos, eos]} with K the
+//    smallest logprobs whose answer carries token ids (posenc serve 0, via
+//    token_ids; llama-server 1, via content[].id), else null. With ids the
+//    prediction is the ids before the first BOS/EOS, each decoded by the local
+//    tokenizer after the one before (the in-process rule; llama-server neither
+//    honours stop_token_ids nor stops at BOS); without, choices[0].text.
+//    Either way scored by score_generation().
 //  - Likelihood (forced choice, perplexity): {"model", "prompt": [ids],
-//    "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": true}; the
-//    prompt tokens' log-probabilities are choices[0].logprobs.token_logprobs
+//    "max_tokens": 0 or 1, "temperature": 0, "logprobs": 0 or 1, "echo": true}
+//    (the smallest form the probe found to answer prompt log-probabilities);
+//    the prompt tokens' log-probabilities are choices[0].logprobs.token_logprobs
 //    [0 .. len(prompt) - 1] (entry 0 null). A candidate's log-probability is
 //    the sum of its tokens' entries after the prompt (prompt + candidate sent
 //    as one request per candidate), in token order, as score_candidates sums
 //    them; a window's prediction NLLs are the negated entries 1 .. n-1.
 //  - Probe at start: GET <url>/models (the served model must be listed;
-//    its max_model_len), GET <root>/version and <root>/props (recorded when
-//    they answer), the tokenize check, and one likelihood request on a
-//    2-token prompt: a 4xx answer or no prompt log-probabilities = likelihood
-//    not supported; its cells are recorded "not supported by this endpoint"
-//    (n = 0), never as zeros.
+//    its max_model_len, else llama.cpp's meta.n_ctx), GET <root>/version and
+//    <root>/props (recorded when they answer), the tokenize check, likelihood
+//    requests on a 2-token prompt (max_tokens 0/1 x logprobs 0/1): a 4xx or a
+//    200 without prompt log-probabilities for every form = likelihood not
+//    supported; its cells are recorded "not supported by this endpoint"
+//    (n = 0), never as zeros; and generation requests for the ids.
+//  - A 200 whose body is {"error": {...}} (posenc serve, after a chunked
+//    start) is the server's error with its code.
 //  - Retries: connection errors, 429 and 5xx, exponential backoff with full
 //    jitter (uniform in [0, min(max, initial x 2^attempt)]), a Retry-After
 //    header honoured (seconds, capped at 120). Other 4xx and malformed answers
