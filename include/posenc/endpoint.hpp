@@ -10,21 +10,30 @@
 //    (vLLM's {"prompt"} spelling, then llama.cpp's {"content"}): ids differing
 //    from the local tokenizer's are a ConfigError naming both.
 //  - Generation: {"model", "prompt": [ids], "max_tokens": answer budget,
-//    "temperature": 0, "logprobs": null, "stop_token_ids": [bos, eos]};
-//    the prediction is choices[0].text, scored by score_generation().
+//    "temperature": 0, "logprobs": K, "stop_token_ids": [bos, eos]} with K the
+//    smallest logprobs whose answer carries token ids (posenc serve 0, via
+//    token_ids; llama-server 1, via content[].id), else null. With ids the
+//    prediction is the ids before the first BOS/EOS, each decoded by the local
+//    tokenizer after the one before (the in-process rule; llama-server neither
+//    honours stop_token_ids nor stops at BOS); without, choices[0].text.
+//    Either way scored by score_generation().
 //  - Likelihood (forced choice, perplexity): {"model", "prompt": [ids],
-//    "max_tokens": 1, "temperature": 0, "logprobs": 1, "echo": true}; the
-//    prompt tokens' log-probabilities are choices[0].logprobs.token_logprobs
+//    "max_tokens": 0 or 1, "temperature": 0, "logprobs": 0 or 1, "echo": true}
+//    (the smallest form the probe found to answer prompt log-probabilities);
+//    the prompt tokens' log-probabilities are choices[0].logprobs.token_logprobs
 //    [0 .. len(prompt) - 1] (entry 0 null). A candidate's log-probability is
 //    the sum of its tokens' entries after the prompt (prompt + candidate sent
 //    as one request per candidate), in token order, as score_candidates sums
 //    them; a window's prediction NLLs are the negated entries 1 .. n-1.
 //  - Probe at start: GET <url>/models (the served model must be listed;
-//    its max_model_len), GET <root>/version and <root>/props (recorded when
-//    they answer), the tokenize check, and one likelihood request on a
-//    2-token prompt: a 4xx answer or no prompt log-probabilities = likelihood
-//    not supported; its cells are recorded "not supported by this endpoint"
-//    (n = 0), never as zeros.
+//    its max_model_len, else llama.cpp's meta.n_ctx), GET <root>/version and
+//    <root>/props (recorded when they answer), the tokenize check, likelihood
+//    requests on a 2-token prompt (max_tokens 0/1 x logprobs 0/1): a 4xx or a
+//    200 without prompt log-probabilities for every form = likelihood not
+//    supported; its cells are recorded "not supported by this endpoint"
+//    (n = 0), never as zeros; and generation requests for the ids.
+//  - A 200 whose body is {"error": {...}} (posenc serve, after a chunked
+//    start) is the server's error with its code.
 //  - Retries: connection errors, 429 and 5xx, exponential backoff with full
 //    jitter (uniform in [0, min(max, initial x 2^attempt)]), a Retry-After
 //    header honoured (seconds, capped at 120). Other 4xx and malformed answers
@@ -78,16 +87,21 @@ struct CompletionResponse {
   bool has_logprobs = false;  ///< choices[0].logprobs is an object
   /// choices[0].logprobs.token_logprobs (natural log); nullopt for a null entry.
   std::vector<std::optional<double>> token_logprobs;
-  std::vector<int32_t> token_ids;          ///< logprobs.token_ids (a posenc extension), empty when absent
+  std::vector<int32_t> token_ids;          ///< logprobs.token_ids (a posenc extension) or content[].id (llama.cpp)
+  bool has_token_ids = false;              ///< the logprobs object carries token ids (token_ids or content[].id)
+  std::string logprobs_shape;              ///< "legacy" (token_logprobs), "content" (llama.cpp's chat-style), ""
   std::optional<int64_t> completion_tokens;  ///< usage.completion_tokens when present
 };
 
 /// Parses a /v1/completions response body. `source` names the endpoint and
-/// request in errors. Throws DataError "<source>: <key path>: <what>" for
-/// text that is not JSON (or truncated), a missing "choices" or empty list, a
-/// missing or non-string "text", a logprobs object without a token_logprobs
-/// array, an entry that is neither a finite number nor null, a token id
-/// outside int32, a negative usage count.
+/// request in errors. Two logprobs shapes are read: the OpenAI legacy one
+/// ({"tokens", "token_logprobs", "top_logprobs", "text_offset"}, plus posenc's
+/// "token_ids") and llama.cpp's chat-style {"content": [{"id", "token",
+/// "bytes", "logprob", ...}]} (generated tokens only). Throws DataError
+/// "<source>: <key path>: <what>" for text that is not JSON (or truncated), a
+/// missing "choices" or empty list, a missing or non-string "text", a logprobs
+/// object with neither token_logprobs nor content, an entry that is neither a
+/// finite number nor null, a token id outside int32, a negative usage count.
 CompletionResponse parse_completion_response(std::string_view body, std::string_view source);
 
 /// One entry of GET /v1/models.
@@ -173,16 +187,22 @@ class EndpointClient {
   /// the tokens before (nats; [n - 1]). `what` names the request in errors.
   /// Throws EndpointProtocolError (wrong count, null or non-number entries,
   /// 4xx), EndpointUnavailable.
+  /// `max_tokens` (0 where the server allows it with echo, else 1) and `logprobs` (the smallest top-k the
+  /// server answers prompt log-probabilities for) come from the probe.
   std::vector<double> prompt_logprobs(std::span<const int32_t> prompt, const std::string& served_model,
-                                      const std::string& what);
+                                      const std::string& what, int max_tokens = 1, int logprobs = 1);
 
   struct Generation {
     std::string text;
     std::optional<int64_t> completion_tokens;
+    bool has_ids = false;        ///< the answer carried the generated tokens' ids
+    std::vector<int32_t> ids;    ///< the generated tokens' ids (as the server sent them, not cut)
   };
   /// Greedy generation of at most max_tokens (stop_token_ids = stop_ids).
+  /// `logprobs` (nullopt = null) asks for the generated tokens' ids where the server gives them with
+  /// logprobs (posenc serve's token_ids, llama.cpp's content[].id).
   Generation generate(std::span<const int32_t> prompt, int max_tokens, std::span<const int32_t> stop_ids,
-                      const std::string& served_model, const std::string& what);
+                      const std::string& served_model, const std::string& what, std::optional<int> logprobs = {});
 
   /// The requests this client sent (attempts included).
   int64_t requests_sent() const { return sent_; }
@@ -207,6 +227,10 @@ struct EndpointInfo {
   nlohmann::json props;                        ///< GET /props body (llama.cpp), or null
   bool likelihood = false;                     ///< prompt log-probabilities (echo + logprobs) work
   std::string likelihood_note;                 ///< why not, when not
+  int likelihood_max_tokens = 1;               ///< max_tokens of a likelihood request (0 where echo allows it)
+  int likelihood_logprobs = 1;                 ///< logprobs (top-k) of a likelihood request: the smallest that works
+  std::optional<int> generation_logprobs;      ///< logprobs of a generation request: the smallest giving token ids
+  std::string prediction_rule;                 ///< "token ids (cut at BOS/EOS, local decode)" or "server text"
   std::string tokenize_check;                  ///< "matched (/tokenize)", "no /tokenize", ...
 };
 

@@ -33,12 +33,26 @@ CompletionResponse parse_completion_response(std::string_view body, std::string_
   if (const auto lp = c.find("logprobs")) {
     if (!lp->raw().is_object()) lp->fail("expected an object or null");
     r.has_logprobs = true;
-    const JsonView tl = lp->at("token_logprobs");
-    for (const JsonView& v : tl.elements())
-      r.token_logprobs.push_back(v.is_null() ? std::optional<double>{} : std::optional<double>{v.number()});
-    if (const auto ids = lp->find("token_ids"))
-      for (const JsonView& v : ids->elements())
-        r.token_ids.push_back(static_cast<int32_t>(v.integer(0, std::numeric_limits<int32_t>::max())));
+    if (lp->raw().contains("token_logprobs") || !lp->raw().contains("content")) {
+      r.logprobs_shape = "legacy";
+      const JsonView tl = lp->at("token_logprobs");
+      for (const JsonView& v : tl.elements())
+        r.token_logprobs.push_back(v.is_null() ? std::optional<double>{} : std::optional<double>{v.number()});
+      if (const auto ids = lp->find("token_ids")) {
+        r.has_token_ids = true;
+        for (const JsonView& v : ids->elements())
+          r.token_ids.push_back(static_cast<int32_t>(v.integer(0, std::numeric_limits<int32_t>::max())));
+      }
+    } else {
+      // llama.cpp's chat-style shape: {"content": [{"id", "token", "bytes", "logprob", "top_logprobs"}]}.
+      r.logprobs_shape = "content";
+      r.has_token_ids = true;
+      for (const JsonView& e : lp->at("content").elements()) {
+        r.token_ids.push_back(static_cast<int32_t>(e.at("id").integer(0, std::numeric_limits<int32_t>::max())));
+        const JsonView v = e.at("logprob");
+        r.token_logprobs.push_back(v.is_null() ? std::optional<double>{} : std::optional<double>{v.number()});
+      }
+    }
   }
   if (const auto u = root.find("usage"); u && u->raw().is_object())
     if (const auto ct = u->find("completion_tokens")) r.completion_tokens = ct->integer(0);
@@ -174,6 +188,25 @@ std::string error_message_of(const std::string& body) {
   return s;
 }
 
+// A 2xx body that is {"error": {...}} (leading JSON whitespace allowed) and no completion: the status it carries
+// (error.code, default 500).
+std::optional<int> error_on_200(const std::string& body) {
+  const std::size_t b = body.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos || body.compare(b, 9, "{\"error\":") != 0) return std::nullopt;
+  try {
+    const json j = json::parse(body);
+    if (!j.is_object() || !j.contains("error") || j.contains("choices")) return std::nullopt;
+    const json& e = j["error"];
+    if (e.is_object() && e.contains("code") && e["code"].is_number_integer()) {
+      const int64_t c = e["code"].get<int64_t>();
+      if (c >= 400 && c <= 599) return static_cast<int>(c);
+    }
+    return 500;
+  } catch (const json::exception&) {
+    return std::nullopt;
+  }
+}
+
 // httplib's terse error names, said in full.
 std::string describe(httplib::Error e, double timeout) {
   switch (e) {
@@ -208,6 +241,9 @@ EndpointClient::EndpointClient(std::string url, EndpointOptions options, std::sh
   impl_->http.set_read_timeout(sec, usec);
   impl_->http.set_write_timeout(sec, usec);
   impl_->http.set_keep_alive(true);
+  // httplib writes the headers and the body in separate send()s: without TCP_NODELAY, Nagle's algorithm holds the
+  // body until the server's delayed ACK (~40 ms on Linux) on every request.
+  impl_->http.set_tcp_nodelay(true);
   if (!breaker_) breaker_ = std::make_shared<CircuitBreaker>(options_.breaker_failures);
 }
 
@@ -259,21 +295,30 @@ EndpointClient::Reply EndpointClient::post(const std::string& path, const json& 
                                             "command once it answers",
                                             where, breaker_->last_error()));
     Reply r = post_once(path, body);
+    bool on_200 = false;
     double wait = jitter_seconds(options_.backoff_initial, options_.backoff_max, attempt);
     if (r.status >= 200 && r.status < 300) {
-      breaker_->success();
-      return r;
+      // posenc serve answers an error found after it started a (chunked) 200 answer as {"error": {...}}: the
+      // server's error, with its code, under the retry rules of that code.
+      if (const auto code = error_on_200(r.body)) {
+        r.status = *code;
+        on_200 = true;
+      } else {
+        breaker_->success();
+        return r;
+      }
     }
     if (r.status == 0) {
       last = fmt::format("connection error: {}", r.error);
     } else if (r.status == 429 || r.status >= 500) {
-      last = fmt::format("HTTP {}: {}", r.status, error_message_of(r.body));
+      last = fmt::format("HTTP {}{}: {}", r.status, on_200 ? " (an error body on HTTP 200)" : "",
+                         error_message_of(r.body));
       if (r.retry_after) wait = std::min(120.0, *r.retry_after);
     } else {
       if (return_4xx && r.status >= 400 && r.status < 500) return r;
       throw EndpointProtocolError(
-          fmt::format("{}: HTTP {} (not retried: the server refused the request): {}", where, r.status,
-                      error_message_of(r.body)));
+          fmt::format("{}: HTTP {}{} (not retried: the server refused the request): {}", where, r.status,
+                      on_200 ? " (an error body on HTTP 200)" : "", error_message_of(r.body)));
     }
     if (attempt + 1 < attempts) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
   }
@@ -284,9 +329,9 @@ EndpointClient::Reply EndpointClient::post(const std::string& path, const json& 
 }
 
 std::vector<double> EndpointClient::prompt_logprobs(std::span<const int32_t> prompt, const std::string& served_model,
-                                                    const std::string& what) {
-  const json body{{"model", served_model}, {"prompt", prompt}, {"max_tokens", 1},
-                  {"temperature", 0},      {"logprobs", 1},    {"echo", true}};
+                                                    const std::string& what, int max_tokens, int logprobs) {
+  const json body{{"model", served_model}, {"prompt", prompt},         {"max_tokens", max_tokens},
+                  {"temperature", 0},      {"logprobs", logprobs},     {"echo", true}};
   const std::string where = fmt::format("endpoint {}: POST /v1/completions ({}, {} prompt tokens)", url_, what, prompt.size());
   const Reply r = post("/v1/completions", body, fmt::format("{}, {} prompt tokens", what, prompt.size()));
   CompletionResponse c;
@@ -300,6 +345,10 @@ std::vector<double> EndpointClient::prompt_logprobs(std::span<const int32_t> pro
   const std::size_t n = prompt.size();
   if (!c.has_logprobs)
     throw EndpointProtocolError(fmt::format("{}: choices[0].logprobs is missing or null (echo with logprobs asked)", where));
+  if (c.logprobs_shape != "legacy")
+    throw EndpointProtocolError(fmt::format("{}: choices[0].logprobs has no token_logprobs (the {} shape holds no prompt "
+                                            "log-probabilities)",
+                                            where, c.logprobs_shape));
   if (c.token_logprobs.size() < n || c.token_logprobs.size() > n + 1)
     throw EndpointProtocolError(fmt::format("{}: choices[0].logprobs.token_logprobs holds {} entries, expected the {} "
                                             "prompt tokens (echo) and at most 1 generated",
@@ -326,9 +375,13 @@ std::vector<double> EndpointClient::prompt_logprobs(std::span<const int32_t> pro
 
 EndpointClient::Generation EndpointClient::generate(std::span<const int32_t> prompt, int max_tokens,
                                                     std::span<const int32_t> stop_ids, const std::string& served_model,
-                                                    const std::string& what) {
-  const json body{{"model", served_model}, {"prompt", prompt},   {"max_tokens", max_tokens},
-                  {"temperature", 0},      {"logprobs", nullptr}, {"stop_token_ids", stop_ids}};
+                                                    const std::string& what, std::optional<int> logprobs) {
+  const json body{{"model", served_model},
+                  {"prompt", prompt},
+                  {"max_tokens", max_tokens},
+                  {"temperature", 0},
+                  {"logprobs", logprobs ? json(*logprobs) : json(nullptr)},
+                  {"stop_token_ids", stop_ids}};
   const std::string where = fmt::format("endpoint {}: POST /v1/completions ({}, {} prompt tokens)", url_, what, prompt.size());
   const Reply r = post("/v1/completions", body, fmt::format("{}, {} prompt tokens", what, prompt.size()));
   CompletionResponse c;
@@ -342,7 +395,16 @@ EndpointClient::Generation EndpointClient::generate(std::span<const int32_t> pro
   if (c.completion_tokens && *c.completion_tokens > max_tokens + 1)
     throw EndpointProtocolError(
         fmt::format("{}: usage.completion_tokens is {}, more than the {} asked", where, *c.completion_tokens, max_tokens));
-  return {std::move(c.text), c.completion_tokens};
+  Generation g{std::move(c.text), c.completion_tokens, false, {}};
+  if (logprobs && c.has_token_ids) {
+    // Only the generated tokens: posenc's token_ids without echo, llama.cpp's content[] (generated only).
+    if (c.token_ids.size() > static_cast<std::size_t>(max_tokens) + 1)
+      throw EndpointProtocolError(fmt::format("{}: choices[0].logprobs holds {} token ids, more than the {} asked", where,
+                                              c.token_ids.size(), max_tokens));
+    g.has_ids = true;
+    g.ids = std::move(c.token_ids);
+  }
+  return g;
 }
 
 }  // namespace posenc

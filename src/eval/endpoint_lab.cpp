@@ -45,6 +45,17 @@ void warn(const std::string& message) {
 // The text the probe tokenizes locally and through /tokenize.
 constexpr std::string_view kProbeText = "Once upon a time, Lily found 7 red keys under the old tree.";
 
+std::string error_message_of_body(const std::string& body) {
+  try {
+    const json j = json::parse(body);
+    if (j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
+        j["error"]["message"].is_string())
+      return j["error"]["message"].get<std::string>();
+  } catch (const json::exception&) {
+  }
+  return body.substr(0, 200);
+}
+
 std::string shown_ids(const std::vector<int32_t>& ids) {
   std::string s = "[";
   for (std::size_t i = 0; i < ids.size() && i < 24; ++i) s += (i ? "," : "") + std::to_string(ids[i]);
@@ -276,6 +287,13 @@ EndpointInfo probe_endpoint(const EndpointSpec& spec, const std::string& served_
       return json(nullptr);
     }
   };
+  if (!info.max_model_len && info.model_entry.is_object() && info.model_entry.contains("meta") &&
+      info.model_entry["meta"].is_object() && info.model_entry["meta"].contains("n_ctx") &&
+      info.model_entry["meta"]["n_ctx"].is_number_integer() && info.model_entry["meta"]["n_ctx"].get<int64_t>() > 0) {
+    // llama-server: the per-slot context (-c / -np).
+    info.max_model_len = info.model_entry["meta"]["n_ctx"].get<int64_t>();
+    info.max_model_len_source = "/v1/models meta.n_ctx";
+  }
   info.version = optional_json("/version");
   info.props = optional_json("/props");
   if (!info.max_model_len && info.props.is_object() && info.props.contains("default_generation_settings")) {
@@ -288,8 +306,10 @@ EndpointInfo probe_endpoint(const EndpointSpec& spec, const std::string& served_
   // The tokenizer check: the probe text's ids through /tokenize (vLLM's spelling, then llama.cpp's).
   const std::vector<int32_t> local = tokenizer.encode(std::string(kProbeText), false, false);
   info.tokenize_check = "no /tokenize (not checked)";
-  for (const json& body : {json{{"prompt", kProbeText}, {"add_special_tokens", false}},
-                           json{{"content", kProbeText}, {"add_special", false}}}) {
+  // llama.cpp's spelling first: llama-server answers {"prompt"} with 200 and no tokens. An empty list for the
+  // non-empty probe text means the spelling was not understood: the next one is tried.
+  for (const json& body : {json{{"content", kProbeText}, {"add_special", false}},
+                           json{{"prompt", kProbeText}, {"add_special_tokens", false}}}) {
     const auto r = client.post_once("/tokenize", body);
     if (r.status != 200) continue;
     std::vector<int32_t> remote;
@@ -302,7 +322,7 @@ EndpointInfo probe_endpoint(const EndpointSpec& spec, const std::string& served_
         else if (t.is_object() && t.contains("id") && t["id"].is_number_integer()) remote.push_back(t["id"].get<int32_t>());
         else ints = false;
       }
-      if (!ints) continue;
+      if (!ints || remote.empty()) continue;
     } catch (const json::exception&) {
       continue;
     }
@@ -315,35 +335,68 @@ EndpointInfo probe_endpoint(const EndpointSpec& spec, const std::string& served_
                                       body.contains("prompt") ? "prompt" : "content");
     break;
   }
-  // The likelihood probe: echo + logprobs on a 2-token prompt.
+  // The likelihood probe: echo + logprobs on a 2-token prompt, smallest request first: max_tokens 0 (so that a
+  // sequence of max_model_len tokens fits; posenc serve and vLLM allow it with echo) and logprobs 0 (the chosen
+  // token's log-probability only: the smallest answer), then max_tokens 1 and logprobs 1. The first answer that
+  // holds the prompt's log-probabilities sets the likelihood requests. A 4xx, or a 200 without them (llama-server
+  // ignores echo), for every form = not supported.
   std::vector<int32_t> two = tokenizer.encode(std::string(kProbeText), true, false);
   two.resize(2, two.empty() ? 0 : two.back());
-  const json body{{"model", info.served_model}, {"prompt", two}, {"max_tokens", 1},
-                  {"temperature", 0},           {"logprobs", 1}, {"echo", true}};
-  const auto r = client.post("/v1/completions", body, "likelihood probe, 2 prompt tokens", true);
-  if (r.status >= 400) {
-    info.likelihood = false;
-    json err;
-    std::string msg = r.body.substr(0, 200);
-    try {
-      err = json::parse(r.body);
-      if (err.is_object() && err.contains("error") && err["error"].is_object() && err["error"].contains("message"))
-        msg = err["error"]["message"].dump();
-    } catch (const json::exception&) {
+  std::vector<std::string> notes;
+  for (const auto& [mt, k] : {std::pair{0, 0}, std::pair{1, 0}, std::pair{0, 1}, std::pair{1, 1}}) {
+    const json body{{"model", info.served_model}, {"prompt", two}, {"max_tokens", mt},
+                    {"temperature", 0},           {"logprobs", k}, {"echo", true}};
+    const auto r = client.post("/v1/completions", body, "likelihood probe, 2 prompt tokens", true);
+    const std::string form = fmt::format("max_tokens {}, logprobs {}", mt, k);
+    if (r.status >= 400) {
+      notes.push_back(fmt::format("{}: HTTP {} {}", form, r.status, json(error_message_of_body(r.body)).dump()));
+      continue;
     }
-    info.likelihood_note = fmt::format("echo with logprobs refused: HTTP {} {}", r.status, msg);
-  } else {
     CompletionResponse c;
     try {
       c = parse_completion_response(r.body, fmt::format("endpoint {}: POST /v1/completions (likelihood probe)", spec.url));
     } catch (const DataError& e) {
       throw EndpointProtocolError(e.what());
     }
-    if (!c.has_logprobs) info.likelihood_note = "the answer to echo with logprobs has no logprobs";
-    else if (c.token_logprobs.size() < 2 || !c.token_logprobs[1])
-      info.likelihood_note = fmt::format("the answer to echo with logprobs holds no prompt log-probabilities ({} entries)",
-                                         c.token_logprobs.size());
-    info.likelihood = info.likelihood_note.empty();
+    if (!c.has_logprobs) {
+      notes.push_back(fmt::format("{}: the answer has no logprobs", form));
+    } else if (c.logprobs_shape != "legacy" || c.token_logprobs.size() < 2 || !c.token_logprobs[1] ||
+               (c.has_token_ids && (c.token_ids.size() < 2 || c.token_ids[0] != two[0] || c.token_ids[1] != two[1]))) {
+      notes.push_back(fmt::format("{}: HTTP 200 without prompt log-probabilities ({} logprobs shape, {} entries: echo "
+                                  "ignored)",
+                                  form, c.logprobs_shape, c.token_logprobs.size()));
+    } else {
+      info.likelihood = true;
+      info.likelihood_max_tokens = mt;
+      info.likelihood_logprobs = k;
+      break;
+    }
+  }
+  if (!info.likelihood) {
+    std::string joined;
+    for (const auto& n : notes) joined += (joined.empty() ? "" : "; ") + n;
+    info.likelihood_note = "echo with logprobs gives no prompt log-probabilities (" + joined + ")";
+  }
+  // The generation probe: the smallest logprobs whose answer carries the generated tokens' ids (posenc serve's
+  // token_ids, llama.cpp's content[].id). With ids the lab applies its own stop rule (cut at the first BOS/EOS,
+  // which servers without stop_token_ids, like llama-server, do not stop at) and decodes them with the local
+  // tokenizer as the in-process lab does; without, the prediction is the server's text.
+  info.prediction_rule = "server text (choices[0].text)";
+  for (const int k : {0, 1}) {
+    const json body{{"model", info.served_model}, {"prompt", two}, {"max_tokens", 2}, {"temperature", 0}, {"logprobs", k}};
+    const auto r = client.post("/v1/completions", body, "generation probe, 2 prompt tokens", true);
+    if (r.status >= 400) continue;
+    try {
+      const CompletionResponse c =
+          parse_completion_response(r.body, fmt::format("endpoint {}: POST /v1/completions (generation probe)", spec.url));
+      if (c.has_token_ids) {
+        info.generation_logprobs = k;
+        info.prediction_rule = "token ids (cut at the first BOS/EOS, decoded by the local tokenizer)";
+        break;
+      }
+    } catch (const DataError& e) {
+      throw EndpointProtocolError(e.what());
+    }
   }
   return info;
 }
@@ -416,6 +469,8 @@ json detail::EndpointLab::run_id_material() const {
                  {"model_entry", entry},
                  {"version", i.version},
                  {"likelihood", i.likelihood},
+                 {"likelihood_max_tokens", i.likelihood_max_tokens},
+                 {"prediction_rule", i.prediction_rule},
                  {"max_model_len", i.max_model_len ? json(*i.max_model_len) : json(nullptr)}});
   }
   return {{"endpoints", a}, {"trained_context", trained_}};
@@ -434,6 +489,10 @@ json detail::EndpointLab::endpoints_json() const {
                  {"props", i.props},
                  {"likelihood", i.likelihood},
                  {"likelihood_note", i.likelihood_note},
+                 {"likelihood_request", {{"max_tokens", i.likelihood_max_tokens}, {"logprobs", i.likelihood_logprobs}}},
+                 {"generation_logprobs", i.generation_logprobs ? json(*i.generation_logprobs) : json(nullptr)},
+                 {"prediction_rule", i.prediction_rule},
+                 {"build_info", i.props.is_object() && i.props.contains("build_info") ? i.props["build_info"] : json(nullptr)},
                  {"tokenize_check", i.tokenize_check}});
   return a;
 }
@@ -444,14 +503,15 @@ json detail::EndpointLab::request_parameters_json() const {
           {"generation",
            {{"temperature", 0},
             {"max_tokens", "the task's answer budget"},
-            {"logprobs", nullptr},
+            {"logprobs", "the smallest that gives token ids (per endpoint: generation_logprobs), else null"},
             {"stop_token_ids", impl_->stop_ids},
-            {"prediction", "choices[0].text"},
-            {"note", "servers without stop_token_ids (llama-server) stop at their own EOS"}}},
+            {"prediction", "with token ids: the ids up to the first BOS/EOS, decoded by the local tokenizer (the "
+                           "in-process rule, also on servers that ignore stop_token_ids); else choices[0].text "
+                           "(per endpoint: prediction_rule)"}}},
           {"likelihood",
            {{"temperature", 0},
-            {"max_tokens", 1},
-            {"logprobs", 1},
+            {"max_tokens", "0 where echo allows it, else 1 (per endpoint: likelihood_request)"},
+            {"logprobs", "the smallest top-k that answers prompt log-probabilities (per endpoint: likelihood_request)"},
             {"echo", true},
             {"scores", "choices[0].logprobs.token_logprobs of the prompt tokens; forced choice: one request per "
                        "candidate (prompt + candidate)"}}},
@@ -490,12 +550,13 @@ std::optional<detail::UnitStatus> detail::EndpointLab::status(const std::string&
   if (likelihood && !i.likelihood)
     // Notes name the label, never the URL: a cell must not depend on the port (resume, shards on other servers).
     return UnitStatus{kNotSupported, fmt::format("endpoint {}: {}", i.spec.label, i.likelihood_note)};
-  // A likelihood request is the whole sequence plus the 1 token it must generate.
-  const int64_t need = length + (likelihood ? 1 : 0);
+  // A likelihood request is the whole sequence plus the token it must generate (none where echo allows max_tokens 0).
+  const int64_t extra = likelihood ? i.likelihood_max_tokens : 0;
+  const int64_t need = length + extra;
   if (i.max_model_len && need > *i.max_model_len)
     return UnitStatus{"does not fit",
                       fmt::format("length {}{} exceeds the max_model_len {} of endpoint {} ({})", length,
-                                  likelihood ? " + the 1 token a likelihood request generates" : "", *i.max_model_len,
+                                  extra > 0 ? " + the 1 token a likelihood request generates" : "", *i.max_model_len,
                                   i.spec.label, i.max_model_len_source)};
   return std::nullopt;
 }
@@ -513,7 +574,9 @@ detail::EndpointLab::GroupResult detail::EndpointLab::run_group(const std::strin
         throw InvalidArgument(fmt::format("sample {} of {}: prompt {} + answer budget {} exceed the length {}", s.index,
                                           s.task, s.prompt_tokens.size(), s.answer_budget, s.length));
     }
-  // A journal line of sample i: per depth {"prompt_hash", then "logprobs" (choice) or "text" + "completion_tokens"}.
+  // A journal line of sample i: per depth {"prompt_hash", then "logprobs" (choice) or "text" + "completion_tokens"
+  // (+ "ids" where the server gives them)}.
+  const int64_t vocab = impl_->tokenizer->vocab_size();
   auto accept = [&](int64_t i, const json& d) {
     if (i < 0 || static_cast<std::size_t>(i) >= n || !d.is_array() || d.size() != samples[static_cast<std::size_t>(i)].size())
       return false;
@@ -528,6 +591,10 @@ detail::EndpointLab::GroupResult detail::EndpointLab::run_group(const std::strin
           if (!v.is_number()) return false;
       } else if (!e.contains("text") || !e["text"].is_string()) {
         return false;
+      } else if (e.contains("ids")) {
+        if (!e["ids"].is_array()) return false;
+        for (const json& v : e["ids"])
+          if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) return false;
       }
     }
     return true;
@@ -541,6 +608,24 @@ detail::EndpointLab::GroupResult detail::EndpointLab::run_group(const std::strin
       const TaskSample& s = samples[i][k];
       if (!s.choice_tokens.empty()) {
         out.push_back(choice_outcome(s, d[k]["logprobs"].get<std::vector<double>>()));
+      } else if (d[k].contains("ids")) {
+        // The lab's stop rule and decoding (evaluate_samples): the ids before the first BOS/EOS, each decoded
+        // after the one before it (the prompt's last token first).
+        std::vector<int32_t> ids;
+        for (const json& v : d[k]["ids"]) {
+          const int32_t id = v.get<int32_t>();
+          if (std::find(impl_->stop_ids.begin(), impl_->stop_ids.end(), id) != impl_->stop_ids.end()) break;
+          ids.push_back(id);
+        }
+        std::string text;
+        int32_t prev = s.prompt_tokens.back();
+        for (const int32_t id : ids) {
+          text += impl_->tokenizer->decode(prev, id);
+          prev = id;
+        }
+        SampleOutcome o = generation_outcome(s, std::move(text));
+        o.new_tokens = std::move(ids);
+        out.push_back(std::move(o));
       } else {
         SampleOutcome o = generation_outcome(s, d[k]["text"].get<std::string>());
         if (d[k].contains("completion_tokens") && d[k]["completion_tokens"].is_number_integer())
@@ -575,7 +660,9 @@ detail::EndpointLab::GroupResult detail::EndpointLab::run_group(const std::strin
           if (cand.empty()) fail_field<InvalidArgument>("candidate", "has no tokens (index)", c);
           std::vector<int32_t> ids = s.prompt_tokens;
           ids.insert(ids.end(), cand.begin(), cand.end());
-          const std::vector<double> tl = client.prompt_logprobs(ids, model, fmt::format("{}, candidate {}", what, c));
+          const std::vector<double> tl =
+              client.prompt_logprobs(ids, model, fmt::format("{}, candidate {}", what, c), info.likelihood_max_tokens,
+                                     info.likelihood_logprobs);
           // tl[k] scores ids[k + 1]: the candidate's tokens are tl[P - 1 ..], summed in token order.
           double sum = tl[P - 1];
           for (std::size_t j = 1; j < cand.size(); ++j) sum += tl[P - 1 + j];
@@ -583,9 +670,11 @@ detail::EndpointLab::GroupResult detail::EndpointLab::run_group(const std::strin
         }
         e["logprobs"] = lp;
       } else {
-        const auto g = client.generate(s.prompt_tokens, s.answer_budget, impl_->stop_ids, model, what);
+        const auto g =
+            client.generate(s.prompt_tokens, s.answer_budget, impl_->stop_ids, model, what, info.generation_logprobs);
         e["text"] = g.text;
         e["completion_tokens"] = g.completion_tokens ? json(*g.completion_tokens) : json(nullptr);
+        if (g.has_ids) e["ids"] = g.ids;
       }
       d.push_back(std::move(e));
     }
@@ -628,8 +717,10 @@ PplResult detail::EndpointLab::perplexity(const std::string& label, const fs::pa
       const PplWindow& win = windows[static_cast<std::size_t>(w)];
       const auto ids = stream.subspan(static_cast<std::size_t>(win.start), static_cast<std::size_t>(win.tokens));
       const std::vector<double> lp = client.prompt_logprobs(
-          ids, info.served_model, fmt::format("perplexity {} L={} window {} (tokens [{}, {}))", label, options.context, w,
-                                              win.start, win.start + win.tokens));
+          ids, info.served_model,
+          fmt::format("perplexity {} L={} window {} (tokens [{}, {}))", label, options.context, w, win.start,
+                      win.start + win.tokens),
+          info.likelihood_max_tokens, info.likelihood_logprobs);
       std::vector<double> out(lp.size());
       for (std::size_t p = 0; p < lp.size(); ++p) out[p] = -lp[p];
       return json{{"start", win.start}, {"nll", out}};

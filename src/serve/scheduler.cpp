@@ -150,17 +150,24 @@ bool Scheduler::admit_one(const std::shared_ptr<Job>& jp) {
   int64_t reserved = 0;
   for (const auto& r : running_) reserved += r->reserved_blocks;
   // The cached sequence with the longest common prefix (at most P - 1 tokens: the last prompt token is always
-  // computed, its row gives the first new token). Prompt logprobs need every prompt row: no reuse.
+  // computed, its row gives the first new token). A request that needs prompt logprobs (echo) reuses n tokens only
+  // when the prefix kept the rows of targets 1..n (its own prompt rows, with at least as many alternatives): the
+  // rows of a position depend on the tokens up to it only (the forward is batch- and chunk-invariant), so the
+  // cached entries are the ones a fresh prefill would compute. Target n's token must match too: n <= common - 1.
   auto best = prefixes_.end();
   std::size_t best_len = 0;
-  if (!job.prompt_rows())
-    for (auto it = prefixes_.begin(); it != prefixes_.end(); ++it) {
-      const std::size_t c = std::min(common_prefix(it->tokens, job.prompt), job.prompt.size() - 1);
-      if (c > best_len) {
-        best_len = c;
-        best = it;
-      }
+  for (auto it = prefixes_.begin(); it != prefixes_.end(); ++it) {
+    std::size_t c = std::min(common_prefix(it->tokens, job.prompt), job.prompt.size() - 1);
+    if (job.prompt_rows()) {
+      if (it->lp.empty() || it->lp_top < *job.logprobs) continue;
+      const std::size_t common = common_prefix(it->tokens, job.prompt);
+      c = std::min({common > 0 ? common - 1 : 0, job.prompt.size() - 1, it->lp.size() - 1});
     }
+    if (c > best_len) {
+      best_len = c;
+      best = it;
+    }
+  }
   // Room: evict cached prefixes (least recently used first, the chosen one last).
   while (reserved + need + cache_blocks() > max_blocks_ && !prefixes_.empty()) {
     auto victim = std::prev(prefixes_.end());
@@ -188,6 +195,14 @@ bool Scheduler::admit_one(const std::shared_ptr<Job>& jp) {
   if (job.prompt_rows()) {
     job.prompt_lp.resize(static_cast<std::size_t>(P));
     for (int64_t i = 0; i < P; ++i) job.prompt_lp[static_cast<std::size_t>(i)].id = job.prompt[static_cast<std::size_t>(i)];
+    if (best != prefixes_.end())
+      for (int64_t t = 1; t <= job.reused; ++t) {
+        TokenLogprob& e = job.prompt_lp[static_cast<std::size_t>(t)];
+        const TokenLogprob& cached = best->lp[static_cast<std::size_t>(t)];
+        e.logprob = cached.logprob;
+        e.top.assign(cached.top.begin(), cached.top.begin() + std::min<std::ptrdiff_t>(
+                                                                  *job.logprobs, static_cast<std::ptrdiff_t>(cached.top.size())));
+      }
   }
   job.text_prev = job.prompt.back();
   metrics_.add_tokens(P, P - job.reused, job.reused > 0);
@@ -369,22 +384,40 @@ void Scheduler::donate(Job& j) {
     return;
   }
   // A cached sequence that is a prefix of this one is superseded; one that extends it makes this one useless.
+  // Prompt rows (echo requests) go with the sequence that keeps the most of them.
+  std::vector<TokenLogprob> lp;
+  int lp_top = -1;
+  if (j.prompt_rows()) {
+    lp = j.prompt_lp;  // a copy: the answer is built from the job's own after this
+    lp_top = *j.logprobs;
+  }
+  auto better = [](const std::vector<TokenLogprob>& a, int a_top, const std::vector<TokenLogprob>& b, int b_top) {
+    return a.size() > b.size() || (a.size() == b.size() && a_top > b_top);
+  };
   for (auto it = prefixes_.begin(); it != prefixes_.end();) {
     const std::size_t c = common_prefix(it->tokens, j.kv_tokens);
     if (c == j.kv_tokens.size()) {
       cache_.free(j.seq);
+      if (better(lp, lp_top, it->lp, it->lp_top)) {
+        it->lp = std::move(lp);
+        it->lp_top = lp_top;
+      }
       it->last_used = ++clock_;
       prefixes_.splice(prefixes_.begin(), prefixes_, it);
       return;
     }
     if (c == it->tokens.size()) {
+      if (better(it->lp, it->lp_top, lp, lp_top)) {
+        lp = std::move(it->lp);
+        lp_top = it->lp_top;
+      }
       auto dead = it++;
       drop_prefix(dead);
     } else {
       ++it;
     }
   }
-  prefixes_.push_front({j.seq, j.kv_tokens, ++clock_});
+  prefixes_.push_front({j.seq, j.kv_tokens, ++clock_, std::move(lp), lp_top});
   while (static_cast<int>(prefixes_.size()) > cfg_.prefix_cache_entries) drop_prefix(std::prev(prefixes_.end()));
 }
 

@@ -98,6 +98,11 @@ class Scheduler {
     KvCache::SeqId seq;
     std::vector<int32_t> tokens;
     uint64_t last_used;
+    /// The prompt log-probabilities computed for tokens[1 .. lp.size() - 1] (lp[t] scores tokens[t] given the
+    /// tokens before; lp[0] unused), with lp_top alternatives each; empty when the sequence had no prompt rows.
+    /// A request that needs prompt rows reuses this prefix only as far as these rows reach.
+    std::vector<TokenLogprob> lp;
+    int lp_top = -1;
   };
   void run();
   bool admit_one(const std::shared_ptr<Job>& job);  // false: no room now

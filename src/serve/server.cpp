@@ -702,6 +702,9 @@ int Server::start() {
   s.http.set_payload_max_length(s.cfg.max_request_bytes);
   s.http.set_socket_options(listening_socket_options);
   s.http.set_keep_alive_max_count(1000);
+  // httplib sends the headers and the body (and each chunk) in separate writes: without TCP_NODELAY every answer
+  // waits for the client's delayed ACK (~40 ms on Linux) under Nagle's algorithm.
+  s.http.set_tcp_nodelay(true);
   // A client that stops sending (a half-sent head or body) holds its connection only this long per read.
   const auto rt = std::chrono::duration_cast<std::chrono::microseconds>(s.cfg.read_timeout).count();
   s.http.set_read_timeout(rt / 1000000, rt % 1000000);

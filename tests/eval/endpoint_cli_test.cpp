@@ -1,11 +1,15 @@
 // `posenc eval --endpoint` on the command line: the flags it refuses (exit 2)
 // and a run against the in-test server (fake_endpoint.hpp) whose likelihood
 // cells are not supported: exit 0, the table says so, `eval report` copes.
+#include <chrono>
 #include <filesystem>
+#include <map>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../serve/serve_process.hpp"
 #include "fake_endpoint.hpp"
 #include "posenc/eval.hpp"
 #include "test_support.hpp"
@@ -100,4 +104,171 @@ TEST(EndpointCli, AServerWithoutPromptLogprobsRunsGenerationAndReportsTheRestAsN
     EXPECT_EQ(html.exit_code, 0) << html.err;
     EXPECT_TRUE(fs::exists(run_dir / "report.html"));
   }
+}
+
+namespace {
+
+/// `posenc <args>` as a child process, stdout and stderr in files.
+class CliProcess {
+ public:
+  explicit CliProcess(const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {POSENC_CLI_PATH};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<char*> cargv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, (dir_.path() / "out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&fa, 2, (dir_.path() / "err").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (posix_spawn(&pid_, cargv[0], &fa, nullptr, cargv.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+  }
+  ~CliProcess() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  /// Exit code; -1 if it did not exit within `seconds` (then killed) or was signaled.
+  int wait(double seconds) {
+    int st = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (::waitpid(pid_, &st, WNOHANG) != pid_) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, &st, 0);
+        reaped_ = true;
+        return -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    reaped_ = true;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  }
+  bool running() { return !reaped_ && ::waitpid(pid_, nullptr, WNOHANG) == 0; }
+  std::string err() const { return test::slurp(dir_.path() / "err"); }
+
+ private:
+  TempDir dir_;
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+};
+
+std::vector<std::string> serve_args() {
+  return {"--model", test::model_path().string(), "--tokenizer", test::tokenizer_path().string(), "--port", "0",
+          "--max-model-len", "512", "--quiet"};
+}
+
+std::vector<std::string> eval_args(int port, const std::string& out) {
+  return {"eval", "--endpoint", fmt::format("http://127.0.0.1:{}/v1", port), "--tokenizer",
+          test::tokenizer_path().string(), "--haystack", test::text_path().string(), "--tasks", "name_recall,passkey",
+          "--context", "128,256", "--depths", "0,0.5,1", "--samples", "6", "--ppl-tokens", "3000",
+          "--trained-context", "512", "--concurrency", "2", "--retries", "1", "--request-timeout", "20", "--quiet",
+          "--out", out};
+}
+
+std::map<std::string, nlohmann::json> samples_of(const fs::path& run_dir) {
+  std::map<std::string, nlohmann::json> m;
+  const std::string all = test::slurp(run_dir / "samples.jsonl");
+  std::size_t pos = 0;
+  while (pos < all.size()) {
+    const std::size_t nl = all.find('\n', pos);
+    const auto s = nlohmann::json::parse(all.substr(pos, nl - pos));
+    pos = nl + 1;
+    m[s.dump()] = s;  // the whole row is the key: equal sets of rows, whatever their order
+  }
+  return m;
+}
+
+std::size_t journal_lines(const fs::path& run_dir) {
+  std::size_t n = 0;
+  std::error_code ec;
+  if (!fs::exists(run_dir / "journal", ec)) return 0;
+  for (const auto& e : fs::directory_iterator(run_dir / "journal", ec)) {
+    const std::string t = test::slurp(e.path());
+    n += static_cast<std::size_t>(std::count(t.begin(), t.end(), '\n'));
+  }
+  return n;
+}
+
+std::size_t cell_files(const fs::path& run_dir) {
+  std::size_t n = 0;
+  std::error_code ec;
+  if (!fs::exists(run_dir / "cells", ec)) return 0;
+  for (const auto& e : fs::directory_iterator(run_dir / "cells", ec)) n += e.path().extension() == ".json";
+  return n;
+}
+
+}  // namespace
+
+// A real `posenc serve` process killed (SIGKILL) in the middle of an `eval --endpoint` sweep: the eval stops with
+// exit 1 and the endpoint-unavailable message, keeps what finished, and the same command against a restarted server
+// (another port) resumes to summary.json, samples.jsonl and ppl.json equal to an uninterrupted run's.
+TEST(EndpointCli, AKilledPosencServeMidSweepResumesToTheUninterruptedRun) {
+  using test::serve::ServeProcess;
+  TempDir d;
+  const std::string ref_out = (d.path() / "ref").string(), out = (d.path() / "run").string();
+  {
+    ServeProcess s(serve_args());
+    const int port = s.wait_port(60);
+    ASSERT_GT(port, 0) << s.err();
+    CliProcess e(eval_args(port, ref_out));
+    ASSERT_EQ(e.wait(300), 0) << e.err();
+  }
+  const fs::path ref_dir = resolve_run_dir(ref_out);
+  std::size_t killed_at_lines = 0, killed_at_cells = 0;
+  {
+    ServeProcess s(serve_args());
+    const int port = s.wait_port(60);
+    ASSERT_GT(port, 0) << s.err();
+    CliProcess e(eval_args(port, out));
+    // Wait for finished work on disk (a cell, and a group under way: journal lines), then kill the server.
+    const fs::path run_dir = d.path() / "run" / ref_dir.filename();  // the same run id: URLs are not hashed
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (e.running() && std::chrono::steady_clock::now() < deadline &&
+           (cell_files(run_dir) < 1 || journal_lines(run_dir) < 2))
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    EXPECT_GE(cell_files(run_dir), 1u);
+    ASSERT_TRUE(e.running()) << "the sweep ended before the server was killed: make it longer\n" << e.err();
+    s.kill_now();
+    killed_at_lines = journal_lines(run_dir);
+    killed_at_cells = cell_files(run_dir);
+    EXPECT_EQ(e.wait(120), 1) << e.err();
+    const std::string err = e.err();
+    EXPECT_NE(err.find("unavailable"), std::string::npos) << err;
+    EXPECT_NE(err.find("resume with the same command"), std::string::npos) << err;
+    // Nothing finished is lost: at least what was on disk at the kill is still there.
+    EXPECT_GE(journal_lines(run_dir) + cell_files(run_dir), killed_at_lines + killed_at_cells) << err;
+    if (fs::exists(run_dir / "summary.json")) {  // a partial summary, never a complete one
+      const auto partial = nlohmann::json::parse(test::slurp(run_dir / "summary.json"));
+      EXPECT_LT(partial["cells_present"].get<int64_t>(), partial["cells_expected"].get<int64_t>());
+    }
+  }
+  {
+    ServeProcess s(serve_args());  // another process, another port
+    const int port = s.wait_port(60);
+    ASSERT_GT(port, 0) << s.err();
+    CliProcess e(eval_args(port, out));
+    ASSERT_EQ(e.wait(300), 0) << e.err();
+  }
+  const fs::path run_dir = resolve_run_dir(out);
+  EXPECT_EQ(run_dir.filename(), ref_dir.filename());
+  const auto sa = nlohmann::json::parse(test::slurp(ref_dir / "summary.json"));
+  const auto sb = nlohmann::json::parse(test::slurp(run_dir / "summary.json"));
+  EXPECT_EQ(sa["cells"], sb["cells"]);
+  EXPECT_EQ(sa["effective_context"], sb["effective_context"]);
+  const auto pa = samples_of(ref_dir), pb = samples_of(run_dir);
+  EXPECT_EQ(pa.size(), pb.size());
+  EXPECT_EQ(pa.size(), 2u * 2 * 3 * 6 + 2 * 6);  // 2 tasks x 2 lengths x 3 depths x 6 samples + name_recall absent
+  std::size_t same = 0;
+  for (const auto& [k, v] : pa) same += pb.count(k);
+  EXPECT_EQ(same, pa.size());
+  const auto qa = nlohmann::json::parse(test::slurp(ref_dir / "ppl.json"));
+  const auto qb = nlohmann::json::parse(test::slurp(run_dir / "ppl.json"));
+  EXPECT_EQ(qa["results"], qb["results"]);
+  EXPECT_EQ(journal_lines(run_dir), 0u);  // every group done: journals removed
+  std::printf("[ kill ] server killed with %zu journal lines and %zu cells on disk; resumed to %zu samples equal to "
+              "the uninterrupted run\n",
+              killed_at_lines, killed_at_cells, pa.size());
 }

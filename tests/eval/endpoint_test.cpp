@@ -21,6 +21,7 @@
 #include "posenc/endpoint.hpp"
 #include "posenc/eval.hpp"
 #include "posenc/io.hpp"
+#include "posenc/serve.hpp"
 #include "test_support.hpp"
 
 using namespace posenc;
@@ -126,6 +127,21 @@ TEST(EndpointParse, CompletionResponseAndItsErrors) {
   EXPECT_EQ(*r.token_logprobs[2], -1.25);
   EXPECT_EQ(r.token_ids, (std::vector<int32_t>{1, 5, 9}));
   EXPECT_EQ(r.completion_tokens, 2);
+  EXPECT_EQ(r.logprobs_shape, "legacy");
+  EXPECT_TRUE(r.has_token_ids);
+  // llama.cpp's chat-style shape (a real llama-server answer, logprobs 1, cut to 2 tokens): generated tokens only.
+  const auto l = parse_completion_response(
+      R"({"choices":[{"text":", there","index":0,"logprobs":{"content":[{"id":432,"token":",","bytes":[44],"logprob":-0.03178099915385246,"top_logprobs":[{"id":432,"token":",","bytes":[44],"logprob":-0.03178099915385246}]},{"id":383,"token":" there","bytes":[32,116,104,101,114,101],"logprob":-0.1,"top_logprobs":[]}]},"finish_reason":"length"}],"usage":{"completion_tokens":2,"prompt_tokens":5,"total_tokens":7}})",
+      "src");
+  EXPECT_EQ(l.logprobs_shape, "content");
+  EXPECT_TRUE(l.has_token_ids);
+  EXPECT_EQ(l.token_ids, (std::vector<int32_t>{432, 383}));
+  ASSERT_EQ(l.token_logprobs.size(), 2u);
+  EXPECT_EQ(*l.token_logprobs[0], -0.03178099915385246);
+  // llama-server's logprobs 0: null (no ids).
+  const auto n = parse_completion_response(R"({"choices":[{"text":",","logprobs":null,"finish_reason":"length"}]})", "src");
+  EXPECT_FALSE(n.has_logprobs);
+  EXPECT_FALSE(n.has_token_ids);
   for (const auto& [body, needle] : std::vector<std::pair<std::string, std::string>>{
            {"<html>502</html>", "not valid JSON"},
            {R"({"choices":[{"text":"ab)", "not valid JSON"},
@@ -135,6 +151,8 @@ TEST(EndpointParse, CompletionResponseAndItsErrors) {
            {R"({"choices":[{"text":"","logprobs":{"token_logprobs":[null,"x"]}}]})", "token_logprobs[1]"},
            {R"({"choices":[{"text":"","logprobs":{"tokens":[]}}]})", "token_logprobs"},
            {R"({"choices":[{"text":"","logprobs":{"token_logprobs":[],"token_ids":[-1]}}]})", "token_ids[0]"},
+           {R"({"choices":[{"text":"","logprobs":{"content":[{"token":","}]}}]})", "content[0]: missing key 'id'"},
+           {R"({"choices":[{"text":"","logprobs":{"content":[{"id":3,"logprob":"x"}]}}]})", "content[0].logprob"},
        }) {
     const std::string m = test::message_of<DataError>([&] { (void)parse_completion_response(body, "endpoint E"); });
     EXPECT_NE(m.find("endpoint E"), std::string::npos) << body << " -> " << m;
@@ -254,10 +272,104 @@ TEST(EndpointLab, OverHttpEqualsTheInProcessLabCellForCell) {
   EXPECT_TRUE(eval_resume_plan(http.run_dir).empty());
 }
 
+// The same comparison against the real `posenc serve` (posenc::serve::Server on loopback, continuous batching,
+// prefix reuse for echo requests): counts exact, and — reported — whether candidate log-probabilities and
+// perplexity NLLs are bit-identical. max_model_len = the longest length: the client's probe finds that the
+// server takes max_tokens 0 with echo, so a likelihood request of L tokens fits in L.
+TEST(EndpointLab, OverHttpAgainstPosencServeEqualsTheInProcessLab) {
+  TempDir d;
+  const EvalConfig c = base_config(d.path() / "local");
+  const EvalRunResult local = run_eval(model(), tok(), text(), c);
+  serve::ServeConfig sc;
+  sc.port = 0;
+  sc.served_model_name = "stories260K";
+  sc.max_model_len = 192;
+  serve::Server server(model(), tok(), sc);
+  const int port = server.start();
+  EvalConfig ce = c;
+  ce.out = d.path() / "http";
+  const std::string url = fmt::format("http://127.0.0.1:{}/v1", port);
+  const EvalRunResult http = run_eval_endpoint(endpoint_config(url, 4), tok(), text(), ce);
+  EXPECT_EQ(http.cells_present, local.cells_present);
+  EXPECT_EQ(http.cells_present, http.cells_total);
+  const json sl = read_json(local.run_dir / "summary.json"), sh = read_json(http.run_dir / "summary.json");
+  const auto cl = cells_by_key(sl), ch = cells_by_key(sh);
+  ASSERT_EQ(cl.size(), ch.size());
+  ASSERT_EQ(cl.size(), 2u * 2 * 2 + 2u);
+  for (const auto& [k, a] : cl) {
+    const json& b = ch.at(k);
+    EXPECT_EQ(a["status"], "ok") << k;  // L = 192 = max_model_len fits (max_tokens 0)
+    EXPECT_EQ(a["status"], b["status"]) << k;
+    EXPECT_EQ(a["n"], 4) << k;
+    EXPECT_EQ(a["n"], b["n"]) << k;
+    EXPECT_EQ(a["metrics"], b["metrics"]) << k;
+  }
+  EXPECT_EQ(sl["effective_context"], sh["effective_context"]);
+  EXPECT_EQ(sl["chance"], sh["chance"]);
+  const auto pl = samples_by_key(local.run_dir), ph = samples_by_key(http.run_dir);
+  ASSERT_EQ(pl.size(), ph.size());
+  ASSERT_EQ(pl.size(), 4u * 10);
+  double max_lp_diff = 0;
+  std::size_t lp_values = 0, lp_identical = 0;
+  for (const auto& [k, a] : pl) {
+    const json& b = ph.at(k);
+    EXPECT_EQ(a["prediction"], b["prediction"]) << k;
+    EXPECT_EQ(a["correct"], b["correct"]) << k;
+    EXPECT_EQ(a["prompt_hash"], b["prompt_hash"]) << k;
+    EXPECT_EQ(a.value("predicted_tokens", -1), b.value("predicted_tokens", -1)) << k;
+    if (a.contains("candidate_logprobs"))
+      for (std::size_t i = 0; i < a["candidate_logprobs"].size(); ++i) {
+        const double x = a["candidate_logprobs"][i].get<double>(), y = b["candidate_logprobs"][i].get<double>();
+        max_lp_diff = std::max(max_lp_diff, std::abs(x - y));
+        ++lp_values;
+        lp_identical += x == y;
+      }
+  }
+  EXPECT_GT(lp_values, 0u);
+  EXPECT_LT(max_lp_diff, 2e-4);
+  const json ql = read_json(local.run_dir / "ppl.json"), qh = read_json(http.run_dir / "ppl.json");
+  ASSERT_EQ(ql["results"].size(), 2u);
+  ASSERT_EQ(qh["results"].size(), 2u);
+  double max_nll_rel = 0;
+  for (std::size_t i = 0; i < 2; ++i) {
+    const json &a = ql["results"][i], &b = qh["results"][i];
+    EXPECT_EQ(a["context"], b["context"]);
+    EXPECT_EQ(a["tokens"], b["tokens"]);
+    EXPECT_EQ(a["windows"], b["windows"]);
+    ASSERT_EQ(a["buckets"].size(), b["buckets"].size());
+    auto rel = [](const json& x, const json& y) { return std::abs(x.get<double>() - y.get<double>()) / std::abs(x.get<double>()); };
+    max_nll_rel = std::max(max_nll_rel, rel(a["nll"], b["nll"]));
+    for (std::size_t k = 0; k < a["buckets"].size(); ++k) {
+      EXPECT_EQ(a["buckets"][k]["tokens"], b["buckets"][k]["tokens"]);
+      max_nll_rel = std::max(max_nll_rel, rel(a["buckets"][k]["nll"], b["buckets"][k]["nll"]));
+    }
+  }
+  EXPECT_LT(max_nll_rel, 1e-12);
+  std::printf("[ posenc serve ] candidate logprobs: %zu of %zu bit-identical, max |diff| %.3g nats; max relative ppl "
+              "NLL diff %.3g\n",
+              lp_identical, lp_values, max_lp_diff, max_nll_rel);
+  const json run = read_json(http.run_dir / "run.json");
+  ASSERT_EQ(run["endpoints"].size(), 1u);
+  EXPECT_EQ(run["endpoints"][0]["version"]["server"], "posenc");
+  EXPECT_EQ(run["endpoints"][0]["likelihood"], true);
+  EXPECT_EQ(run["endpoints"][0]["likelihood_request"], json({{"max_tokens", 0}, {"logprobs", 0}}));
+  EXPECT_EQ(run["endpoints"][0]["generation_logprobs"], 0);
+  EXPECT_NE(run["endpoints"][0]["prediction_rule"].get<std::string>().find("token ids"), std::string::npos);
+  EXPECT_EQ(run["endpoints"][0]["max_model_len"], 192);
+  // The echo requests of a sample's candidates reused the shared prompt's cached prefix.
+  const serve::ServerStats st = server.stats();
+  EXPECT_GT(st.prefix_cache_hits, 0);
+  EXPECT_LT(st.computed_prompt_tokens, st.prompt_tokens);
+  std::printf("[ posenc serve ] prompt tokens %lld, computed %lld (prefix cache hits %lld)\n",
+              static_cast<long long>(st.prompt_tokens), static_cast<long long>(st.computed_prompt_tokens),
+              static_cast<long long>(st.prefix_cache_hits));
+}
+
 TEST(EndpointLab, LengthsPastMaxModelLenDoNotFitAndShardsMerge) {
   TempDir d;
   FakeEndpoint srv(model(), tok());
   srv.max_model_len = 192;  // likelihood at 192 needs 193 tokens; generation at 192 fits
+  srv.echo_max_tokens_0 = false;  // the probe falls back to max_tokens 1
   srv.start();
   EvalConfig c = base_config(d.path() / "full");
   c.samples = 2;
@@ -278,9 +390,12 @@ TEST(EndpointLab, LengthsPastMaxModelLenDoNotFitAndShardsMerge) {
   const json ppl = read_json(full.run_dir / "ppl.json");
   EXPECT_EQ(ppl["results"][1]["status"], "does not fit");
   EXPECT_TRUE(ppl["results"][1]["nll"].is_null());
+  EXPECT_EQ(read_json(full.run_dir / "run.json")["endpoints"][0]["likelihood_request"],
+            json({{"max_tokens", 1}, {"logprobs", 0}}));
   // --shard 0/2 + 1/2 merged = the unsharded run (same run id, another port).
   FakeEndpoint srv2(model(), tok());
   srv2.max_model_len = 192;
+  srv2.echo_max_tokens_0 = false;
   srv2.start();
   std::vector<fs::path> shards;
   for (int i = 0; i < 2; ++i) {
@@ -430,6 +545,16 @@ TEST(EndpointLab, MalformedAnswersAreClearErrorsAndNothingIsWrittenForTheSample)
                      return std::nullopt;
                    },
                    "HTTP 500: CUDA out of memory", true});
+  // posenc serve's answer to an error found after it began a chunked 200: whitespace, then {"error": ...}.
+  cases.push_back({"error body on 200", "passkey",
+                   [](int64_t n, const json&, const std::string&) -> std::optional<FakeEndpoint::Fault> {
+                     if (n >= 3)
+                       return FakeEndpoint::Fault{
+                           200, R"(   {"error":{"code":500,"message":"the forward step failed: bad_alloc","param":null,"type":"server_error"}})",
+                           ""};
+                     return std::nullopt;
+                   },
+                   "HTTP 500 (an error body on HTTP 200): the forward step failed: bad_alloc", true});
   for (const auto& fc : cases) {
     SCOPED_TRACE(fc.name);
     TempDir d;

@@ -48,6 +48,7 @@ class FakeEndpoint {
   std::string name = "stories260K";
   int64_t max_model_len = 1024;
   bool likelihood = true;  ///< false: echo is refused with 400, as llama-server does
+  bool echo_max_tokens_0 = true;  ///< false: max_tokens 0 is refused with 400 (a server that always generates one)
   FaultFn fault;
   /// When > 0: after answering this many work requests the server stops (its
   /// listening socket closes: connection refused from then on).
@@ -98,6 +99,12 @@ class FakeEndpoint {
     if (echo && !likelihood) {
       res.status = 400;
       res.set_content(R"({"error":{"message":"'echo' is not supported","type":"invalid_request_error","code":400}})",
+                      "application/json");
+      return;
+    }
+    if (!echo_max_tokens_0 && b.value("max_tokens", 16) == 0) {
+      res.status = 400;
+      res.set_content(R"({"error":{"message":"max_tokens: must be at least 1","type":"invalid_request_error","code":400}})",
                       "application/json");
       return;
     }

@@ -28,6 +28,7 @@
 //    stop_token_ids), posenc does: where posenc stopped at BOS/EOS, the server's
 //    next id must be that token and its ids before it posenc's.
 #include <algorithm>
+#include <map>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -37,6 +38,7 @@
 
 #include "eval/logprob.hpp"
 #include "llama_server_support.hpp"
+#include "posenc/endpoint.hpp"
 #include "posenc/eval.hpp"
 #include "posenc/io.hpp"
 #include "posenc/model.hpp"
@@ -319,13 +321,102 @@ TEST_F(LlamaServer, EchoGivesNoPromptLogprobs) {
   EXPECT_EQ(r["choices"][0].at("text"), ",");
 }
 
-// PLACEHOLDER (the lead wires it once `posenc eval --endpoint` exists): run
-//   posenc eval --endpoint http://127.0.0.1:<port>/v1=llama-server --served-model stories260K
-//     --tokenizer <stories260K.gguf> --tasks <generation tasks + a likelihood task> --context 512,1024 --samples 2
-// against server_, then check: the generation cells ran (with the same predictions as the in-process
-// lab on the same GGUF: GreedyCompletionsEqualTheInProcessLab above is the per-request version),
-// the likelihood cells say "not supported by this endpoint" (never zeros), and run.json records
-// the endpoint, /props build_info and that stop_token_ids is ignored by this server.
+// `posenc eval --endpoint` (run_eval_endpoint, the CLI's library call) against llama-server vs the in-process lab
+// on the same GGUF and tokenizer: the generation cells equal cell for cell, every prediction equal (the client cuts
+// llama-server's answer at the first BOS/EOS id of logprobs.content[], which llama-server does not stop at, and
+// decodes the ids locally); the likelihood cells and the perplexity matrix are "not supported by this endpoint"
+// (llama-server answers echo with 200 and no prompt logprobs); run.json records build_info and the rules used.
 TEST_F(LlamaServer, EvalEndpointRunsAgainstLlamaServer) {
-  GTEST_SKIP() << "needs posenc eval --endpoint; the lead wires it";
+  test::TempDir d;
+  const std::string text = read_file(test::text_path());
+  EvalConfig c;
+  c.model_path = gguf_path().string();
+  c.tokenizer_path = gguf_path().string();
+  c.haystack_path = test::text_path().string();
+  c.tasks = {"passkey", "niah_single", "niah_multiquery", "name_recall"};
+  c.lengths = {512};
+  c.depths = {0.0, 0.5};
+  c.samples = 2;
+  c.ppl_tokens = 600;
+  c.out = d.path() / "local";
+  const EvalRunResult local = run_eval(gguf_model(), gguf_tok(), text, c);
+  EndpointEvalConfig e;
+  e.endpoints = {parse_endpoint_spec(fmt::format("http://127.0.0.1:{}/v1=llama-server", server_->port()))};
+  e.served_model = "stories260K";
+  e.options.concurrency = 1;  // -np 1: one slot
+  e.options.retries = 1;
+  e.options.request_timeout = 60;
+  e.trained_context = gguf_model().trained_context();  // the in-process buckets' anchor
+  EvalConfig ce = c;
+  ce.out = d.path() / "http";
+  const EvalRunResult http = run_eval_endpoint(e, gguf_tok(), text, ce);
+  const json sl = json::parse(read_file(local.run_dir / "summary.json"));
+  const json sh = json::parse(read_file(http.run_dir / "summary.json"));
+  std::map<std::string, json> cl, ch;
+  for (const auto& x : sl["cells"]) cl[fmt::format("{}|{}|{}|{}", x["task"].get<std::string>(), x["control"].get<std::string>(), x["length"].get<int64_t>(), x["depth"].dump())] = x;
+  for (const auto& x : sh["cells"]) ch[fmt::format("{}|{}|{}|{}", x["task"].get<std::string>(), x["control"].get<std::string>(), x["length"].get<int64_t>(), x["depth"].dump())] = x;
+  ASSERT_EQ(cl.size(), ch.size());
+  std::size_t generation_cells = 0, unsupported = 0;
+  for (const auto& [k, a] : cl) {
+    const json& b = ch.at(k);
+    if (a["task"] == "name_recall") {
+      EXPECT_EQ(b["status"], "not supported by this endpoint") << k;
+      EXPECT_EQ(b["n"], 0) << k;  // never zeros counted as results
+      ++unsupported;
+    } else {
+      EXPECT_EQ(a["status"], "ok") << k;
+      EXPECT_EQ(b["status"], "ok") << k;
+      EXPECT_EQ(a["n"], b["n"]) << k;
+      EXPECT_EQ(a["metrics"], b["metrics"]) << k;
+      ++generation_cells;
+    }
+  }
+  EXPECT_EQ(generation_cells, 3u * 2);
+  EXPECT_GE(unsupported, 2u);
+  // Every generation sample's prediction and token count equal.
+  auto rows = [](const fs::path& dir) {
+    std::map<std::string, json> m;
+    const std::string all = read_file(dir / "samples.jsonl");
+    std::size_t pos = 0;
+    while (pos < all.size()) {
+      const std::size_t nl = all.find('\n', pos);
+      const json r = json::parse(all.substr(pos, nl - pos));
+      pos = nl + 1;
+      if (r.contains("candidate_logprobs")) continue;
+      m[fmt::format("{}|{}|{}|{}", r["task"].get<std::string>(), r["length"].get<int64_t>(), r["depth"].dump(),
+                    r["index"].get<int64_t>())] = r;
+    }
+    return m;
+  };
+  const auto rl = rows(local.run_dir), rh = rows(http.run_dir);
+  ASSERT_EQ(rl.size(), rh.size());
+  EXPECT_EQ(rl.size(), 3u * 2 * 2);
+  std::size_t cut_before_budget = 0;
+  for (const auto& [k, a] : rl) {
+    const json& b = rh.at(k);
+    EXPECT_EQ(a["prediction"], b["prediction"]) << k;
+    EXPECT_EQ(a["predicted_tokens"], b["predicted_tokens"]) << k;
+    EXPECT_EQ(a["correct"], b["correct"]) << k;
+    cut_before_budget += a["predicted_tokens"].get<int64_t>() < 8;
+  }
+  const json qh = json::parse(read_file(http.run_dir / "ppl.json"));
+  ASSERT_EQ(qh["results"].size(), 1u);
+  EXPECT_EQ(qh["results"][0]["status"], "not supported by this endpoint");
+  EXPECT_TRUE(qh["results"][0]["nll"].is_null());
+  const json run = json::parse(read_file(http.run_dir / "run.json"));
+  const json& ep = run["endpoints"][0];
+  EXPECT_EQ(ep["served_model"], "stories260K");
+  EXPECT_EQ(ep["likelihood"], false);
+  EXPECT_NE(ep["likelihood_note"].get<std::string>().find("echo ignored"), std::string::npos) << ep["likelihood_note"];
+  EXPECT_EQ(ep["max_model_len"], kServerContext);
+  EXPECT_EQ(ep["max_model_len_source"], "/v1/models meta.n_ctx");
+  EXPECT_EQ(ep["generation_logprobs"], 1);  // llama-server's logprobs 0 is null: no ids
+  EXPECT_NE(ep["prediction_rule"].get<std::string>().find("token ids"), std::string::npos);
+  ASSERT_TRUE(ep["build_info"].is_string());
+  EXPECT_NE(ep["build_info"].get<std::string>().find(std::string(test::kLlamaCppCommit).substr(0, 7)), std::string::npos)
+      << ep["build_info"];
+  EXPECT_NE(ep["tokenize_check"].get<std::string>().find("matched"), std::string::npos) << ep["tokenize_check"];
+  std::printf("[ llama-server ] %zu generation cells and %zu predictions equal the in-process lab (%zu of them "
+              "with fewer than 8 predicted tokens); build_info %s\n",
+              generation_cells, rl.size(), cut_before_budget, ep["build_info"].get<std::string>().c_str());
 }

@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "serve/scheduler.hpp"
@@ -247,12 +248,47 @@ TEST(Serve, PrefixReuseHappensAndDoesNotChangeResults) {
   // The metrics say so too.
   auto m = get(c, "/metrics");
   EXPECT_EQ(metric(m.raw, "posenc_prefix_cache_hits_total"), 2);
-  // Prompt logprobs (echo) need every prompt row: computed in full, and still exact.
+  // Prompt logprobs (echo) need every prompt row: the cached sequences kept none (they were no echo requests),
+  // so this one is computed in full, and still exact.
   const auto hits = s.server->stats().prefix_cache_hits;
   auto re = post(c, "/v1/completions", greedy(b, 4, 2, true));
   ASSERT_EQ(re.status, 200);
   EXPECT_EQ(s.server->stats().prefix_cache_hits, hits);
   expect_equal(re.body, b, reference(b, 4, 2), true, 2, "b echo");
+  // Its rows are kept with the cached sequence: an echo request sharing b's first tokens (the forced-choice
+  // pattern: one request per candidate after the same prompt) reuses them up to one token before the first
+  // difference (that token's row is recomputed: it scores the new token), bit for bit equal to a full forward.
+  std::vector<int32_t> b2(b.begin(), b.end() - 5);
+  const auto tail_c = text_prompt(700, 6);
+  b2.insert(b2.end(), tail_c.begin() + 1, tail_c.end());
+  const std::size_t common = b.size() - 5;
+  {
+    const auto st0 = s.server->stats();
+    auto r2 = post(c, "/v1/completions", greedy(b2, 3, 2, true));
+    ASSERT_EQ(r2.status, 200);
+    const auto st1 = s.server->stats();
+    EXPECT_EQ(st1.prefix_cache_hits, st0.prefix_cache_hits + 1);
+    EXPECT_EQ(st1.computed_prompt_tokens - st0.computed_prompt_tokens, static_cast<int64_t>(b2.size() - (common - 1)));
+    expect_equal(r2.body, b2, reference(b2, 3, 2), true, 2, "b2 echo from b's rows");
+  }
+  {
+    // The same prompt with fewer alternatives (logprobs 0): all but the last prompt token from b2's own rows.
+    const auto st0 = s.server->stats();
+    auto r2 = post(c, "/v1/completions", greedy(b2, 3, 0, true));
+    ASSERT_EQ(r2.status, 200);
+    const auto st1 = s.server->stats();
+    EXPECT_EQ(st1.prefix_cache_hits, st0.prefix_cache_hits + 1);
+    EXPECT_EQ(st1.computed_prompt_tokens - st0.computed_prompt_tokens, 1);
+    expect_equal(r2.body, b2, reference(b2, 3, 0), true, 0, "b2 echo again, logprobs 0");
+  }
+  // More alternatives than the cached rows hold: no reuse, computed in full, exact.
+  std::vector<int32_t> b3(b.begin(), b.end() - 3);
+  b3.push_back(tail_c[2]);
+  const auto st0 = s.server->stats();
+  auto r3 = post(c, "/v1/completions", greedy(b3, 2, 4, true));
+  ASSERT_EQ(r3.status, 200);
+  EXPECT_EQ(s.server->stats().computed_prompt_tokens - st0.computed_prompt_tokens, static_cast<int64_t>(b3.size()));
+  expect_equal(r3.body, b3, reference(b3, 2, 4), true, 4, "b3 echo with k 4 (cached rows hold 2)");
 }
 
 TEST(Serve, SeededSamplingIsReproducibleWhateverTheBatch) {

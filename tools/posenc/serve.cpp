@@ -143,8 +143,15 @@ void add_serve_command(CLI::App& app) {
   cmd->add_option("--max-request-bytes", c.max_request_bytes, "largest request body accepted in bytes (a longer one is a 413)")
       ->check(int_in(1024, int64_t{1} << 32))
       ->capture_default_str();
-  cmd->add_option("--threads", c.threads, "OpenMP threads of the forward steps (default: all cores)")
-      ->check(int_in(1, 4096));
+  // Default 1, as `posenc train`'s: with OpenMP's default spin-waiting, 2 threads on this 2-core machine made every
+  // request of stories260K take ~190 ms instead of 3-12 ms whenever another process used the cores (measured with
+  // 128- and 512-token echo requests; OMP_WAIT_POLICY=passive or 1 thread: 3-12 ms).
+  c.threads = 1;
+  cmd->add_option("--threads", c.threads,
+                  "OpenMP threads of the forward steps; more pay off for larger models, with OMP_WAIT_POLICY=passive "
+                  "when other processes share the cores (spin-waiting threads then stall every step)")
+      ->check(int_in(1, 4096))
+      ->capture_default_str();
   cmd->add_option("--http-threads", c.http_threads,
                   "most HTTP connection threads, started on demand (default: max(1024, max-batch + max-queue + 8); "
                   "each open connection holds one)")
