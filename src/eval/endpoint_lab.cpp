@@ -446,6 +446,13 @@ detail::EndpointLab::EndpointLab(const EndpointEvalConfig& config, const Tokeniz
   if (config.trained_context) {
     trained_ = *config.trained_context;
     trained_source_ = "--trained-context";
+  } else if (const json& e = impl_->infos.front().model_entry;
+             e.is_object() && e.contains("posenc") && e["posenc"].is_object() && e["posenc"].contains("trained_context") &&
+             e["posenc"]["trained_context"].is_number_integer() && e["posenc"]["trained_context"].get<int64_t>() > 0) {
+    // The server says what its model was trained with (posenc serve): lengths and buckets follow that, as they
+    // do in-process, not the context the server was started to allow.
+    trained_ = e["posenc"]["trained_context"].get<int64_t>();
+    trained_source_ = fmt::format("/v1/models posenc.trained_context of endpoint {}", impl_->infos.front().spec.label);
   } else if (impl_->infos.front().max_model_len) {
     trained_ = *impl_->infos.front().max_model_len;
     trained_source_ = fmt::format("max_model_len of endpoint {} ({})", impl_->infos.front().spec.label,
@@ -734,7 +741,14 @@ PplResult detail::EndpointLab::perplexity(const std::string& label, const fs::pa
     run_pool(info.spec.url, impl_->config.options, todo, compute, finished,
              fmt::format("perplexity {} L={}", label, options.context), static_cast<int64_t>(windows.size()));
   };
-  return evaluate_perplexity(stream, trained_, options, scorer);
+  PplResult r = evaluate_perplexity(stream, trained_, options, scorer);
+  // The factor the server reports having applied (posenc serve's /v1/models "posenc" entry); other servers do
+  // not say, and 1 stands for "none reported" as it does for an unscaled model in-process.
+  const json& e = info.model_entry;
+  if (e.is_object() && e.contains("posenc") && e["posenc"].is_object() && e["posenc"].contains("rope_factor") &&
+      e["posenc"]["rope_factor"].is_number())
+    r.factor = e["posenc"]["rope_factor"].get<double>();
+  return r;
 }
 
 // ---------------------------------------------------------------- run
