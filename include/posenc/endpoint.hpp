@@ -182,6 +182,7 @@ class EndpointClient {
   /// EndpointUnavailable when the retries run out (and counts a breaker
   /// failure), or at once when the breaker is already tripped.
   Reply post(const std::string& path, const nlohmann::json& body, const std::string& what, bool return_4xx = false);
+  CompletionResponse post_completion(const nlohmann::json& body, const std::string& where, const std::string& what);
 
   /// Likelihood request: the log-probabilities of prompt tokens 1..n-1 given
   /// the tokens before (nats; [n - 1]). `what` names the request in errors.

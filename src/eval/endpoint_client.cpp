@@ -328,20 +328,25 @@ EndpointClient::Reply EndpointClient::post(const std::string& path, const json& 
                                         where, attempts, last));
 }
 
-std::vector<double> EndpointClient::prompt_logprobs(std::span<const int32_t> prompt, const std::string& served_model,
-                                                    const std::string& what, int max_tokens, int logprobs) {
-  const json body{{"model", served_model}, {"prompt", prompt},         {"max_tokens", max_tokens},
-                  {"temperature", 0},      {"logprobs", logprobs},     {"echo", true}};
-  const std::string where = fmt::format("endpoint {}: POST /v1/completions ({}, {} prompt tokens)", url_, what, prompt.size());
-  const Reply r = post("/v1/completions", body, fmt::format("{}, {} prompt tokens", what, prompt.size()));
-  CompletionResponse c;
+// POST /v1/completions under the retry rules, its answer parsed; a malformed answer is an EndpointProtocolError
+// naming `where` (the endpoint and the request).
+CompletionResponse EndpointClient::post_completion(const json& body, const std::string& where, const std::string& what) {
+  const Reply r = post("/v1/completions", body, what);
   try {
-    c = parse_completion_response(r.body, where);
+    return parse_completion_response(r.body, where);
   } catch (const EndpointProtocolError&) {
     throw;
   } catch (const DataError& e) {
     throw EndpointProtocolError(e.what());
   }
+}
+
+std::vector<double> EndpointClient::prompt_logprobs(std::span<const int32_t> prompt, const std::string& served_model,
+                                                    const std::string& what, int max_tokens, int logprobs) {
+  const json body{{"model", served_model}, {"prompt", prompt},         {"max_tokens", max_tokens},
+                  {"temperature", 0},      {"logprobs", logprobs},     {"echo", true}};
+  const std::string where = fmt::format("endpoint {}: POST /v1/completions ({}, {} prompt tokens)", url_, what, prompt.size());
+  CompletionResponse c = post_completion(body, where, fmt::format("{}, {} prompt tokens", what, prompt.size()));
   const std::size_t n = prompt.size();
   if (!c.has_logprobs)
     throw EndpointProtocolError(fmt::format("{}: choices[0].logprobs is missing or null (echo with logprobs asked)", where));
@@ -383,15 +388,7 @@ EndpointClient::Generation EndpointClient::generate(std::span<const int32_t> pro
                   {"logprobs", logprobs ? json(*logprobs) : json(nullptr)},
                   {"stop_token_ids", stop_ids}};
   const std::string where = fmt::format("endpoint {}: POST /v1/completions ({}, {} prompt tokens)", url_, what, prompt.size());
-  const Reply r = post("/v1/completions", body, fmt::format("{}, {} prompt tokens", what, prompt.size()));
-  CompletionResponse c;
-  try {
-    c = parse_completion_response(r.body, where);
-  } catch (const EndpointProtocolError&) {
-    throw;
-  } catch (const DataError& e) {
-    throw EndpointProtocolError(e.what());
-  }
+  CompletionResponse c = post_completion(body, where, fmt::format("{}, {} prompt tokens", what, prompt.size()));
   if (c.completion_tokens && *c.completion_tokens > max_tokens + 1)
     throw EndpointProtocolError(
         fmt::format("{}: usage.completion_tokens is {}, more than the {} asked", where, *c.completion_tokens, max_tokens));

@@ -34,6 +34,17 @@ using detail::TokenLogprob;
 
 namespace {
 
+// A /tokenize or /detokenize body: at most `max_bytes` (413 past it, naming the limit) and a JSON object (400).
+json object_body(const std::string& body, std::size_t max_bytes) {
+  if (body.size() > max_bytes)
+    throw RequestError(413, "invalid_request_error", "",
+                       fmt::format("request body: {} bytes exceed the limit of {} bytes (max_request_bytes)",
+                                   body.size(), max_bytes));
+  json j = json::parse(body, nullptr, false);
+  if (!j.is_object()) throw RequestError(400, "invalid_request_error", "", "request body: must be a JSON object");
+  return j;
+}
+
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 json error_body(int status, const std::string& type, const std::string& param, const std::string& message) {
@@ -525,12 +536,7 @@ void Server::Impl::setup_routes() {
   http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) { completions(req, res); });
   http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     try {
-      if (req.body.size() > cfg.max_request_bytes)
-        throw RequestError(413, "invalid_request_error", "",
-                           fmt::format("request body: {} bytes exceed the limit of {} bytes (max_request_bytes)",
-                                       req.body.size(), cfg.max_request_bytes));
-      const json j = json::parse(req.body, nullptr, false);
-      if (!j.is_object()) throw RequestError(400, "invalid_request_error", "", "request body: must be a JSON object");
+      const json j = object_body(req.body, cfg.max_request_bytes);
       std::optional<std::string> text;
       bool add_special = true;
       bool llama_spelling = false;
@@ -569,12 +575,7 @@ void Server::Impl::setup_routes() {
   });
   http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
     try {
-      if (req.body.size() > cfg.max_request_bytes)
-        throw RequestError(413, "invalid_request_error", "",
-                           fmt::format("request body: {} bytes exceed the limit of {} bytes (max_request_bytes)",
-                                       req.body.size(), cfg.max_request_bytes));
-      const json j = json::parse(req.body, nullptr, false);
-      if (!j.is_object()) throw RequestError(400, "invalid_request_error", "", "request body: must be a JSON object");
+      const json j = object_body(req.body, cfg.max_request_bytes);
       std::optional<std::vector<int32_t>> ids;
       for (auto it = j.begin(); it != j.end(); ++it) {
         const std::string& k = it.key();

@@ -219,7 +219,10 @@ TEST(EndpointCli, AKilledPosencServeMidSweepResumesToTheUninterruptedRun) {
   const fs::path ref_dir = resolve_run_dir(ref_out);
   std::size_t killed_at_lines = 0, killed_at_cells = 0;
   {
+    // A server slowed to 20 ms per step (test-only hook), so that the sweep is still sending when it is killed.
+    ::setenv("POSENC_SERVE_TEST_STEP_DELAY_MS", "20", 1);
     ServeProcess s(serve_args());
+    ::unsetenv("POSENC_SERVE_TEST_STEP_DELAY_MS");
     const int port = s.wait_port(60);
     ASSERT_GT(port, 0) << s.err();
     CliProcess e(eval_args(port, out));

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 #include <fmt/format.h>
@@ -53,6 +54,9 @@ void run_serve(ServeArgs& a) {
                                   a.model.model_path, to_string(model.family()), a.rope_scaling));
   serve::ServeConfig cfg = a.config;
   cfg.read_timeout = std::chrono::milliseconds(static_cast<int64_t>(std::llround(a.read_timeout_s * 1000)));
+  // TEST-ONLY: POSENC_SERVE_TEST_STEP_DELAY_MS=n pauses n ms after each scheduler step, so the kill/resume test can
+  // kill a server in the middle of a sweep however fast the machine is. Unset in normal use.
+  if (const char* e = std::getenv("POSENC_SERVE_TEST_STEP_DELAY_MS")) cfg.step_delay = std::chrono::milliseconds(std::strtol(e, nullptr, 10));
   const int64_t L = cfg.max_model_len > 0 ? cfg.max_model_len : model.trained_context();
   if (model.family() == PositionFamily::rope)
     model.set_rope(rope_setup_for_context(model.rope(), model.trained_context(), a.rope_scaling, L, a.rope_factor));
