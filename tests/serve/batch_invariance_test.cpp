@@ -10,6 +10,7 @@
 //  (d) token-by-token decode, each step batched with other sequences' work,
 //  (e) chunked prefill (chunks of 7), and LogitsMode::last rows.
 // Every comparison is bit for bit (memcmp of the float32 rows).
+#include <ostream>
 #include <cstring>
 #include <vector>
 
@@ -29,6 +30,9 @@ struct Case {
   fs::path path;
   LoadOptions options;
 };
+
+// gtest prints a parameter in test listings (and so in ctest's names): the model, not the struct's bytes.
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 std::vector<Case> cases() {
   const fs::path m = posenc::test::shared_dir() / "models";
