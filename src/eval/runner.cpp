@@ -561,6 +561,22 @@ void remove_run_temporaries(const fs::path& run_dir) {
       warn(fmt::format("{}: removed a stale temporary file (a killed run)", p.string()));
 }
 
+// What both run ids hash of the run's axes (the haystack's contents, tasks, lengths, depths, samples, controls,
+// seed, choices, perplexity tokens); a JSON object's keys are sorted, so the order of insertion does not matter.
+void add_run_axes(json& a, const EvalConfig& c) {
+  a["haystack"] = c.haystack_path.empty() ? std::string("none") : file_hash(c.haystack_path);
+  a["tasks"] = c.tasks;
+  a["lengths"] = c.lengths;
+  a["depths"] = c.depths;
+  a["samples"] = c.samples;
+  std::vector<std::string> ctl;
+  for (auto x : c.controls) ctl.emplace_back(to_string(x));
+  a["controls"] = ctl;
+  a["seed"] = c.seed;
+  a["choices"] = c.choices;
+  a["ppl_tokens"] = c.ppl_tokens;
+}
+
 // TEST-ONLY: POSENC_EVAL_TEST_GROUP_DELAY_MS=n sleeps n ms after each
 // persisted group, so the resume test can kill a run between groups however
 // fast the machine is. Unset in normal use.
@@ -690,19 +706,9 @@ std::string eval_run_id(const EvalConfig& c, const Model& model) {
   // An empty tokenizer path means the vocabulary embedded in the model file
   // (hashed with it); an empty haystack path, no haystack (validated above).
   a["tokenizer"] = c.tokenizer_path.empty() ? std::string("embedded") : file_hash(c.tokenizer_path);
-  a["haystack"] = c.haystack_path.empty() ? std::string("none") : file_hash(c.haystack_path);
-  a["tasks"] = c.tasks;
-  a["lengths"] = c.lengths;
-  a["depths"] = c.depths;
-  a["samples"] = c.samples;
+  add_run_axes(a, c);
   a["rope_scalings"] = c.rope_scalings;
   a["rope_factor"] = c.rope_factor ? json(*c.rope_factor) : json(nullptr);
-  std::vector<std::string> ctl;
-  for (auto x : c.controls) ctl.emplace_back(to_string(x));
-  a["controls"] = ctl;
-  a["seed"] = c.seed;
-  a["choices"] = c.choices;
-  a["ppl_tokens"] = c.ppl_tokens;
   a["rope_layout"] = std::string(to_string(model.rope().layout));
   a["angle_precision"] = std::string(to_string(model.rope().precision));
   a["rope_theta"] = model.rope().params.rope_theta;
@@ -1125,18 +1131,8 @@ std::string endpoint_run_id(const EvalConfig& c, const json& endpoints) {
   a["generator_version"] = kTaskGeneratorVersion;
   a["endpoints"] = endpoints;
   a["tokenizer"] = file_hash(c.tokenizer_path);
-  a["haystack"] = c.haystack_path.empty() ? std::string("none") : file_hash(c.haystack_path);
-  a["tasks"] = c.tasks;
-  a["lengths"] = c.lengths;
-  a["depths"] = c.depths;
-  a["samples"] = c.samples;
+  add_run_axes(a, c);
   a["labels"] = c.rope_scalings;
-  std::vector<std::string> ctl;
-  for (auto x : c.controls) ctl.emplace_back(to_string(x));
-  a["controls"] = ctl;
-  a["seed"] = c.seed;
-  a["choices"] = c.choices;
-  a["ppl_tokens"] = c.ppl_tokens;
   return hex16(hash_bytes(a.dump()));
 }
 
