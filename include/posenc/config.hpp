@@ -40,6 +40,24 @@
 //    (tensor2tensor), XLM/DistilBERT when their sinusoidal flag is set
 //    (interleaved).
 //  - Sliding window: see SlidingWindowSpec.
+//  - Nested `text_config` (mllama, Gemma-3, Llama-4, Qwen2.5-VL re-saved by
+//    transformers >= 4.53): every key of text_config that the top level lacks
+//    (absent or null) is read as if it were at the top level; a note names the
+//    keys so read. A key present in both keeps the top-level value (a note says
+//    when the two differ). Messages name such a key "text_config.<key>".
+//  - GLM (HF Glm/Glm4: partial_rotary_factor default 0.5, pairs (2i, 2i+1) on the
+//    first rotary_dim channels, modeling_glm.apply_rotary_pos_emb) and ChatGLM2/3 /
+//    GLM-4 remote code (model_type chatglm: RotaryEmbedding(kv_channels // 2) with
+//    base 10000 * rope_ratio, apply_rotary_pos_emb on x[..., :rot_dim] reshaped to
+//    pairs): interleaved layout, rotary_dim = head_dim / 2 (64 of 128).
+//  - Aliases as Hugging Face's config classes accept them: `su` (and `yarn`) →
+//    longrope for Phi-3 / Phi-4-multimodal (Phi3Config.convert_rope_params_to_dict),
+//    `type: mrope` → default RoPE with mrope_section for the Qwen2-VL family
+//    (Qwen2VLConfig); on any other known architecture they are ConfigErrors.
+//  - Positional keys the architecture does not read (rope_scaling on BLOOM or
+//    GPT-2, BLOOM's offset_alibi, sliding_window on Llama, ...) are listed in
+//    PositionalSpec::ignored_keys with a note saying why; they are not errors
+//    (the HF config classes accept and ignore them).
 // No config field says "NoPE"; PositionFamily::nope exists for callers that
 // build a spec by hand (CLI overrides); the parser never infers it.
 #pragma once
@@ -77,6 +95,9 @@ std::string_view to_string(AlibiConvention convention);
 struct AlibiSpec {
   AlibiConvention convention = AlibiConvention::bloom;
   double max_bias = 8.0;  ///< MPT's attn_config.alibi_bias_max; 8 for BLOOM/Falcon
+  /// Falcon (`alibi: true`): HF modeling_falcon.build_alibi_tensor casts the
+  /// slopes to bfloat16 before multiplying (falcon_alibi_slopes); BLOOM keeps float32.
+  bool bfloat16_slopes = false;
   bool operator==(const AlibiSpec&) const = default;
 };
 
@@ -165,7 +186,10 @@ struct PositionalSpec {
 
   SlidingWindowSpec sliding_window;
 
-  /// Keys inside rope_scaling/rope_parameters that were ignored (lenient mode).
+  /// Keys that do not shape this spec, as field paths ("rope_scaling",
+  /// "text_config.rope_theta", "rope_scaling.finetuned"): keys inside
+  /// rope_scaling/rope_parameters ignored in lenient mode, and positional keys the
+  /// architecture ignores (each with a note "<key> ignored: <why>").
   std::vector<std::string> ignored_keys;
   /// Human-readable provenance of inferred values ("layout half: model_type
   /// llama uses rotate_half", "rope_theta absent: default 10000", ...).

@@ -40,11 +40,41 @@ const std::array kTable{
     ArchTraits{"olmo2", "Olmo2", K::rope, L::half, kRotateHalf, S::none, 0, {}},
     ArchTraits{"granite", "GraniteFor", K::rope, L::half, kRotateHalf, S::none, 0, {}},
     ArchTraits{"persimmon", "Persimmon", K::rope, L::half, kRotateHalf, S::none, 0, {}},
+    // Composite (vision + text) configs: positions come from text_config.
+    // mllama: MllamaTextSelfAttention applies Llama's rotate_half.
+    ArchTraits{"mllama", "Mllama", K::rope, L::half, kRotateHalf, S::none, 0, {}},
+    ArchTraits{"mllama_text_model", "MllamaForCausalLM", K::rope, L::half, kRotateHalf, S::none, 0, {}},
+    ArchTraits{"gemma3", "Gemma3ForConditionalGeneration", K::rope, L::half, kRotateHalf,
+               S::gemma3_pattern, 0, {}},
+    // gpt_oss: modeling_gpt_oss._apply_rotary_emb splits x with torch.chunk(x, 2) (halves).
+    ArchTraits{"gpt_oss", "GptOss", K::rope, L::half,
+               "_apply_rotary_emb: torch.chunk halves (channel i pairs with i + rotary_dim/2)", S::none, 0, {}},
+    // Phi-4-multimodal: remote modeling_phi4mm and HF phi4_multimodal use Phi-3's rotate_half.
+    ArchTraits{"phi4mm", "Phi4MM", K::rope, L::half, kRotateHalf, S::all_layers, 0, {}},
+    ArchTraits{"phi4_multimodal", "Phi4Multimodal", K::rope, L::half, kRotateHalf, S::all_layers, 0, {}},
     // RoPE, interleaved.
     ArchTraits{"gptj", "GPTJ", K::rope, L::interleaved, kInterleaved, S::none, 0, {}},
     ArchTraits{"codegen", "CodeGen", K::rope, L::interleaved, kInterleaved, S::none, 0, {}},
     ArchTraits{"cohere", "Cohere", K::rope, L::interleaved,
                "Cohere's rotate_half interleaves (channel 2i pairs with 2i+1)", S::none, 0, {}},
+    // Llama 4: apply_rotary_emb views (x[2i], x[2i+1]) as one complex number.
+    ArchTraits{"llama4", "Llama4", K::rope, L::interleaved,
+               "apply_rotary_emb: view_as_complex of channel pairs (2i, 2i+1)", S::none, 0, {}},
+    ArchTraits{"llama4_text", "Llama4ForCausalLM", K::rope, L::interleaved,
+               "apply_rotary_emb: view_as_complex of channel pairs (2i, 2i+1)", S::none, 0, {}},
+    // GLM-4 (HF Glm/Glm4): interleaved pairs on the first head_dim * 0.5 channels.
+    ArchTraits{"glm", "GlmFor", K::rope, L::interleaved,
+               "modeling_glm.apply_rotary_pos_emb: rotate_half on x[..., 0::2] / x[..., 1::2] of the first "
+               "rotary_dim channels",
+               S::none, 0, {}, 0.5},
+    ArchTraits{"glm4", "Glm4For", K::rope, L::interleaved,
+               "modeling_glm.apply_rotary_pos_emb (Glm4Attention = GlmAttention): interleaved pairs on the first "
+               "rotary_dim channels",
+               S::none, 0, {}, 0.5},
+    // ChatGLM2/3 and GLM-4 remote code (modeling_chatglm.py).
+    ArchTraits{"chatglm", "ChatGLM", K::chatglm, L::interleaved,
+               "modeling_chatglm.apply_rotary_pos_emb: x[..., :rot_dim] reshaped to (rot_dim/2, 2) pairs",
+               S::none, 0, {}},
     // DeepSeek MLA: layout resolved from rope_interleave in config.cpp.
     ArchTraits{"deepseek_v2", "DeepseekV2", K::rope_deepseek, L::interleaved,
                "apply_rotary_pos_emb_interleave: interleaved pairs in, half order out", S::none, 0,
@@ -55,6 +85,8 @@ const std::array kTable{
     // MRoPE.
     ArchTraits{"qwen2_vl", "Qwen2VL", K::mrope, L::half, kRotateHalf, S::qwen, 0, {}},
     ArchTraits{"qwen2_5_vl", "Qwen2_5_VL", K::mrope, L::half, kRotateHalf, S::qwen, 0, {}},
+    ArchTraits{"qwen2_vl_text", "Qwen2VLText", K::mrope, L::half, kRotateHalf, S::qwen, 0, {}},
+    ArchTraits{"qwen2_5_vl_text", "Qwen2_5_VLText", K::mrope, L::half, kRotateHalf, S::qwen, 0, {}},
     // Falcon: RoPE (rotate_half) unless alibi is set.
     ArchTraits{"falcon", "Falcon", K::falcon, L::half, kRotateHalf, S::none, 0, {}},
     // ALiBi.

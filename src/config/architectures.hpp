@@ -17,6 +17,7 @@ namespace posenc::detail {
 enum class ArchKind {
   rope,             ///< RoPE; layout from the row
   rope_deepseek,    ///< RoPE on qk_rope_head_dim, interleaved in / half out
+  chatglm,          ///< ChatGLM2/3, GLM-4 remote code: kv_channels / 2 rotary, base 10000 * rope_ratio
   mrope,            ///< Qwen2-VL family: default RoPE with three position rows
   falcon,           ///< RoPE (half) or, with `alibi: true`, ALiBi (BLOOM convention)
   alibi_bloom,      ///< BLOOM
@@ -46,6 +47,8 @@ struct ArchTraits {
   SlidingRule sliding;
   int position_offset;  ///< learned tables: row = position + offset
   std::optional<SinusoidalLayout> sinusoidal;
+  /// partial_rotary_factor when the config has none (HF GlmConfig: 0.5).
+  double default_partial_rotary_factor = 1.0;
 };
 
 /// The row for `model_type`, else the row whose arch_prefix is the longest

@@ -262,6 +262,14 @@ std::string read_rope_type(const Reader& r, const ScalingDict& sd) {
   return r.string(legacy ? *ty : *rt, Reader::path(sd.name, legacy ? "type" : "rope_type"));
 }
 
+/// Keys that say something about positions (for the top-level / text_config
+/// comparison).
+const std::set<std::string, std::less<>> kPositionalKeys{
+    "rope_scaling", "rope_parameters", "rope_theta", "rotary_emb_base", "rotary_pct", "partial_rotary_factor",
+    "rotary_dim", "head_dim", "hidden_size", "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+    "original_max_position_embeddings", "sliding_window", "use_sliding_window", "layer_types",
+    "sliding_window_pattern", "max_window_layers", "rope_local_base_freq"};
+
 // ---------------------------------------------------------------------------
 
 class Parser {
@@ -273,6 +281,7 @@ class Parser {
 
   PositionalSpec run() {
     if (!cfg_.is_object()) r_.fail("<top level>", "a config must be a JSON object", cfg_);
+    merge_text_config();
     if (const json* mt = get(cfg_, "model_type")) spec_.model_type = r_.string(*mt, "model_type");
     if (const json* archs = get(cfg_, "architectures")) {
       if (!archs->is_array()) r_.fail("architectures", "must be a list of class names", *archs);
@@ -280,8 +289,16 @@ class Parser {
     }
     read_common();
     arch_ = detail::find_architecture(spec_.model_type, spec_.architecture);
+    bool via_text_config = false;
+    if (arch_ == nullptr && !text_model_type_.empty()) {
+      arch_ = detail::find_architecture(text_model_type_, "");
+      via_text_config = arch_ != nullptr;
+      if (via_text_config)
+        note(fmt::format("rules of text_config.model_type '{}' (model_type '{}' is not in posenc's table)",
+                         text_model_type_, spec_.model_type));
+    }
     if (arch_ != nullptr) {
-      if (spec_.model_type.empty() || spec_.model_type != arch_->model_type)
+      if (!via_text_config && (spec_.model_type.empty() || spec_.model_type != arch_->model_type))
         note(fmt::format("rules of model_type '{}', matched from architectures[0] '{}' "
                          "(model_type '{}' is not in posenc's table)",
                          arch_->model_type, spec_.architecture, spec_.model_type));
@@ -290,11 +307,101 @@ class Parser {
       from_fields_only();
     }
     read_sliding_window();
+    report_ignored_keys();
     return std::move(spec_);
   }
 
  private:
   void note(std::string text) { spec_.notes.push_back(std::move(text)); }
+
+  /// The field path of a top-level key as the file spells it ("text_config.<key>"
+  /// when it was read from text_config).
+  std::string field(std::string_view key) const {
+    return from_text_config_.count(std::string(key)) ? fmt::format("text_config.{}", key) : std::string(key);
+  }
+
+  /// Composite (vision + text) configs keep the decoder's keys under
+  /// text_config (HF MllamaConfig, Gemma3Config, Llama4Config, Qwen2_5_VLConfig
+  /// build their text model from config.text_config). Keys the top level lacks
+  /// are read from there; a key in both keeps the top-level value.
+  void merge_text_config() {
+    const json* tc = get(cfg_, "text_config");
+    if (tc == nullptr) return;
+    if (!tc->is_object()) r_.fail("text_config", "must be an object or null", *tc);
+    std::vector<std::string> read, differ;
+    for (auto it = tc->begin(); it != tc->end(); ++it) {
+      if (it->is_null()) continue;
+      const std::string& k = it.key();
+      if (k == "model_type" || k == "architectures") continue;  // the composite's own names stay
+      const json* top = get(cfg_, k);
+      if (top == nullptr) {
+        cfg_[k] = *it;
+        from_text_config_.insert(k);
+        read.push_back(k);
+      } else if (*top != *it && kPositionalKeys.count(k)) {
+        differ.push_back(fmt::format("{} (top level {}, text_config {})", k, Reader::show(*top), Reader::show(*it)));
+      }
+    }
+    if (const json* mt = get(*tc, "model_type"); mt && mt->is_string()) text_model_type_ = mt->get<std::string>();
+    if (!read.empty()) {
+      std::vector<std::string> positional;
+      for (const auto& k : read)
+        if (kPositionalKeys.count(k) || k == "num_hidden_layers" || k == "no_rope_layers" || k == "kv_channels")
+          positional.push_back(k);
+      note(fmt::format("read from text_config (the top level lacks them): {}{}", fmt::join(positional, ", "),
+                       read.size() > positional.size()
+                           ? fmt::format("{}and {} other keys", positional.empty() ? "" : ", ",
+                                         read.size() - positional.size())
+                           : std::string()));
+    }
+    if (!differ.empty())
+      note(fmt::format("top level and text_config differ, top level used: {}", fmt::join(differ, "; ")));
+  }
+
+  /// Marks a positional key the architecture does not read: listed in
+  /// ignored_keys, with a note saying why (HF's config classes accept it too).
+  void ignore(std::string_view key, std::string_view why) {
+    std::string f = field(key);
+    if (std::find(spec_.ignored_keys.begin(), spec_.ignored_keys.end(), f) != spec_.ignored_keys.end()) return;
+    note(fmt::format("{} ignored: {}", f, why));
+    spec_.ignored_keys.push_back(std::move(f));
+  }
+
+  /// Every positional key present that the resolved family does not read.
+  void report_ignored_keys() {
+    const std::string who = arch_ ? fmt::format("model_type '{}'", arch_->model_type) : std::string("this config");
+    const PositionFamily fam = spec_.family;
+    const bool rope_family = fam == PositionFamily::rope || fam == PositionFamily::mrope;
+    if (!rope_family) {
+      for (std::string_view k : {"rope_scaling", "rope_parameters", "rope_theta", "rotary_emb_base", "rotary_pct",
+                                 "partial_rotary_factor", "rotary_dim", "original_max_position_embeddings",
+                                 "rope_ratio", "rope_local_base_freq"})
+        if (get(cfg_, k))
+          ignore(k, fmt::format("{} uses {} positions, no RoPE", who, to_string(fam)));
+    }
+    if (fam != PositionFamily::alibi) {
+      if (const json* a = get(cfg_, "alibi"); a && a->is_boolean() && a->get<bool>())
+        ignore("alibi", fmt::format("{} has no ALiBi (its positions are {})", who, to_string(fam)));
+    }
+    if (fam != PositionFamily::t5_bias)
+      for (std::string_view k : {"relative_attention_num_buckets", "relative_attention_max_distance"})
+        if (get(cfg_, k)) ignore(k, fmt::format("{} has no T5 relative buckets", who));
+    if (arch_ && arch_->kind == detail::ArchKind::alibi_bloom && get(cfg_, "offset_alibi"))
+      ignore("offset_alibi", "BloomConfig has no such parameter; build_alibi_tensor anchors slopes at key index 0");
+    if (fam == PositionFamily::alibi && arch_ && arch_->kind == detail::ArchKind::mpt && get(cfg_, "learned_pos_emb"))
+      ignore("learned_pos_emb", "MPT builds no position table when attn_config.alibi is on");
+    if (fam == PositionFamily::t5_bias)
+      for (std::string_view k : {"n_positions", "max_position_embeddings"})
+        if (get(cfg_, k)) ignore(k, "T5 relative buckets have no position table (informational only)");
+    if (arch_ && arch_->kind == detail::ArchKind::chatglm)
+      for (std::string_view k : {"rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor"})
+        if (get(cfg_, k))
+          ignore(k, "modeling_chatglm rotates kv_channels // 2 channels with base 10000 * rope_ratio and reads no "
+                    "other RoPE field");
+    if (arch_ && arch_->sliding == detail::SlidingRule::none && !get(cfg_, "layer_types") &&
+        spec_.sliding_window.size)
+      ignore("sliding_window", fmt::format("{} has no sliding-window attention", who));
+  }
 
   // heads / hidden size / layers / max positions under their various names.
   void read_common() {
@@ -337,11 +444,28 @@ class Parser {
       case ArchKind::mrope:
         read_rope();
         break;
+      case ArchKind::chatglm: {
+        // ChatGLMConfig: seq_length (default 2048) is the context; with
+        // multi_query_attention, multi_query_group_num key/value heads.
+        if (!spec_.max_position_embeddings)
+          if (const json* v = get(cfg_, "seq_length"))
+            spec_.max_position_embeddings = r_.positive_int64(*v, field("seq_length"), kMaxPositions);
+        const json* mqa = get(cfg_, "multi_query_attention");
+        if (mqa && r_.boolean(*mqa, field("multi_query_attention")))
+          if (const json* g = get(cfg_, "multi_query_group_num")) {
+            spec_.num_key_value_heads = r_.positive_int(*g, field("multi_query_group_num"), kMaxHeads);
+            note(fmt::format("multi_query_attention: true → num_key_value_heads = multi_query_group_num {}",
+                             spec_.num_key_value_heads));
+          }
+        read_rope();
+        break;
+      }
       case ArchKind::falcon: {
         const json* alibi = get(cfg_, "alibi");
         if (alibi && r_.boolean(*alibi, "alibi")) {
-          read_alibi(AlibiSpec{AlibiConvention::bloom, 8.0},
-                     "alibi: true → ALiBi, BLOOM slope convention, max_bias 8");
+          read_alibi(AlibiSpec{AlibiConvention::bloom, 8.0, true},
+                     "alibi: true → ALiBi, BLOOM slope convention, max_bias 8, slopes rounded to bfloat16 "
+                     "(modeling_falcon.build_alibi_tensor casts them with .bfloat16())");
         } else {
           if (!spec_.max_position_embeddings) {
             spec_.max_position_embeddings = 2048;
@@ -436,8 +560,13 @@ class Parser {
                                                                      : PositionFamily::rope;
     const ScalingDict sd = find_scaling_dict(r_, cfg_);
 
+    const bool chatglm = arch_ && arch_->kind == detail::ArchKind::chatglm;
     // head_dim
-    if (deepseek) {
+    if (chatglm && get(cfg_, "kv_channels")) {
+      // modeling_chatglm: rotary_dim = kv_channels (else hidden_size // num_attention_heads).
+      p.head_dim = r_.positive_int(*get(cfg_, "kv_channels"), field("kv_channels"), kMaxHeadDim);
+      note(fmt::format("head_dim {}: kv_channels (ChatGLM)", p.head_dim));
+    } else if (deepseek) {
       const json* v = get(cfg_, "qk_rope_head_dim");
       if (!v) r_.fail("qk_rope_head_dim", "required field missing for DeepSeek MLA");
       p.head_dim = r_.positive_int(*v, "qk_rope_head_dim", kMaxHeadDim);
@@ -481,7 +610,14 @@ class Parser {
       r_.fail(sd.name + ".rope_theta",
               fmt::format("disagrees with top-level rope_theta {}", Reader::show(*theta_top)),
               *theta_in);
-    if (theta_in) {
+    if (chatglm) {
+      // RotaryEmbedding.forward_impl: base = 10000 * rope_ratio (ChatGLMConfig rope_ratio default 1).
+      double ratio = 1.0;
+      if (const json* rr = get(cfg_, "rope_ratio")) ratio = r_.positive(*rr, field("rope_ratio"));
+      p.rope_theta = 10000.0 * ratio;
+      note(fmt::format("rope_theta {}: 10000 × rope_ratio {} (modeling_chatglm RotaryEmbedding)", p.rope_theta,
+                       ratio));
+    } else if (theta_in) {
       p.rope_theta = r_.positive(*theta_in, sd.name + ".rope_theta");
     } else if (theta_top) {
       p.rope_theta = r_.positive(*theta_top, "rope_theta");
@@ -497,7 +633,15 @@ class Parser {
     const bool proportional = sd.dict && read_rope_type(r_, sd) == "proportional";
     const json* prf_in = sd.dict ? get(*sd.dict, "partial_rotary_factor") : nullptr;
     std::string which;
-    if (const json* rd = get(cfg_, "rotary_dim")) {
+    if (chatglm) {
+      // RotaryEmbedding(rotary_dim // 2): rotates the first half of each head.
+      p.rotary_dim = p.head_dim / 2;
+      if (p.rotary_dim < 2 || p.rotary_dim % 2 != 0)
+        r_.fail_value(field("kv_channels"), "ChatGLM rotates kv_channels / 2 channels, which must be even and >= 2",
+                      p.head_dim);
+      note(fmt::format("rotary_dim {} of head_dim {}: ChatGLM's RotaryEmbedding(kv_channels // 2)", p.rotary_dim,
+                       p.head_dim));
+    } else if (const json* rd = get(cfg_, "rotary_dim")) {
       p.rotary_dim = r_.positive_int(*rd, "rotary_dim", kMaxHeadDim);
     } else if (const json* f = prf_in ? prf_in
                                       : get_any(cfg_, {"partial_rotary_factor", "rotary_pct"},
@@ -516,6 +660,11 @@ class Parser {
                                     p.head_dim, frac, p.rotary_dim),
                         frac);
       }
+    } else if (arch_ && arch_->default_partial_rotary_factor != 1.0) {
+      // GlmConfig(partial_rotary_factor=0.5): the default when the file has none.
+      p.rotary_dim = static_cast<int>(p.head_dim * arch_->default_partial_rotary_factor);
+      note(fmt::format("rotary_dim {} = head_dim {} × {}: partial_rotary_factor absent, {}'s default", p.rotary_dim,
+                       p.head_dim, arch_->default_partial_rotary_factor, arch_->model_type));
     } else {
       p.rotary_dim = p.head_dim;
     }
@@ -534,9 +683,10 @@ class Parser {
         arch_ && arch_->model_type == "llama") {
       // HF LlamaRotaryEmbedding.compute_default_rope_parameters ignores
       // partial_rotary_factor (golden case default_llama_ignores_partial_rotary_factor).
-      note(fmt::format("partial_rotary_factor ignored: Llama's default RoPE rotates all {} "
-                       "channels",
-                       p.head_dim));
+      ignore("partial_rotary_factor",
+             fmt::format("Llama's default RoPE rotates all {} channels "
+                         "(LlamaRotaryEmbedding.compute_default_rope_parameters)",
+                         p.head_dim));
       p.rotary_dim = p.head_dim;
     }
     if (spec_.family == PositionFamily::mrope && spec_.mrope_section.empty())
@@ -573,6 +723,25 @@ class Parser {
                        "+ 1)^2 (DeepseekV3Attention)",
                        *spec_.softmax_scale, *spec_.qk_head_dim));
     }
+    if (get(cfg_, "rope_local_base_freq"))
+      ignore("rope_local_base_freq",
+             "Gemma-3's sliding layers use default RoPE with this theta; this spec describes the global layers "
+             "(rope_theta and rope_scaling)");
+    if (arch_ && (arch_->model_type == "llama4" || arch_->model_type == "llama4_text")) {
+      // Llama4TextConfig: no_rope_layers[i] = 0 marks a NoPE layer; absent, every
+      // no_rope_layer_interval-th layer (default 4) has no RoPE. RoPE layers attend in
+      // chunks of attention_chunk_size.
+      if (get(cfg_, "no_rope_layers"))
+        note(fmt::format("{}: Llama-4 skips RoPE on the layers marked 0 (NoPE layers); this spec describes the "
+                         "RoPE layers",
+                         field("no_rope_layers")));
+      else
+        note("no_rope_layers absent: Llama4TextConfig makes every no_rope_layer_interval-th layer (default 4: "
+             "layers 3, 7, 11, ...) a NoPE layer; this spec describes the RoPE layers");
+      if (const json* c = get(cfg_, "attention_chunk_size"))
+        note(fmt::format("{} {}: the RoPE layers attend within chunks of that many tokens (chunked attention)",
+                         field("attention_chunk_size"), Reader::show(*c)));
+    }
     spec_.rope = std::move(p);
     check_with_registry();
   }
@@ -580,11 +749,38 @@ class Parser {
   void read_scaling(const ScalingDict& sd, RopeParams& p) {
     const json& d = *sd.dict;
     std::string rope_type = read_rope_type(r_, sd);
+    const std::string type_field = Reader::path(sd.name, get(d, "rope_type") ? "rope_type" : "type");
     const bool mrope_alias = rope_type == "mrope";
-    if (mrope_alias) rope_type = "default";  // HF Qwen2VLConfig: type mrope → default
+    if (mrope_alias) {
+      // HF Qwen2VLConfig / Qwen2_5_VLConfig: type mrope → default (+ mrope_section).
+      // No other config class maps it; ROPE_INIT_FUNCTIONS has no 'mrope'.
+      if (arch_ && arch_->kind != detail::ArchKind::mrope)
+        r_.fail(type_field,
+                fmt::format("'mrope' is an alias Hugging Face accepts only for the Qwen2-VL family "
+                            "(Qwen2VLConfig maps it to default RoPE); model_type '{}' does not",
+                            arch_->model_type),
+                json(rope_type));
+      rope_type = "default";
+      note(fmt::format("{} 'mrope': default RoPE with three position rows (Qwen2VLConfig's alias)", type_field));
+    }
+    const bool phi3_family = arch_ && (arch_->model_type == "phi3" || arch_->model_type == "phi4mm" ||
+                                       arch_->model_type == "phi4_multimodal");
+    if (rope_type == "su" || (rope_type == "yarn" && phi3_family)) {
+      // Phi3Config.convert_rope_params_to_dict: "For backward compatibility if previous
+      // version used 'su' or 'yarn'" → longrope. Only the Phi-3 config classes do it.
+      if (arch_ && !phi3_family)
+        r_.fail(type_field,
+                fmt::format("'su' is an alias of longrope that Hugging Face accepts only for Phi-3 / "
+                            "Phi-4-multimodal (Phi3Config); model_type '{}' does not",
+                            arch_->model_type),
+                json(rope_type));
+      note(fmt::format("{} '{}' read as 'longrope' (Phi3Config's backward-compatible alias)", type_field,
+                       rope_type));
+      rope_type = "longrope";
+    }
     const TypeKeys* keys = find_type_keys(rope_type);
     if (keys == nullptr && !is_registered(rope_type))
-      r_.fail(Reader::path(sd.name, get(d, "rope_type") ? "rope_type" : "type"),
+      r_.fail(type_field,
               fmt::format("unknown RoPE scaling '{}' (known: {}; 'mrope' is read as default "
                           "RoPE with mrope_section)",
                           rope_type, known_rope_types()),
@@ -593,6 +789,7 @@ class Parser {
 
     // Which keys may appear.
     std::set<std::string_view> allowed{"rope_type", "type"};
+    // transformers >= 4.53 re-saves Qwen2.5-VL with both keys ({"rope_type": "default", "type": "default"}).
     if (sd.name == "rope_parameters") {
       allowed.insert("rope_theta");
       allowed.insert("partial_rotary_factor");
@@ -647,9 +844,10 @@ class Parser {
       p.low_freq_factor = r_.positive(*v, field("low_freq_factor"));
     if (const json* v = get(d, "high_freq_factor"))
       p.high_freq_factor = r_.positive(*v, field("high_freq_factor"));
-    if (p.low_freq_factor && p.high_freq_factor && !(*p.high_freq_factor > *p.low_freq_factor))
+    // Equal factors are Llama 4's (HF _validate_llama3_parameters only warns): a step, no smooth band.
+    if (p.low_freq_factor && p.high_freq_factor && *p.high_freq_factor < *p.low_freq_factor)
       r_.fail_value(field("high_freq_factor"),
-                    fmt::format("must be > low_freq_factor {}", *p.low_freq_factor),
+                    fmt::format("must be >= low_freq_factor {}", *p.low_freq_factor),
                     *p.high_freq_factor);
     const std::size_t half = static_cast<std::size_t>(p.rotary_dim / 2);
     for (auto key : {"short_factor", "long_factor"}) {
@@ -873,10 +1071,12 @@ class Parser {
     }
   }
 
-  const json& cfg_;
+  json cfg_;  ///< the config, with text_config's keys merged in where the top level lacks them
   Reader r_;
   PositionalSpec spec_;
   const detail::ArchTraits* arch_ = nullptr;
+  std::set<std::string> from_text_config_;
+  std::string text_model_type_;  ///< text_config.model_type ("" when absent)
 };
 
 }  // namespace

@@ -240,7 +240,7 @@ TEST(ScalingErrors, NameTheFieldAndValue) {
   q.factor = 8.0;
   q.high_freq_factor = 4.0;
   expect_config_error(q, {"rope_scaling.low_freq_factor", "missing"});
-  q.low_freq_factor = 4.0;
+  q.low_freq_factor = 5.0;  // high < low; high == low is Llama 4's step (ConfigForms.Llama4...)
   expect_config_error(q, {"rope_scaling.high_freq_factor", "low_freq_factor"});
 
   RopeParams y = llama_params();

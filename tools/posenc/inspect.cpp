@@ -90,6 +90,7 @@ json spec_json(const PositionalSpec& s, const std::optional<RopeInspection>& ins
   if (s.alibi) {
     j["alibi_convention"] = std::string(to_string(s.alibi->convention));
     j["max_bias"] = s.alibi->max_bias;
+    j["slopes_dtype"] = s.alibi->bfloat16_slopes ? "bfloat16" : "float32";
     json slopes = json::array();
     for (float f : alibi_slopes_for(*s.alibi, s.num_attention_heads))
       slopes.push_back(static_cast<double>(f));
@@ -170,8 +171,9 @@ std::string spec_text(const PositionalSpec& s, const std::optional<RopeInspectio
     if (ins) line("attention_factor", fmt::format("{:.9g}", ins->frequencies.attention_factor));
   }
   if (s.alibi) {
-    line("alibi", fmt::format("{} convention, max_bias {}", to_string(s.alibi->convention),
-                              s.alibi->max_bias));
+    line("alibi", fmt::format("{} convention, max_bias {}, slopes {}", to_string(s.alibi->convention),
+                              s.alibi->max_bias,
+                              s.alibi->bfloat16_slopes ? "rounded to bfloat16 (Falcon)" : "float32"));
     std::string sl;
     for (float f : alibi_slopes_for(*s.alibi, s.num_attention_heads))
       sl += fmt::format("{}{:.9g}", sl.empty() ? "" : " ", f);
@@ -188,6 +190,7 @@ std::string spec_text(const PositionalSpec& s, const std::optional<RopeInspectio
     line("position table", fmt::format("{} rows, position offset {}",
                                        s.max_position_embeddings.value_or(0), s.position_offset));
   line("sliding_window", sliding_text(s.sliding_window));
+  if (!s.ignored_keys.empty()) line("ignored keys", fmt::format("{} (see the notes)", fmt::join(s.ignored_keys, ", ")));
   for (const auto& n : s.notes) o += fmt::format("  note: {}\n", n);
   if (ins) {
     const std::string lo = format_context_length(ins->original_length);

@@ -20,9 +20,12 @@ RopeFrequencies rope_llama3(const RopeParams& p, std::optional<int64_t>) {
   const double factor = require_factor(p);
   const double low_freq_factor = require_positive(p, p.low_freq_factor, "low_freq_factor");
   const double high_freq_factor = require_positive(p, p.high_freq_factor, "high_freq_factor");
-  if (high_freq_factor <= low_freq_factor)
+  // high == low is what Llama 4 ships (low_freq_factor = high_freq_factor = 1): HF only
+  // warns, and the smooth band shrinks to wavelen == orig/low, so the result is a step
+  // (kept above the boundary frequency, divided by factor below it).
+  if (high_freq_factor < low_freq_factor)
     throw ConfigError(fmt::format(
-        "rope_scaling.high_freq_factor: must be > low_freq_factor {} (got {})", low_freq_factor,
+        "rope_scaling.high_freq_factor: must be >= low_freq_factor {} (got {})", low_freq_factor,
         high_freq_factor));
   const int64_t orig = original_max_position(p);
   const int dim = resolve_rotary_dim(p);
@@ -39,7 +42,7 @@ RopeFrequencies rope_llama3(const RopeParams& p, std::optional<int64_t>) {
     const float wavelen = (1.0f / x) * two_pi;
     float scaled = wavelen > low_freq_wavelen ? x / f : x;
     const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
-    if (medium) {
+    if (medium && span > 0) {
       const float smooth = ((1.0f / wavelen) * ctx - lo) / span;
       scaled = (1.0f - smooth) * scaled / f + smooth * scaled;
     }
