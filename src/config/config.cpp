@@ -445,6 +445,11 @@ class Parser {
         read_rope();
         break;
       case ArchKind::chatglm: {
+        // ChatGLM-6B (v1) shares model_type chatglm but rotates two position rows
+        // (position_encoding_2d, GPT-NeoX style): not the v2/v3 rule below.
+        if (const json* v1 = get(cfg_, "position_encoding_2d"); v1 && r_.boolean(*v1, field("position_encoding_2d")))
+          r_.fail(field("position_encoding_2d"),
+                  "ChatGLM-6B v1's 2-D rotary positions are not supported (ChatGLM2/3 and GLM-4 are)", *v1);
         // ChatGLMConfig: seq_length (default 2048) is the context; with
         // multi_query_attention, multi_query_group_num key/value heads.
         if (!spec_.max_position_embeddings)
@@ -727,6 +732,10 @@ class Parser {
       ignore("rope_local_base_freq",
              "Gemma-3's sliding layers use default RoPE with this theta; this spec describes the global layers "
              "(rope_theta and rope_scaling)");
+    if (const json* xl = get(cfg_, "cross_attention_layers"); xl && xl->is_array() && !xl->empty())
+      note(fmt::format("{}: {} layers attend to the image tokens without RoPE (MllamaTextCrossAttention); "
+                       "this spec describes the self-attention layers",
+                       field("cross_attention_layers"), xl->size()));
     if (arch_ && (arch_->model_type == "llama4" || arch_->model_type == "llama4_text")) {
       // Llama4TextConfig: no_rope_layers[i] = 0 marks a NoPE layer; absent, every
       // no_rope_layer_interval-th layer (default 4) has no RoPE. RoPE layers attend in
@@ -864,7 +873,16 @@ class Parser {
     if (rope_type == "llama3" && !p.original_max_position_embeddings)
       r_.fail(field("original_max_position_embeddings"), "required for rope_type 'llama3' but missing");
 
-    if (const json* ms = get(d, "mrope_section")) {
+    const json* ms = get(d, "mrope_section");
+    if (ms && arch_ && arch_->kind != detail::ArchKind::mrope) {
+      // Only the Qwen2-VL config classes read it (rope_config_validation(ignore_keys={"mrope_section"}));
+      // a Llama-family model runs one position row whatever the dict says.
+      ignore(sd.name + ".mrope_section",
+             fmt::format("model_type '{}' runs 1-D RoPE; only the Qwen2-VL family reads mrope_section",
+                         arch_->model_type));
+      ms = nullptr;
+    }
+    if (ms) {
       if (!ms->is_array() || ms->empty())
         r_.fail(field("mrope_section"), "must be a list of positive integers", *ms);
       int64_t sum = 0;  // int64 of entries <= kMaxHeadDim: no overflow for any list a file can hold

@@ -291,6 +291,20 @@ TEST(ConfigAliases, MropeOnlyForTheQwen2VlFamily) {
       "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}})");
   EXPECT_NE(e.find("Qwen2-VL"), std::string::npos) << e;
   EXPECT_NE(e.find("rope_scaling.type"), std::string::npos) << e;
+  // main: family mrope. LlamaConfig does not read mrope_section: one position row, key reported.
+  const PositionalSpec l = parse_text(R"({"model_type": "llama", "num_attention_heads": 28, "hidden_size": 3584,
+      "rope_scaling": {"rope_type": "default", "mrope_section": [16, 24, 24]}})");
+  EXPECT_EQ(l.family, PositionFamily::rope);
+  EXPECT_TRUE(l.mrope_section.empty());
+  EXPECT_TRUE(ignored(l, "rope_scaling.mrope_section"));
+}
+
+// ChatGLM-6B (v1) shares model_type chatglm with a different (2-D) rotary: refused, not misread.
+TEST(ConfigGlm, ChatGlmV1TwoDimensionalPositionsAreRefused) {
+  const std::string e = error_of(R"({"model_type": "chatglm", "num_attention_heads": 32, "hidden_size": 4096,
+      "position_encoding_2d": true, "max_sequence_length": 2048})");
+  EXPECT_NE(e.find("position_encoding_2d"), std::string::npos) << e;
+  EXPECT_NE(e.find("v1"), std::string::npos) << e;
 }
 
 // ---------------------------------------------------------------------------
