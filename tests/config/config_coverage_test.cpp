@@ -173,7 +173,7 @@ TEST(ConfigTextConfig, Gemma3GlobalRopeAndSlidingPattern) {
 // Qwen2.5-VL as transformers >= 4.53 saves it (a fine-tune re-saved by 4.55.2): the
 // top level keeps the keys, text_config repeats them. And the newer layout where only
 // text_config has them (Qwen2_5_VLConfig builds the text model from text_config).
-// main: the stripped form errored "rope_scaling.mrope_section: required for MRoPE".
+// main: the stripped form errored "num_attention_heads: required field missing".
 TEST(ConfigTextConfig, Qwen25VlNewerLayout) {
   const PositionalSpec s = load_positional_spec(data("olmocr-2-7b-1025.json"));
   EXPECT_EQ(s.family, PositionFamily::mrope);
