@@ -322,8 +322,11 @@ class Parser {
 
   /// Composite (vision + text) configs keep the decoder's keys under
   /// text_config (HF MllamaConfig, Gemma3Config, Llama4Config, Qwen2_5_VLConfig
-  /// build their text model from config.text_config). Keys the top level lacks
-  /// are read from there; a key in both keeps the top-level value.
+  /// build their text model from config.text_config). Every key of text_config
+  /// is read from there: keys the top level lacks, and keys in both, where the
+  /// text_config value wins as in HF (the decoder is built from text_config;
+  /// the top-level copy is what older saves left behind), with a note naming
+  /// each positional key whose two values differ.
   void merge_text_config() {
     const json* tc = get(cfg_, "text_config");
     if (tc == nullptr) return;
@@ -338,8 +341,11 @@ class Parser {
         cfg_[k] = *it;
         from_text_config_.insert(k);
         read.push_back(k);
-      } else if (*top != *it && kPositionalKeys.count(k)) {
-        differ.push_back(fmt::format("{} (top level {}, text_config {})", k, Reader::show(*top), Reader::show(*it)));
+      } else if (*top != *it) {
+        if (kPositionalKeys.count(k))
+          differ.push_back(fmt::format("{} (top level {}, text_config {})", k, Reader::show(*top), Reader::show(*it)));
+        cfg_[k] = *it;
+        from_text_config_.insert(k);
       }
     }
     if (const json* mt = get(*tc, "model_type"); mt && mt->is_string()) text_model_type_ = mt->get<std::string>();
@@ -355,7 +361,7 @@ class Parser {
                            : std::string()));
     }
     if (!differ.empty())
-      note(fmt::format("top level and text_config differ, top level used: {}", fmt::join(differ, "; ")));
+      note(fmt::format("top level and text_config differ, text_config used (as HF's text model): {}", fmt::join(differ, "; ")));
   }
 
   /// Marks a positional key the architecture does not read: listed in

@@ -115,10 +115,11 @@ TEST(ConfigTextConfig, LlamaRopeScalingUnderTextConfigIsNotPlainRope) {
   EXPECT_EQ(s.rope->rope_type, "linear");
   EXPECT_EQ(s.rope->factor, 4.0);
   EXPECT_EQ(s.rope->rope_theta, 500000.0);
-  // The top level wins where both have a key (and a note says they differ).
+  // text_config wins where both have a key, as in HF's composite configs (MllamaForConditionalGeneration,
+  // Qwen2_5_VLModel build the decoder from config.text_config), and a note says they differ.
   const PositionalSpec both = parse_text(R"({"model_type": "llama", "num_attention_heads": 4, "hidden_size": 256,
       "rope_theta": 10000.0, "text_config": {"rope_theta": 500000.0}})");
-  EXPECT_EQ(both.rope->rope_theta, 10000.0);
+  EXPECT_EQ(both.rope->rope_theta, 500000.0);
   EXPECT_TRUE(has_note(both, "differ"));
   EXPECT_NE(error_of(R"({"model_type": "llama", "num_attention_heads": 4, "hidden_size": 256,
       "text_config": [1]})")
