@@ -86,6 +86,7 @@ json spec_json(const PositionalSpec& s, const std::optional<RopeInspection>& ins
     if (s.qk_head_dim) j["qk_head_dim"] = *s.qk_head_dim;
     if (s.softmax_scale) j["softmax_scale"] = *s.softmax_scale;
     if (!s.mrope_section.empty()) j["mrope_section"] = s.mrope_section;
+    if (s.mrope_interleaved) j["mrope_interleaved"] = true;
   }
   if (s.alibi) {
     j["alibi_convention"] = std::string(to_string(s.alibi->convention));
