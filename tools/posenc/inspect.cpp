@@ -168,6 +168,7 @@ std::string spec_text(const PositionalSpec& s, const std::optional<RopeInspectio
     if (s.softmax_scale) line("softmax_scale", fmt::format("{:.9g}", *s.softmax_scale));
     line("layout", layout_name(s));
     if (!s.mrope_section.empty()) line("mrope_section", fmt::format("{}", s.mrope_section));
+    if (!s.mrope_section.empty()) line("mrope_mapping", s.mrope_interleaved ? "interleaved (Qwen3-VL)" : "chunked (Qwen2-VL)");
     if (ins) line("attention_factor", fmt::format("{:.9g}", ins->frequencies.attention_factor));
   }
   if (s.alibi) {
