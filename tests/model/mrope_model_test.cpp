@@ -11,6 +11,9 @@
 // the loader refused it ("mrope models are not run by this runtime").
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "posenc/checkpoint.hpp"
+#include "posenc/consistency.hpp"
 #include "posenc/error.hpp"
 #include "posenc/model.hpp"
 #include "posenc/mrope.hpp"
@@ -283,4 +287,62 @@ TEST(KvCacheMrope, RowsFollowForkCopyOnWriteAndShift) {
   (void)cache.append(plain, pos);
   EXPECT_EQ(cache.mrope_positions(plain), (std::vector<int64_t>{0, 1, 2, 0, 1, 2, 0, 1, 2}));
   EXPECT_EQ(cache.mrope_delta(plain), 0);
+}
+
+// The fuzz seed fuzz/corpus/posenc_checkpoint/mrope.posenc (make_seeds.py) loads
+// as an interleaved M-RoPE model; the same header with a section that does not
+// sum to rotary_dim/2 is a CheckpointError naming the file and the field.
+TEST(MropeModel, SeedCheckpointLoadsAndABadHeaderSectionIsACheckpointError) {
+  const auto seed = std::filesystem::path(POSENC_SOURCE_DIR) / "fuzz/corpus/posenc_checkpoint/mrope.posenc";
+  const Model m = Model::load(seed);
+  EXPECT_EQ(m.family(), PositionFamily::mrope);
+  EXPECT_EQ(m.positional().mrope_section, (std::vector<int>{1, 1, 0}));
+  EXPECT_EQ(m.positional().mrope_mapping, MropeMapping::interleaved);
+  std::ifstream in(seed, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string from = "\"mrope_section\":[1,1,0]";
+  const auto at = bytes.find(from);
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, from.size(), "\"mrope_section\":[1,1,1]");  // same length: offsets unchanged
+  posenc::test::TempDir d;
+  const auto bad = d.file("bad.posenc", bytes);
+  const std::string msg = posenc::test::message_of<CheckpointError>([&] { (void)Model::load(bad); });
+  EXPECT_NE(msg.find("bad.posenc: header field positional.mrope_section"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("sum to 3, expected rotary_dim/2 = 2"), std::string::npos) << msg;
+}
+
+// A ragged batch (an image sequence and a text sequence in one step) equals
+// running each alone; the text sequence keeps delta 0.
+TEST(MropeModel, RaggedBatchWithAnImageSequenceEqualsSeparateForwards) {
+  posenc::test::TempDir d;
+  const Model m = save_and_load(d, "m.pt", random_checkpoint(PositionFamily::mrope));
+  const MropePositionIds img = mrope_position_ids(kPrompt, {});
+  const auto a = tokens(static_cast<std::size_t>(img.tokens), 2), b = tokens(7, 3);
+  KvCache cache = m.make_cache(4);
+  const KvCache::SeqId sa = cache.create(), sb = cache.create();
+  const std::vector<Model::SequenceInput> batch{{sa, a, {}, img.position_ids}, {sb, b}};
+  std::vector<float> logits;
+  m.forward(cache, batch, Model::LogitsMode::all, logits);
+  const std::vector<float> ra = whole_forward(m, a, img.position_ids);
+  const std::vector<float> rb = m.score_window(b);
+  std::vector<float> want = ra;
+  want.insert(want.end(), rb.begin(), rb.end());
+  EXPECT_LE(max_diff(logits, want), 1e-5);
+  EXPECT_EQ(cache.mrope_delta(sa), -3);
+  EXPECT_EQ(cache.mrope_delta(sb), 0);
+}
+
+// The cache consistency checker runs on an M-RoPE model (text streams: rows all
+// equal, decode continuing from delta 0) and every scenario it runs passes.
+TEST(MropeModel, ConsistencyCheckerPassesOnTextStreams) {
+  posenc::test::TempDir d;
+  const Model m = save_and_load(d, "m.pt", random_checkpoint(PositionFamily::mrope, MropeMapping::interleaved));
+  const auto stream = tokens(1200, 8);
+  const ConsistencyReport r = check_cache_consistency(m, stream, {});
+  for (const auto& s : r.scenarios) {
+    if (!s.skipped.empty()) continue;
+    EXPECT_EQ(s.failure, "") << s.name;
+    EXPECT_LE(s.max_abs_logit_diff, 1e-4) << s.name;
+  }
+  EXPECT_TRUE(r.passed);
 }
