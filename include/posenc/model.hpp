@@ -257,10 +257,10 @@ class Model {
     /// family mrope only: [3, tokens.size()] int64 row-major (rows t, h, w), e.g. a
     /// slice of mrope_position_ids(); the rotation uses these rows while the mask
     /// uses the 1-D positions above (sequence order, HF's cache_position). Empty =
-    /// all three rows equal: the explicit position_ids when given (HF expands 2-D
-    /// position_ids to 3 rows), else next_position(seq) + i + the sequence's rope
-    /// delta (KvCache::mrope_delta; Qwen2_5_VLModel.forward's cache_position +
-    /// rope_deltas). Non-empty for another family is an InvalidArgument.
+    /// all three rows equal the token's 1-D position (explicit, or next_position +
+    /// i) plus the sequence's rope delta (KvCache::mrope_delta, 0 for a fresh or
+    /// text-only sequence; Qwen2_5_VLModel.forward's cache_position + rope_deltas).
+    /// Non-empty for another family is an InvalidArgument.
     std::span<const int64_t> mrope_position_ids = {};
   };
   enum class LogitsMode { all, last };

@@ -394,11 +394,13 @@ namespace {
 
 /// MRoPE (family mrope): the [3, n_b] rows (t, h, w) each sequence of the batch
 /// rotates with, validated before anything touches the cache. Explicit rows are
-/// taken as given; without them all three rows are the explicit 1-D position_ids
-/// (HF expands 2-D position_ids to three rows) or, for a continuing sequence,
-/// next_position + i + the cached rope delta (Qwen2_5_VLModel.forward:
-/// cache_position[0] + rope_deltas). Throws InvalidArgument for rows on a model of
-/// another family or rows of the wrong size.
+/// taken as given; without them all three rows are the token's 1-D position
+/// (explicit or next_position + i) plus the sequence's cached rope delta
+/// (Qwen2_5_VLModel.forward: cache_position + rope_deltas; 0 for a fresh or
+/// text-only sequence, where it is HF's expansion of 2-D position_ids to three
+/// rows). forward_padded and the other 1-D callers thus continue an image
+/// sequence correctly. Throws InvalidArgument for rows on a model of another
+/// family or rows of the wrong size.
 std::vector<std::vector<int64_t>> mrope_rows_for_batch(const KvCache& cache,
                                                        std::span<const Model::SequenceInput> batch,
                                                        std::span<const int64_t> offset, std::span<const int64_t> pos,
@@ -420,7 +422,7 @@ std::vector<std::vector<int64_t>> mrope_rows_for_batch(const KvCache& cache,
       rows[b].assign(in.mrope_position_ids.begin(), in.mrope_position_ids.end());
       continue;
     }
-    const int64_t delta = in.position_ids.empty() ? cache.mrope_delta(in.seq) : 0;
+    const int64_t delta = cache.mrope_delta(in.seq);
     rows[b].resize(3 * n);
     for (std::size_t i = 0; i < n; ++i) {
       const int64_t p = pos[static_cast<std::size_t>(offset[b]) + i] + delta;

@@ -169,7 +169,10 @@ TEST(MropeModel, ImageSpanChunkedPrefillAndDecodeEqualOneWholeForward) {
     EXPECT_EQ(cache.mrope_delta(s), -3);
     EXPECT_EQ(cache.next_position(s), kPromptLen);
     for (int64_t i = kPromptLen; i < N; ++i) {
-      Model::SequenceInput in{s, std::span(toks).subspan(static_cast<std::size_t>(i), 1)};
+      // Alternate: no ids at all, and explicit 1-D ids (as forward_padded gives); both add the delta.
+      const int64_t p1 = i;
+      Model::SequenceInput in{s, std::span(toks).subspan(static_cast<std::size_t>(i), 1), {}};
+      if (i % 2 == 0) in.position_ids = std::span(&p1, 1);
       m.forward(cache, std::span(&in, 1), Model::LogitsMode::all, logits);
       got.insert(got.end(), logits.begin(), logits.end());
     }
@@ -190,8 +193,9 @@ TEST(MropeModel, ImageSpanChunkedPrefillAndDecodeEqualOneWholeForward) {
     const KvCache::SeqId s2 = c2.create();
     Model::SequenceInput pre{s2, std::span(toks).subspan(0, kPromptLen), {}, prompt.position_ids};
     m.forward(c2, std::span(&pre, 1), Model::LogitsMode::all, logits);
-    const int64_t p = kPromptLen;  // a decode step that forgets the delta (rows = 1-D position 15, not 12)
-    Model::SequenceInput step{s2, std::span(toks).subspan(kPromptLen, 1), std::span(&p, 1)};
+    // A decode step that forgets the delta (rows = 1-D position 15, not 15 - 3 = 12).
+    const std::vector<int64_t> no_delta{kPromptLen, kPromptLen, kPromptLen};
+    Model::SequenceInput step{s2, std::span(toks).subspan(kPromptLen, 1), {}, no_delta};
     m.forward(c2, std::span(&step, 1), Model::LogitsMode::all, logits);
     const std::vector<float> ref_row(ref.begin() + kPromptLen * kVocab, ref.begin() + (kPromptLen + 1) * kVocab);
     EXPECT_GT(max_diff(logits, ref_row), 1e-4);
@@ -320,7 +324,7 @@ TEST(MropeModel, RaggedBatchWithAnImageSequenceEqualsSeparateForwards) {
   const auto a = tokens(static_cast<std::size_t>(img.tokens), 2), b = tokens(7, 3);
   KvCache cache = m.make_cache(4);
   const KvCache::SeqId sa = cache.create(), sb = cache.create();
-  const std::vector<Model::SequenceInput> batch{{sa, a, {}, img.position_ids}, {sb, b}};
+  const std::vector<Model::SequenceInput> batch{{sa, a, {}, img.position_ids}, {sb, b, {}}};
   std::vector<float> logits;
   m.forward(cache, batch, Model::LogitsMode::all, logits);
   const std::vector<float> ra = whole_forward(m, a, img.position_ids);
@@ -345,4 +349,33 @@ TEST(MropeModel, ConsistencyCheckerPassesOnTextStreams) {
     EXPECT_LE(s.max_abs_logit_diff, 1e-4) << s.name;
   }
   EXPECT_TRUE(r.passed);
+  int ran = 0;
+  for (const auto& s : r.scenarios) ran += s.skipped.empty() ? 1 : 0;
+  EXPECT_GE(ran, 8);  // all but context_shift (RoPE only)
+  std::printf("[mrope] consistency checker: %d of %zu scenarios ran, passed %d\n", ran, r.scenarios.size(),
+              static_cast<int>(r.passed));
+}
+
+// forward_padded (1-D positions from the mask) continues an image sequence from
+// its rope delta, as a decode step without ids does.
+TEST(MropeModel, PaddedDecodeStepContinuesFromTheDelta) {
+  posenc::test::TempDir d;
+  const Model m = save_and_load(d, "m.pt", random_checkpoint(PositionFamily::mrope));
+  const MropePositionIds prompt = mrope_position_ids(kPrompt, {});
+  auto spans = kPrompt;
+  spans.back() = MropeSpan::text(5);
+  const MropePositionIds full = mrope_position_ids(spans, {});
+  const auto toks = tokens(static_cast<std::size_t>(full.tokens), 6);
+  const std::vector<float> ref = whole_forward(m, toks, full.position_ids);
+  KvCache cache = m.make_cache(4);
+  const KvCache::SeqId s = cache.create();
+  Model::SequenceInput pre{s, std::span(toks).subspan(0, kPromptLen), {}, prompt.position_ids};
+  std::vector<float> logits;
+  m.forward(cache, std::span(&pre, 1), Model::LogitsMode::all, logits);
+  const std::vector<int32_t> padded{0, toks[kPromptLen]};  // left padding
+  const std::vector<uint8_t> mask{0, 1};
+  m.forward_padded(cache, std::span(&s, 1), padded, mask, 2, logits);
+  const std::vector<float> got(logits.begin() + kVocab, logits.end());
+  const std::vector<float> want(ref.begin() + kPromptLen * kVocab, ref.begin() + (kPromptLen + 1) * kVocab);
+  EXPECT_LE(max_diff(got, want), 1e-5);
 }
