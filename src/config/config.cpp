@@ -1,4 +1,5 @@
 #include "posenc/config.hpp"
+#include "posenc/mrope.hpp"
 
 #include <algorithm>
 #include <array>
@@ -554,6 +555,13 @@ class Parser {
       if (!spec_.mrope_interleaved)
         note("mrope_interleaved: Qwen3-VL always interleaves (apply_interleaved_mrope)");
       spec_.mrope_interleaved = true;
+    }
+    if (spec_.family == PositionFamily::mrope && spec_.mrope_interleaved && spec_.mrope_section.size() == 3) {
+      try {  // the cycle must give h and w their budgets within rotary_dim/2 pairs
+        (void)mrope_pair_rows(spec_.mrope_section, p.rotary_dim / 2, MropeMapping::interleaved);
+      } catch (const ConfigError& e) {
+        r_.fail(sd.dict ? sd.name + ".mrope_section" : std::string("rope_scaling.mrope_section"), e.what());
+      }
     }
     if (spec_.family == PositionFamily::mrope && spec_.mrope_section.empty())
       r_.fail(sd.dict ? sd.name + ".mrope_section" : std::string("rope_scaling.mrope_section"),

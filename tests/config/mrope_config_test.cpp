@@ -66,3 +66,16 @@ TEST(MropeConfig, Qwen2VlStaysChunkedAndTheKeyIsTyped) {
     EXPECT_NE(std::string(e.what()).find("rope_scaling.mrope_interleaved"), std::string::npos) << e.what();
   }
 }
+
+// Interleaved budgets the cycle cannot meet (HF's slice would silently shorten
+// the width row) are refused at import, naming the field.
+TEST(MropeConfig, InterleavedBudgetsOutOfReachAreRefused) {
+  try {
+    (void)parse_positional_spec(
+        qwen3_vl_text(R"({"mrope_interleaved": true, "mrope_section": [16, 24, 24], "rope_type": "default"})"));
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("rope_scaling.mrope_section"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("height budget 24 needs pair 70"), std::string::npos) << e.what();
+  }
+}
