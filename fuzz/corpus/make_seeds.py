@@ -225,6 +225,9 @@ def posenc_checkpoint(family, dim=8, hidden=12, layers=1, heads=2, kv_heads=1, v
     positional = {"family": family}
     if family == "rope":
         positional.update(rope_theta=10000.0, rotary_dim=head, layout="interleaved", angle_precision="float32")
+    elif family == "mrope":  # Qwen2-VL/Qwen3-VL: half layout, 3 sections summing to rotary_dim/2
+        positional.update(rope_theta=10000.0, rotary_dim=head, layout="half", angle_precision="float32",
+                          mrope_section=[1, 1, 0], mrope_mapping="interleaved")
     elif family == "alibi":
         positional["max_bias"] = 8.0
     elif family == "t5_bias":
@@ -265,6 +268,8 @@ def make_posenc_checkpoint():
     write("posenc_checkpoint", "regression_format_object.posenc", posenc_checkpoint("rope", header_format={"dim": 8}))
     # Issue 13: "format": 1 (and other wrong types) must be a CheckpointError naming the file and the field.
     write("posenc_checkpoint", "regression_format_int.posenc", posenc_checkpoint("rope", header_format=1))
+    # Issue 16: family mrope (3-row M-RoPE) is read; its sections are validated against rotary_dim/2.
+    write("posenc_checkpoint", "mrope.posenc", posenc_checkpoint("mrope"))
 
 
 if __name__ == "__main__":

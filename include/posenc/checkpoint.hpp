@@ -13,8 +13,10 @@
 //   {"format": "posenc-checkpoint", "version": 1,
 //    "config": {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size",
 //               "max_position_embeddings" (trained context), "norm_eps", "shared_classifier"},
-//    "positional": {"family": "nope"|"learned_absolute"|"sinusoidal"|"t5_bias"|"alibi"|"rope",
+//    "positional": {"family": "nope"|"learned_absolute"|"sinusoidal"|"t5_bias"|"alibi"|"rope"|"mrope",
 //                   rope: "rope_theta", "rotary_dim", "layout" ("half"|"interleaved"), "angle_precision";
+//                   mrope: as rope, plus "mrope_section" [s_t, s_h, s_w] (sum rotary_dim/2) and
+//                   "mrope_mapping" ("chunked" | "interleaved", default chunked; see mrope.hpp);
 //                   alibi: "max_bias"; t5_bias: "relative_attention_num_buckets",
 //                   "relative_attention_max_distance"; sinusoidal: "base"},
 //    "symbols": [...] (optional symbol vocabulary, see tokenizer.hpp),

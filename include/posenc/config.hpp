@@ -169,6 +169,10 @@ struct PositionalSpec {
   /// qk_nope_head_dim + qk_rope_head_dim = 192 for DeepSeek-V3).
   std::optional<int> qk_head_dim;
   std::vector<int> mrope_section;  ///< [t, h, w] frequencies per half (mrope only)
+  /// mrope only: channel pairs cycle t, h, w (Qwen3-VL, HF apply_interleaved_mrope)
+  /// instead of the chunked [t..., h..., w...] split (Qwen2-VL). From rope_scaling
+  /// `mrope_interleaved`; always true for model_type qwen3_vl / qwen3_vl_text.
+  bool mrope_interleaved = false;
   /// Logit scale when the RoPE scaling changes it from 1/sqrt(qk_head_dim).
   /// DeepSeek-V2/V3 (HF DeepseekV3Attention): with a non-default rope_type and a
   /// truthy mscale_all_dim, qk_head_dim^-0.5 · g(factor, mscale_all_dim)^2,

@@ -119,6 +119,23 @@ class KvCache {
   /// shared blocks); with rerotate = false a CacheError is thrown. Never mixes.
   void set_rope_state(SeqId seq, const RopeState& state, bool rerotate);
 
+  // ---- MRoPE (Qwen2-VL): three position rows per cached token ----
+  // The 1-D position ids above stay the sequence order (the mask); these rows
+  // are what the token's key was rotated with. Forks share them, copy-on-write
+  // copies them, shift() moves all three rows by its delta.
+
+  /// Records the [3, slots.size()] row-major (t, h, w) position ids of slots just
+  /// returned by append() for `seq`. Throws InvalidArgument for an unknown
+  /// sequence, a size other than 3 * slots.size(), or a slot not owned by the
+  /// sequence's block table.
+  void set_mrope_positions(SeqId seq, std::span<const Slot> slots, std::span<const int64_t> position_ids);
+  /// [3, size(seq)] row-major, in slot order (as positions()); a token stored
+  /// without 3-row ids reads its 1-D position in all three rows.
+  std::vector<int64_t> mrope_positions(SeqId seq) const;
+  /// (largest 3-row id recorded + 1) - next_position(seq): HF's rope delta that a
+  /// continuing text token adds to its 1-D position (0 when no 3-row ids were recorded).
+  int64_t mrope_delta(SeqId seq) const;
+
   /// Blocks in use / allocated in the pool.
   int64_t blocks_in_use() const;
   int64_t blocks_allocated() const;

@@ -26,6 +26,7 @@
 
 #include "posenc/family.hpp"
 #include "posenc/kv_cache.hpp"
+#include "posenc/mrope.hpp"
 #include "posenc/rope.hpp"
 #include "posenc/scaling.hpp"
 #include "posenc/tokenizer.hpp"
@@ -126,8 +127,13 @@ enum class RopeChangePolicy { refuse, rerotate };
 
 /// The positional encoding of a model (the non-tensor part; tables are weights).
 struct PositionalConfig {
-  PositionFamily family = PositionFamily::rope;  ///< mrope is not run by this runtime
-  RopeSetup rope;                      ///< family == rope
+  PositionFamily family = PositionFamily::rope;
+  RopeSetup rope;                      ///< family == rope or mrope (mrope: frequencies fixed, never length-dependent)
+  /// family == mrope: [s_t, s_h, s_w] pairs per position row, summing to
+  /// rope.freqs.rotary_dim/2, and how pairs map to rows (chunked: Qwen2-VL,
+  /// Qwen2.5-VL; interleaved: Qwen3-VL). See mrope.hpp.
+  std::vector<int> mrope_section;
+  MropeMapping mrope_mapping = MropeMapping::chunked;
   double alibi_max_bias = 8.0;         ///< family == alibi: slopes = alibi_slopes(n_heads, max_bias)
   int t5_num_buckets = 32;             ///< family == t5_bias: relative_attention_num_buckets
   int t5_max_distance = 128;           ///< family == t5_bias: relative_attention_max_distance
@@ -248,6 +254,14 @@ class Model {
     /// [tokens.size()] explicit position ids; empty = continue the sequence:
     /// next_position(seq) + 0, 1, 2, ...
     std::span<const int64_t> position_ids;
+    /// family mrope only: [3, tokens.size()] int64 row-major (rows t, h, w), e.g. a
+    /// slice of mrope_position_ids(); the rotation uses these rows while the mask
+    /// uses the 1-D positions above (sequence order, HF's cache_position). Empty =
+    /// all three rows equal the token's 1-D position (explicit, or next_position +
+    /// i) plus the sequence's rope delta (KvCache::mrope_delta, 0 for a fresh or
+    /// text-only sequence; Qwen2_5_VLModel.forward's cache_position + rope_deltas).
+    /// Non-empty for another family is an InvalidArgument.
+    std::span<const int64_t> mrope_position_ids = {};
   };
   enum class LogitsMode { all, last };
 

@@ -1,6 +1,7 @@
 #include "posenc/kv_cache.hpp"
 
 #include <algorithm>
+#include <array>
 #include <limits>
 
 #include <fmt/format.h>
@@ -14,6 +15,8 @@ struct KvCache::Block {
   std::vector<int64_t> pos;  // [block_size], -1 = empty
   int32_t used = 0;          // slots handed out so far; slots >= used are free
   int32_t refs = 0;
+  std::vector<int64_t> mpos;  // MRoPE: [3][block_size] (t, h, w rows), empty until set_mrope_positions
+  std::vector<uint8_t> mset;  // MRoPE: [block_size], 1 = the slot's mpos entries are set
 };
 
 struct KvCache::Sequence {
@@ -21,6 +24,7 @@ struct KvCache::Sequence {
   int64_t next_pos = 0;
   int64_t n_tokens = 0;
   std::optional<RopeState> rope;
+  int64_t mrope_next = -1;  // largest recorded 3-row id + 1; -1 = none recorded
 };
 
 KvCache::KvCache(const Config& config) : config_(config) {
@@ -110,6 +114,8 @@ int32_t KvCache::allocate_block() {
   }
   Block& b = *blocks_[static_cast<std::size_t>(id)];
   std::fill(b.pos.begin(), b.pos.end(), -1);
+  b.mpos.clear();
+  b.mset.clear();
   b.used = 0;
   b.refs = 1;
   return id;
@@ -129,6 +135,8 @@ int32_t KvCache::make_writable(Sequence& s, std::size_t table_index) {
   const Block& ob = *blocks_[static_cast<std::size_t>(id)];  // re-fetch: allocate may grow blocks_
   nb.data = ob.data;
   nb.pos = ob.pos;
+  nb.mpos = ob.mpos;
+  nb.mset = ob.mset;
   nb.used = ob.used;
   release_block(id);
   s.table[table_index] = nid;
@@ -276,6 +284,8 @@ void KvCache::shift(SeqId seq, int64_t delta, int64_t from) {
       if (p < from) continue;
       p += delta;
       angle[static_cast<std::size_t>(k)] = delta;
+      if (!b.mset.empty() && b.mset[static_cast<std::size_t>(k)])  // MRoPE: all three rows move
+        for (int r = 0; r < 3; ++r) b.mpos[static_cast<std::size_t>(r * config_.block_size + k)] += delta;
     }
     if (s.rope) {
       const RopeTable table(rotation_only(s.rope->freqs), angle, s.rope->precision);
@@ -283,7 +293,10 @@ void KvCache::shift(SeqId seq, int64_t delta, int64_t from) {
         apply_rope(key(l, {id, 0}), b.used, config_.kv_heads, config_.head_dim, table, s.rope->layout);
     }
   }
-  if (from < s.next_pos) s.next_pos += delta;
+  if (from < s.next_pos) {
+    s.next_pos += delta;
+    if (s.mrope_next >= 0) s.mrope_next += delta;
+  }
 }
 
 const std::optional<KvCache::RopeState>& KvCache::rope_state(SeqId seq) const { return seq_ref(seq).rope; }
@@ -306,6 +319,11 @@ void KvCache::set_rope_state(SeqId seq, const RopeState& state, bool rerotate) {
         state.freqs.inv_freq.empty() ? 0.0f : state.freqs.inv_freq.back(), to_string(state.layout),
         to_string(state.precision)));
   }
+  if (s.mrope_next >= 0)
+    throw CacheError(fmt::format(
+        "KV cache: sequence {} holds MRoPE keys (three position rows); re-rotating them with new frequencies is "
+        "not supported",
+        seq));
   if (s.rope->freqs.head_dim != config_.head_dim || state.freqs.head_dim != config_.head_dim)
     throw InvalidArgument("set_rope_state: head_dim of the frequencies differs from the cache's");
   const RopeFrequencies old_rot = rotation_only(s.rope->freqs);
@@ -330,6 +348,58 @@ void KvCache::set_rope_state(SeqId seq, const RopeState& state, bool rerotate) {
     }
   }
   s.rope = state;
+}
+
+void KvCache::set_mrope_positions(SeqId seq, std::span<const Slot> slots, std::span<const int64_t> position_ids) {
+  Sequence& s = seq_ref(seq);
+  const std::size_t n = slots.size();
+  if (position_ids.size() != 3 * n)
+    throw InvalidArgument(fmt::format("mrope position_ids: expected [3, {}] = {} values (got {})", n, 3 * n,
+                                      position_ids.size()));
+  for (const Slot& slot : slots)
+    if (slot.offset < 0 || slot.offset >= config_.block_size ||
+        std::find(s.table.begin(), s.table.end(), slot.block) == s.table.end())
+      throw InvalidArgument(fmt::format("set_mrope_positions: slot (block {}, offset {}) is not in sequence {}",
+                                        slot.block, slot.offset, seq));
+  const std::size_t bs = static_cast<std::size_t>(config_.block_size);
+  for (std::size_t i = 0; i < n; ++i) {
+    Block& b = *blocks_[static_cast<std::size_t>(slots[i].block)];  // append() made it writable
+    if (b.mpos.empty()) {
+      b.mpos.assign(3 * bs, 0);
+      b.mset.assign(bs, 0);
+    }
+    const auto off = static_cast<std::size_t>(slots[i].offset);
+    for (std::size_t r = 0; r < 3; ++r) {
+      const int64_t p = position_ids[r * n + i];
+      b.mpos[r * bs + off] = p;
+      s.mrope_next = std::max(s.mrope_next, p + 1);
+    }
+    b.mset[off] = 1;
+  }
+}
+
+std::vector<int64_t> KvCache::mrope_positions(SeqId seq) const {
+  const Sequence& s = seq_ref(seq);
+  const std::size_t bs = static_cast<std::size_t>(config_.block_size);
+  std::array<std::vector<int64_t>, 3> rows;
+  for (int32_t id : s.table) {
+    const Block& blk = *blocks_[static_cast<std::size_t>(id)];
+    for (int32_t k = 0; k < blk.used; ++k) {
+      const auto off = static_cast<std::size_t>(k);
+      if (blk.pos[off] < 0) continue;
+      const bool set = !blk.mset.empty() && blk.mset[off];
+      for (std::size_t r = 0; r < 3; ++r) rows[r].push_back(set ? blk.mpos[r * bs + off] : blk.pos[off]);
+    }
+  }
+  std::vector<int64_t> out;
+  out.reserve(3 * rows[0].size());
+  for (const auto& r : rows) out.insert(out.end(), r.begin(), r.end());
+  return out;
+}
+
+int64_t KvCache::mrope_delta(SeqId seq) const {
+  const Sequence& s = seq_ref(seq);
+  return s.mrope_next < 0 ? 0 : s.mrope_next - s.next_pos;
 }
 
 int64_t KvCache::blocks_in_use() const {

@@ -87,6 +87,9 @@ const std::array kTable{
     ArchTraits{"qwen2_5_vl", "Qwen2_5_VL", K::mrope, L::half, kRotateHalf, S::qwen, 0, {}},
     ArchTraits{"qwen2_vl_text", "Qwen2VLText", K::mrope, L::half, kRotateHalf, S::qwen, 0, {}},
     ArchTraits{"qwen2_5_vl_text", "Qwen2_5_VLText", K::mrope, L::half, kRotateHalf, S::qwen, 0, {}},
+    // Qwen3-VL: interleaved MRoPE (config.cpp; HF Qwen3VLTextRotaryEmbedding.apply_interleaved_mrope).
+    ArchTraits{"qwen3_vl", "Qwen3VL", K::mrope, L::half, kRotateHalf, S::none, 0, {}},
+    ArchTraits{"qwen3_vl_text", "Qwen3VLText", K::mrope, L::half, kRotateHalf, S::none, 0, {}},
     // Falcon: RoPE (rotate_half) unless alibi is set.
     ArchTraits{"falcon", "Falcon", K::falcon, L::half, kRotateHalf, S::none, 0, {}},
     // ALiBi.

@@ -1,4 +1,5 @@
 #include "posenc/config.hpp"
+#include "posenc/mrope.hpp"
 
 #include <algorithm>
 #include <array>
@@ -700,6 +701,29 @@ class Parser {
                          p.head_dim));
       p.rotary_dim = p.head_dim;
     }
+    if (spec_.family == PositionFamily::mrope && arch_ && arch_->model_type.starts_with("qwen3_vl")) {
+      // HF Qwen3VLTextRotaryEmbedding: mrope_section = rope_scaling.get("mrope_section",
+      // [24, 20, 20]), and forward always calls apply_interleaved_mrope (the
+      // config's mrope_interleaved key is not consulted).
+      if (spec_.mrope_section.empty()) {
+        spec_.mrope_section = {24, 20, 20};
+        if (p.rotary_dim / 2 != 64)
+          r_.fail(sd.dict ? sd.name + ".mrope_section" : std::string("rope_scaling.mrope_section"),
+                  fmt::format("missing: Qwen3-VL's default [24, 20, 20] sums to 64, but rotary_dim/2 = {}",
+                              p.rotary_dim / 2));
+        note("mrope_section [24, 20, 20]: Qwen3-VL's default (Qwen3VLTextRotaryEmbedding)");
+      }
+      if (!spec_.mrope_interleaved)
+        note("mrope_interleaved: Qwen3-VL always interleaves (apply_interleaved_mrope)");
+      spec_.mrope_interleaved = true;
+    }
+    if (spec_.family == PositionFamily::mrope && spec_.mrope_interleaved && spec_.mrope_section.size() == 3) {
+      try {  // the cycle must give h and w their budgets within rotary_dim/2 pairs
+        (void)mrope_pair_rows(spec_.mrope_section, p.rotary_dim / 2, MropeMapping::interleaved);
+      } catch (const ConfigError& e) {
+        r_.fail(sd.dict ? sd.name + ".mrope_section" : std::string("rope_scaling.mrope_section"), e.what());
+      }
+    }
     if (spec_.family == PositionFamily::mrope && spec_.mrope_section.empty())
       r_.fail(sd.dict ? sd.name + ".mrope_section" : std::string("rope_scaling.mrope_section"),
               fmt::format("required for MRoPE (model_type '{}') but missing", spec_.model_type));
@@ -809,7 +833,10 @@ class Parser {
       allowed.insert("rope_theta");
       allowed.insert("partial_rotary_factor");
     }
-    if (rope_type == "default") allowed.insert("mrope_section");
+    if (rope_type == "default") {
+      allowed.insert("mrope_section");
+      allowed.insert("mrope_interleaved");  // Qwen3-VL configs
+    }
     if (keys) {
       allowed.insert(keys->allowed.begin(), keys->allowed.end());
     } else {  // registered by another module, schema unknown here: accept every known key
@@ -903,6 +930,12 @@ class Parser {
       spec_.family = PositionFamily::mrope;
     } else if (mrope_alias) {
       r_.fail(field("mrope_section"), "required for MRoPE but missing");
+    }
+    if (const json* mi = get(d, "mrope_interleaved")) {
+      spec_.mrope_interleaved = r_.boolean(*mi, field("mrope_interleaved"));
+      if (spec_.mrope_interleaved && spec_.mrope_section.empty() &&
+          !(arch_ && arch_->model_type.starts_with("qwen3_vl")))
+        r_.fail(field("mrope_section"), "required with mrope_interleaved but missing");
     }
   }
 

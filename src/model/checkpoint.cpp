@@ -11,6 +11,7 @@
 #include "model/raw_model.hpp"
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
+#include "posenc/mrope.hpp"
 #include "posenc/scaling.hpp"
 
 namespace posenc {
@@ -52,10 +53,15 @@ nlohmann::json positional_json(const PositionalConfig& pc) {
   nlohmann::json j{{"family", std::string(to_string(pc.family))}};
   switch (pc.family) {
     case PositionFamily::rope:
+    case PositionFamily::mrope:
       j["rope_theta"] = pc.rope.params.rope_theta;
       j["rotary_dim"] = pc.rope.freqs.rotary_dim;
       j["layout"] = std::string(to_string(pc.rope.layout));
       j["angle_precision"] = std::string(to_string(pc.rope.precision));
+      if (pc.family == PositionFamily::mrope) {
+        j["mrope_section"] = pc.mrope_section;
+        j["mrope_mapping"] = std::string(to_string(pc.mrope_mapping));
+      }
       break;
     case PositionFamily::alibi: j["max_bias"] = pc.alibi_max_bias; break;
     case PositionFamily::t5_bias:
@@ -103,6 +109,31 @@ struct Reader {
   }
 };
 
+/// positional.mrope_section (3 non-negative integers summing to rotary_dim/2)
+/// and positional.mrope_mapping ("chunked" | "interleaved", default chunked).
+void read_mrope_fields(const Reader& R, const nlohmann::json& jp, int rotary_dim, PositionalConfig& pc) {
+  const auto& ms = R.at(jp, "mrope_section", "positional.mrope_section");
+  if (!ms.is_array() || ms.size() != 3)
+    throw CheckpointError(fmt::format("{}: header field positional.mrope_section must be a list of 3 integers (got {})",
+                                      R.file, ms.dump()));
+  pc.mrope_section.clear();
+  for (std::size_t i = 0; i < 3; ++i) {
+    const std::string key = std::to_string(i);
+    nlohmann::json holder = {{key, ms[i]}};
+    pc.mrope_section.push_back(static_cast<int>(
+        R.integer(holder, key, fmt::format("positional.mrope_section[{}]", i), 0, rotary_dim / 2)));
+  }
+  pc.mrope_mapping = jp.contains("mrope_mapping")
+                         ? parse_mrope_mapping(R.string(jp, "mrope_mapping", "positional.mrope_mapping"),
+                                               R.file + ": positional.mrope_mapping")
+                         : MropeMapping::chunked;
+  try {
+    (void)mrope_pair_rows(pc.mrope_section, rotary_dim / 2, pc.mrope_mapping);
+  } catch (const ConfigError& e) {
+    throw CheckpointError(fmt::format("{}: header field positional.{}", R.file, e.what()));
+  }
+}
+
 }  // namespace
 
 bool is_posenc_checkpoint(const std::filesystem::path& path) {
@@ -111,12 +142,18 @@ bool is_posenc_checkpoint(const std::filesystem::path& path) {
 }
 
 void save_posenc_checkpoint(const std::filesystem::path& path, const PosencCheckpoint& ck) {
-  if (ck.positional.family == PositionFamily::mrope)
-    throw InvalidArgument("positional.family: mrope models are not supported by the posenc checkpoint format");
   ModelConfig c = ck.config;
   if (c.n_heads <= 0 || c.dim % c.n_heads != 0)
     throw InvalidArgument(fmt::format("config.dim {} must be a positive multiple of n_heads {}", c.dim, c.n_heads));
   c.head_dim = c.dim / c.n_heads;
+  if (ck.positional.family == PositionFamily::mrope) {
+    try {
+      (void)mrope_pair_rows(ck.positional.mrope_section, ck.positional.rope.freqs.rotary_dim / 2,
+                            ck.positional.mrope_mapping);
+    } catch (const ConfigError& e) {
+      throw InvalidArgument(fmt::format("positional.{}", e.what()));
+    }
+  }
   int64_t pos_rows = 0;
   std::map<std::string, const CheckpointTensor*> by_name;
   for (const auto& t : ck.tensors) {
@@ -223,10 +260,9 @@ RawModel read_posenc(const std::filesystem::path& path) {
   const auto& jp = R.at(h, "positional", "positional");
   PositionalConfig& pc = raw.positional;
   pc.family = parse_position_family(R.string(jp, "family", "positional.family"), name + ": positional.family");
-  if (pc.family == PositionFamily::mrope)
-    throw CheckpointError(fmt::format("{}: header field positional.family: mrope models are not run by this runtime", name));
   switch (pc.family) {
-    case PositionFamily::rope: {
+    case PositionFamily::rope:
+    case PositionFamily::mrope: {
       RopeParams rp;
       rp.rope_type = "default";
       rp.rope_theta = R.number(jp, "rope_theta", "positional.rope_theta");
@@ -243,6 +279,7 @@ RawModel read_posenc(const std::filesystem::path& path) {
                               ? parse_angle_precision(R.string(jp, "angle_precision", "positional.angle_precision"),
                                                       name + ": positional.angle_precision")
                               : AnglePrecision::float32;
+      if (pc.family == PositionFamily::mrope) read_mrope_fields(R, jp, rp.rotary_dim, pc);
       break;
     }
     case PositionFamily::alibi: pc.alibi_max_bias = R.number(jp, "max_bias", "positional.max_bias"); break;
@@ -339,7 +376,7 @@ RawModel read_posenc(const std::filesystem::path& path) {
   raw.source.path = path;
   raw.source.architecture = "posenc";
   raw.source.weights = "F32";
-  if (pc.family == PositionFamily::rope)
+  if (pc.family == PositionFamily::rope || pc.family == PositionFamily::mrope)
     raw.source.layout_reason = fmt::format("{}: stated in the checkpoint header (positional.layout)",
                                            to_string(pc.rope.layout));
   raw.source.trained_context_source = "posenc header config.max_position_embeddings";

@@ -390,6 +390,64 @@ KvCache Model::make_cache(int block_size, int64_t max_blocks) const {
   return KvCache(kc);
 }
 
+namespace {
+
+/// MRoPE (family mrope): the [3, n_b] rows (t, h, w) each sequence of the batch
+/// rotates with, validated before anything touches the cache. Explicit rows are
+/// taken as given; without them all three rows are the token's 1-D position
+/// (explicit or next_position + i) plus the sequence's cached rope delta
+/// (Qwen2_5_VLModel.forward: cache_position + rope_deltas; 0 for a fresh or
+/// text-only sequence, where it is HF's expansion of 2-D position_ids to three
+/// rows). forward_padded and the other 1-D callers thus continue an image
+/// sequence correctly. Throws InvalidArgument for rows on a model of another
+/// family or rows of the wrong size.
+std::vector<std::vector<int64_t>> mrope_rows_for_batch(const KvCache& cache,
+                                                       std::span<const Model::SequenceInput> batch,
+                                                       std::span<const int64_t> offset, std::span<const int64_t> pos,
+                                                       PositionFamily family) {
+  const bool mrope = family == PositionFamily::mrope;
+  std::vector<std::vector<int64_t>> rows(mrope ? batch.size() : 0);
+  for (std::size_t b = 0; b < batch.size(); ++b) {
+    const auto& in = batch[b];
+    const std::size_t n = in.tokens.size();
+    if (!in.mrope_position_ids.empty() && !mrope)
+      throw InvalidArgument(fmt::format("mrope_position_ids: given for sequence {} but the model's positional family "
+                                        "is {}, not mrope",
+                                        in.seq, to_string(family)));
+    if (!mrope) continue;
+    if (!in.mrope_position_ids.empty()) {
+      if (in.mrope_position_ids.size() != 3 * n)
+        throw InvalidArgument(fmt::format("mrope_position_ids: {} entries for [3, {}] (sequence {})",
+                                          in.mrope_position_ids.size(), n, in.seq));
+      rows[b].assign(in.mrope_position_ids.begin(), in.mrope_position_ids.end());
+      continue;
+    }
+    const int64_t delta = cache.mrope_delta(in.seq);
+    rows[b].resize(3 * n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const int64_t p = pos[static_cast<std::size_t>(offset[b]) + i] + delta;
+      rows[b][i] = rows[b][n + i] = rows[b][2 * n + i] = p;
+    }
+  }
+  return rows;
+}
+
+/// MRoPE: refuses (CacheError, before anything is appended) a sequence whose
+/// cached keys were rotated with another setup; MRoPE frequencies never change
+/// with the length, so there is nothing to re-rotate.
+std::vector<KvCache::RopeState> mrope_states(KvCache& cache, std::span<const Model::SequenceInput> batch,
+                                             const RopeSetup& rope) {
+  std::vector<KvCache::RopeState> states(batch.size(), KvCache::RopeState{rope.freqs, rope.layout, rope.precision});
+  for (std::size_t b = 0; b < batch.size(); ++b) {
+    const auto& cur = cache.rope_state(batch[b].seq);
+    if (cur && !(*cur == states[b]) && cache.size(batch[b].seq) > 0)
+      cache.set_rope_state(batch[b].seq, states[b], false);  // throws CacheError
+  }
+  return states;
+}
+
+}  // namespace
+
 void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, LogitsMode mode,
                     std::vector<float>& logits) const {
   const Weights& m = *w_;
@@ -441,6 +499,20 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
             "position_ids: position {} is past the learned position table (max_position_embeddings {})", p,
             m.pos_rows));
 
+  // ---- MRoPE: three position rows per token (validated before the cache is touched) ----
+  const bool mrope = family == PositionFamily::mrope;
+  std::vector<std::vector<int64_t>> mrows = mrope_rows_for_batch(cache, batch, offset, pos, family);
+  std::vector<KvCache::RopeState> mstates;
+  std::vector<RopeTable> mtables;
+  if (mrope) {
+    mstates = mrope_states(cache, batch, positional_.rope);
+    mtables.reserve(B);
+    for (std::size_t b = 0; b < B; ++b)
+      mtables.push_back(mrope_table(mstates[b].freqs, positional_.mrope_section, mrows[b],
+                                    static_cast<int64_t>(batch[b].tokens.size()), mstates[b].precision,
+                                    positional_.mrope_mapping));
+  }
+
   // ---- per-sequence RoPE state (dynamic methods recompute for the length) ----
   const bool rope = family == PositionFamily::rope;
   std::vector<KvCache::RopeState> states(rope ? B : 0);
@@ -476,6 +548,10 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     slots[b] = cache.append(batch[b].seq, std::span<const int64_t>(pos).subspan(
                                               static_cast<std::size_t>(offset[b]), batch[b].tokens.size()));
   std::vector<RopeTable> tables;
+  for (std::size_t b = 0; b < mstates.size(); ++b) {  // MRoPE: the rotation and rows of what was appended
+    cache.set_rope_state(batch[b].seq, mstates[b], false);
+    cache.set_mrope_positions(batch[b].seq, slots[b], mrows[b]);
+  }
   if (rope) {
     tables.reserve(B);
     for (std::size_t b = 0; b < B; ++b)
@@ -543,6 +619,10 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
       if (rope) {
         apply_rope(s.q.data() + r0 * Q, n, c.n_heads, c.head_dim, tables[b], states[b].layout);
         apply_rope(s.k.data() + r0 * KV, n, c.n_kv_heads, c.head_dim, tables[b], states[b].layout);
+      }
+      if (mrope) {
+        apply_rope(s.q.data() + r0 * Q, n, c.n_heads, c.head_dim, mtables[b], mstates[b].layout);
+        apply_rope(s.k.data() + r0 * KV, n, c.n_kv_heads, c.head_dim, mtables[b], mstates[b].layout);
       }
       for (int64_t i = 0; i < n; ++i) {
         const auto slot = slots[b][static_cast<std::size_t>(i)];

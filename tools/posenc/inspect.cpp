@@ -86,6 +86,7 @@ json spec_json(const PositionalSpec& s, const std::optional<RopeInspection>& ins
     if (s.qk_head_dim) j["qk_head_dim"] = *s.qk_head_dim;
     if (s.softmax_scale) j["softmax_scale"] = *s.softmax_scale;
     if (!s.mrope_section.empty()) j["mrope_section"] = s.mrope_section;
+    if (s.mrope_interleaved) j["mrope_interleaved"] = true;
   }
   if (s.alibi) {
     j["alibi_convention"] = std::string(to_string(s.alibi->convention));
@@ -168,6 +169,7 @@ std::string spec_text(const PositionalSpec& s, const std::optional<RopeInspectio
     if (s.softmax_scale) line("softmax_scale", fmt::format("{:.9g}", *s.softmax_scale));
     line("layout", layout_name(s));
     if (!s.mrope_section.empty()) line("mrope_section", fmt::format("{}", s.mrope_section));
+    if (!s.mrope_section.empty()) line("mrope_mapping", s.mrope_interleaved ? "interleaved (Qwen3-VL)" : "chunked (Qwen2-VL)");
     if (ins) line("attention_factor", fmt::format("{:.9g}", ins->frequencies.attention_factor));
   }
   if (s.alibi) {
