@@ -205,7 +205,8 @@ class Model {
   QuantizedMatmul quantized_matmul() const;
   const PositionalConfig& positional() const { return positional_; }
   PositionFamily family() const { return positional_.family; }
-  /// The RoPE setup (meaningful for family() == rope).
+  /// The RoPE setup (meaningful for family() == rope, and for mrope: its frequencies,
+  /// layout and precision; positional().mrope_section/mrope_mapping split the pairs).
   const RopeSetup& rope() const { return positional_.rope; }
   /// Replaces the RoPE setup. Throws InvalidArgument if the model is not a
   /// RoPE model, freqs.head_dim differs from the model's head_dim or
