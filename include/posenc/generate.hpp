@@ -27,8 +27,11 @@ struct GenerateOptions {
   /// `posenc ppl` applies it to a window of prompt + max_new_tokens tokens.
   std::string rope_scaling = "native";
   std::optional<double> rope_factor;  ///< s for rope_scaling (default: max(1, context / trained context))
-  /// Called at most once, before the first token at a position >= the
-  /// model's trained context is fed to the model, with a one-line message.
+  /// Called at most once, before the first token at a position >=
+  /// trained_position_bound (the trained context x the factor of the applied
+  /// rope_scaling; model.hpp) is fed to the model, with a one-line message
+  /// (PositionWarning::message). A callback installed on the model with
+  /// Model::set_position_warning is called too.
   std::function<void(const std::string&)> on_warning;
 };
 
@@ -44,7 +47,7 @@ struct GenerateResult {
   /// position is past the learned position table (learned-absolute models),
   /// so nothing more can be generated.
   std::string stop_reason;
-  /// Position of the first token fed at or past the trained context (the
+  /// Position of the first token fed at or past trained_position_bound (the
   /// sequence passed it there; on_warning was called), -1 if none was.
   int64_t passed_trained_context_at = -1;
   int64_t trained_context = 0;          ///< the model's

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -140,6 +141,16 @@ struct PositionalConfig {
   double sinusoidal_base = 10000.0;    ///< family == sinusoidal (interleaved sin/cos layout)
 };
 
+/// The first position a forward fed at or past trained_position_bound(model) (issue 16 finding 4): what
+/// Model::set_position_warning's callback receives, once.
+struct PositionWarning {
+  int64_t position = 0;         ///< the first position id >= bound in the batch that crossed it
+  int64_t bound = 0;            ///< trained_position_bound at that forward (positions 0 .. bound-1 are inside)
+  int64_t trained_context = 0;  ///< Model::trained_context()
+  double factor = 1.0;          ///< the active rope_scaling factor (1 for native RoPE and for other families)
+  std::string message;          ///< one line, "the sequence passes the trained context (...) at position P: ..."
+};
+
 class Model {
  public:
   /// Which loader reads `path`: a directory is a Hugging Face directory; a
@@ -239,6 +250,19 @@ class Model {
   /// change under cached keys. Default: refuse.
   void set_rope_change_policy(RopeChangePolicy policy);
 
+  /// Bounds on position ids (issue 16 finding 4). set_max_position(n): forward refuses, with a PositionError
+  /// naming the position and n, any position id > n (n is the largest allowed id; -1 = no limit, the default).
+  /// Checked with the rest of the input, before the cache is touched. Throws InvalidArgument for n < -1.
+  void set_max_position(int64_t n);
+  int64_t max_position() const { return max_position_; }
+  /// Called once (for this model and the copies made after the call, which share the "already warned" state)
+  /// the first time forward feeds a position id >= trained_position_bound(*this), before the network runs.
+  /// An empty function removes the callback. The bound is taken at each forward, so a copy with another
+  /// rope_scaling (set_rope) has its own factor.
+  void set_position_warning(std::function<void(const PositionWarning&)> on_warning);
+  /// The callback set_position_warning installed (empty if none).
+  std::function<void(const PositionWarning&)> position_warning() const;
+
   /// Attention mask: 0 = causal (default); w > 0 = Mistral's sliding window
   /// (a query at position i sees keys j with 0 <= i - j < w). Throws
   /// InvalidArgument for w < 0.
@@ -303,7 +327,17 @@ class Model {
   std::string trained_context_source_;
   RopeChangePolicy policy_ = RopeChangePolicy::refuse;
   int64_t sliding_window_ = 0;
+  struct PositionWatch;
+  int64_t max_position_ = -1;
+  std::shared_ptr<PositionWatch> position_watch_;
 };
+
+/// The positions a model is trained for in its current setup: trained_context() x the factor of the active
+/// rope_scaling (RopeParams::factor of rope().params; 1 when absent, for native RoPE and for non-RoPE
+/// families), rounded up; positions 0 .. bound-1 are inside. Saturates at INT64_MAX.
+int64_t trained_position_bound(const Model& model);
+/// The factor trained_position_bound multiplies by (1 when there is none).
+double trained_position_factor(const Model& model);
 
 namespace detail {
 /// TEST-ONLY hook: injects one of the classic position bugs into the runtime

@@ -115,23 +115,17 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::str
   if (limit >= 0 && prompt_len > limit)
     throw PositionError(fmt::format("prompt: {} tokens are past the learned position table ({} positions)", prompt_len,
                                     limit));
-  // Warns once, before the first token at position >= the trained context.
-  const int64_t T = model.trained_context();
-  auto about_to_feed = [&](int64_t from, int64_t count) {
-    if (res.passed_trained_context_at >= 0 || T <= 0 || from + count <= T) return;
-    res.passed_trained_context_at = std::max(from, T);
-    if (o.on_warning)
-      o.on_warning(fmt::format(
-          "the sequence passes the trained context ({} tokens, {}) at position {}: {} positions{} from here on are "
-          "outside what the model was trained on",
-          T, model.trained_context_source(), res.passed_trained_context_at, to_string(model.family()),
-          model.family() == PositionFamily::rope ? fmt::format(" (rope_scaling {})", o.rope_scaling) : ""));
-  };
+  // Warns once, before the first token at a position >= the trained context x the rope_scaling factor: the
+  // forward's position watch (Model::set_position_warning), chained to the one the caller installed on `model`.
+  m.set_position_warning([&res, &o, prev = model.position_warning()](const PositionWarning& w) {
+    res.passed_trained_context_at = w.position;
+    if (prev) prev(w);
+    if (o.on_warning) o.on_warning(w.message);
+  });
   KvCache cache = m.make_cache(o.block_size);
   const KvCache::SeqId seq = cache.create();
   std::vector<float> logits;
   Model::SequenceInput in{seq, res.prompt_tokens, {}};
-  about_to_feed(0, prompt_len);
   m.forward(cache, std::span<const Model::SequenceInput>(&in, 1), Model::LogitsMode::last, logits);
   std::mt19937_64 rng(o.seed);
   int32_t prev = res.prompt_tokens.size() > first ? res.prompt_tokens.back() : -1;
@@ -161,7 +155,6 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::str
     }
     const int32_t tok[1] = {next};
     in = {seq, tok, {}};
-    about_to_feed(position, 1);
     m.forward(cache, std::span<const Model::SequenceInput>(&in, 1), Model::LogitsMode::last, logits);
   }
   return res;

@@ -155,6 +155,40 @@ void Model::set_sliding_window(int64_t window) {
   sliding_window_ = window;
 }
 
+// ---- bounds on positions (issue 16 finding 4) ----
+struct Model::PositionWatch {
+  std::function<void(const PositionWarning&)> on_warning;
+  std::atomic<bool> warned{false};
+};
+
+void Model::set_max_position(int64_t n) {
+  if (n < -1) fail_field<InvalidArgument>("max_position", "must be >= 0 (or -1 = no limit)", n);
+  max_position_ = n;
+}
+
+void Model::set_position_warning(std::function<void(const PositionWarning&)> on_warning) {
+  position_watch_.reset();
+  if (!on_warning) return;
+  position_watch_ = std::make_shared<PositionWatch>();
+  position_watch_->on_warning = std::move(on_warning);
+}
+
+std::function<void(const PositionWarning&)> Model::position_warning() const {
+  return position_watch_ ? position_watch_->on_warning : std::function<void(const PositionWarning&)>();
+}
+
+double trained_position_factor(const Model& model) {
+  if (model.family() != PositionFamily::rope) return 1.0;
+  const auto& f = model.rope().params.factor;
+  return f && std::isfinite(*f) && *f > 0 ? *f : 1.0;
+}
+
+int64_t trained_position_bound(const Model& model) {
+  const double b = std::ceil(static_cast<double>(model.trained_context()) * trained_position_factor(model) - 1e-9);
+  if (!(b < 9.2e18)) return std::numeric_limits<int64_t>::max();
+  return std::max<int64_t>(static_cast<int64_t>(b), 0);
+}
+
 Model::Model(std::shared_ptr<const Weights> weights) : w_(std::move(weights)) {}
 Model::Model(const Model&) = default;
 Model& Model::operator=(const Model&) = default;
@@ -498,6 +532,40 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
         throw PositionError(fmt::format(
             "position_ids: position {} is past the learned position table (max_position_embeddings {})", p,
             m.pos_rows));
+
+  // Bounds on positions: --max-position refuses (before the cache is touched); past the trained context x the
+  // rope_scaling factor warns once.
+  if (max_position_ >= 0 || position_watch_) {
+    int64_t maxp = -1;
+    for (int64_t p : pos) maxp = std::max(maxp, p);
+    if (max_position_ >= 0 && maxp > max_position_)
+      throw PositionError(fmt::format("position_ids: position {} is past the position limit {} (max_position; "
+                                      "positions 0 .. {} are allowed)",
+                                      maxp, max_position_, max_position_));
+    const int64_t bound = trained_position_bound(*this);
+    if (position_watch_ && maxp >= bound && bound > 0 && !position_watch_->warned.exchange(true)) {
+      int64_t first = -1;  // the first id >= bound in batch order: where the sequence crosses it
+      for (int64_t p : pos)
+        if (p >= bound) {
+          first = p;
+          break;
+        }
+      PositionWarning w;
+      w.position = first;
+      w.bound = bound;
+      w.trained_context = trained_context_;
+      w.factor = trained_position_factor(*this);
+      const bool rope_family = family == PositionFamily::rope;
+      w.message = fmt::format(
+          "the sequence passes the trained context ({} tokens, {}){} at position {}: {} positions{} from here on are "
+          "outside what the model was trained on",
+          trained_context_, trained_context_source_,
+          w.factor != 1.0 ? fmt::format(" x rope factor {:g} = {} positions", w.factor, bound) : "", first,
+          to_string(family),
+          rope_family ? fmt::format(" (rope_type {})", positional_.rope.params.rope_type) : "");
+      position_watch_->on_warning(w);
+    }
+  }
 
   // ---- MRoPE: three position rows per token (validated before the cache is touched) ----
   const bool mrope = family == PositionFamily::mrope;

@@ -336,6 +336,13 @@ std::shared_ptr<Job> Server::Impl::make_job(const CompletionRequest& r) {
                                      "no room for new tokens",
                                      P, max_model_len));
   }
+  // Model::set_max_position (--max-position): a request whose context would reach a position id past it is a 400,
+  // before it is queued (the forward would refuse it mid-batch).
+  if (const int64_t limit = model.max_position(); limit >= 0 && P + job->max_tokens - 1 > limit)
+    throw RequestError(400, "invalid_request_error", job->max_tokens > 0 ? "max_tokens" : "prompt",
+                       fmt::format("position_ids: {} prompt tokens + max_tokens {} reach position {}, past the "
+                                   "position limit {} (--max-position; positions 0 .. {} are allowed)",
+                                   P, job->max_tokens, P + job->max_tokens - 1, limit, limit));
   if (scheduler->blocks_needed(P + job->max_tokens) > scheduler->block_budget())
     throw RequestError(400, "invalid_request_error", "max_tokens",
                        fmt::format("prompt + max_tokens = {} tokens do not fit the KV cache budget ({} blocks of {})",

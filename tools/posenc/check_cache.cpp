@@ -116,6 +116,7 @@ void run_check(const CheckArgs& a) {
     }
     j["tolerance"] = r.tolerance;
     j["passed"] = r.passed;
+    j["position_warning"] = position_warning_json();
     emit_json(a.json, j);
   }
   if (a.json != "-") {

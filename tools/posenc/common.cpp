@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -189,6 +190,40 @@ void ModelArgs::add_to(CLI::App& cmd) {
                  "products with Q8_0/Q4_0 weights: dequantize (to float32 at load; default) or q8_activations "
                  "(activations quantized to Q8_0, llama.cpp's CPU arithmetic)")
       ->capture_default_str();
+  cmd.add_option("--max-position", max_position,
+                 "largest position id the model may be fed: a longer context, prompt or request is an error naming "
+                 "the position (exit 1; serve answers 400). Without it, passing the trained context x the "
+                 "rope_scaling factor warns once")
+      ->check(int_in(0, int64_t{1} << 40));
+}
+
+namespace {
+std::mutex g_position_warning_mutex;
+std::optional<PositionWarning> g_position_warning;  // the first one of this process
+
+void install_position_bounds(Model& model, const ModelArgs& args) {
+  if (args.max_position) model.set_max_position(*args.max_position);
+  model.set_position_warning([](const PositionWarning& w) {
+    const std::lock_guard<std::mutex> lock(g_position_warning_mutex);
+    if (g_position_warning) return;  // once per process, whichever copy of the model crossed first
+    g_position_warning = w;
+    std::fflush(stdout);
+    // On one terminal the warning starts its own line after streamed text (generate).
+    const bool same_tty = ::isatty(STDOUT_FILENO) != 0 && ::isatty(STDERR_FILENO) != 0;
+    fmt::print(stderr, "{}posenc: warning: {}\n", same_tty ? "\n" : "", w.message);
+  });
+}
+}  // namespace
+
+nlohmann::json position_warning_json() {
+  const std::lock_guard<std::mutex> lock(g_position_warning_mutex);
+  if (!g_position_warning) return nullptr;
+  const PositionWarning& w = *g_position_warning;
+  return {{"position", w.position},
+          {"bound", w.bound},
+          {"trained_context", w.trained_context},
+          {"factor", w.factor},
+          {"message", w.message}};
 }
 
 Tokenizer load_tokenizer_file(const std::string& path) {
@@ -235,6 +270,7 @@ LoadedModel load_model(const ModelArgs& args) {
   std::string tok_source;
   if (args.tokenizer_optional && args.tokenizer_path.empty() && !model.bundled_tokenizer()) {
     auto notes = apply_model_overrides(model, args);
+    install_position_bounds(model, args);
     return {std::move(model), Tokenizer{}, std::string(), std::move(notes)};
   }
   Tokenizer tok = [&] {
@@ -262,6 +298,7 @@ LoadedModel load_model(const ModelArgs& args) {
     throw TokenizerError(fmt::format("{}: vocab_size {} does not {} the model's vocab_size {} ({})", tok_source,
                                      tok.vocab_size(), exact ? "match" : "fit", c.vocab_size, args.model_path));
   auto notes = apply_model_overrides(model, args);
+  install_position_bounds(model, args);
   return {std::move(model), std::move(tok), std::move(tok_source), std::move(notes)};
 }
 

@@ -34,8 +34,16 @@ struct ModelArgs {
   /// empty LoadedModel::tokenizer and tokenizer_source "" instead of "--tokenizer: required". A --tokenizer given
   /// is still loaded and checked.
   bool tokenizer_optional = false;
+  // Bounds on positions (issue 16 finding 4): --max-position N makes a position id > N a PositionError (exit 1);
+  // load_model installs the warning printed once past the trained context x the rope_scaling factor.
+  std::optional<int64_t> max_position;
   void add_to(CLI::App& cmd);
 };
+
+/// The position warning of this process (Model::set_position_warning, installed by load_model: printed once to
+/// stderr as "posenc: warning: ..."), as JSON for a command's --json output: null when positions stayed inside
+/// trained_position_bound, else {position, bound, trained_context, factor, message}.
+nlohmann::json position_warning_json();
 
 struct LoadedModel {
   Model model;

@@ -41,7 +41,8 @@ void run_detect(const DetectArgs& a) {
                      {"model_format", std::string(to_string(model.source().format))},
                      {"loader_layout", std::string(to_string(model.rope().layout))},
                      {"loader_layout_reason", model.source().layout_reason},
-                     {"agrees_with_loader", e.likely == model.rope().layout}};
+                     {"agrees_with_loader", e.likely == model.rope().layout},
+                     {"position_warning", position_warning_json()}};
     emit_json(a.json, j);
     if (a.json == "-") return;
   }

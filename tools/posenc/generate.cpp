@@ -67,12 +67,8 @@ void run_generate(const GenerateArgs& a) {
                  method);
   }
   if (a.ignore_eos) opt.stop_at_bos = opt.stop_at_eos = false;
-  opt.on_warning = [](const std::string& message) {
-    std::fflush(stdout);
-    // On one terminal the warning starts its own line after the streamed text.
-    const bool same_tty = ::isatty(STDOUT_FILENO) != 0 && ::isatty(STDERR_FILENO) != 0;
-    fmt::print(stderr, "{}posenc: warning: {}\n", same_tty ? "\n" : "", message);
-  };
+  // Past the trained context x the rope_scaling factor: load_model's position warning prints it once (generate()
+  // chains to it).
   const auto t0 = std::chrono::steady_clock::now();
   const std::string prompt = a.prompt.text();
   const auto res = generate(model, tok, prompt, opt, [](std::string_view piece) {
@@ -98,6 +94,7 @@ void run_generate(const GenerateArgs& a) {
     j["trained_context"] = res.trained_context;
     j["passed_trained_context_at"] =
         res.passed_trained_context_at >= 0 ? nlohmann::json(res.passed_trained_context_at) : nlohmann::json(nullptr);
+    j["position_warning"] = position_warning_json();
     j["positional_family"] = std::string(to_string(model.family()));
     j["temperature"] = opt.temperature;
     j["top_p"] = opt.top_p;

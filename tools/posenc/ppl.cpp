@@ -182,6 +182,7 @@ void run_ppl(const PplArgs& a) {
     j["bootstrap"] = {{"resamples", PplOptions{}.bootstrap_resamples}, {"level", 0.95}, {"unit", "window"}};
     j["fine_bins_per_bucket"] = kFineBins;
     j["tokenizer_mismatch"] = mismatch ? nlohmann::json(*mismatch) : nlohmann::json();
+    j["position_warning"] = position_warning_json();
     j["results"] = nlohmann::json::array();
     for (const auto& r : results) j["results"].push_back(ppl_result_json(r));
     if (!a.json_path.empty()) {
