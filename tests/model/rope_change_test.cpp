@@ -373,3 +373,24 @@ TEST(RopeChangeCli, GenerateRunsPastTheSwitchPointWithRecomputeAndReportsItsCost
 
 }  // namespace
 }  // namespace posenc
+
+namespace posenc {
+namespace {
+
+TEST(RopeChangeCli, PplRunsPastTheSwitchPointWithRecomputeNamedInItsRecord) {
+  test::TempDir d;
+  const auto out = d.path() / "p.json";
+  const auto r = test::run_cli("ppl --model '" + test::model_path().string() + "' --tokenizer '" +
+                               test::tokenizer_path().string() + "' --text '" + test::text_path().string() +
+                               "' --trained-context 128 --context 172 --rope-scaling dynamic --scored-tokens 2000 "
+                               "--quiet --json '" + out.string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(test::slurp(out));
+  EXPECT_EQ(j["rope_change_policy"], "recompute");
+  ASSERT_FALSE(j["results"].empty());
+  EXPECT_EQ(j["results"][0]["context"], 172);
+  EXPECT_TRUE(j["results"][0]["nll"].is_number());
+}
+
+}  // namespace
+}  // namespace posenc
