@@ -196,7 +196,7 @@ TEST(RopeChange, HfPolicyFollowsTransformersScheduleAndItsDriftIsVisible) {
   EXPECT_TRUE(got.mixed);
   EXPECT_EQ(got.stats.rope_changes_kept, 1);
   const double drift = max_diff(got.logits, Model(longrope_model()).score_window(tokens()));
-  EXPECT_GT(drift, 1.0);  // measured 9.04 (the issue: 16.9 with its factors under rerotate)
+  EXPECT_GT(drift, 1.0);  // measured 18.9 against the whole forward (the issue: 16.9 with its factors)
   RecordProperty("hf_longrope_drift", std::to_string(drift));
 
   Model d = dynamic_model();
@@ -246,7 +246,7 @@ TEST(RopeChange, RerotateIsExactOnlyForSingleLayerAttention) {
     if (single) {
       EXPECT_LE(d, 1e-4);
     } else {
-      EXPECT_GT(d, 1e-2);  // measured 0.48 on stories260K (5 layers)
+      EXPECT_GT(d, 1e-2);  // measured 0.36 on stories260K (5 layers)
     }
   }
 }
