@@ -32,8 +32,14 @@ struct ConsistencyScenario {
   /// "context shift re-rotates RoPE keys; this model uses alibi positions"):
   /// it was not run, and neither passes nor fails the report.
   std::string skipped;
+  /// The drift of a RoPE change policy other than the one checked: reported,
+  /// never judged (ok() is true whatever the difference).
+  bool informational = false;
+  /// What happened on the path (e.g. "4 re-prefills, 92 tokens re-run", "refused
+  /// at length 129 (CacheError), nothing appended").
+  std::string note;
   bool ok(double tolerance) const {
-    return !skipped.empty() || (failure.empty() && max_abs_logit_diff <= tolerance);
+    return !skipped.empty() || informational || (failure.empty() && max_abs_logit_diff <= tolerance);
   }
 };
 
@@ -64,6 +70,11 @@ struct ConsistencyReport {
   ConsistencyPlan plan;
   PositionFamily family = PositionFamily::rope;
   int64_t trained_context = 0;  ///< the model's
+  /// Length-dependent RoPE (dynamic, longrope): the method, its switch point
+  /// (rope_switch_point) and the policy checked; "" / 0 otherwise.
+  std::string rope_type;
+  int64_t rope_switch_point = 0;
+  RopeChangePolicy rope_change_policy = RopeChangePolicy::recompute;
   double tolerance = 1e-4;
   bool passed = false;  ///< every scenario ok(tolerance)
 };
@@ -79,13 +90,21 @@ struct ConsistencyOptions {
   int block_size = 0;               ///< KV cache block size; 0 = clamp(n/8, 2, 16)
   int64_t sliding_window = 0;       ///< window of the eviction scenario; 0 = max(2, n/8)
   double tolerance = 1e-4;
+  /// Length-dependent RoPE: the policy the rope_change scenarios judge (the
+  /// other policies' drift is reported as informational scenarios).
+  RopeChangePolicy rope_change_policy = RopeChangePolicy::recompute;
+  /// Chunk size of the rope_change chunked scenarios; 0 = max(2, switch point / 4)
+  /// (32 at an original context of 128).
+  int64_t rope_change_chunk = 0;
 };
 
 /// The default sequence length for `model`: its trained context, capped by the
 /// learned position table (config().max_position_embeddings) for
 /// learned-absolute models and by kMaxConsistencyLength; at least
 /// kMinConsistencyLength (a model trained on shorter sequences is checked at
-/// the minimum).
+/// the minimum). A length-dependent RoPE (dynamic, longrope) whose switch
+/// point S is reached by that length gets max(n, S + max(16, S / 3)), so that
+/// the rope_change scenarios cross it (S = 128: 170).
 int64_t default_consistency_length(const Model& model);
 
 /// The plan for `options` at length n (options.length must be set, > 0):
@@ -115,6 +134,17 @@ ConsistencyPlan consistency_plan(const ConsistencyOptions& options);
 ///  token with blocks evicted outside a window, against one full forward under
 ///  the sliding-window mask). Every family the runtime runs (rope, alibi,
 ///  t5_bias, learned_absolute, sinusoidal, nope) goes through every other scenario.
+///  Length-dependent RoPE (dynamic, longrope, update_with_length): the
+///  scenarios above run with the frequencies frozen at length n (they check
+///  position bookkeeping), and the rope_change scenarios cross the switch
+///  point S: rope_change_<policy>_token_by_token and _chunked_<c> for each of
+///  recompute, hf, rerotate, refuse, each row compared with the full forward
+///  at the length it was computed at (the rows of score_window(tokens[0, e))
+///  for a step ending at e); the checked policy is judged, the others are
+///  informational (their drift reported). refuse passes when it refuses at the
+///  first step past S with nothing appended. LongRoPE adds
+///  longrope_planned_chunked_<c> (recompute, planned length n): every chunk
+///  must use the long factors (no re-prefill) and equal one whole forward of n.
 /// Throws InvalidArgument as consistency_plan, or if the stream is shorter
 /// than plan.stream_tokens (3n); PositionError naming "length" if n is past a
 /// learned position table.

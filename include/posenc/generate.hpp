@@ -27,6 +27,10 @@ struct GenerateOptions {
   /// `posenc ppl` applies it to a window of prompt + max_new_tokens tokens.
   std::string rope_scaling = "native";
   std::optional<double> rope_factor;  ///< s for rope_scaling (default: max(1, context / trained context))
+  /// What a length-dependent method (dynamic, longrope) does when its
+  /// frequencies change under the cache (see RopeChangePolicy). recompute
+  /// keeps every step equal to a full forward at the current length.
+  RopeChangePolicy rope_change_policy = RopeChangePolicy::recompute;
   /// Called at most once, before the first token at a position >=
   /// trained_position_bound (the trained context x the factor of the applied
   /// rope_scaling; model.hpp) is fed to the model, with a one-line message
@@ -55,7 +59,14 @@ struct GenerateResult {
   std::optional<double> rope_factor;    ///< ... its factor (none for default / native without one)
   std::string rope_type;                ///< ... the applied setup's rope_type (the model's for native)
   int64_t rope_context = 0;             ///< ... the sequence length its setup was built for
-  std::string rope_change_policy;       ///< ... "refuse" or "rerotate" (length-dependent methods)
+  /// ... the policy applied when the frequencies change ("recompute", "hf",
+  /// "refuse", "rerotate"; "none" when the method does not depend on the length)
+  std::string rope_change_policy;
+  int64_t rope_switch_point = 0;        ///< ... the length past which they change (0: never)
+  int64_t rope_recomputes = 0;          ///< re-prefills the recompute policy ran
+  int64_t tokens_reprefilled = 0;       ///< tokens those re-prefills ran again
+  double prefill_seconds = 0;           ///< wall time of the prompt's forward
+  double decode_seconds = 0;            ///< wall time of the decode steps' forwards (re-prefills included)
 };
 
 /// Encodes `prompt` (tokenizer.encode(prompt, bos=true): BOS + dummy prefix for
@@ -65,8 +76,11 @@ struct GenerateResult {
 /// RoPE models run with rope_setup_for_context(model.rope(), trained context,
 /// options.rope_scaling, prompt + max_new_tokens, options.rope_factor) (the
 /// setup `posenc ppl` uses for a window of that length); a length-dependent
-/// method (dynamic, longrope) re-rotates cached keys when its frequencies
-/// change (RopeChangePolicy::rerotate). Generation stops at the tokenizer's
+/// method (dynamic, longrope) applies options.rope_change_policy when its
+/// frequencies change (default recompute: a re-prefill, so each step equals a
+/// full forward at its length; LongRoPE plans for prompt + max_new_tokens, so
+/// it uses the long factors from the first token when that passes the
+/// original context). Generation stops at the tokenizer's
 /// BOS / EOS (stop_at_bos / stop_at_eos), after max_new_tokens, or where a
 /// learned position table ends (stop_reason "position_limit").
 /// Throws InvalidArgument for bad options (temperature < 0, top_p not in (0,1],

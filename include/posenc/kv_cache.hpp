@@ -47,7 +47,22 @@ class KvCache {
     RopeFrequencies freqs;
     RopeLayout layout = RopeLayout::half;
     AnglePrecision precision = AnglePrecision::float32;
-    bool operator==(const RopeState&) const = default;
+    /// The sequence length the frequencies were computed for (length-dependent
+    /// methods; under RopeChangePolicy::hf, HF's max_seq_len_cached of the
+    /// sequence). Bookkeeping only: not part of the comparison (two states
+    /// with the same rotation are the same rotation).
+    int64_t seq_len = 0;
+    bool operator==(const RopeState& o) const {
+      return freqs == o.freqs && layout == o.layout && precision == o.precision;
+    }
+  };
+
+  /// What happened to a sequence's rotation (see RopeChangePolicy in model.hpp).
+  struct SequenceStats {
+    int64_t rope_recomputes = 0;      ///< re-prefills after a frequency change (recompute)
+    int64_t tokens_reprefilled = 0;   ///< tokens those re-prefills ran again
+    int64_t rope_rerotations = 0;     ///< re-rotations of every cached key (rerotate)
+    int64_t rope_changes_kept = 0;    ///< changes with the old keys kept as written (hf)
   };
 
   /// Throws InvalidArgument for non-positive sizes.
@@ -81,7 +96,30 @@ class KvCache {
   /// then writes k/v for every layer with key()/value(). Copy-on-write happens
   /// here. Throws InvalidArgument for a negative position id, CacheError when
   /// the pool is exhausted (max_blocks).
-  std::vector<Slot> append(SeqId seq, std::span<const int64_t> position_ids);
+  /// token_ids: empty, or one id per position (recorded per slot, so that a
+  /// sequence can be re-prefilled from its own tokens; -1 = unknown).
+  std::vector<Slot> append(SeqId seq, std::span<const int64_t> position_ids,
+                           std::span<const int32_t> token_ids = {});
+  /// Token ids of the stored tokens, in slot order (as positions(); -1 where
+  /// append was given none).
+  std::vector<int32_t> token_ids(SeqId seq) const;
+  /// Tokens removed by evict()/keep_window() since the sequence was created or cleared.
+  int64_t evicted(SeqId seq) const;
+  /// Empties the sequence (same id): every slot released, next_position 0, no
+  /// RopeState, not mixed, the planned length and stats kept.
+  void clear(SeqId seq);
+
+  /// The total length the request on this sequence will reach (0 = unknown):
+  /// LongRoPE picks its short or long factors from max(this, the current
+  /// length), consistently across the chunks of a chunked prefill. Throws
+  /// InvalidArgument for n < 0.
+  void set_planned_length(SeqId seq, int64_t n);
+  int64_t planned_length(SeqId seq) const;
+
+  /// Per-sequence counters of frequency changes (kept by clear(), copied by fork()).
+  const SequenceStats& stats(SeqId seq) const;
+  /// Records a re-prefill of `tokens` tokens (Model::forward under recompute).
+  void record_recompute(SeqId seq, int64_t tokens);
 
   /// k or v of one slot at one layer: [kv_heads, head_dim] float32.
   float* key(int layer, Slot slot);
@@ -108,7 +146,8 @@ class KvCache {
   /// sequence's RopeState (q·k depends only on position differences, so every
   /// logit between shifted tokens is preserved). Without a RopeState (ALiBi,
   /// T5, NoPE models) only the ids change. Throws CacheError if a shifted id
-  /// would become negative or collide with an unshifted one.
+  /// would become negative or collide with an unshifted one, or if the
+  /// sequence is rope_mixed (its keys carry several rotations).
   void shift(SeqId seq, int64_t delta, int64_t from = 0);
 
   /// The rotation of this sequence's cached keys (std::nullopt: none yet / not RoPE).
@@ -118,6 +157,13 @@ class KvCache {
   /// rotated back and forward again with the new frequencies (copy-on-write for
   /// shared blocks); with rerotate = false a CacheError is thrown. Never mixes.
   void set_rope_state(SeqId seq, const RopeState& state, bool rerotate);
+  /// Hugging Face's behaviour (RopeChangePolicy::hf): keys about to be appended
+  /// use `state`, cached keys keep the rotation they were written with. If the
+  /// sequence holds keys of another rotation it becomes rope_mixed (until
+  /// clear()); rope_state() then describes the newest keys only.
+  void set_rope_state_mixed(SeqId seq, const RopeState& state);
+  /// True when cached keys of the sequence carry different rotations (hf).
+  bool rope_mixed(SeqId seq) const;
 
   // ---- MRoPE (Qwen2-VL): three position rows per cached token ----
   // The 1-D position ids above stay the sequence order (the mask); these rows

@@ -123,8 +123,43 @@ struct RopeSetup {
   bool update_with_length = true;
 };
 
-/// What to do when frequencies change under cached keys (dynamic NTK).
-enum class RopeChangePolicy { refuse, rerotate };
+/// What Model::forward does when a length-dependent method (rope_type dynamic,
+/// longrope) gives a sequence other frequencies than those its cached keys
+/// were rotated with (the length passed the switch point: dynamic NTK's
+/// max_position_embeddings, LongRoPE's original_max_position_embeddings).
+///  - recompute: the sequence is re-prefilled from its own cached token ids at
+///               their cached positions with the new frequencies (every layer's
+///               keys and values), then the new tokens run: the cache equals a
+///               full forward at the current length, exactly. Cost: one forward
+///               over the cached tokens per change (KvCache::stats counts
+///               them). Needs every token of the sequence (CacheError after
+///               an eviction or for slots appended without token ids).
+///  - hf:        Hugging Face transformers' generation: cached keys keep the
+///               rotation they were written with, new tokens use the frequencies
+///               HF's dynamic_rope_update gives for the current length
+///               (dynamic: grow only, reset below the original context;
+///               longrope: long past original_max_position_embeddings, the
+///               planned length ignored). The sequence is marked mixed
+///               (KvCache::rope_mixed; shift() refuses it). Drifts from a full
+///               forward; reproduces HF's numerics.
+///  - refuse:    CacheError; nothing appended.
+///  - rerotate:  every cached key is rotated back and forward with the new
+///               frequencies. Exact only for single-layer attention: keys and
+///               values of layers >= 1 stay computed from hidden states of the
+///               old frequencies (stories260K at original context 128, 172
+///               tokens of tinystories_val, chunks of 32: max |dlogit| 0.36
+///               under dynamic NTK, 5.2 across a LongRoPE switch, against the
+///               full forward at each length; `posenc check-cache` reports it).
+enum class RopeChangePolicy { recompute, hf, refuse, rerotate };
+/// "recompute", "hf", "refuse", "rerotate".
+std::string_view to_string(RopeChangePolicy policy);
+/// Parses the names of to_string. Throws ConfigError naming `field` and the
+/// accepted names.
+RopeChangePolicy parse_rope_change_policy(std::string_view text, std::string_view field);
+/// The length past which a length-dependent method changes its frequencies:
+/// dynamic: max_position_embeddings; longrope: original_max_position_embeddings
+/// (else max_position_embeddings); 0 for a method that does not depend on the length.
+int64_t rope_switch_point(const RopeParams& params);
 
 /// The positional encoding of a model (the non-tensor part; tables are weights).
 struct PositionalConfig {
@@ -245,10 +280,13 @@ class Model {
   /// set_rope changed since).
   RopeLayout stored_layout() const;
   /// With a length-dependent method (rope_type dynamic/longrope), each forward
-  /// recomputes the frequencies for the sequence length max(position_ids)+1 (Hugging
-  /// Face's dynamic_rope_update rule) and the cache applies `policy` when they
-  /// change under cached keys. Default: refuse.
+  /// recomputes the frequencies for the sequence length L = max(position_ids,
+  /// cached positions)+1 (LongRoPE: for max(L, KvCache::planned_length(seq)),
+  /// so a request planned past the original context uses the long factors in
+  /// every chunk) and applies `policy` when they change under cached keys.
+  /// Default: recompute.
   void set_rope_change_policy(RopeChangePolicy policy);
+  RopeChangePolicy rope_change_policy() const { return policy_; }
 
   /// Bounds on position ids (issue 16 finding 4). set_max_position(n): forward refuses, with a PositionError
   /// naming the position and n, any position id > n (n is the largest allowed id; -1 = no limit, the default).
@@ -325,7 +363,8 @@ class Model {
   PositionalConfig positional_;
   int64_t trained_context_ = 0;
   std::string trained_context_source_;
-  RopeChangePolicy policy_ = RopeChangePolicy::refuse;
+  RopeChangePolicy policy_ = RopeChangePolicy::recompute;
+  void recompute_sequence(KvCache& cache, KvCache::SeqId seq, const KvCache::RopeState& state) const;
   int64_t sliding_window_ = 0;
   struct PositionWatch;
   int64_t max_position_ = -1;

@@ -13,6 +13,7 @@ namespace posenc {
 struct KvCache::Block {
   std::vector<float> data;   // [n_layers][2 (k, v)][block_size][kv_heads * head_dim]
   std::vector<int64_t> pos;  // [block_size], -1 = empty
+  std::vector<int32_t> tok;  // [block_size] token ids, -1 = unknown
   int32_t used = 0;          // slots handed out so far; slots >= used are free
   int32_t refs = 0;
   std::vector<int64_t> mpos;  // MRoPE: [3][block_size] (t, h, w rows), empty until set_mrope_positions
@@ -25,6 +26,10 @@ struct KvCache::Sequence {
   int64_t n_tokens = 0;
   std::optional<RopeState> rope;
   int64_t mrope_next = -1;  // largest recorded 3-row id + 1; -1 = none recorded
+  bool rope_mixed = false;
+  int64_t evicted = 0;
+  int64_t planned = 0;
+  SequenceStats stats;
 };
 
 KvCache::KvCache(const Config& config) : config_(config) {
@@ -109,6 +114,7 @@ int32_t KvCache::allocate_block() {
                      static_cast<std::size_t>(config_.block_size) *
                      static_cast<std::size_t>(config_.kv_heads) * static_cast<std::size_t>(config_.head_dim));
     blk->pos.assign(static_cast<std::size_t>(config_.block_size), -1);
+    blk->tok.assign(static_cast<std::size_t>(config_.block_size), -1);
     blocks_.push_back(std::move(blk));
     id = static_cast<int32_t>(blocks_.size() - 1);
   }
@@ -116,6 +122,7 @@ int32_t KvCache::allocate_block() {
   std::fill(b.pos.begin(), b.pos.end(), -1);
   b.mpos.clear();
   b.mset.clear();
+  std::fill(b.tok.begin(), b.tok.end(), -1);
   b.used = 0;
   b.refs = 1;
   return id;
@@ -137,19 +144,25 @@ int32_t KvCache::make_writable(Sequence& s, std::size_t table_index) {
   nb.pos = ob.pos;
   nb.mpos = ob.mpos;
   nb.mset = ob.mset;
+  nb.tok = ob.tok;
   nb.used = ob.used;
   release_block(id);
   s.table[table_index] = nid;
   return nid;
 }
 
-std::vector<KvCache::Slot> KvCache::append(SeqId seq, std::span<const int64_t> position_ids) {
+std::vector<KvCache::Slot> KvCache::append(SeqId seq, std::span<const int64_t> position_ids,
+                                           std::span<const int32_t> token_ids) {
   Sequence& s = seq_ref(seq);
+  if (!token_ids.empty() && token_ids.size() != position_ids.size())
+    throw InvalidArgument(fmt::format("append: {} token ids for {} position ids (sequence {})", token_ids.size(),
+                                      position_ids.size(), seq));
   for (int64_t p : position_ids)
     if (p < 0) fail_field<InvalidArgument>("position_ids", "must be non-negative", p);
   std::vector<Slot> slots;
   slots.reserve(position_ids.size());
-  for (int64_t p : position_ids) {
+  for (std::size_t i = 0; i < position_ids.size(); ++i) {
+    const int64_t p = position_ids[i];
     int32_t id = -1;
     if (!s.table.empty()) {
       const Block& last = *blocks_[static_cast<std::size_t>(s.table.back())];
@@ -162,6 +175,7 @@ std::vector<KvCache::Slot> KvCache::append(SeqId seq, std::span<const int64_t> p
     Block& b = *blocks_[static_cast<std::size_t>(id)];
     const int32_t off = b.used++;
     b.pos[static_cast<std::size_t>(off)] = p;
+    b.tok[static_cast<std::size_t>(off)] = token_ids.empty() ? -1 : token_ids[i];
     slots.push_back({id, off});
     ++s.n_tokens;
     s.next_pos = std::max(s.next_pos, p + 1);
@@ -231,6 +245,7 @@ int64_t KvCache::evict(SeqId seq, int64_t begin, int64_t end) {
     }
   }
   s.n_tokens -= removed;
+  s.evicted += removed;
   drop_empty_blocks(s);
   return removed;
 }
@@ -260,6 +275,10 @@ RopeFrequencies rotation_only(const RopeFrequencies& f) {
 void KvCache::shift(SeqId seq, int64_t delta, int64_t from) {
   Sequence& s = seq_ref(seq);
   if (delta == 0) return;
+  if (s.rope_mixed)
+    throw CacheError(fmt::format("shift: sequence {} holds keys rotated with different frequencies (rope change "
+                                 "policy hf); a shift would rotate them all by one rule",
+                                 seq));
   int64_t max_kept = -1, min_shifted = std::numeric_limits<int64_t>::max();
   for (int64_t p : positions(seq)) {
     if (p >= from) min_shifted = std::min(min_shifted, p);
@@ -303,7 +322,10 @@ const std::optional<KvCache::RopeState>& KvCache::rope_state(SeqId seq) const { 
 
 void KvCache::set_rope_state(SeqId seq, const RopeState& state, bool rerotate) {
   Sequence& s = seq_ref(seq);
-  if (s.rope && *s.rope == state) return;
+  if (s.rope && *s.rope == state) {
+    s.rope->seq_len = state.seq_len;
+    return;
+  }
   if (!s.rope || s.n_tokens == 0) {
     s.rope = state;
     return;
@@ -348,6 +370,60 @@ void KvCache::set_rope_state(SeqId seq, const RopeState& state, bool rerotate) {
     }
   }
   s.rope = state;
+  ++s.stats.rope_rerotations;
+}
+
+void KvCache::set_rope_state_mixed(SeqId seq, const RopeState& state) {
+  Sequence& s = seq_ref(seq);
+  if (s.rope && *s.rope == state) {
+    s.rope->seq_len = state.seq_len;
+    return;
+  }
+  if (s.rope && s.n_tokens > 0) {
+    s.rope_mixed = true;
+    ++s.stats.rope_changes_kept;
+  }
+  s.rope = state;
+}
+
+bool KvCache::rope_mixed(SeqId seq) const { return seq_ref(seq).rope_mixed; }
+
+std::vector<int32_t> KvCache::token_ids(SeqId seq) const {
+  std::vector<int32_t> out;
+  for (int32_t b : seq_ref(seq).table) {
+    const Block& blk = *blocks_[static_cast<std::size_t>(b)];
+    for (int32_t i = 0; i < blk.used; ++i)
+      if (blk.pos[static_cast<std::size_t>(i)] >= 0) out.push_back(blk.tok[static_cast<std::size_t>(i)]);
+  }
+  return out;
+}
+
+int64_t KvCache::evicted(SeqId seq) const { return seq_ref(seq).evicted; }
+
+void KvCache::clear(SeqId seq) {
+  Sequence& s = seq_ref(seq);
+  for (int32_t b : s.table) release_block(b);
+  s.table.clear();
+  s.next_pos = 0;
+  s.n_tokens = 0;
+  s.rope.reset();
+  s.rope_mixed = false;
+  s.evicted = 0;
+  s.mrope_next = -1;
+}
+
+void KvCache::set_planned_length(SeqId seq, int64_t n) {
+  if (n < 0) fail_field<InvalidArgument>("planned_length", "must be >= 0 (0 = unknown)", n);
+  seq_ref(seq).planned = n;
+}
+
+int64_t KvCache::planned_length(SeqId seq) const { return seq_ref(seq).planned; }
+const KvCache::SequenceStats& KvCache::stats(SeqId seq) const { return seq_ref(seq).stats; }
+
+void KvCache::record_recompute(SeqId seq, int64_t tokens) {
+  Sequence& s = seq_ref(seq);
+  ++s.stats.rope_recomputes;
+  s.stats.tokens_reprefilled += tokens;
 }
 
 void KvCache::set_mrope_positions(SeqId seq, std::span<const Slot> slots, std::span<const int64_t> position_ids) {

@@ -40,12 +40,95 @@ std::vector<float> chunked(const Model& m, Tokens tokens, int64_t chunk, int blo
   return all;
 }
 
+bool length_dependent(const Model& m) {
+  return m.family() == PositionFamily::rope && m.rope().update_with_length &&
+         find_rope_scaling(m.rope().params.rope_type).depends_on_seq_len;
+}
+
+/// The model with its frequencies frozen at those the forward computes for a
+/// window of n tokens (max(position_ids)+1 = n).
+Model frozen_at(const Model& model, int64_t n) {
+  Model m = model;
+  RopeSetup r = m.rope();
+  r.freqs = r.params.rope_type == "dynamic"
+                ? dynamic_ntk_frequencies(r.params, n, DynamicNtkArithmetic::tensor_float32)
+                : compute_rope_frequencies(r.params, n);
+  r.update_with_length = false;
+  m.set_rope(r);
+  return m;
+}
+
+/// One sequence fed in chunks under a RoPE change policy: the logits of the
+/// steps that ran, where each step ended, and what the cache counted.
+struct PolicyPath {
+  std::vector<float> logits;
+  std::vector<int64_t> ends;
+  std::string refused;  ///< the refusal, if a step threw CacheError
+  bool appended_on_refusal = false;
+  KvCache::SequenceStats stats;
+};
+
+PolicyPath run_policy(const Model& model, Tokens tokens, int64_t chunk, int block_size, RopeChangePolicy policy,
+                      int64_t planned) {
+  Model m = model;
+  m.set_rope_change_policy(policy);
+  KvCache cache = m.make_cache(block_size);
+  const auto seq = cache.create();
+  cache.set_planned_length(seq, planned);
+  PolicyPath out;
+  std::vector<float> step;
+  for (std::size_t i = 0; i < tokens.size(); i += static_cast<std::size_t>(chunk)) {
+    const std::size_t n = std::min(tokens.size() - i, static_cast<std::size_t>(chunk));
+    Model::SequenceInput in{seq, tokens.subspan(i, n), {}};
+    try {
+      m.forward(cache, std::span(&in, 1), Model::LogitsMode::all, step);
+    } catch (const CacheError&) {
+      out.refused = fmt::format("refused the step to length {} (CacheError); {} tokens cached", i + n, cache.size(seq));
+      out.appended_on_refusal = cache.size(seq) != static_cast<int64_t>(i);
+      break;
+    }
+    append_rows(out.logits, step);
+    out.ends.push_back(static_cast<int64_t>(i + n));
+  }
+  out.stats = cache.stats(seq);
+  return out;
+}
+
+/// Each step's rows [start, e) of one full forward of tokens[0, e): the full
+/// forward at the length the step was computed at. Steps ending at or before
+/// the switch point share the rows of the forward of tokens[0, S) (the
+/// frequencies do not change below it).
+std::vector<float> rows_at_their_length(const Model& model, Tokens tokens, std::span<const int64_t> ends, int64_t S) {
+  const std::size_t V = static_cast<std::size_t>(model.config().vocab_size);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const std::vector<float> below = model.score_window(tokens.first(static_cast<std::size_t>(std::min(S, n))));
+  std::vector<float> out;
+  int64_t start = 0;
+  for (int64_t e : ends) {
+    if (e <= S) {
+      out.insert(out.end(), below.begin() + static_cast<std::ptrdiff_t>(start * static_cast<int64_t>(V)),
+                 below.begin() + static_cast<std::ptrdiff_t>(e * static_cast<int64_t>(V)));
+    } else {
+      const auto f = model.score_window(tokens.first(static_cast<std::size_t>(e)));
+      out.insert(out.end(), f.begin() + static_cast<std::ptrdiff_t>(start * static_cast<int64_t>(V)), f.end());
+    }
+    start = e;
+  }
+  return out;
+}
+
+int64_t rope_change_length(int64_t S) { return S + std::max<int64_t>(16, S / 3); }
+
 }  // namespace
 
 int64_t default_consistency_length(const Model& model) {
   int64_t n = model.trained_context();
   if (model.family() == PositionFamily::learned_absolute && model.config().max_position_embeddings > 0)
     n = std::min(n, model.config().max_position_embeddings);
+  if (length_dependent(model)) {
+    const int64_t S = rope_switch_point(model.rope().params);
+    if (S > 0 && n <= S) n = rope_change_length(S);
+  }
   return std::clamp(n, kMinConsistencyLength, kMaxConsistencyLength);
 }
 
@@ -108,12 +191,17 @@ ConsistencyPlan consistency_plan(const ConsistencyOptions& o) {
   return p;
 }
 
-ConsistencyReport check_cache_consistency(const Model& model, std::span<const int32_t> stream,
+ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const int32_t> stream,
                                           const ConsistencyOptions& opts) {
   ConsistencyOptions o = opts;
-  if (o.length == 0) o.length = default_consistency_length(model);
+  if (o.length == 0) o.length = default_consistency_length(model_in);
   const ConsistencyPlan plan = consistency_plan(o);
   const int64_t n = plan.length;
+  // A length-dependent RoPE: the bookkeeping scenarios run at the frequencies
+  // of the whole window (frozen); the rope_change scenarios cross the switch point.
+  const bool changing = length_dependent(model_in);
+  const Model model = changing ? frozen_at(model_in, n) : model_in;
+  const std::string frozen_note = changing ? fmt::format(" (frequencies frozen at length {})", n) : "";
   if (model.family() == PositionFamily::learned_absolute && model.config().max_position_embeddings > 0 &&
       n > model.config().max_position_embeddings)
     throw PositionError(fmt::format("length: {} positions are past the learned position table ({} rows); the "
@@ -132,7 +220,7 @@ ConsistencyReport check_cache_consistency(const Model& model, std::span<const in
   rep.family = model.family();
   rep.trained_context = model.trained_context();
   auto add = [&](std::string name, double diff, int64_t rows, std::string ref = "one full forward") {
-    rep.scenarios.push_back({std::move(name), diff, rows, std::move(ref), {}});
+    rep.scenarios.push_back({std::move(name), diff, rows, std::move(ref) + frozen_note, {}});
   };
   const Tokens base = stream.subspan(0, N);
   const std::vector<float> full = model.score_window(base);
@@ -337,6 +425,72 @@ ConsistencyReport check_cache_consistency(const Model& model, std::span<const in
         "one full forward with the sliding-window mask");
     if (max_kept > window)
       rep.scenarios.back().failure = fmt::format("the cache kept {} tokens for a window of {}", max_kept, window);
+  }
+
+  // 7. length-dependent RoPE across its switch point, under every policy.
+  if (changing) {
+    const RopeParams& params = model_in.rope().params;
+    const int64_t S = rope_switch_point(params);
+    rep.rope_type = params.rope_type;
+    rep.rope_switch_point = S;
+    rep.rope_change_policy = o.rope_change_policy;
+    const int64_t chunk = o.rope_change_chunk > 0 ? o.rope_change_chunk : std::max<int64_t>(2, S / 4);
+    if (n <= S) {
+      rep.scenarios.push_back({"rope_change", 0.0, 0, "the full forward at each step's length", {},
+                               fmt::format("length {} does not pass the switch point {} of rope_type {} (use a "
+                                           "length of at least {})",
+                                           n, S, params.rope_type, S + 1)});
+    } else {
+      for (int64_t c : {int64_t{1}, chunk}) {
+        std::vector<int64_t> ends;
+        for (int64_t e = c; e < n + c; e += c) ends.push_back(std::min(e, n));
+        const std::vector<float> ref = rows_at_their_length(model_in, base, ends, S);
+        const std::string path = c == 1 ? "token_by_token" : fmt::format("chunked_{}", c);
+        for (RopeChangePolicy policy : {RopeChangePolicy::recompute, RopeChangePolicy::hf, RopeChangePolicy::rerotate,
+                                        RopeChangePolicy::refuse}) {
+          const PolicyPath got = run_policy(model_in, base, c, block_size, policy, 0);
+          ConsistencyScenario sc;
+          sc.name = fmt::format("rope_change_{}_{}", to_string(policy), path);
+          sc.reference = "the full forward at each step's length";
+          sc.tokens = static_cast<int64_t>(got.logits.size() / V);
+          sc.max_abs_logit_diff = max_diff(got.logits, std::span(ref).first(got.logits.size()));
+          sc.informational = policy != o.rope_change_policy;
+          const auto& st = got.stats;
+          switch (policy) {
+            case RopeChangePolicy::recompute:
+              sc.note = fmt::format("{} re-prefills, {} tokens re-run", st.rope_recomputes, st.tokens_reprefilled);
+              if (st.rope_recomputes == 0) sc.failure = "no re-prefill happened across the switch point";
+              break;
+            case RopeChangePolicy::hf:
+              sc.note = fmt::format("{} frequency changes, cached keys kept as written", st.rope_changes_kept);
+              break;
+            case RopeChangePolicy::rerotate:
+              sc.note = fmt::format("{} re-rotations of every cached key", st.rope_rerotations);
+              break;
+            case RopeChangePolicy::refuse:
+              sc.note = got.refused;
+              if (got.refused.empty()) sc.failure = "did not refuse past the switch point";
+              else if (got.appended_on_refusal) sc.failure = "appended tokens before refusing";
+              break;
+          }
+          if (!got.refused.empty() && policy != RopeChangePolicy::refuse) sc.failure = got.refused;
+          rep.scenarios.push_back(std::move(sc));
+        }
+      }
+      if (params.rope_type == "longrope") {
+        // The request's total length is known: every chunk uses the long factors.
+        const PolicyPath got = run_policy(model_in, base, chunk, block_size, RopeChangePolicy::recompute, n);
+        ConsistencyScenario sc;
+        sc.name = fmt::format("longrope_planned_chunked_{}", chunk);
+        sc.reference = fmt::format("one full forward of {} tokens (planned length {})", n, n);
+        sc.tokens = n;
+        sc.max_abs_logit_diff = max_diff(got.logits, model_in.score_window(base));
+        sc.note = fmt::format("{} re-prefills", got.stats.rope_recomputes);
+        if (got.stats.rope_recomputes > 0)
+          sc.failure = "a chunk used the short factors although the planned length passes the switch point";
+        rep.scenarios.push_back(std::move(sc));
+      }
+    }
   }
 
   rep.passed = std::all_of(rep.scenarios.begin(), rep.scenarios.end(),

@@ -1,6 +1,7 @@
 #include "posenc/generate.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -102,8 +103,9 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::str
     res.rope_factor = m.rope().params.factor;
     res.rope_type = m.rope().params.rope_type;
     const bool length_dependent = find_rope_scaling(m.rope().params.rope_type).depends_on_seq_len;
-    if (length_dependent) m.set_rope_change_policy(RopeChangePolicy::rerotate);
-    res.rope_change_policy = length_dependent ? "rerotate" : "refuse";
+    m.set_rope_change_policy(o.rope_change_policy);
+    res.rope_change_policy = length_dependent ? std::string(to_string(o.rope_change_policy)) : "none";
+    res.rope_switch_point = length_dependent ? rope_switch_point(m.rope().params) : 0;
   } else if (o.rope_scaling != "native" && o.rope_scaling != "default") {
     throw InvalidArgument(fmt::format("rope_scaling: the model uses {} positions; RoPE scalings do not apply (got {})",
                                       to_string(model.family()), o.rope_scaling));
@@ -124,9 +126,13 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::str
   });
   KvCache cache = m.make_cache(o.block_size);
   const KvCache::SeqId seq = cache.create();
+  cache.set_planned_length(seq, prompt_len + o.max_new_tokens);
   std::vector<float> logits;
   Model::SequenceInput in{seq, res.prompt_tokens, {}};
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
   m.forward(cache, std::span<const Model::SequenceInput>(&in, 1), Model::LogitsMode::last, logits);
+  res.prefill_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   std::mt19937_64 rng(o.seed);
   int32_t prev = res.prompt_tokens.size() > first ? res.prompt_tokens.back() : -1;
   res.stop_reason = "max_tokens";
@@ -155,8 +161,12 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::str
     }
     const int32_t tok[1] = {next};
     in = {seq, tok, {}};
+    t0 = clock::now();
     m.forward(cache, std::span<const Model::SequenceInput>(&in, 1), Model::LogitsMode::last, logits);
+    res.decode_seconds += std::chrono::duration<double>(clock::now() - t0).count();
   }
+  res.rope_recomputes = cache.stats(seq).rope_recomputes;
+  res.tokens_reprefilled = cache.stats(seq).tokens_reprefilled;
   return res;
 }
 

@@ -19,6 +19,7 @@
 #include "posenc/attention.hpp"
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
+#include "encoding/scaling/methods.hpp"
 
 namespace posenc {
 
@@ -480,7 +481,92 @@ std::vector<KvCache::RopeState> mrope_states(KvCache& cache, std::span<const Mod
   return states;
 }
 
+std::string_view to_string(RopeChangePolicy policy) {
+  switch (policy) {
+    case RopeChangePolicy::recompute: return "recompute";
+    case RopeChangePolicy::hf: return "hf";
+    case RopeChangePolicy::refuse: return "refuse";
+    case RopeChangePolicy::rerotate: return "rerotate";
+  }
+  return "?";
+}
+
+RopeChangePolicy parse_rope_change_policy(std::string_view text, std::string_view field) {
+  for (RopeChangePolicy p : {RopeChangePolicy::recompute, RopeChangePolicy::hf, RopeChangePolicy::refuse,
+                             RopeChangePolicy::rerotate})
+    if (text == to_string(p)) return p;
+  throw ConfigError(fmt::format("{}: must be recompute, hf, refuse or rerotate (got '{}')", field, text));
+}
+
+int64_t rope_switch_point(const RopeParams& params) {
+  if (params.rope_type == "dynamic") return detail::require_max_position_embeddings(params);
+  if (params.rope_type == "longrope") return detail::original_max_position(params);
+  return 0;
+}
+
+namespace {
+
+/// The rotation a length-dependent method (dynamic, longrope) gives a sequence
+/// of length `seq_len`. hf: Hugging Face's dynamic_rope_update as
+/// RopeFrequencySchedule runs it, restarted from the sequence's own
+/// max_seq_len_cached (cur->seq_len; dynamic NTK grows only and resets below
+/// the original context; the planned length is ignored, as HF has none).
+/// Otherwise the frequencies of the length itself (dynamic NTK in HF's
+/// forward-path float32 arithmetic), LongRoPE's for max(seq_len, planned).
+KvCache::RopeState length_dependent_state(const RopeSetup& rope, int64_t seq_len, int64_t planned,
+                                          const KvCache::RopeState* cur, RopeChangePolicy policy) {
+  KvCache::RopeState st{rope.freqs, rope.layout, rope.precision, seq_len};
+  const RopeParams& p = rope.params;
+  if (policy == RopeChangePolicy::hf) {
+    RopeFrequencySchedule schedule(p);
+    if (cur != nullptr && cur->seq_len > 0) schedule.update_for_length(cur->seq_len);
+    st.freqs = schedule.update_for_length(seq_len);
+    st.seq_len = p.rope_type == "dynamic" ? schedule.max_seq_len_cached() : seq_len;
+    return st;
+  }
+  if (p.rope_type == "dynamic") {
+    // HF's forward path (dynamic_rope_update) forms dynamic NTK's base' in
+    // float32 from the integer length tensor.
+    st.freqs = dynamic_ntk_frequencies(p, seq_len, DynamicNtkArithmetic::tensor_float32);
+  } else {
+    st.seq_len = std::max(seq_len, planned);
+    st.freqs = compute_rope_frequencies(p, st.seq_len);
+  }
+  return st;
+}
+
+/// recompute needs every token of the sequence, by id.
+void check_recomputable(const KvCache& cache, KvCache::SeqId seq) {
+  if (cache.evicted(seq) > 0)
+    throw CacheError(fmt::format(
+        "KV cache: sequence {} needs a re-prefill with new RoPE frequencies (rope change policy recompute), but {} "
+        "of its tokens were evicted; the re-prefill cannot reproduce a full forward (use rope change policy hf or "
+        "rerotate, or keep the tokens)",
+        seq, cache.evicted(seq)));
+  const auto ids = cache.token_ids(seq);
+  if (std::find(ids.begin(), ids.end(), -1) != ids.end())
+    throw CacheError(fmt::format("KV cache: sequence {} needs a re-prefill with new RoPE frequencies (rope change "
+                                 "policy recompute), but some of its slots were appended without token ids",
+                                 seq));
+}
+
 }  // namespace
+
+void Model::recompute_sequence(KvCache& cache, KvCache::SeqId seq, const KvCache::RopeState& state) const {
+  const std::vector<int32_t> tokens = cache.token_ids(seq);
+  const std::vector<int64_t> positions = cache.positions(seq);
+  cache.clear(seq);
+  // The same weights with the frequencies frozen at the new state: one forward
+  // over the sequence's own tokens at their own positions (a full forward).
+  Model frozen = *this;
+  frozen.positional_.rope.freqs = state.freqs;
+  frozen.positional_.rope.update_with_length = false;
+  frozen.policy_ = RopeChangePolicy::refuse;
+  const SequenceInput in{seq, tokens, positions};
+  std::vector<float> logits;
+  frozen.forward(cache, std::span<const SequenceInput>(&in, 1), LogitsMode::last, logits);
+  cache.record_recompute(seq, static_cast<int64_t>(tokens.size()));
+}
 
 void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, LogitsMode mode,
                     std::vector<float>& logits) const {
@@ -585,36 +671,45 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   const bool rope = family == PositionFamily::rope;
   std::vector<KvCache::RopeState> states(rope ? B : 0);
   if (rope) {
-    const bool dynamic = positional_.rope.update_with_length &&
-                         find_rope_scaling(positional_.rope.params.rope_type).depends_on_seq_len;
+    const RopeParams& params = positional_.rope.params;
+    const bool dynamic = positional_.rope.update_with_length && find_rope_scaling(params.rope_type).depends_on_seq_len;
     for (std::size_t b = 0; b < B; ++b) {
       states[b] = {positional_.rope.freqs, positional_.rope.layout, positional_.rope.precision};
       if (dynamic && offset[b + 1] > offset[b]) {
         int64_t maxp = 0;
         for (int64_t i = offset[b]; i < offset[b + 1]; ++i) maxp = std::max(maxp, pos[static_cast<std::size_t>(i)]);
         maxp = std::max(maxp, cache.next_position(batch[b].seq) - 1);
-        // HF's forward path (dynamic_rope_update) forms dynamic NTK's base' in
-        // float32 from the integer length tensor.
-        states[b].freqs = positional_.rope.params.rope_type == "dynamic"
-                              ? dynamic_ntk_frequencies(positional_.rope.params, maxp + 1,
-                                                        DynamicNtkArithmetic::tensor_float32)
-                              : compute_rope_frequencies(positional_.rope.params, maxp + 1);
+        const auto& cur = cache.rope_state(batch[b].seq);
+        states[b] = length_dependent_state(positional_.rope, maxp + 1, cache.planned_length(batch[b].seq),
+                                           cur && cache.size(batch[b].seq) > 0 ? &*cur : nullptr, policy_);
       }
     }
     // Refusals happen here, before anything is appended to any sequence.
+    std::vector<bool> changed(B, false);
     for (std::size_t b = 0; b < B; ++b) {
-      const auto& cur = cache.rope_state(batch[b].seq);
-      if (cur && !(*cur == states[b]) && cache.size(batch[b].seq) > 0 && policy_ == RopeChangePolicy::refuse)
-        cache.set_rope_state(batch[b].seq, states[b], false);  // throws CacheError
+      const KvCache::SeqId seq = batch[b].seq;
+      const auto& cur = cache.rope_state(seq);
+      changed[b] = cur && !(*cur == states[b]) && cache.size(seq) > 0;
+      if (!changed[b]) continue;
+      if (policy_ == RopeChangePolicy::refuse) cache.set_rope_state(seq, states[b], false);  // throws CacheError
+      if (policy_ == RopeChangePolicy::recompute) check_recomputable(cache, seq);
     }
-    for (std::size_t b = 0; b < B; ++b)
-      cache.set_rope_state(batch[b].seq, states[b], policy_ == RopeChangePolicy::rerotate);
+    for (std::size_t b = 0; b < B; ++b) {
+      const KvCache::SeqId seq = batch[b].seq;
+      if (changed[b] && policy_ == RopeChangePolicy::recompute) recompute_sequence(cache, seq, states[b]);
+      if (policy_ == RopeChangePolicy::hf)
+        cache.set_rope_state_mixed(seq, states[b]);
+      else
+        cache.set_rope_state(seq, states[b], policy_ == RopeChangePolicy::rerotate);
+    }
   }
 
   std::vector<std::vector<KvCache::Slot>> slots(B);
   for (std::size_t b = 0; b < B; ++b)
-    slots[b] = cache.append(batch[b].seq, std::span<const int64_t>(pos).subspan(
-                                              static_cast<std::size_t>(offset[b]), batch[b].tokens.size()));
+    slots[b] = cache.append(batch[b].seq,
+                            std::span<const int64_t>(pos).subspan(static_cast<std::size_t>(offset[b]),
+                                                                  batch[b].tokens.size()),
+                            batch[b].tokens);
   std::vector<RopeTable> tables;
   for (std::size_t b = 0; b < mstates.size(); ++b) {  // MRoPE: the rotation and rows of what was appended
     cache.set_rope_state(batch[b].seq, mstates[b], false);

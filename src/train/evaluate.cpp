@@ -96,8 +96,9 @@ std::vector<ExactMatchCell> evaluate_exact_match(const Model& model, const Task&
     if (scaled) {
       m.set_rope(rope_setup_for_context(model.rope(), model.config().max_position_embeddings, o.rope_scaling,
                                         task.positions_needed(n), std::nullopt));
-      // Dynamic methods change theta as the sequence grows: re-rotate cached keys.
-      if (dynamic) m.set_rope_change_policy(RopeChangePolicy::rerotate);
+      // Dynamic methods change theta as the sequence grows: re-prefill (recompute),
+      // so every decoded token is the full forward's at its length.
+      if (dynamic) m.set_rope_change_policy(RopeChangePolicy::recompute);
     }
     try {
       // Can the model read every position a whole answer needs? One

@@ -123,10 +123,12 @@ TEST(EvalEngine, DynamicIsFrozenAtTheCellLength) {
   const std::span<const int32_t> window(stream.data(), static_cast<std::size_t>(L));
   EXPECT_EQ(frozen.score_window(window), unfrozen.score_window(window));  // bit-identical on a full window
   // Prompt, then generated tokens: the frozen frequencies never change under
-  // the cached keys (unfrozen, the cache refuses: CacheError).
+  // the cached keys (unfrozen under the refuse policy, the cache refuses:
+  // CacheError; the default policy, recompute, would re-prefill instead).
   const TaskGenerator g(tok(), hay(), {});
   const TaskSample s = g.make("passkey", 0, L, 0.5);
   EXPECT_NO_THROW(evaluate_samples(frozen, tok(), std::span<const TaskSample>(&s, 1)));
+  unfrozen.set_rope_change_policy(RopeChangePolicy::refuse);
   EXPECT_THROW(evaluate_samples(unfrozen, tok(), std::span<const TaskSample>(&s, 1)), CacheError);
 }
 

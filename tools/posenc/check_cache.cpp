@@ -11,6 +11,7 @@
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
 #include "posenc/perplexity.hpp"
+#include "posenc/scaling.hpp"
 
 namespace posenc::cli {
 
@@ -22,6 +23,9 @@ struct CheckArgs {
   ConsistencyOptions options;
   uint64_t seed = 1;
   std::string json;  // "" = none, "-" = stdout, else a file written atomically
+  std::string rope_scaling = "native";
+  std::optional<double> rope_factor;
+  std::string rope_change_policy = "recompute";
 };
 
 /// `count` token ids uniform in [0, vocab) from std::mt19937_64(seed): the
@@ -56,10 +60,26 @@ nlohmann::json plan_json(const ConsistencyPlan& p) {
 void run_check(const CheckArgs& a) {
   ModelArgs margs = a.model;
   margs.tokenizer_optional = a.text_path.empty();  // pseudo-random ids need no tokenizer
+  check_rope_scaling_name(a.rope_scaling);
   LoadedModel lm = load_model(margs);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
   ConsistencyOptions opt = a.options;
+  opt.rope_change_policy = parse_rope_change_policy(a.rope_change_policy, "--rope-change-policy");
+  check_rope_factor_applies(model, a.rope_factor);
+  if (a.rope_scaling != "native") {
+    if (model.family() != PositionFamily::rope)
+      throw ConfigError(fmt::format("--rope-scaling: {} uses {} positions; RoPE scalings do not apply (got {})",
+                                    a.model.model_path, to_string(model.family()), a.rope_scaling));
+    // As ppl applies it to a window of the checked length (the length-dependent
+    // methods recompute their frequencies in every forward anyway).
+    const RopeSetup base = model.rope();
+    const int64_t T = model.trained_context();
+    model.set_rope(rope_setup_for_context(base, T, a.rope_scaling, opt.length > 0 ? opt.length : T, a.rope_factor));
+    // The default length of a length-dependent method passes its switch point: the setup follows it.
+    if (opt.length == 0 && default_consistency_length(model) != T)
+      model.set_rope(rope_setup_for_context(base, T, a.rope_scaling, default_consistency_length(model), a.rope_factor));
+  }
   const bool derived = opt.length == 0;
   if (derived) opt.length = default_consistency_length(model);
   const int64_t table = model.config().max_position_embeddings;
@@ -89,6 +109,8 @@ void run_check(const CheckArgs& a) {
   const std::string length_source =
       !derived                ? std::string("--length")
       : opt.length == T       ? fmt::format("the trained context, {}", model.trained_context_source())
+      : !r.rope_type.empty() && opt.length > r.rope_switch_point && r.rope_switch_point >= kMinConsistencyLength
+          ? fmt::format("past rope_type {}'s switch point {} (S + max(16, S/3))", r.rope_type, r.rope_switch_point)
       : opt.length > T        ? fmt::format("the trained context {} raised to the minimum", T)
       : opt.length == table   ? fmt::format("the trained context {} capped by the learned position table", T)
                               : fmt::format("the trained context {} capped at the maximum", T);
@@ -112,7 +134,14 @@ void run_check(const CheckArgs& a) {
         js["skip_reason"] = s.skipped;
       }
       if (!s.failure.empty()) js["failure"] = s.failure;
+      if (!s.note.empty()) js["note"] = s.note;
+      if (s.informational) js["informational"] = true;
       j["scenarios"].push_back(js);
+    }
+    if (!r.rope_type.empty()) {
+      j["rope_type"] = r.rope_type;
+      j["rope_switch_point"] = r.rope_switch_point;
+      j["rope_change_policy"] = std::string(to_string(r.rope_change_policy));
     }
     j["tolerance"] = r.tolerance;
     j["passed"] = r.passed;
@@ -128,13 +157,18 @@ void run_check(const CheckArgs& a) {
                fmt::join(p.chunk_sizes, "/"), fmt::join(p.padded_first, "/"), fmt::join(p.padded_second, "/"),
                p.padded_decode_steps, fmt::join(p.ragged_totals, "/"), fmt::join(p.ragged_first, "/"),
                fmt::join(p.ragged_strides, "/"), p.fork_prefix, p.fork_suffix, p.sliding_window);
-    fmt::print("{:<30} {:>18} {:>8}  {}\n", "scenario", "max |dlogit|", "tokens", "compared with");
+    if (!r.rope_type.empty())
+      fmt::print("rope_type {} changes its frequencies past {} tokens: rope change policy {} is checked; the other "
+                 "policies' drift is reported (informational, not judged)\n",
+                 r.rope_type, r.rope_switch_point, to_string(r.rope_change_policy));
+    fmt::print("{:<36} {:>14} {:>8}  {}\n", "scenario", "max |dlogit|", "tokens", "compared with");
     for (const auto& s : r.scenarios) {
       if (!s.skipped.empty()) {
-        fmt::print("{:<30} {:>18} {:>8}  skipped: {}\n", s.name, "-", "-", s.skipped);
+        fmt::print("{:<36} {:>14} {:>8}  skipped: {}\n", s.name, "-", "-", s.skipped);
         continue;
       }
-      fmt::print("{:<30} {:>18.3e} {:>8}  {}{}{}\n", s.name, s.max_abs_logit_diff, s.tokens, s.reference,
+      fmt::print("{:<36} {:>14.3e} {:>8}  {}{}{}{}{}\n", s.name, s.max_abs_logit_diff, s.tokens, s.reference,
+                 s.note.empty() ? "" : "; " + s.note, s.informational ? " [drift, informational]" : "",
                  s.ok(r.tolerance) ? "" : "   <-- FAIL", s.failure.empty() ? "" : ": " + s.failure);
     }
     fmt::print("{} (tolerance {:g})\n", r.passed ? "PASSED" : "FAILED", r.tolerance);
@@ -164,6 +198,18 @@ void add_check_cache_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tolerance", args->options.tolerance, "max |dlogit| allowed")
       ->check(finite_in(0, 1e6))
+      ->capture_default_str();
+  cmd->add_option("--rope-scaling", args->rope_scaling,
+                  "RoPE scaling (rope_type) applied as ppl applies it to a window of --length tokens: native (the "
+                  "model's own, or --config's), default, linear, ntk, dynamic, yarn, llama3, longrope, ...")
+      ->capture_default_str();
+  cmd->add_option("--rope-factor", args->rope_factor,
+                  "scaling factor s of --rope-scaling (default: max(1, length / trained context))")
+      ->check(finite_above(0, 1e6));
+  cmd->add_option("--rope-change-policy", args->rope_change_policy,
+                  "the policy the rope_change scenarios judge for a length-dependent rope_type (dynamic, longrope): "
+                  "recompute, hf, refuse, rerotate; the others' drift is reported")
+      ->check(CLI::IsMember({"recompute", "hf", "refuse", "rerotate"}))
       ->capture_default_str();
   add_json_option(cmd, args->json, "the scenarios and the verdict as JSON");
   cmd->callback([args] { run_check(*args); });

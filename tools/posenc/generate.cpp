@@ -28,11 +28,13 @@ struct GenerateArgs {
   std::string json_path;
   bool quiet = false;
   CLI::Option* rope_scaling_option = nullptr;  // given or the default ("native")
+  std::string rope_change_policy = "recompute";
 };
 
 void run_generate(const GenerateArgs& a) {
   GenerateOptions opt = a.options;
   check_rope_scaling_name(opt.rope_scaling);  // an unknown name: exit 2, before loading
+  opt.rope_change_policy = parse_rope_change_policy(a.rope_change_policy, "--rope-change-policy");
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
@@ -47,10 +49,9 @@ void run_generate(const GenerateArgs& a) {
     throw ConfigError(fmt::format("--rope-scaling: {} uses {} positions; RoPE scalings do not apply (got {})",
                                   a.model.model_path, to_string(model.family()), opt.rope_scaling));
   // Length-dependent RoPE (dynamic NTK, longrope) changes the frequencies once
-  // the text passes the original context: generate() re-rotates the cached
-  // keys with the new frequencies. This is an approximation of a full forward
-  // at the new length (keys of layers >= 1 come from hidden states computed
-  // with the old frequencies).
+  // the text passes the original context: generate() applies
+  // --rope-change-policy (default recompute: the sequence is re-prefilled with
+  // the new frequencies, so every step equals a full forward at its length).
   const std::string method = opt.rope_scaling == "native" && model.family() == PositionFamily::rope
                                  ? model.rope().params.rope_type
                                  : opt.rope_scaling;
@@ -61,10 +62,14 @@ void run_generate(const GenerateArgs& a) {
       fmt::print(stderr, "  rope scaling: {}{} (as ppl applies it to a window of prompt + --max-tokens tokens)\n",
                  opt.rope_scaling, opt.rope_factor ? fmt::format(", factor {:g}", *opt.rope_factor) : "");
     if (length_dependent)
-      fmt::print(stderr,
-                 "  cache: rope_type {} depends on the length: cached keys are re-rotated when it changes "
-                 "(approximate past the original context)\n",
-                 method);
+      fmt::print(stderr, "  cache: rope_type {} depends on the length: rope change policy {} when it changes ({})\n",
+                 method, to_string(opt.rope_change_policy),
+                 opt.rope_change_policy == RopeChangePolicy::recompute ? "re-prefill: exact, costs a forward"
+                 : opt.rope_change_policy == RopeChangePolicy::hf      ? "cached keys keep their rotation, as "
+                                                                         "transformers: drifts from a full forward"
+                 : opt.rope_change_policy == RopeChangePolicy::rerotate
+                     ? "cached keys re-rotated: exact only for single-layer attention"
+                     : "an error past the switch point");
   }
   if (a.ignore_eos) opt.stop_at_bos = opt.stop_at_eos = false;
   // Past the trained context x the rope_scaling factor: load_model's position warning prints it once (generate()
@@ -107,14 +112,26 @@ void run_generate(const GenerateArgs& a) {
       j["rope_layout"] = std::string(to_string(model.rope().layout));
       j["angle_precision"] = std::string(to_string(model.rope().precision));
       j["rope_change_policy"] = res.rope_change_policy;
+      j["rope_switch_point"] = res.rope_switch_point;
+      j["rope_recomputes"] = res.rope_recomputes;
+      j["tokens_reprefilled"] = res.tokens_reprefilled;
     }
     j["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
+    j["prefill_seconds"] = res.prefill_seconds;
+    j["decode_seconds"] = res.decode_seconds;
     write_output(a.json_path, j.dump(2) + "\n");
   }
   if (a.stats) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print(stderr, "{} prompt + {} new tokens in {:.3f} s ({:.0f} tokens/s)\n", res.prompt_tokens.size(),
                res.new_tokens.size(), s, static_cast<double>(res.prompt_tokens.size() + res.new_tokens.size()) / s);
+    fmt::print(stderr, "prefill {:.4f} s, decode {:.4f} s ({:.3f} ms/token)", res.prefill_seconds,
+               res.decode_seconds,
+               res.new_tokens.size() > 1 ? 1e3 * res.decode_seconds / static_cast<double>(res.new_tokens.size() - 1) : 0.0);
+    if (res.rope_change_policy != "none" && !res.rope_change_policy.empty())
+      fmt::print(stderr, "; rope change policy {}: {} re-prefills, {} tokens re-run", res.rope_change_policy,
+                 res.rope_recomputes, res.tokens_reprefilled);
+    fmt::print(stderr, "\n");
   }
 }
 
@@ -143,7 +160,13 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--rope-factor", args->options.rope_factor,
                   "scaling factor s of --rope-scaling (default: max(1, (prompt + --max-tokens) / trained context))")
       ->check(finite_above(0, 1e6));
-  cmd->add_flag("--stats", args->stats, "print tokens/s to stderr");
+  cmd->add_option("--rope-change-policy", args->rope_change_policy,
+                  "when a length-dependent rope_type (dynamic, longrope) changes its frequencies under the cache: "
+                  "recompute (re-prefill, exact), hf (cached keys keep their rotation, as transformers), refuse, "
+                  "rerotate (exact only for single-layer attention)")
+      ->check(CLI::IsMember({"recompute", "hf", "refuse", "rerotate"}))
+      ->capture_default_str();
+  cmd->add_flag("--stats", args->stats, "print tokens/s, prefill/decode time and re-prefills to stderr");
   cmd->add_flag("--ignore-eos", args->ignore_eos,
                 "do not stop at the tokenizer's BOS/EOS: --max-tokens tokens (fewer only where a learned position "
                 "table ends)");

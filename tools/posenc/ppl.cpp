@@ -176,7 +176,13 @@ void run_ppl(const PplArgs& a) {
     j["trained_context"] = trained;
     j["trained_context_source"] = model.trained_context_source();
     j["model_format"] = std::string(to_string(model.source().format));
-    if (model.family() == PositionFamily::rope) j["rope_type"] = model.rope().params.rope_type;
+    if (model.family() == PositionFamily::rope) {
+      j["rope_type"] = model.rope().params.rope_type;
+      // Every window is one forward from an empty cache: a length-dependent
+      // method's frequencies are those of the window and never change under
+      // cached keys, which is what the recompute policy guarantees.
+      j["rope_change_policy"] = std::string(to_string(model.rope_change_policy()));
+    }
     j["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
     j["buckets"] = edges.empty() ? "trained_context" : "--buckets";
     j["bootstrap"] = {{"resamples", PplOptions{}.bootstrap_resamples}, {"level", 0.95}, {"unit", "window"}};
