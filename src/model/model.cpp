@@ -481,6 +481,8 @@ std::vector<KvCache::RopeState> mrope_states(KvCache& cache, std::span<const Mod
   return states;
 }
 
+}  // namespace
+
 std::string_view to_string(RopeChangePolicy policy) {
   switch (policy) {
     case RopeChangePolicy::recompute: return "recompute";
