@@ -64,12 +64,7 @@ const Setup& setup() {
 /// `model` with the frequencies of a full window of kTotal tokens frozen: the plain-decoding baseline.
 Model frozen(const Model& model) {
   Model m = model;
-  RopeSetup r = m.rope();
-  r.freqs = r.params.rope_type == "dynamic"
-                ? dynamic_ntk_frequencies(r.params, kTotal, DynamicNtkArithmetic::tensor_float32)
-                : compute_rope_frequencies(r.params, kTotal);
-  r.update_with_length = false;
-  m.set_rope(r);
+  m.set_rope(freeze_rope_for_length(m.rope(), kTotal));
   return m;
 }
 

@@ -123,6 +123,13 @@ struct RopeSetup {
   bool update_with_length = true;
 };
 
+/// `rope` with its frequencies frozen at those Model::forward computes for a
+/// sequence of `seq_len` tokens (max(position_ids)+1 = seq_len): dynamic NTK in
+/// HF's forward-path float32 arithmetic (dynamic_rope_update), LongRoPE's short
+/// or long factors by seq_len; update_with_length false. A method that does not
+/// depend on the length keeps its frequencies. Throws as compute_rope_frequencies.
+RopeSetup freeze_rope_for_length(const RopeSetup& rope, int64_t seq_len);
+
 /// What Model::forward does when a length-dependent method (rope_type dynamic,
 /// longrope) gives a sequence other frequencies than those its cached keys
 /// were rotated with (the length passed the switch point: dynamic NTK's
@@ -279,6 +286,9 @@ class Model {
   /// The RoPE layout the weights are stored for (the loader's, whatever
   /// set_rope changed since).
   RopeLayout stored_layout() const;
+  /// The rope_type and factor of the file's own rope_scaling (what set_rope changed since is not here).
+  const std::string& stored_rope_type() const;
+  const std::optional<double>& stored_rope_factor() const;
   /// With a length-dependent method (rope_type dynamic/longrope), each forward
   /// recomputes the frequencies for the sequence length L = max(position_ids,
   /// cached positions)+1 (LongRoPE: for max(L, KvCache::planned_length(seq)),
@@ -373,7 +383,9 @@ class Model {
 
 /// The positions a model is trained for in its current setup: trained_context() x the factor of the active
 /// rope_scaling (RopeParams::factor of rope().params; 1 when absent, for native RoPE and for non-RoPE
-/// families), rounded up; positions 0 .. bound-1 are inside. Saturates at INT64_MAX.
+/// families), rounded up; positions 0 .. bound-1 are inside. When the active scaling is the file's own
+/// (same rope_type and factor), at least the file's max_position_embeddings (Llama-3.1: 8192 x 8 = 65536,
+/// declared 131072). Saturates at INT64_MAX.
 int64_t trained_position_bound(const Model& model);
 /// The factor trained_position_bound multiplies by (1 when there is none).
 double trained_position_factor(const Model& model);

@@ -49,12 +49,7 @@ bool length_dependent(const Model& m) {
 /// window of n tokens (max(position_ids)+1 = n).
 Model frozen_at(const Model& model, int64_t n) {
   Model m = model;
-  RopeSetup r = m.rope();
-  r.freqs = r.params.rope_type == "dynamic"
-                ? dynamic_ntk_frequencies(r.params, n, DynamicNtkArithmetic::tensor_float32)
-                : compute_rope_frequencies(r.params, n);
-  r.update_with_length = false;
-  m.set_rope(r);
+  m.set_rope(freeze_rope_for_length(m.rope(), n));
   return m;
 }
 

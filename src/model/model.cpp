@@ -121,6 +121,8 @@ struct Model::Weights {
   std::string metadata_json = "{}";
   std::optional<Tokenizer> tokenizer;
   RopeLayout stored_layout = RopeLayout::interleaved;
+  std::string stored_rope_type;           // the file's own rope_scaling (trained_position_bound)
+  std::optional<double> stored_rope_factor;
 };
 
 std::string_view to_string(ModelFormat format) {
@@ -187,7 +189,15 @@ double trained_position_factor(const Model& model) {
 int64_t trained_position_bound(const Model& model) {
   const double b = std::ceil(static_cast<double>(model.trained_context()) * trained_position_factor(model) - 1e-9);
   if (!(b < 9.2e18)) return std::numeric_limits<int64_t>::max();
-  return std::max<int64_t>(static_cast<int64_t>(b), 0);
+  int64_t bound = std::max<int64_t>(static_cast<int64_t>(b), 0);
+  // A file whose own rope_scaling extends the context (Llama-3.1: original 8192 x factor 8, fine-tuned to
+  // max_position_embeddings 131072) was trained to the window it declares, as long as that scaling is the one
+  // in use; an override (another method or factor) gets only trained_context x its factor.
+  if (model.family() == PositionFamily::rope && model.rope().params.rope_type != "default" &&
+      model.rope().params.rope_type == model.stored_rope_type() &&
+      model.rope().params.factor == model.stored_rope_factor())
+    bound = std::max(bound, model.config().max_position_embeddings);
+  return bound;
 }
 
 Model::Model(std::shared_ptr<const Weights> weights) : w_(std::move(weights)) {}
@@ -251,6 +261,8 @@ Model Model::build(detail::RawModel raw, const LoadOptions& options) {
   if (!w->tokenizer && !w->symbols.empty()) w->tokenizer = Tokenizer::from_symbols(w->symbols);
   PositionalConfig pc = raw.positional;
   w->stored_layout = pc.rope.layout;
+  w->stored_rope_type = pc.rope.params.rope_type;
+  w->stored_rope_factor = pc.rope.params.factor;
   const int64_t window = raw.sliding_window;
   const int64_t trained = raw.trained_context > 0 ? raw.trained_context : c.max_position_embeddings;
   std::string trained_source = w->source.trained_context_source;
@@ -395,6 +407,8 @@ std::vector<CheckpointTensor> Model::export_tensors() const {
 }
 
 RopeLayout Model::stored_layout() const { return w_->stored_layout; }
+const std::string& Model::stored_rope_type() const { return w_->stored_rope_type; }
+const std::optional<double>& Model::stored_rope_factor() const { return w_->stored_rope_factor; }
 
 PosencCheckpoint Model::to_checkpoint() const {
   const ModelConfig& c = w_->cfg;
@@ -482,6 +496,16 @@ std::vector<KvCache::RopeState> mrope_states(KvCache& cache, std::span<const Mod
 }
 
 }  // namespace
+
+RopeSetup freeze_rope_for_length(const RopeSetup& rope, int64_t seq_len) {
+  RopeSetup r = rope;
+  if (find_rope_scaling(r.params.rope_type).depends_on_seq_len)
+    r.freqs = r.params.rope_type == "dynamic"
+                  ? dynamic_ntk_frequencies(r.params, seq_len, DynamicNtkArithmetic::tensor_float32)
+                  : compute_rope_frequencies(r.params, seq_len);
+  r.update_with_length = false;
+  return r;
+}
 
 std::string_view to_string(RopeChangePolicy policy) {
   switch (policy) {

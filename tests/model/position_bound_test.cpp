@@ -123,6 +123,30 @@ TEST(PositionBound, BoundIsTrainedContextTimesTheScalingFactor) {
   EXPECT_EQ(trained_position_bound(m), 768);
 }
 
+// A file whose own rope_scaling extends the context is trained to the window it declares (Llama-3.1: original
+// 8192 x factor 8 = 65536, max_position_embeddings 131072): TinyStories-656K's directory with a Llama-3.1-style
+// rope_scaling (original 128, factor 2) and max_position_embeddings 512 has the bound 512, not 128 x 2; an override
+// of the scaling gets trained context x its own factor.
+TEST(PositionBound, TheFilesOwnScalingIsBoundedByItsDeclaredWindow) {
+  TempDir d;
+  const fs::path src = posenc::test::shared_dir() / "models" / "TinyStories-656K";
+  auto cfg = nlohmann::json::parse(posenc::test::slurp(src / "config.json"));
+  cfg["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 2.0}, {"low_freq_factor", 1.0},
+                         {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 128}};
+  const fs::path dir = d.path() / "m";
+  fs::create_directories(dir);
+  write_file_atomic(dir / "config.json", cfg.dump(2));
+  fs::create_symlink(src / "model.safetensors", dir / "model.safetensors");
+  fs::copy_file(src / "tokenizer.json", dir / "tokenizer.json");
+  const Model m = Model::load(dir);
+  EXPECT_EQ(m.trained_context(), 128);
+  EXPECT_EQ(m.rope().params.rope_type, "llama3");
+  EXPECT_EQ(trained_position_bound(m), 512);
+  Model linear = m;
+  linear.set_rope(rope_setup_for_context(m.rope(), 128, "linear", 384, std::nullopt));
+  EXPECT_EQ(trained_position_bound(linear), 384);  // 128 x 3: the file's window belongs to its own scaling
+}
+
 // --max-position: a position past the limit is a PositionError naming both, and nothing reaches the cache.
 TEST(PositionBound, MaxPositionRefusesBeforeTheCacheIsTouched) {
   Model m = stories();
