@@ -333,13 +333,16 @@ void KvCache::set_rope_state(SeqId seq, const RopeState& state, bool rerotate) {
   if (!rerotate) {
     const auto& o = s.rope->freqs;
     throw CacheError(fmt::format(
-        "KV cache: sequence {} holds {} keys rotated with rope_type '{}' (inv_freq[last] = {}, layout {}, "
-        "angle_precision {}), but the new frequencies are rope_type '{}' (inv_freq[last] = {}, layout {}, "
-        "angle_precision {}); refusing to mix them (enable re-rotation to rotate cached keys again)",
-        seq, s.n_tokens, o.rope_type, o.inv_freq.empty() ? 0.0f : o.inv_freq.back(), to_string(s.rope->layout),
-        to_string(s.rope->precision), state.freqs.rope_type,
+        "KV cache: sequence {} holds {} keys rotated with inv_freq[last] = {} (layout {}, angle_precision {}{}), "
+        "but the new frequencies have inv_freq[last] = {} (layout {}, angle_precision {}{}); refusing to mix them "
+        "(rope change policy refuse: a length-dependent scaling such as dynamic NTK or LongRoPE passed its switch "
+        "point; use --rope-change-policy recompute (exact), hf or rerotate)",
+        seq, s.n_tokens, o.inv_freq.empty() ? 0.0f : o.inv_freq.back(), to_string(s.rope->layout),
+        to_string(s.rope->precision),
+        s.rope->seq_len > 0 ? fmt::format(", computed for length {}", s.rope->seq_len) : std::string(),
         state.freqs.inv_freq.empty() ? 0.0f : state.freqs.inv_freq.back(), to_string(state.layout),
-        to_string(state.precision)));
+        to_string(state.precision),
+        state.seq_len > 0 ? fmt::format(", computed for length {}", state.seq_len) : std::string()));
   }
   if (s.mrope_next >= 0)
     throw CacheError(fmt::format(

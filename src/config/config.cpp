@@ -337,6 +337,8 @@ class Parser {
       if (it->is_null()) continue;
       const std::string& k = it.key();
       if (k == "model_type" || k == "architectures") continue;  // the composite's own names stay
+      if (k == "text_config")  // HF composite configs nest one level only
+        r_.fail("text_config.text_config", "a text_config inside text_config is not a config HF writes", *it);
       const json* top = get(cfg_, k);
       if (top == nullptr) {
         cfg_[k] = *it;
@@ -570,9 +572,10 @@ class Parser {
     const bool deepseek = arch_ && arch_->kind == detail::ArchKind::rope_deepseek;
     spec_.family = (arch_ && arch_->kind == detail::ArchKind::mrope) ? PositionFamily::mrope
                                                                      : PositionFamily::rope;
-    const ScalingDict sd = find_scaling_dict(r_, cfg_);
-
     const bool chatglm = arch_ && arch_->kind == detail::ArchKind::chatglm;
+    // ChatGLM reads no rope_scaling / rope_parameters (modeling_chatglm RotaryEmbedding): they are listed as
+    // ignored (report_ignored_keys) and must not change the frequencies either.
+    const ScalingDict sd = chatglm ? ScalingDict{} : find_scaling_dict(r_, cfg_);
     // head_dim
     if (chatglm && get(cfg_, "kv_channels")) {
       // modeling_chatglm: rotary_dim = kv_channels (else hidden_size // num_attention_heads).
@@ -918,6 +921,8 @@ class Parser {
     if (ms) {
       if (!ms->is_array() || ms->empty())
         r_.fail(field("mrope_section"), "must be a list of positive integers", *ms);
+      if (ms->size() != 3)  // Qwen2-VL's apply_multimodal_rotary_pos_emb: one section per row (t, h, w)
+        r_.fail(field("mrope_section"), fmt::format("must have 3 entries (t, h, w), got {}", ms->size()), *ms);
       int64_t sum = 0;  // int64 of entries <= kMaxHeadDim: no overflow for any list a file can hold
       for (std::size_t i = 0; i < ms->size(); ++i) {
         const int s = r_.positive_int((*ms)[i], fmt::format("{}[{}]", field("mrope_section"), i), kMaxHeadDim);

@@ -111,12 +111,21 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::str
                                       to_string(model.family()), o.rope_scaling));
   }
   // A learned table ends: positions >= its rows cannot be fed.
-  const int64_t limit = model.family() == PositionFamily::learned_absolute && model.config().max_position_embeddings > 0
+  const int64_t table = model.family() == PositionFamily::learned_absolute && model.config().max_position_embeddings > 0
                             ? model.config().max_position_embeddings
                             : -1;
-  if (limit >= 0 && prompt_len > limit)
+  if (table >= 0 && prompt_len > table)
     throw PositionError(fmt::format("prompt: {} tokens are past the learned position table ({} positions)", prompt_len,
-                                    limit));
+                                    table));
+  // --max-position N (Model::set_max_position) ends the positions too: the prompt must fit (a PositionError before
+  // anything runs), and generation stops with stop_reason position_limit where the next token would pass N.
+  if (model.max_position() >= 0 && prompt_len - 1 > model.max_position())
+    throw PositionError(fmt::format("prompt: {} tokens reach position {}, past the position limit {} (max_position; "
+                                    "positions 0 .. {} are allowed)",
+                                    prompt_len, prompt_len - 1, model.max_position(), model.max_position()));
+  const int64_t limit = model.max_position() >= 0
+                            ? (table >= 0 ? std::min(table, model.max_position() + 1) : model.max_position() + 1)
+                            : table;
   // Warns once, before the first token at a position >= the trained context x the rope_scaling factor: the
   // forward's position watch (Model::set_position_warning), chained to the one the caller installed on `model`.
   m.set_position_warning([&res, &o, prev = model.position_warning()](const PositionWarning& w) {

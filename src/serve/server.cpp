@@ -337,12 +337,15 @@ std::shared_ptr<Job> Server::Impl::make_job(const CompletionRequest& r) {
                                      P, max_model_len));
   }
   // Model::set_max_position (--max-position): a request whose context would reach a position id past it is a 400,
-  // before it is queued (the forward would refuse it mid-batch).
-  if (const int64_t limit = model.max_position(); limit >= 0 && P + job->max_tokens - 1 > limit)
+  // before it is queued (the forward would refuse it mid-batch). The last new token is sampled, never fed: the
+  // largest position fed is P - 1 + max(max_tokens - 1, 0), as in generate.
+  if (const int64_t limit = model.max_position();
+      limit >= 0 && P - 1 + std::max<int64_t>(job->max_tokens - 1, 0) > limit)
     throw RequestError(400, "invalid_request_error", job->max_tokens > 0 ? "max_tokens" : "prompt",
-                       fmt::format("position_ids: {} prompt tokens + max_tokens {} reach position {}, past the "
+                       fmt::format("position_ids: {} prompt tokens + max_tokens {} feed positions up to {}, past the "
                                    "position limit {} (--max-position; positions 0 .. {} are allowed)",
-                                   P, job->max_tokens, P + job->max_tokens - 1, limit, limit));
+                                   P, job->max_tokens, P - 1 + std::max<int64_t>(job->max_tokens - 1, 0), limit,
+                                   limit));
   if (scheduler->blocks_needed(P + job->max_tokens) > scheduler->block_budget())
     throw RequestError(400, "invalid_request_error", "max_tokens",
                        fmt::format("prompt + max_tokens = {} tokens do not fit the KV cache budget ({} blocks of {})",

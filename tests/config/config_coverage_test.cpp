@@ -410,3 +410,36 @@ TEST(InspectIgnoredKeys, TextAndJsonListThem) {
   ASSERT_EQ(j.exit_code, 0) << j.err;
   EXPECT_EQ(nlohmann::json::parse(j.out).at("ignored_keys"), nlohmann::json::array({"offset_alibi"}));
 }
+
+// Found by a tester: a rope_scaling block on a ChatGLM config was listed in ignored_keys but applied (linear factor 2
+// halved inv_freq). modeling_chatglm's RotaryEmbedding reads only kv_channels and rope_ratio: default frequencies.
+TEST(ConfigGlm, ChatGlmRopeScalingIsIgnoredAndDoesNotChangeTheFrequencies) {
+  auto cfg = nlohmann::json::parse(slurp(data("chatglm3-6b-ipex.json")));
+  cfg["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  const PositionalSpec s = parse_text(cfg.dump());
+  EXPECT_TRUE(ignored(s, "rope_scaling"));
+  EXPECT_EQ(s.rope->rope_type, "default");
+  const RopeFrequencies f = compute_rope_frequencies(*s.rope);
+  const auto want = chatglm_theta(128, cfg.value("rope_ratio", 1.0));
+  ASSERT_EQ(f.inv_freq.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(f.inv_freq[i], want[i], 1e-6 * want[i]) << i;
+}
+
+// Found by a tester: {"text_config": {"text_config": {}}} crashed the importer (the merge overwrote the object it
+// iterated); HF's composite configs nest one level. And an mrope_section of 2 or 4 entries was accepted from a
+// config.json (Qwen2-VL's apply_multimodal_rotary_pos_emb takes one section per row t, h, w).
+TEST(ConfigTextConfig, NestedTextConfigAndMropeSectionsOfTheWrongLengthAreConfigErrors) {
+  const std::string nested = error_of(R"({"model_type": "llama", "num_attention_heads": 32, "hidden_size": 4096,
+      "max_position_embeddings": 512, "text_config": {"text_config": {}}})");
+  EXPECT_NE(nested.find("text_config.text_config"), std::string::npos) << nested;
+  EXPECT_NE(error_of(R"({"model_type": "llama", "num_attention_heads": 32, "hidden_size": 4096,
+      "text_config": {"text_config": 1}})")
+                .find("text_config.text_config"),
+            std::string::npos);
+  for (const char* section : {"[32, 32]", "[16, 16, 16, 16]"}) {
+    const std::string e = error_of(std::string(R"({"model_type": "qwen2_vl", "num_attention_heads": 28,
+        "hidden_size": 3584, "max_position_embeddings": 32768, "rope_scaling": {"type": "mrope", "mrope_section": )") +
+                                   section + "}}");
+    EXPECT_NE(e.find("mrope_section: must have 3 entries"), std::string::npos) << section << ": " << e;
+  }
+}

@@ -195,11 +195,21 @@ TEST(PositionBoundCli, MaxPositionIsAnErrorNamingThePositionAndTheLimit) {
                          " --context 1024 --scored-tokens 1024 --quiet --max-position 600");
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("position 1023 is past the position limit 600"), std::string::npos) << r.err;
+  // generate stops where the next token would pass the limit (stop_reason position_limit) and keeps its output:
+  // positions 0 .. 20 are fed, so 5 prompt tokens + 17 new tokens (the last one sampled, never fed).
+  TempDir d;
+  const auto gj = d.path() / "g.json";
   const auto g = run_cli("generate " + stories_args() + " --prompt 'Once upon a time' --max-tokens 40 --ignore-eos "
-                         "--quiet --max-position 20");
-  EXPECT_EQ(g.exit_code, 1) << g.err;
-  EXPECT_NE(g.err.find("past the position limit 20"), std::string::npos) << g.err;
-  EXPECT_NE(g.err.find("position 21 "), std::string::npos) << g.err;
+                         "--quiet --max-position 20 --json " + q(gj));
+  EXPECT_EQ(g.exit_code, 0) << g.err;
+  const auto gr = nlohmann::json::parse(test::slurp(gj));
+  EXPECT_EQ(gr["stop_reason"], "position_limit");
+  EXPECT_EQ(gr["prompt_ids"].size() + gr["generated_ids"].size(), 22u) << gr.dump();
+  // A prompt past the limit is refused before anything runs.
+  const auto p = run_cli("generate " + stories_args() + " --prompt 'Once upon a time' --max-tokens 4 --quiet "
+                         "--max-position 2");
+  EXPECT_EQ(p.exit_code, 1) << p.err;
+  EXPECT_NE(p.err.find("reach position 4, past the position limit 2"), std::string::npos) << p.err;
   // Within the limit: runs.
   const auto ok = run_cli("generate " + stories_args() + " --prompt 'Once upon a time' --max-tokens 10 --quiet "
                           "--max-position 600");

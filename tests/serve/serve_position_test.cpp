@@ -32,15 +32,15 @@ TEST(ServePosition, MaxPositionAnswers400AndKeepsServing) {
   const int port = server.start();
   httplib::Client c("127.0.0.1", port);
   c.set_read_timeout(60, 0);
-  // 90 prompt tokens + 20 new = positions 0..109: past 99.
+  // 90 prompt tokens + 20 new feed positions 0..108 (the last new token is sampled, never fed): past 99.
   auto r = post(c, "/v1/completions", json{{"prompt", ids(90)}, {"max_tokens", 20}, {"temperature", 0}});
   ASSERT_EQ(r.status, 400) << r.raw;
   const std::string msg = r.body["error"]["message"].get<std::string>();
-  EXPECT_NE(msg.find("reach position 109"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("feed positions up to 108"), std::string::npos) << msg;
   EXPECT_NE(msg.find("position limit 99"), std::string::npos) << msg;
   EXPECT_EQ(r.body["error"]["param"], "max_tokens") << r.raw;
-  // The edge (positions 0..99) and a short request are served.
-  auto e = post(c, "/v1/completions", json{{"prompt", ids(90)}, {"max_tokens", 10}, {"temperature", 0}});
+  // The edge (positions 0..99 fed: 90 + 11 new, the 11th never fed) and a short request are served.
+  auto e = post(c, "/v1/completions", json{{"prompt", ids(90)}, {"max_tokens", 11}, {"temperature", 0}});
   EXPECT_EQ(e.status, 200) << e.raw;
   auto s = post(c, "/v1/completions", json{{"prompt", ids(4)}, {"max_tokens", 4}, {"temperature", 0}});
   EXPECT_EQ(s.status, 200) << s.raw;
