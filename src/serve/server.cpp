@@ -325,8 +325,12 @@ std::shared_ptr<Job> Server::Impl::make_job(const CompletionRequest& r) {
     if (P + *r.max_tokens > max_model_len)
       throw RequestError(400, "invalid_request_error", "max_tokens",
                          fmt::format("max_tokens: {} prompt tokens + max_tokens {} = {} exceed this model's maximum "
-                                     "context length (max_model_len {})",
-                                     P, *r.max_tokens, P + *r.max_tokens, max_model_len));
+                                     "context length (max_model_len {}{})",
+                                     P, *r.max_tokens, P + *r.max_tokens, max_model_len,
+                                     model.max_position() >= 0
+                                         ? fmt::format(", at most the position limit {} + 2: --max-position",
+                                                       model.max_position())
+                                         : std::string()));
     job->max_tokens = *r.max_tokens;
   } else {
     job->max_tokens = std::min<int64_t>(16, max_model_len - P);
@@ -689,6 +693,11 @@ Server::Server(Model model, Tokenizer tokenizer, ServeConfig config)
   if (!s.tok.usable()) throw TokenizerError(fmt::format("tokenizer: cannot encode: {}", s.tok.unusable_reason()));
   s.name = s.cfg.served_model_name.empty() ? default_model_name(s.model) : s.cfg.served_model_name;
   s.max_model_len = s.cfg.max_model_len > 0 ? s.cfg.max_model_len : s.model.trained_context();
+  // --max-position N: positions 0 .. N are fed, and the last new token is sampled, never fed, so no sequence of
+  // more than N + 2 tokens fits; /v1/models says so, so that clients that size their requests from max_model_len
+  // (eval --endpoint) stay inside it.
+  if (s.model.max_position() >= 0)
+    s.max_model_len = std::min(s.max_model_len, std::max<int64_t>(s.model.max_position() + 2, 2));
   // One positional setup for every sequence, whatever its length: a length-dependent method (dynamic NTK,
   // longrope) stays at the frequencies it was given, so cached keys and shared prefixes stay valid.
   if (s.model.family() == PositionFamily::rope) {

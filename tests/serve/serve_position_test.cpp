@@ -36,7 +36,10 @@ TEST(ServePosition, MaxPositionAnswers400AndKeepsServing) {
   auto r = post(c, "/v1/completions", json{{"prompt", ids(90)}, {"max_tokens", 20}, {"temperature", 0}});
   ASSERT_EQ(r.status, 400) << r.raw;
   const std::string msg = r.body["error"]["message"].get<std::string>();
-  EXPECT_NE(msg.find("feed positions up to 108"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("max_model_len 101"), std::string::npos) << msg;  // /v1/models advertises it too
+  auto models = c.Get("/v1/models");
+  ASSERT_TRUE(models);
+  EXPECT_EQ(json::parse(models->body)["data"][0]["max_model_len"], 101) << models->body;
   EXPECT_NE(msg.find("position limit 99"), std::string::npos) << msg;
   EXPECT_EQ(r.body["error"]["param"], "max_tokens") << r.raw;
   // The edge (positions 0..99 fed: 90 + 11 new, the 11th never fed) and a short request are served.
