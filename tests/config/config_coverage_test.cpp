@@ -443,3 +443,14 @@ TEST(ConfigTextConfig, NestedTextConfigAndMropeSectionsOfTheWrongLengthAreConfig
     EXPECT_NE(e.find("mrope_section: must have 3 entries"), std::string::npos) << section << ": " << e;
   }
 }
+
+// Found by a tester: rope_scaling.factor 1e300 (yarn) ran with a failing context_shift and 1e308 (dynamic) gave
+// "inv_freq[1]: must be finite (got -nan)", naming no field; the factor is bounded as --rope-factor is.
+TEST(ConfigLimits, RopeScalingFactorIsBoundedAndNamed) {
+  for (const char* type : {"yarn", "dynamic"}) {
+    const std::string e = error_of(std::string(R"({"model_type": "llama", "num_attention_heads": 8, "hidden_size": 512,
+        "max_position_embeddings": 2048, "rope_scaling": {"rope_type": ")") + type +
+                                   R"(", "factor": 1e300, "original_max_position_embeddings": 128}})");
+    EXPECT_NE(e.find("rope_scaling.factor: must be in (0, 1e+06]"), std::string::npos) << type << ": " << e;
+  }
+}
