@@ -215,7 +215,7 @@ ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const
   rep.family = model.family();
   rep.trained_context = model.trained_context();
   auto add = [&](std::string name, double diff, int64_t rows, std::string ref = "one full forward") {
-    rep.scenarios.push_back({std::move(name), diff, rows, std::move(ref) + frozen_note, {}});
+    rep.scenarios.push_back({std::move(name), diff, rows, std::move(ref) + frozen_note, {}, {}, false, {}});
   };
   const Tokens base = stream.subspan(0, N);
   const std::vector<float> full = model.score_window(base);
@@ -374,7 +374,8 @@ ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const
   if (model.family() != PositionFamily::rope) {
     rep.scenarios.push_back({"context_shift", 0.0, 0, "one full forward (both angle_precision exact)", {},
                              fmt::format("applies to RoPE only (re-rotates cached keys); this model uses {} positions",
-                                         to_string(model.family()))});
+                                         to_string(model.family())),
+                             false, {}});
   } else {
     const std::size_t H = N / 2;
     const int64_t shift = plan.shift_offset;
@@ -434,7 +435,8 @@ ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const
       rep.scenarios.push_back({"rope_change", 0.0, 0, "the full forward at each step's length", {},
                                fmt::format("length {} does not pass the switch point {} of rope_type {} (use a "
                                            "length of at least {})",
-                                           n, S, params.rope_type, S + 1)});
+                                           n, S, params.rope_type, S + 1),
+                               false, {}});
     } else {
       for (int64_t c : {int64_t{1}, chunk}) {
         std::vector<int64_t> ends;
