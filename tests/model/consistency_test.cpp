@@ -10,6 +10,7 @@
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
 #include "posenc/perplexity.hpp"
+#include "random_checkpoint.hpp"
 #include "test_support.hpp"
 
 using namespace posenc;
@@ -63,32 +64,10 @@ PosencCheckpoint random_checkpoint(PositionFamily family, int64_t T, uint32_t se
   }
   ck.positional.t5_num_buckets = 16;
   ck.positional.t5_max_distance = 32;
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 0.4f);
-  auto t = [&](std::string name, std::vector<int64_t> shape, bool ones = false) {
-    int64_t n = 1;
-    for (auto d : shape) n *= d;
-    std::vector<float> v(static_cast<std::size_t>(n));
-    for (auto& x : v) x = ones ? 1.0f + 0.1f * nd(rng) : nd(rng);
-    ck.tensors.push_back({std::move(name), std::move(shape), std::move(v)});
-  };
-  t("tok_embeddings", {16, 32});
-  for (int l = 0; l < 2; ++l) {
-    const std::string p = "layers." + std::to_string(l) + ".";
-    t(p + "attention_norm", {32}, true);
-    t(p + "wq", {32, 32});
-    t(p + "wk", {16, 32});
-    t(p + "wv", {16, 32});
-    t(p + "wo", {32, 32});
-    t(p + "ffn_norm", {32}, true);
-    t(p + "w1", {48, 32});
-    t(p + "w2", {32, 48});
-    t(p + "w3", {48, 32});
-  }
-  t("norm", {32}, true);
-  t("output", {16, 32});
-  if (family == PositionFamily::learned_absolute) t("pos_embeddings", {T, 32});
-  if (family == PositionFamily::t5_bias) t("t5_relative_attention_bias", {16, 4});
+  posenc::test::RandomTensors t(ck, seed, 0.4f);
+  t.add_llama();
+  if (family == PositionFamily::learned_absolute) t.add("pos_embeddings", {T, 32});
+  if (family == PositionFamily::t5_bias) t.add("t5_relative_attention_bias", {16, 4});
   ck.symbols = {"<pad>", "<bos>", "<eos>", "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k", "=", "|"};
   return ck;
 }

@@ -25,6 +25,7 @@
 #include "posenc/error.hpp"
 #include "posenc/model.hpp"
 #include "posenc/mrope.hpp"
+#include "random_checkpoint.hpp"
 #include "test_support.hpp"
 
 using namespace posenc;
@@ -59,31 +60,7 @@ PosencCheckpoint random_checkpoint(PositionFamily family, MropeMapping mapping =
     ck.positional.mrope_section = {4, 2, 2};
     ck.positional.mrope_mapping = mapping;
   }
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 0.3f);
-  auto t = [&](std::string name, std::vector<int64_t> shape, bool ones = false) {
-    int64_t n = 1;
-    for (auto d : shape) n *= d;
-    std::vector<float> v(static_cast<std::size_t>(n));
-    for (auto& x : v) x = ones ? 1.0f + 0.1f * nd(rng) : nd(rng);
-    ck.tensors.push_back({std::move(name), std::move(shape), std::move(v)});
-  };
-  const int64_t KV = kKvHeads * kHeadDim;
-  t("tok_embeddings", {kVocab, kDim});
-  for (int l = 0; l < kLayers; ++l) {
-    const std::string pre = "layers." + std::to_string(l) + ".";
-    t(pre + "attention_norm", {kDim}, true);
-    t(pre + "wq", {kDim, kDim});
-    t(pre + "wk", {KV, kDim});
-    t(pre + "wv", {KV, kDim});
-    t(pre + "wo", {kDim, kDim});
-    t(pre + "ffn_norm", {kDim}, true);
-    t(pre + "w1", {kHidden, kDim});
-    t(pre + "w2", {kDim, kHidden});
-    t(pre + "w3", {kHidden, kDim});
-  }
-  t("norm", {kDim}, true);
-  t("output", {kVocab, kDim});
+  posenc::test::RandomTensors(ck, seed, 0.3f).add_llama();
   return ck;
 }
 
