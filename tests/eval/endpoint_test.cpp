@@ -692,7 +692,8 @@ TEST(EndpointLab, WithoutPromptLogprobsGenerationRunsAndLikelihoodIsNotSupported
       EXPECT_EQ(e["status"], "not supported by this endpoint");
     }
   }
-  for (const auto& p : read_json(r.run_dir / "ppl.json")["results"]) {
+  const json ppl = read_json(r.run_dir / "ppl.json");  // a named object: a range-for over a temporary's member
+  for (const auto& p : ppl["results"]) {               // would read freed memory (ASan found it in CI)
     EXPECT_EQ(p["status"], "not supported by this endpoint");
     EXPECT_TRUE(p["nll"].is_null());
   }
