@@ -165,7 +165,7 @@ TrainResult train_model_torch(const TrainConfig& cfg, const std::function<void(c
 }  // namespace posenc
 
 // The module's one exported symbol (kTorchTrainModelSymbol): every other symbol of the module, its private
-// copy of posenc_lib included, is hidden (-fvisibility=hidden, --exclude-libs ALL).
+// copy of posenc_core included, is hidden (-fvisibility=hidden, --exclude-libs ALL).
 extern "C" __attribute__((visibility("default"))) void posenc_torch_train_model(
     const posenc::TrainConfig& config, const std::function<void(const posenc::TrainProgress&)>& on_progress,
     int report_every, posenc::TrainResult& result) {

@@ -6,7 +6,7 @@
 #   tools/refs/make_llama_cpp_data.sh [OUT_DIR]
 #
 # Needs: scripts/install-refs (node-llama-cpp, tokenizers in tools/refs/node_modules), a built
-# posenc_lib (build/libposenc.a: cmake --build build --target posenc_lib), g++, and for the dequantized
+# posenc_core (build/libposenc_core.a: cmake --build build --target posenc_core), g++, and for the dequantized
 # data set llama-quantize (LLAMA_CPP_BIN, default /work/refs/llama.cpp-src/build/bin; skipped if absent).
 # Fixtures from POSENC_SHARED_DIR (default /work/shared). Runs single-threaded (--threads 1).
 set -euo pipefail
@@ -26,7 +26,7 @@ mkdir -p "$OUT"
 
 # posenc's side: the ppl protocol's stream (encode_stream with tok512.bin), its blocks, the prompt's ids,
 # and posenc's own logits of the window (Model::load_llama2c + score_window on stories260K.bin).
-g++ -std=c++20 -O2 -fopenmp -Iinclude -Isrc tools/refs/posenc_window.cpp build/libposenc.a -lfmt -o "$TMP/posenc_window"
+g++ -std=c++20 -O2 -fopenmp -Iinclude -Isrc tools/refs/posenc_window.cpp build/libposenc_core.a -lfmt -o "$TMP/posenc_window"
 mkdir -p "$OUT/stories260K"
 "$TMP/posenc_window" --tokenizer "$S260/tok512.bin" --text "$TEXT" --window 512 --prompt "$PROMPT" \
   --model "$S260/stories260K.bin" --logits-out "$TMP/posenc_stories260K_logits.f32" > "$OUT/stories260K/posenc_window.json"

@@ -15,8 +15,8 @@
 // adding "posenc_nll_mean" (protocol step 4-5 for one window, log-sum-exp in double).
 //
 // Not part of the CMake build (it exists to produce test data, not to be tested);
-// build it against a built posenc_lib:
-//   g++ -std=c++20 -O2 -fopenmp -Iinclude -Isrc tools/refs/posenc_window.cpp build/libposenc.a \
+// build it against a built posenc_core:
+//   g++ -std=c++20 -O2 -fopenmp -Iinclude -Isrc tools/refs/posenc_window.cpp build/libposenc_core.a \
 //       -lfmt -o build/posenc_window
 #include <algorithm>
 #include <cmath>
