@@ -56,3 +56,29 @@ def test_periods_equal_the_cli(cli):
     got = posenc.periods(head_dim=128, rope_theta=[10000, 500000], context=["4K", 131072],
                          rope_scaling=["default", "yarn"], factor=4, original_max_position_embeddings="8K")
     assert got == want
+
+
+def test_cmake_install_puts_an_importable_package_in_site_packages(tmp_path):
+    """`cmake --install <build> --component python --prefix P` installs posenc into P/<POSENC_PYTHON_INSTALL_DIR>;
+    a fresh interpreter with only that directory on its path imports it from there."""
+    import os
+    import subprocess
+    import sys
+    build, cmake, rel = (os.environ.get(k) for k in ("POSENC_BUILD_DIR", "POSENC_CMAKE", "POSENC_PYTHON_INSTALL_DIR"))
+    if not (build and cmake and rel):
+        pytest.skip("POSENC_BUILD_DIR / POSENC_CMAKE / POSENC_PYTHON_INSTALL_DIR not set (run through ctest)")
+    r = subprocess.run([cmake, "--install", build, "--component", "python", "--prefix", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    site = tmp_path / rel
+    assert (site / "posenc" / "__init__.py").is_file() and (site / "posenc" / "eval.py").is_file()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(site)
+    code = "import posenc, sys; print(posenc.__version__); print(posenc.__file__); " \
+           "print(float(posenc.rope_frequencies({'model_type': 'llama', 'hidden_size': 64, " \
+           "'num_attention_heads': 2}).inv_freq[1]))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    version, where, inv1 = out.stdout.split()
+    assert version == posenc.__version__ and where.startswith(str(site))
+    assert float(inv1) == pytest.approx(10000.0 ** (-2 / 32), rel=1e-6)
