@@ -32,7 +32,7 @@ int64_t context_length(const py::handle& v, const char* field) {
   return n;
 }
 
-template <class T>
+/// A scalar or a list/tuple of them, as a list.
 std::vector<py::handle> as_list(const py::handle& v) {
   std::vector<py::handle> out;
   if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v))
@@ -117,10 +117,10 @@ void bind_analysis(py::module_& m) {
         PeriodsRequest req;
         req.head_dim = head_dim;
         req.rotary_dim = rotary_dim;
-        for (auto t : as_list<double>(rope_theta)) req.rope_thetas.push_back(t.cast<double>());
-        for (auto l : as_list<int64_t>(context)) req.lengths.push_back(context_length(l, "context"));
+        for (auto t : as_list(rope_theta)) req.rope_thetas.push_back(t.cast<double>());
+        for (auto l : as_list(context)) req.lengths.push_back(context_length(l, "context"));
         if (!rope_scaling.is_none())
-          for (auto s : as_list<std::string>(rope_scaling)) req.rope_types.push_back(s.cast<std::string>());
+          for (auto s : as_list(rope_scaling)) req.rope_types.push_back(s.cast<std::string>());
         req.factor = factor;
         for (const auto& rt : req.rope_types)
           if (rt != "default" && !req.factor) fail_field<ConfigError>("factor", "required with rope_scaling", rt);
