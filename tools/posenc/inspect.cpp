@@ -14,6 +14,7 @@
 #include "posenc/analysis.hpp"
 #include "posenc/config.hpp"
 #include "posenc/error.hpp"
+#include "posenc/inspect_json.hpp"
 #include "posenc/io.hpp"
 
 namespace posenc::cli {
@@ -28,97 +29,6 @@ struct InspectOptions {
   bool lenient = false;
   std::string json;  // "" = none, "-" = stdout (instead of the text), else a file
 };
-
-json scaling_json(const RopeParams& p) {
-  json j = json::object();
-  if (p.factor) j["factor"] = *p.factor;
-  if (p.original_max_position_embeddings)
-    j["original_max_position_embeddings"] = *p.original_max_position_embeddings;
-  if (p.max_position_embeddings) j["max_position_embeddings"] = *p.max_position_embeddings;
-  if (p.attention_factor) j["attention_factor"] = *p.attention_factor;
-  if (p.beta_fast) j["beta_fast"] = *p.beta_fast;
-  if (p.beta_slow) j["beta_slow"] = *p.beta_slow;
-  if (p.mscale) j["mscale"] = *p.mscale;
-  if (p.mscale_all_dim) j["mscale_all_dim"] = *p.mscale_all_dim;
-  if (p.truncate) j["truncate"] = *p.truncate;
-  if (p.low_freq_factor) j["low_freq_factor"] = *p.low_freq_factor;
-  if (p.high_freq_factor) j["high_freq_factor"] = *p.high_freq_factor;
-  if (!p.short_factor.empty()) j["short_factor"] = p.short_factor;
-  if (!p.long_factor.empty()) j["long_factor"] = p.long_factor;
-  return j;
-}
-
-json sliding_json(const SlidingWindowSpec& sw) {
-  json j = json::object();
-  j["size"] = sw.size ? json(*sw.size) : json(nullptr);
-  j["active"] = sw.active;
-  j["layer_is_sliding"] = sw.layer_is_sliding;
-  j["source"] = sw.source;
-  return j;
-}
-
-json spec_json(const PositionalSpec& s, const std::optional<RopeInspection>& ins) {
-  json j = json::object();
-  j["family"] = std::string(to_string(s.family));
-  if (s.rope && ins) {
-    const RopeParams& p = *s.rope;
-    j["rope_type"] = p.rope_type;
-    j["rope_theta"] = p.rope_theta;
-    j["head_dim"] = p.head_dim;
-    j["rotary_dim"] = p.effective_rotary_dim();
-    j["layout"] = layout_name(s);
-    j["attention_factor"] = ins->frequencies.attention_factor;
-    json inv = json::array();
-    for (float f : ins->frequencies.inv_freq) inv.push_back(static_cast<double>(f));
-    j["inv_freq"] = inv;
-    json ch = json::array();
-    for (const auto& c : ins->channels)
-      ch.push_back(json{{"i", c.i},
-                        {"inv_freq", c.inv_freq},
-                        {"wavelength", c.wavelength},
-                        {"rotations_original", c.rotations_original},
-                        {"rotations_target", c.rotations_target},
-                        {"wavelength_ratio", c.wavelength_ratio}});
-    j["channels"] = ch;
-    j["original_length"] = ins->original_length;
-    j["seq_len"] = ins->target_length;
-    j["rope_parameters"] = scaling_json(p);
-    if (s.qk_head_dim) j["qk_head_dim"] = *s.qk_head_dim;
-    if (s.softmax_scale) j["softmax_scale"] = *s.softmax_scale;
-    if (!s.mrope_section.empty()) j["mrope_section"] = s.mrope_section;
-    if (s.mrope_interleaved) j["mrope_interleaved"] = true;
-  }
-  if (s.alibi) {
-    j["alibi_convention"] = std::string(to_string(s.alibi->convention));
-    j["max_bias"] = s.alibi->max_bias;
-    j["slopes_dtype"] = s.alibi->bfloat16_slopes ? "bfloat16" : "float32";
-    json slopes = json::array();
-    for (float f : alibi_slopes_for(*s.alibi, s.num_attention_heads))
-      slopes.push_back(static_cast<double>(f));
-    j["slopes"] = slopes;
-  }
-  if (s.t5) {
-    j["relative_attention_num_buckets"] = s.t5->relative_attention_num_buckets;
-    j["relative_attention_max_distance"] = s.t5->relative_attention_max_distance;
-    j["encoder_bidirectional"] = s.t5->encoder_bidirectional;
-    j["decoder_bidirectional"] = s.t5->decoder_bidirectional;
-    j["is_encoder_decoder"] = s.t5->is_encoder_decoder;
-  }
-  if (s.sinusoidal_layout) j["sinusoidal_layout"] = std::string(to_string(*s.sinusoidal_layout));
-  if (s.family == PositionFamily::learned_absolute) j["position_offset"] = s.position_offset;
-  j["model_type"] = s.model_type;
-  j["architecture"] = s.architecture;
-  j["num_attention_heads"] = s.num_attention_heads;
-  j["num_key_value_heads"] = s.num_key_value_heads;
-  j["hidden_size"] = s.hidden_size;
-  j["num_hidden_layers"] = s.num_hidden_layers;
-  j["max_position_embeddings"] =
-      s.max_position_embeddings ? json(*s.max_position_embeddings) : json(nullptr);
-  j["sliding_window"] = sliding_json(s.sliding_window);
-  j["ignored_keys"] = s.ignored_keys;
-  j["notes"] = s.notes;
-  return j;
-}
 
 std::string sliding_text(const SlidingWindowSpec& sw) {
   if (!sw.size) return "none";
@@ -147,7 +57,7 @@ std::string spec_text(const PositionalSpec& s, const std::optional<RopeInspectio
   if (s.rope) {
     const RopeParams& p = *s.rope;
     line("rope_type", p.rope_type);
-    json params = scaling_json(p);
+    json params = rope_parameters_json(p);
     // rope_parameters.max_position_embeddings is the max_position_embeddings line above: not printed twice.
     if (params.contains("max_position_embeddings") && s.max_position_embeddings &&
         params["max_position_embeddings"] == *s.max_position_embeddings)
@@ -225,7 +135,7 @@ void run_inspect(const InspectOptions& opt) {
   std::optional<RopeInspection> ins;
   if (spec.rope) ins = inspect_rope(spec, seq_len);
   if (opt.json != "-") fmt::print("{}", spec_text(spec, ins));
-  emit_json(opt.json, spec_json(spec, ins));
+  emit_json(opt.json, inspect_json(spec, ins));
 }
 
 }  // namespace

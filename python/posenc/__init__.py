@@ -1,0 +1,116 @@
+"""posenc: positional encodings of Transformer attention (RoPE and its scalings, M-RoPE, ALiBi, T5 buckets,
+sinusoidal tables), a Llama-architecture model runtime and the eval lab's results, from Python.
+
+Arrays are numpy: inputs are checked (dtype, shape, strides) with errors naming the argument, outputs are new
+float32/int arrays (or the caller's `out=`). Numerics are those of posenc's C++ core (bit-exact with Hugging Face
+transformers for the RoPE family, see the docstrings). Errors of the core are raised as posenc.Error subclasses:
+ConfigError, CheckpointError, TokenizerError, PositionError, InvalidArgument, IoError, CacheError, DataError.
+"""
+
+import json as _json
+import os as _os
+
+from . import _posenc
+from ._posenc import (  # noqa: F401  (the public API)
+    CacheError,
+    CheckpointError,
+    ConfigError,
+    DataError,
+    Error,
+    InvalidArgument,
+    IoError,
+    KvCache,
+    Model,
+    PositionError,
+    RopeFrequencies,
+    RopeParams,
+    RopeSchedule,
+    TokenizerError,
+    alibi_bias,
+    alibi_slopes,
+    apply_mrope,
+    apply_rope,
+    apply_rope_cos_sin,
+    bloom_alibi_tensor,
+    mpt_alibi_tensor,
+    mrope_cos_sin,
+    parse_context_length,
+    periods,
+    position_ids_from_input_ids,
+    rope_cos_sin,
+    rope_types,
+    rope_wavelengths,
+    sinusoidal_encoding,
+    sinusoidal_table,
+    t5_relative_buckets,
+    t5_relative_position_bias,
+    t5_relative_position_bucket,
+)
+from . import eval  # noqa: F401,E402  (posenc.eval.load_run)
+
+__version__ = _posenc.__version__
+
+__all__ = [
+    "__version__", "Error", "ConfigError", "CheckpointError", "TokenizerError", "PositionError", "InvalidArgument",
+    "IoError", "CacheError", "DataError", "RopeParams", "RopeFrequencies", "RopeSchedule", "rope_frequencies",
+    "rope_params", "rope_cos_sin", "apply_rope", "apply_rope_cos_sin", "mrope_cos_sin", "apply_mrope",
+    "alibi_slopes", "alibi_bias", "bloom_alibi_tensor", "mpt_alibi_tensor", "t5_relative_buckets",
+    "t5_relative_position_bucket", "t5_relative_position_bias", "sinusoidal_table", "sinusoidal_encoding",
+    "position_ids_from_input_ids", "inspect", "periods", "rope_wavelengths", "rope_types", "parse_context_length",
+    "Model", "KvCache", "eval",
+]
+
+
+def _seq_len(seq_len):
+    if seq_len is None:
+        return None
+    if isinstance(seq_len, str):
+        return parse_context_length(seq_len)
+    return int(seq_len)
+
+
+def rope_frequencies(config_or_dict, seq_len=None, lenient=False):
+    """RoPE frequencies of a model config, as Hugging Face's ROPE_INIT_FUNCTIONS[rope_type](config, seq_len) computes
+    them (float32, operation by operation; checked against transformers' own outputs).
+
+    config_or_dict: a config.json path (str or os.PathLike), a config.json as a dict, or a posenc.RopeParams.
+    seq_len: the current sequence length (int or "128K"), for the length-dependent scalings (dynamic, longrope);
+    None = not passed (HF's init without seq_len).
+    lenient: ignore unknown keys inside rope_scaling / rope_parameters.
+
+    Returns a posenc.RopeFrequencies: inv_freq ([rotary_dim/2] float32, radians per position), attention_factor
+    (multiplies cos and sin), rotary_dim, head_dim, rope_type, layout ("half" / "interleaved" /
+    "interleaved_in_half_out", from the architecture) and, for M-RoPE configs, mrope_section / mrope_mapping.
+    Raises posenc.ConfigError naming the field and value (posenc.IoError for an unreadable file).
+    """
+    n = _seq_len(seq_len)
+    if isinstance(config_or_dict, RopeParams):
+        return _posenc._rope_frequencies_params(config_or_dict, n)
+    if isinstance(config_or_dict, dict):
+        return _posenc._rope_frequencies_config_text(_json.dumps(config_or_dict), "<dict>", n, bool(lenient))
+    if isinstance(config_or_dict, (str, _os.PathLike)):
+        return _posenc._rope_frequencies_config_path(_os.fspath(config_or_dict), n, bool(lenient))
+    raise TypeError("config_or_dict: expected a config.json path, a dict or a posenc.RopeParams, got "
+                    + type(config_or_dict).__name__)
+
+
+def rope_params(config_path, lenient=False):
+    """The typed RoPE parameters (posenc.RopeParams) a config.json file implies (for posenc.RopeSchedule)."""
+    return _posenc._rope_params_config_path(_os.fspath(config_path), bool(lenient))
+
+
+def inspect(config_path, seq_len=None, lenient=False):
+    """What a config.json says about positions: the same dict as `posenc inspect --config F --json -`.
+
+    config_path: a config.json path, or a config as a dict. seq_len: the target length (int or "128K"; default
+    max_position_embeddings) the per-channel table and length-dependent scalings are computed for.
+    Keys: family, rope_type, rope_theta, head_dim, rotary_dim, layout, attention_factor, inv_freq, channels
+    ([{i, inv_freq, wavelength, rotations_original, rotations_target, wavelength_ratio}]), original_length, seq_len,
+    rope_parameters, ... (RoPE), alibi_convention / slopes (ALiBi), relative_attention_* (T5), model_type,
+    num_attention_heads, max_position_embeddings, sliding_window, ignored_keys, notes.
+    """
+    if isinstance(config_path, dict):
+        text = _posenc._inspect_json(None, _json.dumps(config_path), "<dict>", seq_len, bool(lenient))
+    else:
+        text = _posenc._inspect_json(_os.fspath(config_path), None, "", seq_len, bool(lenient))
+    return _json.loads(text)

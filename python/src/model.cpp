@@ -1,0 +1,322 @@
+// posenc Python bindings — the model runtime (posenc/model.hpp): Model.load for every format the runtime loads,
+// tokenize / logits / score / generate, and a KvCache handle for incremental forwards; plus the eval lab's run
+// directory lookup used by posenc.eval. The forward passes are the library's; the GIL is released around them.
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include <fmt/format.h>
+#include <pybind11/stl.h>
+
+#include "arrays.hpp"
+#include "bindings.hpp"
+#include "eval/logprob.hpp"
+#include "posenc/error.hpp"
+#include "posenc/eval.hpp"
+#include "posenc/generate.hpp"
+#include "posenc/io.hpp"
+#include "posenc/kv_cache.hpp"
+#include "posenc/model.hpp"
+#include "posenc/tokenizer.hpp"
+
+namespace posenc::python {
+
+namespace {
+
+/// A loaded model with the tokenizer it is used with (bundled, or the file given to Model.load).
+struct PyModel {
+  Model model;
+  std::optional<Tokenizer> tokenizer;
+  std::string tokenizer_source;  ///< "bundled: tokenizer.json", the path given, or "" (none)
+
+  const Tokenizer& tok() const {
+    if (!tokenizer) {
+      const std::string& e = model.source().tokenizer_error;
+      throw TokenizerError(fmt::format("{}: no tokenizer{}; pass tokenizer=<tokenizer.json or llama2.c tokenizer .bin> "
+                                       "to posenc.Model.load",
+                                       model.source().path.string(), e.empty() ? "" : " (" + e + ")"));
+    }
+    return *tokenizer;
+  }
+};
+
+/// The tokenizer at `path`, as the CLI's --tokenizer reads it: a directory holding tokenizer.json, a tokenizer.json
+/// file (JSON text), or a llama2.c tokenizer .bin.
+Tokenizer load_tokenizer_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    if (!fs::exists(fs::path(path) / "tokenizer.json", ec))
+      throw IoError(fmt::format("tokenizer {}: directory without tokenizer.json", path));
+    return Tokenizer::load_tokenizer_json(fs::path(path) / "tokenizer.json");
+  }
+  const MappedFile f(path);
+  const auto b = f.bytes();
+  if (b.size() >= 8 && std::memcmp(b.data(), "POSENC01", 8) == 0)
+    throw TokenizerError(fmt::format("tokenizer {}: is a posenc checkpoint, not a tokenizer", path));
+  std::size_t i = 0;
+  while (i < b.size() && std::isspace(static_cast<unsigned char>(b[i]))) ++i;
+  if (i < b.size() && static_cast<char>(b[i]) == '{') return Tokenizer::load_tokenizer_json(path);
+  return Tokenizer::load_llama2c(path);
+}
+
+std::vector<int32_t> token_vector(const py::handle& obj, const PyModel& m) {
+  const auto t = require_integers<int64_t>(obj, "tokens");
+  if (t.ndim() != 1) throw py::value_error(fmt::format("tokens: expected a [n] array, got shape {}", shape_string(t)));
+  std::vector<int32_t> out(static_cast<std::size_t>(t.size()));
+  const int V = m.model.config().vocab_size;
+  for (py::ssize_t i = 0; i < t.size(); ++i) {
+    const int64_t v = t.data()[i];
+    if (v < 0 || v >= V)
+      throw py::value_error(fmt::format("tokens[{}]: id {} outside the vocabulary [0, {})", i, v, V));
+    out[static_cast<std::size_t>(i)] = static_cast<int32_t>(v);
+  }
+  return out;
+}
+
+py::dict config_dict(const ModelConfig& c) {
+  py::dict d;
+  d["dim"] = c.dim;
+  d["hidden_dim"] = c.hidden_dim;
+  d["n_layers"] = c.n_layers;
+  d["n_heads"] = c.n_heads;
+  d["n_kv_heads"] = c.n_kv_heads;
+  d["vocab_size"] = c.vocab_size;
+  d["head_dim"] = c.head_dim;
+  d["max_position_embeddings"] = c.max_position_embeddings;
+  d["norm_eps"] = c.norm_eps;
+  d["shared_classifier"] = c.shared_classifier;
+  d["qkv_bias"] = c.qkv_bias;
+  d["o_bias"] = c.o_bias;
+  d["mlp_bias"] = c.mlp_bias;
+  d["qk_norm"] = c.qk_norm;
+  return d;
+}
+
+/// log p(tokens[i] | tokens[<i]) for i >= 1 from logits [n, V] (row i-1 predicts token i), in double.
+std::vector<double> next_token_logprobs(const std::vector<float>& logits, const std::vector<int32_t>& tokens, int V) {
+  std::vector<double> out;
+  for (std::size_t i = 1; i < tokens.size(); ++i)
+    out.push_back(detail::log_prob(logits.data() + (i - 1) * static_cast<std::size_t>(V), V, tokens[i]));
+  return out;
+}
+
+}  // namespace
+
+void bind_model(py::module_& m) {
+  py::class_<KvCache>(m, "KvCache", R"doc(
+posenc's paged KV cache (posenc/kv_cache.hpp) for incremental forwards: make one with Model.new_cache(), add
+sequences with new_sequence(), run Model.forward(cache, seq, tokens) step by step. Keys are stored rotated, with the
+rotation state (frequencies, layout) checked on every append.)doc")
+      .def("new_sequence", &KvCache::create, "A new empty sequence; returns its id.")
+      .def("fork", &KvCache::fork, py::arg("seq"), "A new sequence sharing every block of seq (copy-on-write).")
+      .def("free", &KvCache::free, py::arg("seq"), "Releases the sequence.")
+      .def("__contains__", &KvCache::contains, py::arg("seq"))
+      .def("size", &KvCache::size, py::arg("seq"), "Tokens cached for seq.")
+      .def("next_position", &KvCache::next_position, py::arg("seq"), "The position the next appended token gets.")
+      .def("positions", [](const KvCache& c, KvCache::SeqId s) { return to_numpy(c.positions(s)); }, py::arg("seq"),
+           "Position ids of the cached tokens, [size] int64.")
+      .def("token_ids", [](const KvCache& c, KvCache::SeqId s) { return to_numpy(c.token_ids(s)); }, py::arg("seq"),
+           "Token ids of the cached tokens, [size] int32.")
+      .def("clear", &KvCache::clear, py::arg("seq"))
+      .def("evict", &KvCache::evict, py::arg("seq"), py::arg("begin"), py::arg("end"),
+           "Drops cached tokens [begin, end) (indices into the sequence); returns how many were dropped.")
+      .def("keep_window", &KvCache::keep_window, py::arg("seq"), py::arg("window"), py::arg("sinks") = 0,
+           "Keeps the first `sinks` and the last `window` tokens (StreamingLLM); returns how many were dropped.")
+      .def_property_readonly("blocks_in_use", &KvCache::blocks_in_use);
+
+  py::class_<PyModel>(m, "Model", R"doc(
+A Llama-architecture decoder on posenc's runtime. Load with posenc.Model.load(path).)doc")
+      .def_static(
+          "load",
+          [](const std::string& path, std::optional<std::string> tokenizer, const std::string& quantized_matmul) {
+            LoadOptions lo;
+            lo.quantized_matmul = parse_quantized_matmul(quantized_matmul, "quantized_matmul");
+            py::gil_scoped_release release;
+            PyModel pm{Model::load(path, lo), std::nullopt, ""};
+            if (tokenizer) {
+              pm.tokenizer = load_tokenizer_path(*tokenizer);
+              pm.tokenizer_source = *tokenizer;
+            } else if (pm.model.bundled_tokenizer()) {
+              pm.tokenizer = *pm.model.bundled_tokenizer();
+              pm.tokenizer_source = "bundled: " + pm.model.source().tokenizer;
+            }
+            if (pm.tokenizer && !pm.tokenizer->usable())
+              throw TokenizerError(fmt::format("{}: {}", pm.tokenizer_source, pm.tokenizer->unusable_reason()));
+            return pm;
+          },
+          py::arg("path"), py::arg("tokenizer") = py::none(), py::arg("quantized_matmul") = "dequantize", R"doc(
+Loads a model: a llama2.c .bin, a posenc checkpoint, a Hugging Face directory (config.json + model.safetensors +
+tokenizer.json) or a GGUF file (format detected from the contents). tokenizer: a tokenizer.json (or its directory)
+or a llama2.c tokenizer .bin; default the one the model brings (HF directory, GGUF). quantized_matmul:
+"dequantize" or "q8_activations" (llama.cpp's arithmetic for Q8_0/Q4_0 weights). Raises posenc.IoError,
+posenc.CheckpointError, posenc.ConfigError, posenc.TokenizerError naming the file and field.)doc")
+      .def_property_readonly("config", [](const PyModel& p) { return config_dict(p.model.config()); },
+                             "Sizes: dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, head_dim, ...")
+      .def_property_readonly("format", [](const PyModel& p) { return std::string(to_string(p.model.source().format)); })
+      .def_property_readonly("architecture", [](const PyModel& p) { return p.model.source().architecture; })
+      .def_property_readonly("family", [](const PyModel& p) { return std::string(to_string(p.model.family())); })
+      .def_property_readonly("trained_context", [](const PyModel& p) { return p.model.trained_context(); })
+      .def_property_readonly("vocab_size", [](const PyModel& p) { return p.model.config().vocab_size; })
+      .def_property_readonly("tokenizer_source", [](const PyModel& p) { return p.tokenizer_source; })
+      .def_property_readonly(
+          "rope",
+          [](const PyModel& p) -> py::object {
+            if (p.model.family() != PositionFamily::rope) return py::none();
+            Frequencies f;
+            f.freqs = p.model.rope().freqs;
+            f.layout = std::string(to_string(p.model.rope().layout));
+            return py::cast(f);
+          },
+          "The RoPE frequencies the model runs with (layout included), None for another family.")
+      .def(
+          "tokenize",
+          [](const PyModel& p, const std::string& text, bool bos) {
+            std::vector<int32_t> ids;
+            {
+              py::gil_scoped_release release;
+              ids = p.tok().encode(text, bos, false);
+            }
+            return to_numpy(ids);
+          },
+          py::arg("text"), py::arg("bos") = true,
+          "Token ids of text, [n] int32 (BOS first when bos and the tokenizer has one), as `posenc tokenize`.")
+      .def(
+          "decode",
+          [](const PyModel& p, py::handle tokens) {
+            const std::vector<int32_t> ids = token_vector(tokens, p);
+            return p.tok().decode(ids);
+          },
+          py::arg("tokens"), "The text of token ids (special tokens skipped).")
+      .def(
+          "logits",
+          [](const PyModel& p, py::handle tokens) {
+            const std::vector<int32_t> ids = token_vector(tokens, p);
+            if (ids.empty()) throw py::value_error("tokens: empty");
+            std::vector<float> out;
+            {
+              py::gil_scoped_release release;
+              out = p.model.score_window(ids);
+            }
+            return vector_to_numpy(std::move(out), {static_cast<py::ssize_t>(ids.size()), p.model.config().vocab_size});
+          },
+          py::arg("tokens"), R"doc(
+Logits of one forward over tokens at positions 0..n-1 (a fresh cache): [n, vocab_size] float32; row i predicts token
+i+1. tokens: [n] integers in [0, vocab_size).)doc")
+      .def(
+          "score",
+          [](const PyModel& p, const std::string& text) {
+            std::vector<int32_t> ids;
+            std::vector<double> lp;
+            {
+              py::gil_scoped_release release;
+              ids = p.tok().encode(text, true, false);
+              if (ids.size() < 2) throw InvalidArgument(fmt::format("text: {} token(s), at least 2 needed to score", ids.size()));
+              const std::vector<float> logits = p.model.score_window(ids);
+              lp = next_token_logprobs(logits, ids, p.model.config().vocab_size);
+            }
+            double sum = 0;
+            for (double v : lp) sum += v;
+            const double nll = -sum / static_cast<double>(lp.size());
+            py::dict d;
+            d["tokens"] = to_numpy(ids);
+            d["token_logprobs"] = to_numpy(lp);
+            d["n_scored"] = lp.size();
+            d["nll"] = nll;
+            d["ppl"] = std::exp(nll);
+            d["logprob"] = sum;
+            return d;
+          },
+          py::arg("text"), R"doc(
+Scores text in one forward (positions 0..n-1): {tokens: [n] int32 (BOS first), token_logprobs: [n-1] float64
+(natural-log p(token i | tokens before it), i = 1..n-1), n_scored, logprob (their sum), nll (mean negative), ppl}.)doc")
+      .def(
+          "generate",
+          [](const PyModel& p, const std::string& prompt, int max_new_tokens, float temperature, float top_p,
+             uint64_t seed, bool stop_at_eos, const std::string& rope_scaling, std::optional<double> rope_factor) {
+            GenerateOptions o;
+            o.max_new_tokens = max_new_tokens;
+            o.temperature = temperature;
+            o.top_p = top_p;
+            o.seed = seed;
+            o.stop_at_bos = o.stop_at_eos = stop_at_eos;
+            o.rope_scaling = rope_scaling;
+            o.rope_factor = rope_factor;
+            GenerateResult r;
+            {
+              py::gil_scoped_release release;
+              r = posenc::generate(p.model, p.tok(), prompt, o);
+            }
+            py::dict d;
+            d["prompt"] = prompt;
+            d["prompt_ids"] = to_numpy(r.prompt_tokens);
+            d["generated_ids"] = to_numpy(r.new_tokens);
+            d["generated_logprobs"] = to_numpy(r.new_token_logprobs);
+            d["text"] = r.text;
+            d["stop_reason"] = r.stop_reason;
+            d["trained_context"] = r.trained_context;
+            d["passed_trained_context_at"] = r.passed_trained_context_at >= 0 ? py::object(py::int_(r.passed_trained_context_at)) : py::object(py::none());
+            if (p.model.family() == PositionFamily::rope) {
+              d["rope_type"] = r.rope_type;
+              d["rope_scaling"] = r.rope_scaling;
+              d["rope_factor"] = r.rope_factor;
+              d["rope_context"] = r.rope_context;
+            }
+            d["prefill_seconds"] = r.prefill_seconds;
+            d["decode_seconds"] = r.decode_seconds;
+            return d;
+          },
+          py::arg("prompt"), py::arg("max_new_tokens") = 64, py::arg("temperature") = 0.0f, py::arg("top_p") = 1.0f,
+          py::arg("seed") = 0, py::arg("stop_at_eos") = true, py::arg("rope_scaling") = "native",
+          py::arg("rope_factor") = py::none(), R"doc(
+Continues prompt through the KV cache, as `posenc generate` (greedy at temperature 0). Returns the keys of
+`posenc generate --json`: prompt_ids, generated_ids ([k] int32), generated_logprobs ([k] float64, natural log at
+temperature 1), text, stop_reason ("max_tokens", "bos", "eos", "position_limit"), rope_* for RoPE models.)doc")
+      .def(
+          "new_cache",
+          [](const PyModel& p, int block_size) { return p.model.make_cache(block_size); }, py::arg("block_size") = 16,
+          "An empty posenc.KvCache shaped for this model.")
+      .def(
+          "forward",
+          [](const PyModel& p, KvCache& cache, KvCache::SeqId seq, py::handle tokens, py::object position_ids,
+             bool last_only) {
+            const std::vector<int32_t> ids = token_vector(tokens, p);
+            if (ids.empty()) throw py::value_error("tokens: empty");
+            std::vector<int64_t> pos;
+            if (!position_ids.is_none()) {
+              const auto a = require_integers<int64_t>(position_ids, "position_ids");
+              if (a.ndim() != 1 || a.shape(0) != static_cast<py::ssize_t>(ids.size()))
+                throw py::value_error(fmt::format("position_ids: expected shape ({},), got {}", ids.size(), shape_string(a)));
+              pos.assign(a.data(), a.data() + a.size());
+            }
+            Model::SequenceInput in;
+            in.seq = seq;
+            in.tokens = ids;
+            in.position_ids = pos;
+            std::vector<float> logits;
+            {
+              py::gil_scoped_release release;
+              p.model.forward(cache, std::span<const Model::SequenceInput>(&in, 1),
+                              last_only ? Model::LogitsMode::last : Model::LogitsMode::all, logits);
+            }
+            const py::ssize_t rows = last_only ? 1 : static_cast<py::ssize_t>(ids.size());
+            return vector_to_numpy(std::move(logits), {rows, p.model.config().vocab_size});
+          },
+          py::arg("cache"), py::arg("seq"), py::arg("tokens"), py::arg("position_ids") = py::none(),
+          py::arg("last_only") = false, R"doc(
+Runs tokens of sequence seq through the network, appending their rotated keys and values to cache, and returns the
+logits [n, vocab_size] float32 (or [1, vocab_size] with last_only). position_ids: [n] integers, default
+cache.next_position(seq) + 0, 1, ... Raises posenc.CacheError when the cached keys' rotation does not match.)doc");
+
+  m.def(
+      "_resolve_run_dir", [](const std::string& dir) { return resolve_run_dir(dir).string(); }, py::arg("dir"),
+      "The eval run directory of dir: dir itself if it holds run.json, else the run its LATEST names.");
+  m.def(
+      "_eval_resume_plan", [](const std::string& dir) { return eval_resume_plan(dir); }, py::arg("dir"),
+      "What resuming the run would recompute: one \"<file>: <reason>\" per missing or damaged file (empty: complete).");
+}
+
+}  // namespace posenc::python
