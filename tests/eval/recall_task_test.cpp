@@ -16,7 +16,7 @@
 #include "posenc/eval.hpp"
 #include "posenc/stats.hpp"
 #include "posenc/tasks.hpp"
-#include "posenc/train.hpp"
+#include "posenc/synthetic_tasks.hpp"
 #include "test_support.hpp"
 
 using namespace posenc;
