@@ -35,9 +35,10 @@ TorchTrainModel load() {
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   std::vector<std::filesystem::path> candidates;
   if (!ec) {
-    candidates.push_back(exe.parent_path() / "libposenc_torch.so");  // a build tree: next to the program
-    if (std::string(POSENC_TORCH_MODULE_FROM_BIN) != "")             // installed: bin/posenc, lib/posenc/
-      candidates.push_back((exe.parent_path() / POSENC_TORCH_MODULE_FROM_BIN / "libposenc_torch.so").lexically_normal());
+    const std::filesystem::path dir = exe.parent_path();
+    candidates.push_back(dir / "libposenc_torch.so");     // a build tree: next to the program
+    if (std::string(POSENC_TORCH_MODULE_FROM_BIN) != "")  // installed: bin/posenc, lib/posenc/
+      candidates.push_back((dir / POSENC_TORCH_MODULE_FROM_BIN / "libposenc_torch.so").lexically_normal());
   }
   for (const char* path : {POSENC_TORCH_MODULE_INSTALLED, POSENC_TORCH_MODULE})
     if (std::string(path) != "" &&

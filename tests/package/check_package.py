@@ -12,7 +12,7 @@
    rotation with the reference's own rule (DeepSeek-V3's apply_rotary_pos_emb_interleave, float32 angles and
    products, as testdata/hf_reference/README.md states) applied to the reference frequencies.
 3. find_package(posenc <next minor version>) must fail: posencConfigVersion.cmake refuses a newer request
-   (and step 2 asked for exactly ours, which it accepts).
+   (and step 2 asked for exactly ours, which it accepts); so must COMPONENTS train from a build without it.
 4. The installed CLI: `posenc --version` is our version; it runs its scripts from <prefix>/share/posenc/scripts
    and (training built) loads <prefix>/lib/posenc/libposenc_torch.so, found from its own location.
 
@@ -123,7 +123,9 @@ def main():
         common.append(f"-DCMAKE_CXX_COMPILER_LAUNCHER={a.launcher}")
     ext_src = os.path.join(a.source_dir, "tests", "package", "external")
     ext_build = os.path.join(work, "external")
-    run([a.cmake, "-S", ext_src, "-B", ext_build, *common, f"-DPOSENC_EXTERNAL_REQUIRE_VERSION={a.version}"])
+    components = "core;train" if a.with_train else "core"
+    run([a.cmake, "-S", ext_src, "-B", ext_build, *common, f"-DPOSENC_EXTERNAL_REQUIRE_VERSION={a.version}",
+         f"-DPOSENC_EXTERNAL_COMPONENTS={components}"])
     run([a.cmake, "--build", ext_build, "-j2"])
     config = os.path.join(a.shared_dir, "configs", "deepseek-v3.json")
     p = run([os.path.join(ext_build, "posenc_external"), config])
@@ -163,6 +165,12 @@ def main():
     check(p.returncode != 0, f"find_package(posenc {newer} REQUIRED) fails (exit {p.returncode})")
     check(f'requested version "{newer}"' in text and f"posencConfig.cmake, version: {a.version}" in text,
           f"its message names the version asked ({newer}) and the installed package's ({a.version})")
+
+    if not a.with_train:
+        p = run([a.cmake, "-S", ext_src, "-B", os.path.join(work, "no-train"), *common,
+                 "-DPOSENC_EXTERNAL_COMPONENTS=core;train"], expect=None)
+        check(p.returncode != 0 and "built without the training part (-DPOSENC_WITH_TRAIN=OFF)" in p.stdout + p.stderr,
+              f"find_package(posenc COMPONENTS train) fails without the training part (exit {p.returncode})")
 
     # 4. the installed CLI
     env = {k: v for k, v in os.environ.items() if k not in ("POSENC_SCRIPTS_DIR", "POSENC_PYTHON")}
