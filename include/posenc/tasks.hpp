@@ -37,7 +37,7 @@
 // natural text; its prompt is the training format `<bos> k3 7 k12 1 ... ? k3`
 // in the model's own symbol vocabulary (the ids are looked up by symbol in
 // the tokenizer, which must hold every symbol of
-// Task(TrainTaskKind::associative_recall).symbols()). The context is m
+// Task(TrainTaskKind::associative_recall).symbols(), synthetic_tasks.hpp). The context is m
 // key-value pairs (records) with m = min(floor((length - 4) / 2), 128): BOS,
 // 2m pair tokens, "?", the query key and a one-token answer budget fit in the
 // length. Keys are distinct (a per-sample permutation of k0..k127), values

@@ -3,6 +3,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <mutex>
 #include <string>
@@ -17,6 +18,12 @@
 #ifndef POSENC_TORCH_MODULE
 #define POSENC_TORCH_MODULE ""
 #endif
+#ifndef POSENC_TORCH_MODULE_FROM_BIN
+#define POSENC_TORCH_MODULE_FROM_BIN ""
+#endif
+#ifndef POSENC_TORCH_MODULE_INSTALLED
+#define POSENC_TORCH_MODULE_INSTALLED ""
+#endif
 
 namespace posenc::detail {
 
@@ -27,8 +34,16 @@ TorchTrainModel load() {
   std::error_code ec;
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   std::vector<std::filesystem::path> candidates;
-  if (!ec) candidates.push_back(exe.parent_path() / "libposenc_torch.so");
-  if (std::string(POSENC_TORCH_MODULE) != "") candidates.emplace_back(POSENC_TORCH_MODULE);
+  if (!ec) {
+    const std::filesystem::path dir = exe.parent_path();
+    candidates.push_back(dir / "libposenc_torch.so");     // a build tree: next to the program
+    if (std::string(POSENC_TORCH_MODULE_FROM_BIN) != "")  // installed: bin/posenc, lib/posenc/
+      candidates.push_back((dir / POSENC_TORCH_MODULE_FROM_BIN / "libposenc_torch.so").lexically_normal());
+  }
+  for (const char* path : {POSENC_TORCH_MODULE_INSTALLED, POSENC_TORCH_MODULE})
+    if (std::string(path) != "" &&
+        std::find(candidates.begin(), candidates.end(), std::filesystem::path(path)) == candidates.end())
+      candidates.emplace_back(path);
   for (const auto& path : candidates) {
     if (!std::filesystem::exists(path, ec)) {
       tried.push_back(fmt::format("{} (absent)", path.string()));

@@ -16,8 +16,10 @@ using TorchTrainModel = void (*)(const TrainConfig& config, const std::function<
                                  int report_every, TrainResult& result);
 inline constexpr const char* kTorchTrainModelSymbol = "posenc_torch_train_model";
 
-/// Loads libposenc_torch.so (next to the running executable, else at the path the
-/// build gave, POSENC_TORCH_MODULE) with RTLD_GLOBAL, once per process, so that the
+/// Loads libposenc_torch.so (the first that exists of: next to the running executable
+/// (/proc/self/exe; a build tree), <exe dir>/../lib/posenc/ (an installed bin/posenc),
+/// the configured install prefix's lib/posenc/, the build tree's path POSENC_TORCH_MODULE)
+/// with RTLD_GLOBAL, once per process, so that the
 /// libtorch and OpenBLAS under it are visible to dlsym(RTLD_DEFAULT, ...) afterwards.
 /// Returns its train_model. Throws IoError naming the paths tried and dlerror().
 TorchTrainModel torch_train_model();

@@ -312,6 +312,7 @@ TEST(EvalDefaults, LengthsFollowTheTrainedContext) {
   EXPECT_EQ(default_eval_tasks(tok()), std::vector<std::string>{"name_recall"});
 }
 
+#if POSENC_WITH_TRAIN  // trains a model or runs `posenc train`/`study` (not in a -DPOSENC_WITH_TRAIN=OFF build)
 TEST(EvalDefaults, AnAssociativeRecallModelTrainedAt64RunsEvalWithNoOtherFlag) {
   TempDir d;
   const fs::path m = d.path() / "ar.pt", learned = d.path() / "learned.pt";
@@ -350,6 +351,7 @@ TEST(EvalDefaults, AnAssociativeRecallModelTrainedAt64RunsEvalWithNoOtherFlag) {
   const auto runt = nlohmann::json::parse(slurp(resolve_run_dir(d.path() / "t") / "run.json"));
   EXPECT_EQ(runt["config"]["lengths"], (std::vector<int64_t>{32, 64}));
 }
+#endif
 
 TEST(EvalSummaryTable, AccRowsAreShownOnlyWhereTheyDifferFromAccNorm) {
   auto summary = [](int64_t k_acc) {

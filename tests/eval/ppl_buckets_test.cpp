@@ -332,6 +332,7 @@ TEST(PplBuckets, EvalWarnsOfAForeignTokenizer) {
   EXPECT_EQ(good.err.find("does not belong"), std::string::npos) << good.err;
 }
 
+#if POSENC_WITH_TRAIN  // trains a model or runs `posenc train`/`study` (not in a -DPOSENC_WITH_TRAIN=OFF build)
 // A `posenc train` model trained on copy at input lengths 8..64 reads 130
 // positions (<bos> + 64 + '>' + 64 answer tokens): with all defaults `ppl`
 // scores L = 65, 130, 260, 520 in buckets 0,65,130,260,520 and prints the RoPE
@@ -412,3 +413,4 @@ TEST(PplBuckets, CliDefaultsFollowATrainedModel) {
   EXPECT_EQ(r.out.find("rope_scaling"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("factor"), std::string::npos) << r.out;
 }
+#endif

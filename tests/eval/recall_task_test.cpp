@@ -16,7 +16,7 @@
 #include "posenc/eval.hpp"
 #include "posenc/stats.hpp"
 #include "posenc/tasks.hpp"
-#include "posenc/train.hpp"
+#include "posenc/synthetic_tasks.hpp"
 #include "test_support.hpp"
 
 using namespace posenc;
@@ -342,6 +342,7 @@ TEST(RecallTask, EvalCliRejectsAModelWithoutTheVocabulary) {
   EXPECT_NE(h.err.find("--haystack: required by task passkey"), std::string::npos) << h.err;
 }
 
+#if POSENC_WITH_TRAIN  // trains a model or runs `posenc train`/`study` (not in a -DPOSENC_WITH_TRAIN=OFF build)
 TEST(RecallTask, TrainedModelBeatsChanceThroughTheEvalRunner) {
   // A tiny RoPE model trained for a few hundred steps on 1-4 pairs, then the
   // lab at length 8 (2 pairs, a training length) with its embedded vocabulary
@@ -406,3 +407,4 @@ TEST(RecallTask, TrainedModelBeatsChanceThroughTheEvalRunner) {
   EXPECT_LE(wilson_interval(k0, n0).low, 0.25) << k0 << "/" << n0;
   EXPECT_LT(k0, k);
 }
+#endif

@@ -17,6 +17,8 @@
 #include "posenc/model.hpp"
 #include "../test_support.hpp"
 
+#if POSENC_WITH_TRAIN  // every test here trains a model with `posenc train` (not in a -DPOSENC_WITH_TRAIN=OFF build)
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -132,3 +134,5 @@ TEST(TrainedAt64, EveryCommandRunsWithDefaultsScaledToTheTrainedContext) {
 }
 
 }  // namespace
+
+#endif  // POSENC_WITH_TRAIN

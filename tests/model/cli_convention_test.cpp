@@ -131,7 +131,9 @@ TEST(CliConvention, OldSpellingsAreRefusedNamingTheNewOnes) {
       // running an eval or a whole study with the names it accepted.)
       {"eval " + model_args() + " --tasks kv_retrieval --lengths 256 --ppl-tokens -1 --shard 3/2 --out " + out,
        {"renamed --context"}},
+#if POSENC_WITH_TRAIN
       {"study --scalings linear --recipe copy:bogus=1 --out " + out, {"--scalings", "renamed --rope-scaling"}},
+#endif
   };
   for (const auto& [args, needles] : cases) expect_usage_error(args, needles);
   // The new names work where the old ones did.
@@ -192,8 +194,10 @@ TEST(CliConvention, RequiredOptionsAreMarkedAndMissingOnesExit2) {
       {"periods", "--rope-theta", "periods --context 4K"},
       {"periods", "--context", "periods --rope-theta 10000"},
       {"eval", "--out", "eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1"},
+#if POSENC_WITH_TRAIN
       {"train", "--out", "train --task copy --steps 5 --eval-samples 0"},
       {"study", "--out", "study --tasks copy --pe rope --seeds 1"},
+#endif
   };
   for (const auto& c : cases) {
     const CliResult help = run_cli(c.command + " --help");
@@ -220,14 +224,17 @@ TEST(CliConvention, RequiredOptionsAreMarkedAndMissingOnesExit2) {
   EXPECT_EQ(er.exit_code, 1) << er.err;  // the directory holds no run: an input problem, not --model
   EXPECT_EQ(er.err.find("--model is required"), std::string::npos) << er.err;
   EXPECT_EQ(er.err.find("--out is required"), std::string::npos) << er.err;
+#if POSENC_WITH_TRAIN
   const CliResult sr = run_cli("study report --no-plots " + q(d.path()));
   EXPECT_EQ(sr.exit_code, 1) << sr.err;
   EXPECT_EQ(sr.err.find("--out is required"), std::string::npos) << sr.err;
+#endif
   const CliResult em = run_cli("eval merge " + q(d.path()));
   EXPECT_EQ(em.exit_code, 2) << em.err;  // merge's own --out
   EXPECT_NE(em.err.find("--out is required"), std::string::npos) << em.err;
 }
 
+#if POSENC_WITH_TRAIN  // trains a model or runs `posenc train`/`study` (not in a -DPOSENC_WITH_TRAIN=OFF build)
 // `train` without --out trained for the whole run and then threw the model away; now refused before any step.
 TEST(CliConvention, TrainWithoutOutIsRefusedBeforeTraining) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -239,6 +246,7 @@ TEST(CliConvention, TrainWithoutOutIsRefusedBeforeTraining) {
   EXPECT_EQ(r.out.find("trained"), std::string::npos) << r.out;
   EXPECT_LT(s, 5.0);
 }
+#endif
 
 // An empty list item is a typo; it was dropped silently (256,,512 ran 256 and 512).
 TEST(CliConvention, EmptyListItemsAreRefusedNamingTheFlag) {
@@ -248,7 +256,9 @@ TEST(CliConvention, EmptyListItemsAreRefusedNamingTheFlag) {
   const std::string out = q(d.path() / "out");
   const std::string eval = "eval " + model_args() + " --ppl-tokens -1 --shard 3/2 --out " + out + " ";
   const std::string ppl = "ppl " + model_args() + text_arg() + " --scored-tokens 200 ";
+#if POSENC_WITH_TRAIN
   const std::string study = "study --recipe copy:bogus=1 --out " + out + " ";
+#endif
   const std::pair<std::string, std::string> cases[] = {
       {ppl + "--context 256,,512", "--context"},
       {ppl + "--rope-scaling default,", "--rope-scaling"},
@@ -261,10 +271,12 @@ TEST(CliConvention, EmptyListItemsAreRefusedNamingTheFlag) {
       {"periods --rope-theta 10000,,500000 --context 4K", "--rope-theta"},
       {"periods --rope-theta 10000 --context 4K,,8K", "--context"},
       {"periods --rope-theta 10000 --context 4K --rope-scaling default,", "--rope-scaling"},
+#if POSENC_WITH_TRAIN
       {study + "--tasks copy,,reverse", "--tasks"},
       {study + "--pe rope,", "--pe"},
       {study + "--seeds 1,,2", "--seeds"},
       {study + "--rope-scaling linear,,ntk", "--rope-scaling"},
+#endif
   };
   for (const auto& [args, flag] : cases) expect_usage_error(args, {flag + ": item", "is empty"});
 }
@@ -288,7 +300,9 @@ TEST(CliConvention, AFilesMissingDirectoryIsAnErrorNamingIt) {
       "detect-layout " + model_args() + text_arg() + " --json " + f,
       "check-cache " + model_args() + text_arg() + " --json " + f,
       "convert " + model_args() + " --out " + f,
+#if POSENC_WITH_TRAIN
       "train --task copy --steps 5 --eval-samples 0 --out " + f,
+#endif
   };
   for (const auto& args : cases) {
     expect_usage_error(args, {missing.string() + " does not exist"});
@@ -329,7 +343,9 @@ TEST(CliConvention, AnOutputThatIsNotARegularFileIsRefused) {
         {"generate " + model_args() + " --prompt hi --json " + f, "--json"},
         {"check-cache " + model_args() + " --json " + f, "--json"},
         {"convert " + model_args() + " --out " + f, "--out"},
+#if POSENC_WITH_TRAIN
         {"train --task copy --steps 5 --eval-samples 0 --out " + f, "--out"},
+#endif
     };
     for (const auto& [args, flag] : cases) {
       expect_usage_error(args, {flag + ": " + sp.string() + " exists and is not a regular file"});
@@ -355,7 +371,9 @@ TEST(CliConvention, DashForAnImageOrCheckpointAndOneFileForTwoOutputsAreRefused)
       {"ppl " + model_args() + text_arg() + " --context 128 --rope-scaling default --plot -", "--plot"},
       {"periods --rope-theta 10000 --context 4K --plot -", "--plot"},
       {"decay --plot -", "--plot"},
+#if POSENC_WITH_TRAIN
       {"train --task copy --steps 5 --eval-samples 0 --out -", "--out"},
+#endif
       {"convert " + model_args() + " --out -", "--out"},
   };
   for (const auto& [args, flag] : dash) {

@@ -93,7 +93,9 @@ TEST(CliInputs, BadFlagValuesAreUsageErrorsNamingFlagAndRange) {
       {"generate " + model_args() + " --prompt hi --temperature nan", "--temperature"},
       {"generate " + model_args() + " --prompt hi --top-p 0", "--top-p"},
       {"generate " + model_args() + " --prompt hi --max-tokens -5", "--max-tokens"},
+#if POSENC_WITH_TRAIN
       {"train --seed -1 --out /tmp/posenc-never-written.pt", "--seed"},
+#endif
       // check-cache --tolerance nan was accepted.
       {"check-cache " + model_args() + text + " --tolerance nan", "--tolerance"},
       {"check-cache " + model_args() + text + " --tolerance inf", "--tolerance"},
@@ -123,10 +125,12 @@ TEST(CliInputs, BadFlagValuesAreUsageErrorsNamingFlagAndRange) {
       {"eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1 --out /tmp/posenc-never --depths 0.5x", "--depths"},
       {"eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1 --out /tmp/posenc-never --shard 3/2", "--shard"},
       {"eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1", "--out is required"},
+#if POSENC_WITH_TRAIN
       {"study --out /tmp/posenc-never --samples 0", "--samples"},
       {"study --out /tmp/posenc-never --shard x", "--shard"},
       {"study --out /tmp/posenc-never --tasks nosuchtask", "--tasks"},
       {"study --out /tmp/posenc-never --recipe copy:bogus=1", "--recipe"},
+#endif
   };
   for (const auto& [args, needle] : cases) {
     const CliResult r = posenc::test::run_cli(args);
@@ -191,6 +195,7 @@ void expect_exit(int code, const std::string& args, const std::vector<std::strin
   for (const auto& n : absent) EXPECT_EQ(r.err.find(n), std::string::npos) << args << ": '" << n << "' in " << r.err;
 }
 
+#if POSENC_WITH_TRAIN  // trains a model or runs `posenc train`/`study` (not in a -DPOSENC_WITH_TRAIN=OFF build)
 /// A small `posenc train` checkpoint (`pe` positions, 5 steps: only its positional family matters here).
 std::filesystem::path train_small(const TempDir& d, const std::string& pe) {
   const auto out = d.path() / (pe + ".pt");
@@ -200,6 +205,7 @@ std::filesystem::path train_small(const TempDir& d, const std::string& pe) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   return out;
 }
+#endif
 
 }  // namespace
 
@@ -231,6 +237,7 @@ TEST(CliInputs, UnknownScalingOrControlIsAUsageErrorNamingTheFlag) {
   expect_exit(2, eval + " --control bogus", {"--control: ", "bogus"});
 }
 
+#if POSENC_WITH_TRAIN  // trains a model or runs `posenc train`/`study` (not in a -DPOSENC_WITH_TRAIN=OFF build)
 // Models whose positions are not RoPE or end in a learned table: --rope-factor was ignored by ppl and eval (and
 // generate blamed "--rope-scaling native", a flag never passed); a --context past the learned table exited 1 while
 // check-cache --length exited 2. A posenc checkpoint given as --tokenizer failed on a llama2.c header field.
@@ -265,6 +272,7 @@ TEST(CliInputs, FlagsThatDoNotFitTheModelAreUsageErrors) {
                                 "--model)"},
               {"max_token_length"});
 }
+#endif
 
 // check-cache without --text feeds pseudo-random ids: a llama2.c .bin, which brings no tokenizer, needs none. With
 // --text it does.

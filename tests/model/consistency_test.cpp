@@ -298,6 +298,7 @@ TEST(Consistency, LearnedTableCapsTheLength) {
   EXPECT_NE(msg.find("48 rows"), std::string::npos) << msg;
 }
 
+#if POSENC_WITH_TRAIN  // trains a model or runs `posenc train`/`study` (not in a -DPOSENC_WITH_TRAIN=OFF build)
 // The CLI on a `posenc train` model trained at 64 tokens (copy, lengths 8..31:
 // 2n + 2 = 64 positions), ALiBi: all defaults (no --text: pseudo-random ids),
 // sizes from 64, context_shift skipped by name in the table and in --json.
@@ -336,6 +337,7 @@ TEST(ConsistencyCli, PosencTrainAlibiModelAt64RunsWithDefaults) {
   EXPECT_NE(r.out.find("skipped: applies to RoPE only"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("PASSED"), std::string::npos) << r.out;
 }
+#endif
 
 TEST(ConsistencyCli, LengthBelowTheMinimumOrPastALearnedTableExits2) {
   const std::string stories = "--model '" + posenc::test::model_path().string() + "' --tokenizer '" +

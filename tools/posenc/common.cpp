@@ -20,6 +20,7 @@
 #include "posenc/io.hpp"
 #include "posenc/overrides.hpp"
 #include "posenc/perplexity.hpp"
+#include "posenc/version.hpp"
 
 namespace posenc::cli {
 
@@ -547,7 +548,7 @@ void not_required_with(CLI::App* sub, const std::vector<CLI::Option*>& options) 
 }
 
 std::string version_text() {
-  return fmt::format("posenc {} (git {}{})", POSENC_VERSION, POSENC_GIT_COMMIT,
+  return fmt::format("posenc {} (git {}{})", posenc::version(), POSENC_GIT_COMMIT,
                      std::string_view(POSENC_GIT_DESCRIBE) == POSENC_GIT_COMMIT ||
                              std::string_view(POSENC_GIT_DESCRIBE) == "unknown"
                          ? std::string()

@@ -20,6 +20,9 @@ extern char** environ;
 #ifndef POSENC_SCRIPTS_DIR
 #define POSENC_SCRIPTS_DIR "scripts"
 #endif
+#ifndef POSENC_SCRIPTS_FROM_BIN
+#define POSENC_SCRIPTS_FROM_BIN ""
+#endif
 
 namespace posenc::cli {
 
@@ -48,9 +51,23 @@ class TempFile {
   std::filesystem::path path_;
 };
 
-std::string scripts_dir() {
+/// $POSENC_SCRIPTS_DIR if set, else the source tree's scripts/ (the build's).
+std::string source_scripts_dir() {
   const char* env = std::getenv("POSENC_SCRIPTS_DIR");
   return env && *env ? env : POSENC_SCRIPTS_DIR;
+}
+
+std::string scripts_dir() {
+  const char* env = std::getenv("POSENC_SCRIPTS_DIR");
+  if (env && *env) return env;
+  // An installed CLI: <prefix>/bin/posenc finds <prefix>/share/posenc/scripts (the relative path the build gave).
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec && std::string_view(POSENC_SCRIPTS_FROM_BIN) != "") {
+    const std::filesystem::path installed = (exe.parent_path() / POSENC_SCRIPTS_FROM_BIN).lexically_normal();
+    if (std::filesystem::is_directory(installed, ec)) return installed.string();
+  }
+  return POSENC_SCRIPTS_DIR;
 }
 
 std::string python_interpreter() {
@@ -120,7 +137,7 @@ void run_plot(const std::string& script, std::string_view data_json, const std::
 }
 
 std::string source_git_hash() {
-  const std::string dir = scripts_dir() + "/..";
+  const std::string dir = source_scripts_dir() + "/..";
   std::string cmd = "git -C '";
   for (char c : dir) cmd += c == '\'' ? std::string("'\\''") : std::string(1, c);
   cmd += "' rev-parse HEAD 2>/dev/null";

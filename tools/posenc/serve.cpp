@@ -14,6 +14,7 @@
 #include "posenc/perplexity.hpp"
 #include "posenc/scaling.hpp"
 #include "posenc/serve.hpp"
+#include "posenc/version.hpp"
 #include "posenc_version.hpp"
 
 namespace posenc::cli {
@@ -65,7 +66,7 @@ void run_serve(ServeArgs& a) {
     if (p.filename().empty()) p = p.parent_path();
     cfg.served_model_name = p.filename().string();
   }
-  cfg.version = POSENC_VERSION;
+  cfg.version = std::string(posenc::version());
   cfg.git_commit = POSENC_GIT_COMMIT;
   if (!a.quiet) {
     print_model_header(stderr, lm, a.model);

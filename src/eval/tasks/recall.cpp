@@ -10,7 +10,7 @@
 
 #include "eval/tasks/task_kit.hpp"
 #include "posenc/error.hpp"
-#include "posenc/train.hpp"
+#include "posenc/synthetic_tasks.hpp"
 
 namespace posenc::detail::tasks {
 

@@ -13,7 +13,7 @@
 #include "eval/tasks/task_kit.hpp"
 #include "posenc/error.hpp"
 #include <unordered_map>
-#include "posenc/train.hpp"
+#include "posenc/synthetic_tasks.hpp"
 
 namespace posenc {
 

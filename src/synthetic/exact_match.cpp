@@ -7,7 +7,7 @@
 #include "posenc/perplexity.hpp"
 #include "posenc/scaling.hpp"
 #include "posenc/tokenizer.hpp"
-#include "posenc/train.hpp"
+#include "posenc/synthetic_tasks.hpp"
 
 namespace posenc {
 

@@ -6,7 +6,7 @@
 
 #include "posenc/error.hpp"
 #include "posenc/tokenizer.hpp"
-#include "posenc/train.hpp"
+#include "posenc/synthetic_tasks.hpp"
 
 namespace posenc {
 
