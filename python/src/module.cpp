@@ -14,10 +14,7 @@
 #include "posenc/config.hpp"
 #include "posenc/error.hpp"
 #include "posenc/inspect_json.hpp"
-
-#ifndef POSENC_VERSION_STRING
-#error "POSENC_VERSION_STRING (the CMake project version) must be defined"
-#endif
+#include "posenc/version.hpp"
 
 namespace posenc::python {
 
@@ -174,7 +171,7 @@ wrapped, unwrapped, unwrapped_channels}], theta outer, scaling, length inner.)do
 PYBIND11_MODULE(_posenc, m) {
   namespace py = pybind11;
   m.doc() = "posenc's C++ core (positional encodings, model runtime): the extension behind the posenc package.";
-  m.attr("__version__") = POSENC_VERSION_STRING;
+  m.attr("__version__") = std::string(posenc::version());  // the CMake project version
   posenc::python::bind_errors(m);
   posenc::python::bind_rope(m);
   posenc::python::bind_bias(m);
