@@ -75,6 +75,14 @@ c_array<T> require_integers(const py::handle& obj, const char* name) {
   const char kind = a.dtype().kind();
   if (a.size() > 0 && kind != 'i' && kind != 'u')
     throw py::type_error(fmt::format("{}: expected an integer dtype (int64), got {}", name, dtype_string(a)));
+  // numpy's cast of uint64 to int64 wraps (2**63 -> -2**63): refuse what does not fit instead of using another value.
+  if (kind == 'u' && a.itemsize() == 8 && a.size() > 0) {
+    const auto u = c_array<uint64_t>::ensure(a);
+    for (py::ssize_t i = 0; i < u.size(); ++i)
+      if (u.data()[i] > static_cast<uint64_t>(INT64_MAX))
+        throw py::value_error(fmt::format("{}: value {} (uint64) at flat index {} does not fit int64", name,
+                                          u.data()[i], i));
+  }
   return c_array<T>::ensure(a);
 }
 

@@ -3,6 +3,7 @@
 // length-dependent scalings. Thin wrappers over posenc/rope.hpp, scaling.hpp, mrope.hpp and config.hpp: every
 // number comes from the library's kernels; this file checks the numpy arguments and releases the GIL around them.
 #include <cstring>
+#include <vector>
 #include <optional>
 #include <string>
 
@@ -130,6 +131,7 @@ Frequencies from_spec(const PositionalSpec& spec, std::optional<int64_t> seq_len
 /// 4*head_dim bytes); the token axis may be strided (a view of a fused qkv buffer). Returns the token stride in floats.
 int64_t check_rope_input(const py::array& x, const char* name) {
   const py::ssize_t heads = x.shape(1), head_dim = x.shape(2);
+  if (x.size() == 0) return heads * head_dim;  // numpy gives zero-size arrays strides (0, 0, 0): nothing to read
   const bool inner_ok = (x.strides(2) == 4 || head_dim <= 1) && (x.strides(1) == 4 * head_dim || heads <= 1);
   const bool outer_ok = x.shape(0) <= 1 || (x.strides(0) > 0 && x.strides(0) % 4 == 0 &&
                                              x.strides(0) >= 4 * heads * head_dim);
@@ -176,24 +178,41 @@ py::array rotate(const py::array& x, const RopeTable& table, const std::string& 
   bool in_place = false;
   py::array o = output_for(x, out, &in_place);
   if (in_place) require_writeable(x, "x");
+  if (x.size() == 0) return o;  // no tokens or no heads: nothing to rotate
   if (layout == "interleaved_in_half_out" && in_place && stride != static_cast<int64_t>(heads) * head_dim)
     throw py::value_error("x: interleaved_in_half_out in place needs a C-contiguous x (token stride heads*head_dim)");
   const float* src = static_cast<const float*>(x.data());
   float* dst = static_cast<float*>(o.mutable_data());
   const int64_t row = static_cast<int64_t>(heads) * head_dim;
+  // out= a different view of x's memory (e.g. the same buffer shifted by a token): the row copies below would read
+  // rows already overwritten, so x is first copied aside.
+  std::vector<float> aside;
+  int64_t src_stride = stride;
+  if (!in_place) {
+    const char* xb = static_cast<const char*>(x.data());
+    const char* xe = xb + ((tokens - 1) * stride + row) * 4;
+    const char* ob = static_cast<const char*>(o.data());
+    const char* oe = ob + tokens * row * 4;
+    if (xb < oe && ob < xe) {
+      aside.resize(static_cast<std::size_t>(tokens * row));
+      copy_rows(src, stride, tokens, row, aside.data());
+      src = aside.data();
+      src_stride = row;
+    }
+  }
   {
     py::gil_scoped_release release;
     if (layout == "interleaved_in_half_out") {
-      if (!in_place) copy_rows(src, stride, tokens, row, dst);
+      if (!in_place) copy_rows(src, src_stride, tokens, row, dst);
       apply_rope_interleaved_in_half_out(dst, tokens, heads, head_dim, table, direction);
     } else {
       const RopeLayout l = parse_rope_layout(layout, "layout");
       if (in_place) {
         apply_rope(dst, tokens, heads, head_dim, table, l, direction, stride);
-      } else if (stride == row) {
+      } else if (src_stride == row) {
         apply_rope(src, dst, tokens, heads, head_dim, table, l, direction);
       } else {
-        copy_rows(src, stride, tokens, row, dst);
+        copy_rows(src, src_stride, tokens, row, dst);
         apply_rope(dst, tokens, heads, head_dim, table, l, direction);
       }
     }
