@@ -31,10 +31,11 @@ struct PyModel {
   Model model;
   std::optional<Tokenizer> tokenizer;
   std::string tokenizer_source;  ///< "bundled: tokenizer.json", the path given, or "" (none)
+  std::string tokenizer_unusable;  ///< why the bundled tokenizer cannot be used (then tokenizer is empty)
 
   const Tokenizer& tok() const {
     if (!tokenizer) {
-      const std::string& e = model.source().tokenizer_error;
+      const std::string& e = tokenizer_unusable.empty() ? model.source().tokenizer_error : tokenizer_unusable;
       throw TokenizerError(fmt::format("{}: no tokenizer{}; pass tokenizer=<tokenizer.json or llama2.c tokenizer .bin> "
                                        "to posenc.Model.load",
                                        model.source().path.string(), e.empty() ? "" : " (" + e + ")"));
@@ -61,6 +62,23 @@ Tokenizer load_tokenizer_path(const std::string& path) {
   while (i < b.size() && std::isspace(static_cast<unsigned char>(b[i]))) ++i;
   if (i < b.size() && static_cast<char>(b[i]) == '{') return Tokenizer::load_tokenizer_json(path);
   return Tokenizer::load_llama2c(path);
+}
+
+/// A path argument (str or os.PathLike) as a string; TypeError naming `name` for anything else, ValueError for a
+/// NUL byte (the C++ side would open the path up to it: another file than the one named).
+std::string path_arg(const py::handle& obj, const char* name) {
+  py::object p;
+  try {
+    p = py::module_::import("os").attr("fspath")(obj);
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_TypeError)) throw;
+    throw py::type_error(fmt::format("{}: expected a path (str or os.PathLike), got {}", name,
+                                     py::str(py::type::of(obj).attr("__name__")).cast<std::string>()));
+  }
+  const std::string s = py::isinstance<py::bytes>(p) ? p.cast<std::string>() : py::str(p).cast<std::string>();
+  if (s.find('\0') != std::string::npos)
+    throw py::value_error(fmt::format("{}: embedded NUL byte in {}", name, py::repr(p).cast<std::string>()));
+  return s;
 }
 
 std::vector<int32_t> token_vector(const py::handle& obj, const PyModel& m) {
@@ -132,26 +150,38 @@ rotation state (frequencies, layout) checked on every append.)doc")
 A Llama-architecture decoder on posenc's runtime. Load with posenc.Model.load(path).)doc")
       .def_static(
           "load",
-          [](const std::string& path, std::optional<std::string> tokenizer, const std::string& quantized_matmul) {
+          [](py::handle path_obj, py::handle tokenizer_obj, const std::string& quantized_matmul) {
+            const std::string path = path_arg(path_obj, "path");
+            std::optional<std::string> tokenizer;
+            if (!tokenizer_obj.is_none()) tokenizer = path_arg(tokenizer_obj, "tokenizer");
             LoadOptions lo;
             lo.quantized_matmul = parse_quantized_matmul(quantized_matmul, "quantized_matmul");
             py::gil_scoped_release release;
-            PyModel pm{Model::load(path, lo), std::nullopt, ""};
+            PyModel pm{Model::load(path, lo), std::nullopt, "", ""};
             if (tokenizer) {
               pm.tokenizer = load_tokenizer_path(*tokenizer);
               pm.tokenizer_source = *tokenizer;
+              if (!pm.tokenizer->usable())
+                throw TokenizerError(fmt::format("{}: {}", pm.tokenizer_source, pm.tokenizer->unusable_reason()));
             } else if (pm.model.bundled_tokenizer()) {
-              pm.tokenizer = *pm.model.bundled_tokenizer();
-              pm.tokenizer_source = "bundled: " + pm.model.source().tokenizer;
+              // A bundled tokenizer that cannot be used does not stop the model from loading (logits, forward and
+              // the cache need none): the reason is raised when a tokenizer is needed (tokenize, score, generate).
+              const Tokenizer& bt = *pm.model.bundled_tokenizer();
+              if (bt.usable()) {
+                pm.tokenizer = bt;
+                pm.tokenizer_source = "bundled: " + pm.model.source().tokenizer;
+              } else {
+                pm.tokenizer_unusable = fmt::format("bundled: {}: {}", pm.model.source().tokenizer, bt.unusable_reason());
+              }
             }
-            if (pm.tokenizer && !pm.tokenizer->usable())
-              throw TokenizerError(fmt::format("{}: {}", pm.tokenizer_source, pm.tokenizer->unusable_reason()));
             return pm;
           },
           py::arg("path"), py::arg("tokenizer") = py::none(), py::arg("quantized_matmul") = "dequantize", R"doc(
 Loads a model: a llama2.c .bin, a posenc checkpoint, a Hugging Face directory (config.json + model.safetensors +
-tokenizer.json) or a GGUF file (format detected from the contents). tokenizer: a tokenizer.json (or its directory)
-or a llama2.c tokenizer .bin; default the one the model brings (HF directory, GGUF). quantized_matmul:
+tokenizer.json) or a GGUF file (format detected from the contents); path and tokenizer are str or os.PathLike.
+tokenizer: a tokenizer.json (or its directory) or a llama2.c tokenizer .bin; default the one the model brings (HF
+directory, GGUF). A bundled tokenizer that cannot be used (e.g. a GGUF vocabulary with equal scores) does not stop
+the load: logits/forward work, and tokenize/score/generate raise posenc.TokenizerError with the reason. quantized_matmul:
 "dequantize" or "q8_activations" (llama.cpp's arithmetic for Q8_0/Q4_0 weights). Raises posenc.IoError,
 posenc.CheckpointError, posenc.ConfigError, posenc.TokenizerError naming the file and field.)doc")
       .def_property_readonly("config", [](const PyModel& p) { return config_dict(p.model.config()); },
