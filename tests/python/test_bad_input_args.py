@@ -2,7 +2,6 @@
 untyped RuntimeError, a silently truncated value or another file than the one named before its fix."""
 import json
 import os
-import shutil
 
 import numpy as np
 import pytest

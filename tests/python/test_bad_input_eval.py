@@ -1,6 +1,5 @@
 """posenc.eval.load_run on damaged run directories (issue 17 review): every damaged file is a posenc.DataError
 naming it, where json/csv/attribute errors used to escape."""
-import json
 import os
 import shutil
 

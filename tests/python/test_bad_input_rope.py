@@ -1,8 +1,6 @@
 """Bad input to the RoPE functions, found by trying to break the package (issue 17 review): each case was a
 silent wrong result or a misleading error before its fix."""
-import json
 import os
-import shutil
 
 import numpy as np
 import pytest
