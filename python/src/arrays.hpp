@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -84,6 +86,22 @@ c_array<T> require_integers(const py::handle& obj, const char* name) {
                                           u.data()[i], i));
   }
   return c_array<T>::ensure(a);
+}
+
+/// Checks that an output of the given axes (name, length) has a byte size that fits (<= 2^62 bytes of `itemsize`
+/// elements): the core computes q_len * k_len * heads in 64 bits, which wraps for lengths near 2^31..2^62 and then
+/// writes past a small vector. Negative lengths are left to the core's own checks. ValueError naming the axes.
+inline void check_output_size(std::initializer_list<std::pair<const char*, int64_t>> axes, int64_t itemsize) {
+  int64_t n = itemsize;
+  bool overflow = false;
+  for (const auto& [name, len] : axes) {
+    if (len < 0) return;
+    overflow = overflow || __builtin_mul_overflow(n, len, &n) || n > (int64_t{1} << 62);
+  }
+  if (!overflow) return;
+  std::string dims;
+  for (const auto& [name, len] : axes) dims += fmt::format("{}{} {}", dims.empty() ? "" : " x ", name, len);
+  throw py::value_error(fmt::format("{}: the output of {}-byte elements would exceed 2^62 bytes", dims, itemsize));
 }
 
 /// A new C-contiguous float32 array of the given shape.

@@ -55,6 +55,7 @@ or a non-positive max_bias.)doc");
         require_c_contiguous(sl, "slopes");
         std::span<const float> s(static_cast<const float*>(sl.data()), static_cast<std::size_t>(sl.size()));
         const AlibiForm f = parse_form(form);
+        check_output_size({{"heads", sl.shape(0)}, {"q_len", q_len}, {"k_len", k_len}}, 4);
         std::vector<float> out;
         {
           py::gil_scoped_release release;
@@ -80,6 +81,7 @@ slopes: [heads] float32 (alibi_slopes).)doc");
         else if (style == "falcon") st = AlibiTensorStyle::falcon;
         else fail_field<ConfigError>("style", "must be \"bloom\" or \"falcon\"", style);
         const int64_t batch = mask.shape(0), seq = mask.shape(1);
+        check_output_size({{"batch", batch}, {"n_heads", n_heads}, {"seq_len", seq}}, 4);
         std::span<const int64_t> ms(mask.data(), static_cast<std::size_t>(mask.size()));
         std::vector<float> out;
         {
@@ -95,6 +97,7 @@ float32, slope[h] * key_index (padding-aware). style "falcon" rounds slopes and 
   m.def(
       "mpt_alibi_tensor",
       [](int n_heads, int64_t seq_len, double alibi_bias_max) {
+        check_output_size({{"n_heads", n_heads}, {"seq_len", seq_len}}, 4);
         std::vector<float> out;
         {
           py::gil_scoped_release release;
@@ -108,6 +111,7 @@ float32, slope[h] * key_index (padding-aware). style "falcon" rounds slopes and 
   m.def(
       "t5_relative_buckets",
       [](int64_t q_len, int64_t k_len, int64_t query_offset, bool bidirectional, int num_buckets, int max_distance) {
+        check_output_size({{"q_len", q_len}, {"k_len", k_len}}, 4);
         std::vector<int> out;
         {
           py::gil_scoped_release release;
@@ -149,6 +153,7 @@ bidirectional: True for encoder self-attention, False for the decoder's causal b
         require_c_contiguous(t, "table");
         const int num_buckets = static_cast<int>(t.shape(0)), heads = static_cast<int>(t.shape(1));
         std::span<const float> ts(static_cast<const float*>(t.data()), static_cast<std::size_t>(t.size()));
+        check_output_size({{"heads", heads}, {"q_len", q_len}, {"k_len", k_len}}, 4);
         std::vector<float> out;
         {
           py::gil_scoped_release release;
@@ -166,6 +171,7 @@ bidirectional: True for encoder self-attention, False for the decoder's causal b
       "sinusoidal_table",
       [](int64_t num_positions, int dim, const std::string& layout, double base, std::optional<int64_t> padding_idx) {
         const SinusoidalLayout l = parse_sinusoidal_layout(layout, "layout");
+        check_output_size({{"num_positions", num_positions}, {"dim", dim}}, 4);
         std::vector<float> out;
         {
           py::gil_scoped_release release;
