@@ -180,7 +180,7 @@ wrapped, unwrapped, unwrapped_channels}], theta outer, scaling, length inner.)do
 
   m.def(
       "rope_wavelengths",
-      [](const Frequencies& f) { return to_numpy(rope_wavelengths(f.freqs)); }, py::arg("freqs"),
+      [](py::handle f) { return to_numpy(rope_wavelengths(freqs_arg(f).freqs)); }, py::arg("freqs"),
       "Wavelength 2*pi/inv_freq of each channel pair in tokens, [rotary_dim/2] float64 (inf for inv_freq 0).");
 
   m.def(

@@ -344,7 +344,8 @@ them from given values (rotary_dim defaults to 2*len(inv_freq)); posenc.InvalidA
 
   m.def(
       "rope_cos_sin",
-      [](const Frequencies& f, py::handle position_ids, const std::string& precision) {
+      [](py::handle freqs, py::handle position_ids, const std::string& precision) {
+        const Frequencies& f = freqs_arg(freqs);
         const auto pos = require_integers<int64_t>(position_ids, "position_ids");
         if (pos.ndim() != 1)
           throw py::value_error(fmt::format("position_ids: expected a [tokens] array, got shape {}", shape_string(pos)));
@@ -370,8 +371,9 @@ Hugging Face's [tokens, rotary_dim] table is numpy.concatenate([cos, cos], -1) i
 
   m.def(
       "apply_rope",
-      [](py::handle x_obj, py::handle position_ids, const Frequencies& f, std::optional<std::string> layout,
+      [](py::handle x_obj, py::handle position_ids, py::handle freqs, std::optional<std::string> layout,
          const std::string& precision, const std::string& direction, py::object out) {
+        const Frequencies& f = freqs_arg(freqs);
         const py::array x = require_float32(x_obj, "x", 3, "[tokens, heads, head_dim]");
         check_head_dim(x, f.freqs);
         const auto pos = require_integers<int64_t>(position_ids, "position_ids");
@@ -435,8 +437,9 @@ already multiplied by any attention factor; layout and out as apply_rope.)doc");
 
   m.def(
       "mrope_cos_sin",
-      [](const Frequencies& f, py::handle position_ids, std::optional<std::vector<int>> mrope_section,
+      [](py::handle freqs, py::handle position_ids, std::optional<std::vector<int>> mrope_section,
          const std::string& precision, std::optional<std::string> mapping) {
+        const Frequencies& f = freqs_arg(freqs);
         const auto pos = require_integers<int64_t>(position_ids, "position_ids");
         if (pos.ndim() != 2 || pos.shape(0) != 3)
           throw py::value_error(fmt::format("position_ids: expected a [3, tokens] array (rows t, h, w), got shape {}",
@@ -465,9 +468,10 @@ freqs.mrope_mapping or chunked. Returns (cos, sin), each [tokens, rotary_dim/2] 
 
   m.def(
       "apply_mrope",
-      [](py::handle x_obj, py::handle position_ids, const Frequencies& f, std::optional<std::vector<int>> mrope_section,
+      [](py::handle x_obj, py::handle position_ids, py::handle freqs, std::optional<std::vector<int>> mrope_section,
          const std::string& precision, const std::string& direction, std::optional<std::string> mapping,
          py::object out) {
+        const Frequencies& f = freqs_arg(freqs);
         const py::array x = require_float32(x_obj, "x", 3, "[tokens, heads, head_dim]");
         check_head_dim(x, f.freqs);
         const auto pos = require_integers<int64_t>(position_ids, "position_ids");

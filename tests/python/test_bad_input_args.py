@@ -93,3 +93,15 @@ def test_a_gguf_whose_bundled_tokenizer_is_unusable_still_loads_for_logits():
 def _shared(rel):
     return os.path.join(os.environ.get("POSENC_SHARED_DIR", os.path.join(os.path.dirname(__file__), "..", "..", "..",
                                                                           "shared")), rel)
+
+
+@pytest.mark.parametrize("bad", [None, {"rope_theta": 10000.0}, "llama-3.1-8b.json"])
+def test_freqs_that_are_not_rope_frequencies_name_the_argument(bad):
+    # pybind11's "incompatible function arguments" printed the whole x array and named no argument.
+    x = np.zeros((2, 1, 64), np.float32)
+    for call in (lambda: posenc.apply_rope(x, [0, 1], bad), lambda: posenc.rope_cos_sin(bad, [0, 1]),
+                 lambda: posenc.apply_mrope(x, np.zeros((3, 2), np.int64), bad),
+                 lambda: posenc.mrope_cos_sin(bad, np.zeros((3, 2), np.int64)), lambda: posenc.rope_wavelengths(bad)):
+        with pytest.raises(TypeError, match=r"^freqs: expected a posenc\.RopeFrequencies") as e:
+            call()
+        assert len(str(e.value)) < 300
