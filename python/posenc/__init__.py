@@ -137,7 +137,10 @@ def rope_frequencies(config_or_dict, seq_len=None, lenient=False):
 
 
 def rope_params(config_path, lenient=False):
-    """The typed RoPE parameters (posenc.RopeParams) a config.json file implies (for posenc.RopeSchedule)."""
+    """The typed RoPE parameters (posenc.RopeParams) a config.json file implies (for posenc.RopeSchedule).
+
+    Raises TypeError (config_path not a path), ValueError (a NUL byte), posenc.IoError (unreadable file),
+    posenc.ConfigError (malformed config, a family without RoPE)."""
     return _posenc._rope_params_config_path(_path(config_path, "config_path"), bool(lenient))
 
 
@@ -150,6 +153,8 @@ def inspect(config_path, seq_len=None, lenient=False):
     ([{i, inv_freq, wavelength, rotations_original, rotations_target, wavelength_ratio}]), original_length, seq_len,
     rope_parameters, ... (RoPE), alibi_convention / slopes (ALiBi), relative_attention_* (T5), model_type,
     num_attention_heads, max_position_embeddings, sliding_window, ignored_keys, notes.
+    Raises TypeError (config_path neither a path nor a dict, seq_len not an int/str), ValueError (a NUL byte),
+    posenc.IoError (unreadable file), posenc.ConfigError naming the field and value (a NaN/inf in a dict included).
     """
     if isinstance(config_path, dict):
         text = _posenc._inspect_json(None, _config_text(config_path), "<dict>", seq_len, bool(lenient))

@@ -128,7 +128,9 @@ void bind_model(py::module_& m) {
   py::class_<KvCache>(m, "KvCache", R"doc(
 posenc's paged KV cache (posenc/kv_cache.hpp) for incremental forwards: make one with Model.new_cache(), add
 sequences with new_sequence(), run Model.forward(cache, seq, tokens) step by step. Keys are stored rotated, with the
-rotation state (frequencies, layout) checked on every append.)doc")
+rotation state (frequencies, layout) checked on every append. Methods raise posenc.InvalidArgument for a sequence
+id that is not live. Not thread-safe: Model.forward releases the GIL, so one cache must not be used by two Python
+threads at once (separate caches, and Model.logits, are safe).)doc")
       .def("new_sequence", &KvCache::create, "A new empty sequence; returns its id.")
       .def("fork", &KvCache::fork, py::arg("seq"), "A new sequence sharing every block of seq (copy-on-write).")
       .def("free", &KvCache::free, py::arg("seq"), "Releases the sequence.")
@@ -147,7 +149,10 @@ rotation state (frequencies, layout) checked on every append.)doc")
       .def_property_readonly("blocks_in_use", &KvCache::blocks_in_use);
 
   py::class_<PyModel>(m, "Model", R"doc(
-A Llama-architecture decoder on posenc's runtime. Load with posenc.Model.load(path).)doc")
+A Llama-architecture decoder on posenc's runtime. Load with posenc.Model.load(path). Methods: tokenize, decode,
+logits ([n, vocab_size] float32), score, generate, new_cache / forward (posenc.KvCache); each lists the
+posenc.Error subclasses it raises.
+Safe to call from several Python threads at once (the GIL is released around the forward passes).)doc")
       .def_static(
           "load",
           [](py::handle path_obj, py::handle tokenizer_obj, const std::string& quantized_matmul) {
@@ -213,14 +218,16 @@ posenc.CheckpointError, posenc.ConfigError, posenc.TokenizerError naming the fil
             return to_numpy(ids);
           },
           py::arg("text"), py::arg("bos") = true,
-          "Token ids of text, [n] int32 (BOS first when bos and the tokenizer has one), as `posenc tokenize`.")
+          "Token ids of text, [n] int32 (BOS first when bos and the tokenizer has one), as `posenc tokenize`. "
+          "Errors: posenc.TokenizerError (no usable tokenizer).")
       .def(
           "decode",
           [](const PyModel& p, py::handle tokens) {
             const std::vector<int32_t> ids = token_vector(tokens, p);
             return p.tok().decode(ids);
           },
-          py::arg("tokens"), "The text of token ids (special tokens skipped).")
+          py::arg("tokens"), "The text of token ids (special tokens skipped). Errors: as logits's tokens, "
+          "posenc.TokenizerError (no usable tokenizer).")
       .def(
           "logits",
           [](const PyModel& p, py::handle tokens) {
@@ -235,7 +242,8 @@ posenc.CheckpointError, posenc.ConfigError, posenc.TokenizerError naming the fil
           },
           py::arg("tokens"), R"doc(
 Logits of one forward over tokens at positions 0..n-1 (a fresh cache): [n, vocab_size] float32; row i predicts token
-i+1. tokens: [n] integers in [0, vocab_size).)doc")
+i+1. tokens: [n] integers in [0, vocab_size). Errors: TypeError (not integers), ValueError (not [n], empty, an id
+outside the vocabulary).)doc")
       .def(
           "score",
           [](const PyModel& p, const std::string& text) {
@@ -262,7 +270,8 @@ i+1. tokens: [n] integers in [0, vocab_size).)doc")
           },
           py::arg("text"), R"doc(
 Scores text in one forward (positions 0..n-1): {tokens: [n] int32 (BOS first), token_logprobs: [n-1] float64
-(natural-log p(token i | tokens before it), i = 1..n-1), n_scored, logprob (their sum), nll (mean negative), ppl}.)doc")
+(natural-log p(token i | tokens before it), i = 1..n-1), n_scored, logprob (their sum), nll (mean negative), ppl}.
+Errors: posenc.TokenizerError (no usable tokenizer), posenc.InvalidArgument (fewer than 2 tokens).)doc")
       .def(
           "generate",
           [](const PyModel& p, const std::string& prompt, int max_new_tokens, float temperature, float top_p,
@@ -304,7 +313,10 @@ Scores text in one forward (positions 0..n-1): {tokens: [n] int32 (BOS first), t
           py::arg("rope_factor") = py::none(), R"doc(
 Continues prompt through the KV cache, as `posenc generate` (greedy at temperature 0). Returns the keys of
 `posenc generate --json`: prompt_ids, generated_ids ([k] int32), generated_logprobs ([k] float64, natural log at
-temperature 1), text, stop_reason ("max_tokens", "bos", "eos", "position_limit"), rope_* for RoPE models.)doc")
+temperature 1), text, stop_reason ("max_tokens", "bos", "eos", "position_limit"), rope_* for RoPE models.
+Errors: posenc.TokenizerError (no usable tokenizer), posenc.InvalidArgument (max_new_tokens < 0, temperature not
+finite and >= 0, top_p outside (0, 1]), posenc.ConfigError (rope_scaling / rope_factor), posenc.PositionError (a
+prompt past the position limit).)doc")
       .def(
           "new_cache",
           [](const PyModel& p, int block_size) { return p.model.make_cache(block_size); }, py::arg("block_size") = 16,
@@ -339,7 +351,9 @@ temperature 1), text, stop_reason ("max_tokens", "bos", "eos", "position_limit")
           py::arg("last_only") = false, R"doc(
 Runs tokens of sequence seq through the network, appending their rotated keys and values to cache, and returns the
 logits [n, vocab_size] float32 (or [1, vocab_size] with last_only). position_ids: [n] integers, default
-cache.next_position(seq) + 0, 1, ... Raises posenc.CacheError when the cached keys' rotation does not match.)doc");
+cache.next_position(seq) + 0, 1, ... Raises posenc.CacheError when the cached keys' rotation does not match,
+posenc.InvalidArgument for a cache of another shape or a sequence that is not live, ValueError for bad tokens /
+position_ids. A KvCache is not locked: use one cache from one thread at a time.)doc");
 
   m.def(
       "_resolve_run_dir", [](const std::string& dir) { return resolve_run_dir(dir).string(); }, py::arg("dir"),

@@ -176,12 +176,16 @@ Which RoPE channels wrap (period 2*pi/inv_freq < length) at each length: the row
 rope_theta: a number or a list; context: lengths (ints or "128K"/"1M" strings); rope_scaling: None (plain RoPE) or
 rope_type names ("linear", "ntk", "dynamic", "yarn", "llama3", ...), which need factor (and
 original_max_position_embeddings for dynamic/yarn/llama3). Returns [{rope_theta, head_dim, [rope_type,] length,
-wrapped, unwrapped, unwrapped_channels}], theta outer, scaling, length inner.)doc");
+wrapped, unwrapped, unwrapped_channels}], theta outer, scaling, length inner. Errors: TypeError (a rope_theta that
+is not a number, a rope_scaling that is not a str, a context that is not an int/str), ValueError (a length past
+int64), posenc.ConfigError (head_dim/rotary_dim/rope_theta/factor out of range, unknown rope_scaling, missing
+factor or original_max_position_embeddings).)doc");
 
   m.def(
       "rope_wavelengths",
       [](py::handle f) { return to_numpy(rope_wavelengths(freqs_arg(f).freqs)); }, py::arg("freqs"),
-      "Wavelength 2*pi/inv_freq of each channel pair in tokens, [rotary_dim/2] float64 (inf for inv_freq 0).");
+      "Wavelength 2*pi/inv_freq of each channel pair in tokens, [rotary_dim/2] float64 (inf for inv_freq 0). "
+      "Errors: TypeError (freqs not a posenc.RopeFrequencies).");
 
   m.def(
       "parse_context_length", [](const std::string& text) { return parse_context_length(text, "length"); },

@@ -367,7 +367,9 @@ cos/sin of position_ids[t] * inv_freq[i], each multiplied by freqs.attention_fac
 freqs: posenc.RopeFrequencies; position_ids: [tokens] integers (int64); precision: "float32" (the angle and cos/sin
 in float32, as Hugging Face and the checkpoints' training: bit-exact with transformers) or "exact" (angle in double,
 for very large positions). Returns (cos, sin), each [tokens, rotary_dim/2] float32 (one value per channel pair;
-Hugging Face's [tokens, rotary_dim] table is numpy.concatenate([cos, cos], -1) in the half layout).)doc");
+Hugging Face's [tokens, rotary_dim] table is numpy.concatenate([cos, cos], -1) in the half layout).
+Errors: TypeError (freqs not a posenc.RopeFrequencies, position_ids not integers), ValueError (position_ids not
+[tokens], a uint64 value past int64), posenc.ConfigError (precision name).)doc");
 
   m.def(
       "apply_rope",
@@ -403,8 +405,11 @@ layout: "half" (channel i pairs with i + rotary_dim/2: rotate_half, Llama/Qwen/M
 "interleaved" (2i with 2i+1: GPT-J, llama2.c, Meta), "interleaved_in_half_out" (DeepSeek-V3); None = freqs.layout.
 precision: "float32" or "exact" (see rope_cos_sin). direction: "forward" or "inverse" (the transpose).
 out: None (a new [tokens, heads, head_dim] float32 array), an array of x's shape, or x itself (in place, no copy).
-Returns the rotated array. Errors: TypeError (dtype), ValueError (shape, strides, read-only), posenc.ConfigError
-(layout/precision names), posenc.InvalidArgument (inconsistent frequencies).)doc");
+An empty x (0 tokens or 0 heads) gives an empty array; out may overlap x in another view (x is then read first).
+Returns the rotated array. Errors: TypeError (x/out dtype, freqs not a posenc.RopeFrequencies, non-integer
+position_ids), ValueError (shapes, strides, read-only out, head_dim != freqs.head_dim, a uint64 position past int64),
+posenc.ConfigError (layout/precision/direction names, no layout given or implied), posenc.InvalidArgument
+(inconsistent frequencies).)doc");
 
   m.def(
       "apply_rope_cos_sin",
@@ -433,7 +438,9 @@ Returns the rotated array. Errors: TypeError (dtype), ValueError (shape, strides
 Rotates x with given cos/sin tables (e.g. RoFormer's float64 sinusoidal table, or rope_cos_sin's output).
 
 x: [tokens, heads, head_dim] float32 (as apply_rope); cos, sin: [tokens, rotary_dim/2] float32, C-contiguous,
-already multiplied by any attention factor; layout and out as apply_rope.)doc");
+already multiplied by any attention factor; layout and out as apply_rope. Errors: TypeError (dtype), ValueError
+(shapes, strides, fewer cos rows than tokens, 2*pairs > head_dim), posenc.ConfigError (layout),
+posenc.InvalidArgument (0 pairs).)doc");
 
   m.def(
       "mrope_cos_sin",
@@ -464,7 +471,9 @@ M-RoPE (Qwen2-VL) cos/sin: pair i rotates by position_ids[row(i), t] * inv_freq[
 
 position_ids: [3, tokens] integers (rows temporal, height, width); mrope_section: [s_t, s_h, s_w] summing to
 rotary_dim/2 (default freqs.mrope_section); mapping: "chunked" (Qwen2-VL) or "interleaved" (Qwen3-VL), default
-freqs.mrope_mapping or chunked. Returns (cos, sin), each [tokens, rotary_dim/2] float32.)doc");
+freqs.mrope_mapping or chunked. Returns (cos, sin), each [tokens, rotary_dim/2] float32.
+Errors: TypeError (freqs, non-integer position_ids), ValueError (position_ids not [3, tokens]), posenc.ConfigError
+(mrope_section not 3 non-negative entries summing to rotary_dim/2, mapping/precision names).)doc");
 
   m.def(
       "apply_mrope",
@@ -496,14 +505,16 @@ freqs.mrope_mapping or chunked. Returns (cos, sin), each [tokens, rotary_dim/2] 
 Rotates x by M-RoPE (Qwen2-VL's apply_multimodal_rotary_pos_emb; half layout).
 
 x: [tokens, heads, head_dim] float32 (as apply_rope); position_ids: [3, tokens] integers (rows t, h, w);
-mrope_section / mapping as mrope_cos_sin; out as apply_rope. With three equal rows this is apply_rope.)doc");
+mrope_section / mapping as mrope_cos_sin; out as apply_rope. With three equal rows this is apply_rope.
+Errors: those of apply_rope and mrope_cos_sin.)doc");
 
   py::class_<RopeFrequencySchedule>(m, "RopeSchedule", R"doc(
 The frequency update Hugging Face runs inside the rotary module's forward (dynamic_rope_update): dynamic NTK
 recomputes when max(position_ids)+1 grows past the cached length (and resets below the original), LongRoPE switches
 to the long factors past original_max_position_embeddings; other types never change.
 
-RopeSchedule(params: posenc.RopeParams). update(position_ids) -> RopeFrequencies in effect for that forward call.)doc")
+RopeSchedule(params: posenc.RopeParams). update(position_ids) -> RopeFrequencies in effect for that forward call.
+Errors: posenc.ConfigError (invalid params), posenc.PositionError (empty or negative position_ids).)doc")
       .def(py::init<RopeParams>(), py::arg("params"))
       .def(
           "update",

@@ -105,3 +105,19 @@ def test_freqs_that_are_not_rope_frequencies_name_the_argument(bad):
         with pytest.raises(TypeError, match=r"^freqs: expected a posenc\.RopeFrequencies") as e:
             call()
         assert len(str(e.value)) < 300
+
+
+def test_every_public_docstring_lists_its_errors():
+    # help(posenc.X) for a newcomer: what it raises, not only shapes and dtypes.
+    names = [n for n in posenc.__all__ if n not in ("__version__", "eval", "rope_types", "parse_context_length")
+             and not (isinstance(getattr(posenc, n), type) and issubclass(getattr(posenc, n), BaseException))]
+    def lists_errors(doc):
+        return doc is not None and ("Error" in doc or "InvalidArgument" in doc)
+
+    lacking = [n for n in names if not lists_errors(getattr(posenc, n).__doc__)]
+    for cls, meth in [(posenc.Model, m) for m in ("load", "tokenize", "decode", "logits", "score", "generate",
+                                                  "forward")]:
+        if not lists_errors(getattr(cls, meth).__doc__):
+            lacking.append(f"Model.{meth}")
+    assert lacking == []
+    assert "Errors:" in posenc.apply_rope.__doc__ and "[tokens, heads, head_dim] float32" in posenc.apply_rope.__doc__
