@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -79,6 +80,21 @@ std::string path_arg(const py::handle& obj, const char* name) {
   if (s.find('\0') != std::string::npos)
     throw py::value_error(fmt::format("{}: embedded NUL byte in {}", name, py::repr(p).cast<std::string>()));
   return s;
+}
+
+/// An integer argument as T: TypeError naming it for a non-integer (a float is not truncated), ValueError naming it
+/// and the range for a value T cannot hold (pybind11's overload error names neither).
+template <class T>
+T int_arg(const py::handle& obj, const char* name) {
+  if (py::isinstance<py::bool_>(obj) || !py::hasattr(obj, "__index__"))
+    throw py::type_error(fmt::format("{}: expected an int, got {}", name,
+                                     py::str(py::type::of(obj).attr("__name__")).cast<std::string>()));
+  const py::int_ v = obj.attr("__index__")();
+  const py::int_ lo(std::numeric_limits<T>::min()), hi(std::numeric_limits<T>::max());
+  if (v < lo || v > hi)
+    throw py::value_error(fmt::format("{}: {} outside [{}, {}]", name, py::str(py::handle(v)).cast<std::string>(),
+                                      std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
+  return v.cast<T>();
 }
 
 std::vector<int32_t> token_vector(const py::handle& obj, const PyModel& m) {
@@ -274,13 +290,13 @@ Scores text in one forward (positions 0..n-1): {tokens: [n] int32 (BOS first), t
 Errors: posenc.TokenizerError (no usable tokenizer), posenc.InvalidArgument (fewer than 2 tokens).)doc")
       .def(
           "generate",
-          [](const PyModel& p, const std::string& prompt, int max_new_tokens, float temperature, float top_p,
-             uint64_t seed, bool stop_at_eos, const std::string& rope_scaling, std::optional<double> rope_factor) {
+          [](const PyModel& p, const std::string& prompt, py::handle max_new_tokens, float temperature, float top_p,
+             py::handle seed, bool stop_at_eos, const std::string& rope_scaling, std::optional<double> rope_factor) {
             GenerateOptions o;
-            o.max_new_tokens = max_new_tokens;
+            o.max_new_tokens = int_arg<int>(max_new_tokens, "max_new_tokens");
             o.temperature = temperature;
             o.top_p = top_p;
-            o.seed = seed;
+            o.seed = int_arg<uint64_t>(seed, "seed");
             o.stop_at_bos = o.stop_at_eos = stop_at_eos;
             o.rope_scaling = rope_scaling;
             o.rope_factor = rope_factor;

@@ -121,3 +121,15 @@ def test_every_public_docstring_lists_its_errors():
             lacking.append(f"Model.{meth}")
     assert lacking == []
     assert "Errors:" in posenc.apply_rope.__doc__ and "[tokens, heads, head_dim] float32" in posenc.apply_rope.__doc__
+
+
+@pytest.mark.parametrize("kwargs,name", [(dict(max_new_tokens=2**31), "max_new_tokens"),
+                                         (dict(max_new_tokens=2**40), "max_new_tokens"),
+                                         (dict(max_new_tokens=3.5), "max_new_tokens"),
+                                         (dict(seed=-1), "seed"), (dict(seed=2**64), "seed")])
+def test_generate_integer_arguments_out_of_range_name_the_argument(kwargs, name):
+    # pybind11's overload error ("incompatible function arguments") named neither the argument nor the range.
+    m = posenc.Model.load(_shared("models/stories260K/stories260K.bin"),
+                          tokenizer=_shared("models/stories260K/tok512.bin"))
+    with pytest.raises((TypeError, ValueError), match=f"^{name}: "):
+        m.generate("Once", **kwargs)
