@@ -62,11 +62,53 @@ __all__ = [
 
 
 def _seq_len(seq_len):
+    """seq_len as an int: None, a length string ("128K") or an integer (not a bool, not a float to truncate)."""
     if seq_len is None:
         return None
     if isinstance(seq_len, str):
         return parse_context_length(seq_len)
-    return int(seq_len)
+    if isinstance(seq_len, bool) or not hasattr(seq_len, "__index__"):
+        raise TypeError(f"seq_len: expected an int or a length such as \"128K\", got {type(seq_len).__name__} "
+                        f"({seq_len!r})")
+    n = seq_len.__index__()
+    if not -2**63 <= n < 2**63:
+        raise ValueError(f"seq_len: {n} does not fit int64")
+    return n
+
+
+def _path(path, name):
+    """A path argument (str or os.PathLike) as str; TypeError naming the argument otherwise, ValueError for a NUL
+    byte (the C++ side would open the path up to it: another file than the one named)."""
+    try:
+        p = _os.fspath(path)
+    except TypeError:
+        raise TypeError(f"{name}: expected a path (str or os.PathLike), got {type(path).__name__}") from None
+    if isinstance(p, bytes):
+        p = _os.fsdecode(p)
+    if "\0" in p:
+        raise ValueError(f"{name}: embedded NUL byte in {p!r}")
+    return p
+
+
+def _non_finite(obj, where=""):
+    """The first NaN/inf float in a config dict, as (dotted field, value), else None."""
+    if isinstance(obj, float) and (obj != obj or obj in (float("inf"), float("-inf"))):
+        return where, obj
+    items = obj.items() if isinstance(obj, dict) else enumerate(obj) if isinstance(obj, (list, tuple)) else ()
+    for k, v in items:
+        sub = f"{where}[{k}]" if isinstance(k, int) else (f"{where}.{k}" if where else str(k))
+        found = _non_finite(v, sub)
+        if found:
+            return found
+    return None
+
+
+def _config_text(config):
+    """A config dict as JSON text; a NaN/inf value (which JSON cannot hold) is a ConfigError naming its field."""
+    found = _non_finite(config)
+    if found:
+        raise ConfigError(f"<dict>: {found[0]}: must be finite (got {found[1]})")
+    return _json.dumps(config)
 
 
 def rope_frequencies(config_or_dict, seq_len=None, lenient=False):
@@ -87,16 +129,19 @@ def rope_frequencies(config_or_dict, seq_len=None, lenient=False):
     if isinstance(config_or_dict, RopeParams):
         return _posenc._rope_frequencies_params(config_or_dict, n)
     if isinstance(config_or_dict, dict):
-        return _posenc._rope_frequencies_config_text(_json.dumps(config_or_dict), "<dict>", n, bool(lenient))
+        return _posenc._rope_frequencies_config_text(_config_text(config_or_dict), "<dict>", n, bool(lenient))
     if isinstance(config_or_dict, (str, _os.PathLike)):
-        return _posenc._rope_frequencies_config_path(_os.fspath(config_or_dict), n, bool(lenient))
+        return _posenc._rope_frequencies_config_path(_path(config_or_dict, "config_or_dict"), n, bool(lenient))
     raise TypeError("config_or_dict: expected a config.json path, a dict or a posenc.RopeParams, got "
                     + type(config_or_dict).__name__)
 
 
 def rope_params(config_path, lenient=False):
-    """The typed RoPE parameters (posenc.RopeParams) a config.json file implies (for posenc.RopeSchedule)."""
-    return _posenc._rope_params_config_path(_os.fspath(config_path), bool(lenient))
+    """The typed RoPE parameters (posenc.RopeParams) a config.json file implies (for posenc.RopeSchedule).
+
+    Raises TypeError (config_path not a path), ValueError (a NUL byte), posenc.IoError (unreadable file),
+    posenc.ConfigError (malformed config, a family without RoPE)."""
+    return _posenc._rope_params_config_path(_path(config_path, "config_path"), bool(lenient))
 
 
 def inspect(config_path, seq_len=None, lenient=False):
@@ -108,9 +153,11 @@ def inspect(config_path, seq_len=None, lenient=False):
     ([{i, inv_freq, wavelength, rotations_original, rotations_target, wavelength_ratio}]), original_length, seq_len,
     rope_parameters, ... (RoPE), alibi_convention / slopes (ALiBi), relative_attention_* (T5), model_type,
     num_attention_heads, max_position_embeddings, sliding_window, ignored_keys, notes.
+    Raises TypeError (config_path neither a path nor a dict, seq_len not an int/str), ValueError (a NUL byte),
+    posenc.IoError (unreadable file), posenc.ConfigError naming the field and value (a NaN/inf in a dict included).
     """
     if isinstance(config_path, dict):
-        text = _posenc._inspect_json(None, _json.dumps(config_path), "<dict>", seq_len, bool(lenient))
+        text = _posenc._inspect_json(None, _config_text(config_path), "<dict>", seq_len, bool(lenient))
     else:
-        text = _posenc._inspect_json(_os.fspath(config_path), None, "", seq_len, bool(lenient))
+        text = _posenc._inspect_json(_path(config_path, "config_path"), None, "", seq_len, bool(lenient))
     return _json.loads(text)

@@ -52,9 +52,18 @@ class Run:
                 f"{len(self.samples)} samples, {len(self.ppl)} ppl buckets)")
 
 
-def _ppl_records(ppl):
+def _fail(path, what):
+    raise _posenc.DataError(f"{path}: {what}")
+
+
+def _ppl_records(ppl, path):
     out = []
-    for r in ppl.get("results", []):
+    if not isinstance(ppl, dict) or not isinstance(ppl.get("results", []), list):
+        _fail(path, "expected an object with a list 'results'")
+    for i, r in enumerate(ppl.get("results", [])):
+        if not isinstance(r, dict) or not isinstance(r.get("buckets", []), list) or \
+                not all(isinstance(b, dict) for b in r.get("buckets", [])):
+            _fail(path, f"results[{i}]: expected an object with a list of bucket objects 'buckets'")
         head = {k: v for k, v in r.items() if not isinstance(v, (list, dict))}
         for b in r.get("buckets", []):
             row = dict(head)
@@ -70,15 +79,35 @@ def _ppl_records(ppl):
 def load_run(dir):
     """Reads the eval run in `dir` (a run directory holding run.json, or a directory whose LATEST names one) into a
     posenc.eval.Run of plain records. Raises posenc.IoError if neither exists, posenc.DataError for a malformed
-    run.json or LATEST."""
-    path = _posenc._resolve_run_dir(_os.fspath(dir))
+    run.json or LATEST, posenc.DataError naming the file for a damaged run.json, summary.json, summary.csv,
+    samples.jsonl or ppl.json (not UTF-8, not JSON, a wrong shape, a CSV row of the wrong width). A file that is not
+    there (a run still in progress) gives an empty list / dict."""
+    if isinstance(dir, (str, bytes, _os.PathLike)):
+        dir = _os.fsdecode(_os.fspath(dir))
+    else:
+        raise TypeError(f"dir: expected a path (str or os.PathLike), got {type(dir).__name__}")
+    if "\0" in dir:
+        raise ValueError(f"dir: embedded NUL byte in {dir!r}")
+    path = _posenc._resolve_run_dir(dir)
 
-    def read_json(name, default=None):
+    def read_text(p):
+        try:
+            with open(p, encoding="utf-8", newline="") as f:
+                return f.read()
+        except UnicodeDecodeError as e:
+            _fail(p, f"not UTF-8 text ({e})")
+
+    def read_json(name, default=None, kind=dict):
         p = _os.path.join(path, name)
         if not _os.path.exists(p):
             return default
-        with open(p, encoding="utf-8") as f:
-            return _json.load(f)
+        try:
+            value = _json.loads(read_text(p))
+        except ValueError as e:
+            _fail(p, f"not valid JSON ({e})")
+        if not isinstance(value, kind):
+            _fail(p, f"expected a JSON {kind.__name__}, got {type(value).__name__}")
+        return value
 
     run = read_json("run.json")
     incomplete = _posenc._eval_resume_plan(path)
@@ -86,18 +115,29 @@ def load_run(dir):
     cells = []
     csv_path = _os.path.join(path, "summary.csv")
     if _os.path.exists(csv_path):
-        with open(csv_path, newline="", encoding="utf-8") as f:
-            for row in _csv.DictReader(f):
-                rec = {k: _typed(v) for k, v in row.items()}
-                for k in ("task", "control", "rope_scaling", "metric", "status"):  # names stay strings
-                    if rec.get(k) is not None:
-                        rec[k] = str(row[k])
-                rec["primary"] = bool(rec["primary"])
-                cells.append(rec)
+        reader = _csv.DictReader(read_text(csv_path).splitlines())
+        columns = reader.fieldnames or []
+        if columns and "primary" not in columns:
+            _fail(csv_path, f"no 'primary' column (columns: {', '.join(columns)})")
+        for row in reader:
+            if None in row or None in row.values():  # more or fewer fields than the header
+                _fail(csv_path, f"line {reader.line_num}: {len(columns)} columns in the header, another count here")
+            rec = {k: _typed(v) for k, v in row.items()}
+            for k in ("task", "control", "rope_scaling", "metric", "status"):  # names stay strings
+                if rec.get(k) is not None:
+                    rec[k] = str(row[k])
+            rec["primary"] = bool(rec["primary"])
+            cells.append(rec)
     samples = []
     jsonl = _os.path.join(path, "samples.jsonl")
     if _os.path.exists(jsonl):
-        with open(jsonl, encoding="utf-8") as f:
-            samples = [_json.loads(line) for line in f if line.strip()]
-    ppl = _ppl_records(read_json("ppl.json", {}))
+        for i, line in enumerate(read_text(jsonl).splitlines()):
+            if not line.strip():
+                continue
+            try:
+                samples.append(_json.loads(line))
+            except ValueError as e:
+                _fail(jsonl, f"line {i + 1}: not valid JSON ({e})")
+    ppl_path = _os.path.join(path, "ppl.json")
+    ppl = _ppl_records(read_json("ppl.json", {}, kind=object), ppl_path)
     return Run(path, run, summary, cells, samples, ppl, incomplete)

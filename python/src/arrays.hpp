@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -75,7 +77,31 @@ c_array<T> require_integers(const py::handle& obj, const char* name) {
   const char kind = a.dtype().kind();
   if (a.size() > 0 && kind != 'i' && kind != 'u')
     throw py::type_error(fmt::format("{}: expected an integer dtype (int64), got {}", name, dtype_string(a)));
+  // numpy's cast of uint64 to int64 wraps (2**63 -> -2**63): refuse what does not fit instead of using another value.
+  if (kind == 'u' && a.itemsize() == 8 && a.size() > 0) {
+    const auto u = c_array<uint64_t>::ensure(a);
+    for (py::ssize_t i = 0; i < u.size(); ++i)
+      if (u.data()[i] > static_cast<uint64_t>(INT64_MAX))
+        throw py::value_error(fmt::format("{}: value {} (uint64) at flat index {} does not fit int64", name,
+                                          u.data()[i], i));
+  }
   return c_array<T>::ensure(a);
+}
+
+/// Checks that an output of the given axes (name, length) has a byte size that fits (<= 2^62 bytes of `itemsize`
+/// elements): the core computes q_len * k_len * heads in 64 bits, which wraps for lengths near 2^31..2^62 and then
+/// writes past a small vector. Negative lengths are left to the core's own checks. ValueError naming the axes.
+inline void check_output_size(std::initializer_list<std::pair<const char*, int64_t>> axes, int64_t itemsize) {
+  int64_t n = itemsize;
+  bool overflow = false;
+  for (const auto& [name, len] : axes) {
+    if (len < 0) return;
+    overflow = overflow || __builtin_mul_overflow(n, len, &n) || n > (int64_t{1} << 62);
+  }
+  if (!overflow) return;
+  std::string dims;
+  for (const auto& [name, len] : axes) dims += fmt::format("{}{} {}", dims.empty() ? "" : " x ", name, len);
+  throw py::value_error(fmt::format("{}: the output of {}-byte elements would exceed 2^62 bytes", dims, itemsize));
 }
 
 /// A new C-contiguous float32 array of the given shape.

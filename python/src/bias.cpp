@@ -46,7 +46,7 @@ ALiBi head slopes m_h (Press et al. 2022), [n_heads] float32.
 convention: "llama.cpp" (2^(-max_bias/p)^(h+1), the paper's interleaving for non-powers of two, in double),
 "bloom" (HF build_alibi_tensor's float32 pow, bit for bit; max_bias ignored: 8), "falcon" (BLOOM's rounded to
 bfloat16), "mpt" (HF build_mpt_alibi_tensor, max_bias = alibi_bias_max). posenc.InvalidArgument for n_heads <= 0
-or a non-positive max_bias.)doc");
+or a non-positive max_bias, posenc.ConfigError for an unknown convention.)doc");
 
   m.def(
       "alibi_bias",
@@ -55,6 +55,7 @@ or a non-positive max_bias.)doc");
         require_c_contiguous(sl, "slopes");
         std::span<const float> s(static_cast<const float*>(sl.data()), static_cast<std::size_t>(sl.size()));
         const AlibiForm f = parse_form(form);
+        check_output_size({{"heads", sl.shape(0)}, {"q_len", q_len}, {"k_len", k_len}}, 4);
         std::vector<float> out;
         {
           py::gil_scoped_release release;
@@ -66,7 +67,8 @@ or a non-positive max_bias.)doc");
       R"doc(
 ALiBi bias added to the attention logits, [heads, q_len, k_len] float32: -m_h * (i - j) ("causal") or
 -m_h * |i - j| ("symmetric") for queries at positions query_offset .. query_offset+q_len-1 and keys at 0 .. k_len-1.
-slopes: [heads] float32 (alibi_slopes).)doc");
+slopes: [heads] float32 (alibi_slopes). Errors: TypeError/ValueError (slopes dtype, shape), posenc.InvalidArgument
+(negative lengths or offset, no slopes), ValueError (an output past 2^62 bytes), posenc.ConfigError (form).)doc");
 
   m.def(
       "bloom_alibi_tensor",
@@ -80,6 +82,7 @@ slopes: [heads] float32 (alibi_slopes).)doc");
         else if (style == "falcon") st = AlibiTensorStyle::falcon;
         else fail_field<ConfigError>("style", "must be \"bloom\" or \"falcon\"", style);
         const int64_t batch = mask.shape(0), seq = mask.shape(1);
+        check_output_size({{"batch", batch}, {"n_heads", n_heads}, {"seq_len", seq}}, 4);
         std::span<const int64_t> ms(mask.data(), static_cast<std::size_t>(mask.size()));
         std::vector<float> out;
         {
@@ -90,11 +93,14 @@ slopes: [heads] float32 (alibi_slopes).)doc");
       },
       py::arg("attention_mask"), py::arg("n_heads"), py::arg("style") = "bloom", R"doc(
 BLOOM / Falcon build_alibi_tensor: attention_mask [batch, seq_len] of 0/1 integers -> [batch*n_heads, 1, seq_len]
-float32, slope[h] * key_index (padding-aware). style "falcon" rounds slopes and products to bfloat16.)doc");
+float32, slope[h] * key_index (padding-aware). style "falcon" rounds slopes and products to bfloat16.
+Errors: TypeError/ValueError (mask dtype, shape), posenc.InvalidArgument (n_heads <= 0, mask values not 0/1),
+posenc.ConfigError (style).)doc");
 
   m.def(
       "mpt_alibi_tensor",
       [](int n_heads, int64_t seq_len, double alibi_bias_max) {
+        check_output_size({{"n_heads", n_heads}, {"seq_len", seq_len}}, 4);
         std::vector<float> out;
         {
           py::gil_scoped_release release;
@@ -103,11 +109,14 @@ float32, slope[h] * key_index (padding-aware). style "falcon" rounds slopes and 
         return vector_to_numpy(std::move(out), {n_heads, 1, seq_len});
       },
       py::arg("n_heads"), py::arg("seq_len"), py::arg("alibi_bias_max") = 8.0,
-      "MPT build_mpt_alibi_tensor: [n_heads, 1, seq_len] float32, slope[h] * (j - (seq_len-1)).");
+      "MPT build_mpt_alibi_tensor: [n_heads, 1, seq_len] float32, slope[h] * (j - (seq_len-1)). Errors: "
+      "posenc.InvalidArgument (n_heads <= 0, seq_len < 0, alibi_bias_max not finite and > 0), ValueError (an output "
+      "past 2^62 bytes).");
 
   m.def(
       "t5_relative_buckets",
       [](int64_t q_len, int64_t k_len, int64_t query_offset, bool bidirectional, int num_buckets, int max_distance) {
+        check_output_size({{"q_len", q_len}, {"k_len", k_len}}, 4);
         std::vector<int> out;
         {
           py::gil_scoped_release release;
@@ -120,7 +129,9 @@ float32, slope[h] * key_index (padding-aware). style "falcon" rounds slopes and 
       py::arg("num_buckets") = 32, py::arg("max_distance") = 128, R"doc(
 T5 relative position buckets (HF T5Attention._relative_position_bucket on compute_bias's matrix), [q_len, k_len]
 int32: query t at position query_offset + t, key j at position j, relative position j - (query_offset + t).
-bidirectional: True for encoder self-attention, False for the decoder's causal buckets.)doc");
+bidirectional: True for encoder self-attention, False for the decoder's causal buckets.
+Errors: posenc.InvalidArgument (negative lengths or offset, num_buckets < 4 bidirectional / < 2 causal,
+max_distance <= num_buckets/2), ValueError (an output past 2^62 bytes).)doc");
 
   m.def(
       "t5_relative_position_bucket",
@@ -139,7 +150,8 @@ bidirectional: True for encoder self-attention, False for the decoder's causal b
       },
       py::arg("relative_position"), py::arg("bidirectional") = true, py::arg("num_buckets") = 32,
       py::arg("max_distance") = 128,
-      "The T5 bucket of each relative position (key - query), any shape of integers -> int32 of the same shape.");
+      "The T5 bucket of each relative position (key - query), any shape of integers -> int32 of the same shape. "
+      "Errors: TypeError (not integers), posenc.InvalidArgument (num_buckets, max_distance as t5_relative_buckets).");
 
   m.def(
       "t5_relative_position_bias",
@@ -149,6 +161,7 @@ bidirectional: True for encoder self-attention, False for the decoder's causal b
         require_c_contiguous(t, "table");
         const int num_buckets = static_cast<int>(t.shape(0)), heads = static_cast<int>(t.shape(1));
         std::span<const float> ts(static_cast<const float*>(t.data()), static_cast<std::size_t>(t.size()));
+        check_output_size({{"heads", heads}, {"q_len", q_len}, {"k_len", k_len}}, 4);
         std::vector<float> out;
         {
           py::gil_scoped_release release;
@@ -160,12 +173,14 @@ bidirectional: True for encoder self-attention, False for the decoder's causal b
       py::arg("table"), py::arg("q_len"), py::arg("k_len"), py::arg("query_offset") = 0,
       py::arg("bidirectional") = true, py::arg("max_distance") = 128,
       "T5 bias [heads, q_len, k_len] float32 from the learned table [num_buckets, heads] float32 "
-      "(HF relative_attention_bias.weight; T5Attention.compute_bias).");
+      "(HF relative_attention_bias.weight; T5Attention.compute_bias). Errors: TypeError/ValueError (table dtype, "
+      "shape), posenc.InvalidArgument (as t5_relative_buckets), ValueError (an output past 2^62 bytes).");
 
   m.def(
       "sinusoidal_table",
       [](int64_t num_positions, int dim, const std::string& layout, double base, std::optional<int64_t> padding_idx) {
         const SinusoidalLayout l = parse_sinusoidal_layout(layout, "layout");
+        check_output_size({{"num_positions", num_positions}, {"dim", dim}}, 4);
         std::vector<float> out;
         {
           py::gil_scoped_release release;
@@ -178,7 +193,9 @@ bidirectional: True for encoder self-attention, False for the decoder's causal b
 Sinusoidal position table (Vaswani et al. 2017, §3.5), [num_positions, dim] float32.
 
 layout: "interleaved" (column 2i sin, 2i+1 cos: XLM, DistilBERT), "halves" (sin | cos: Marian, RoFormer),
-"tensor2tensor" (fairseq/M2M100/FSMT: ln(base)/(h-1) exponent, zero padding_idx row, zero column for odd dim).)doc");
+"tensor2tensor" (fairseq/M2M100/FSMT: ln(base)/(h-1) exponent, zero padding_idx row, zero column for odd dim).
+Errors: posenc.InvalidArgument (num_positions < 0, dim <= 0, base not finite and > 1), posenc.ConfigError
+(layout), ValueError (an output past 2^62 bytes).)doc");
 
   m.def(
       "sinusoidal_encoding",
@@ -197,7 +214,8 @@ layout: "interleaved" (column 2i sin, 2i+1 cos: XLM, DistilBERT), "halves" (sin 
       },
       py::arg("positions"), py::arg("dim"), py::arg("layout") = "interleaved", py::arg("base") = 10000.0,
       py::arg("padding_idx") = py::none(),
-      "Sinusoidal encodings of arbitrary positions ([n] integers) -> [n, dim] float32 (layouts as sinusoidal_table).");
+      "Sinusoidal encodings of arbitrary positions ([n] integers) -> [n, dim] float32 (layouts as sinusoidal_table). "
+      "Errors: TypeError (not integers), ValueError (not [n]), posenc.InvalidArgument (dim, base).");
 
   m.def(
       "position_ids_from_input_ids",
@@ -214,7 +232,8 @@ layout: "interleaved" (column 2i sin, 2i+1 cos: XLM, DistilBERT), "halves" (sin 
         return vector_to_numpy(std::move(out), {ids.shape(0), ids.shape(1)});
       },
       py::arg("input_ids"), py::arg("padding_idx"), py::arg("past_key_values_length") = 0,
-      "M2M100/FSMT position ids (HF create_position_ids_from_input_ids): [batch, seq_len] int64.");
+      "M2M100/FSMT position ids (HF create_position_ids_from_input_ids): [batch, seq_len] int64. Errors: TypeError "
+      "(not integers), ValueError (not [batch, seq_len]), posenc.InvalidArgument (negative past_key_values_length).");
 }
 
 }  // namespace posenc::python

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -31,10 +32,11 @@ struct PyModel {
   Model model;
   std::optional<Tokenizer> tokenizer;
   std::string tokenizer_source;  ///< "bundled: tokenizer.json", the path given, or "" (none)
+  std::string tokenizer_unusable;  ///< why the bundled tokenizer cannot be used (then tokenizer is empty)
 
   const Tokenizer& tok() const {
     if (!tokenizer) {
-      const std::string& e = model.source().tokenizer_error;
+      const std::string& e = tokenizer_unusable.empty() ? model.source().tokenizer_error : tokenizer_unusable;
       throw TokenizerError(fmt::format("{}: no tokenizer{}; pass tokenizer=<tokenizer.json or llama2.c tokenizer .bin> "
                                        "to posenc.Model.load",
                                        model.source().path.string(), e.empty() ? "" : " (" + e + ")"));
@@ -61,6 +63,38 @@ Tokenizer load_tokenizer_path(const std::string& path) {
   while (i < b.size() && std::isspace(static_cast<unsigned char>(b[i]))) ++i;
   if (i < b.size() && static_cast<char>(b[i]) == '{') return Tokenizer::load_tokenizer_json(path);
   return Tokenizer::load_llama2c(path);
+}
+
+/// A path argument (str or os.PathLike) as a string; TypeError naming `name` for anything else, ValueError for a
+/// NUL byte (the C++ side would open the path up to it: another file than the one named).
+std::string path_arg(const py::handle& obj, const char* name) {
+  py::object p;
+  try {
+    p = py::module_::import("os").attr("fspath")(obj);
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_TypeError)) throw;
+    throw py::type_error(fmt::format("{}: expected a path (str or os.PathLike), got {}", name,
+                                     py::str(py::type::of(obj).attr("__name__")).cast<std::string>()));
+  }
+  const std::string s = py::isinstance<py::bytes>(p) ? p.cast<std::string>() : py::str(p).cast<std::string>();
+  if (s.find('\0') != std::string::npos)
+    throw py::value_error(fmt::format("{}: embedded NUL byte in {}", name, py::repr(p).cast<std::string>()));
+  return s;
+}
+
+/// An integer argument as T: TypeError naming it for a non-integer (a float is not truncated), ValueError naming it
+/// and the range for a value T cannot hold (pybind11's overload error names neither).
+template <class T>
+T int_arg(const py::handle& obj, const char* name) {
+  if (py::isinstance<py::bool_>(obj) || !py::hasattr(obj, "__index__"))
+    throw py::type_error(fmt::format("{}: expected an int, got {}", name,
+                                     py::str(py::type::of(obj).attr("__name__")).cast<std::string>()));
+  const py::int_ v = obj.attr("__index__")();
+  const py::int_ lo(std::numeric_limits<T>::min()), hi(std::numeric_limits<T>::max());
+  if (v < lo || v > hi)
+    throw py::value_error(fmt::format("{}: {} outside [{}, {}]", name, py::str(py::handle(v)).cast<std::string>(),
+                                      std::numeric_limits<T>::min(), std::numeric_limits<T>::max()));
+  return v.cast<T>();
 }
 
 std::vector<int32_t> token_vector(const py::handle& obj, const PyModel& m) {
@@ -110,7 +144,9 @@ void bind_model(py::module_& m) {
   py::class_<KvCache>(m, "KvCache", R"doc(
 posenc's paged KV cache (posenc/kv_cache.hpp) for incremental forwards: make one with Model.new_cache(), add
 sequences with new_sequence(), run Model.forward(cache, seq, tokens) step by step. Keys are stored rotated, with the
-rotation state (frequencies, layout) checked on every append.)doc")
+rotation state (frequencies, layout) checked on every append. Methods raise posenc.InvalidArgument for a sequence
+id that is not live. Not thread-safe: Model.forward releases the GIL, so one cache must not be used by two Python
+threads at once (separate caches, and Model.logits, are safe).)doc")
       .def("new_sequence", &KvCache::create, "A new empty sequence; returns its id.")
       .def("fork", &KvCache::fork, py::arg("seq"), "A new sequence sharing every block of seq (copy-on-write).")
       .def("free", &KvCache::free, py::arg("seq"), "Releases the sequence.")
@@ -129,29 +165,44 @@ rotation state (frequencies, layout) checked on every append.)doc")
       .def_property_readonly("blocks_in_use", &KvCache::blocks_in_use);
 
   py::class_<PyModel>(m, "Model", R"doc(
-A Llama-architecture decoder on posenc's runtime. Load with posenc.Model.load(path).)doc")
+A Llama-architecture decoder on posenc's runtime. Load with posenc.Model.load(path). Methods: tokenize, decode,
+logits ([n, vocab_size] float32), score, generate, new_cache / forward (posenc.KvCache); each lists the
+posenc.Error subclasses it raises.
+Safe to call from several Python threads at once (the GIL is released around the forward passes).)doc")
       .def_static(
           "load",
-          [](const std::string& path, std::optional<std::string> tokenizer, const std::string& quantized_matmul) {
+          [](py::handle path_obj, py::handle tokenizer_obj, const std::string& quantized_matmul) {
+            const std::string path = path_arg(path_obj, "path");
+            std::optional<std::string> tokenizer;
+            if (!tokenizer_obj.is_none()) tokenizer = path_arg(tokenizer_obj, "tokenizer");
             LoadOptions lo;
             lo.quantized_matmul = parse_quantized_matmul(quantized_matmul, "quantized_matmul");
             py::gil_scoped_release release;
-            PyModel pm{Model::load(path, lo), std::nullopt, ""};
+            PyModel pm{Model::load(path, lo), std::nullopt, "", ""};
             if (tokenizer) {
               pm.tokenizer = load_tokenizer_path(*tokenizer);
               pm.tokenizer_source = *tokenizer;
+              if (!pm.tokenizer->usable())
+                throw TokenizerError(fmt::format("{}: {}", pm.tokenizer_source, pm.tokenizer->unusable_reason()));
             } else if (pm.model.bundled_tokenizer()) {
-              pm.tokenizer = *pm.model.bundled_tokenizer();
-              pm.tokenizer_source = "bundled: " + pm.model.source().tokenizer;
+              // A bundled tokenizer that cannot be used does not stop the model from loading (logits, forward and
+              // the cache need none): the reason is raised when a tokenizer is needed (tokenize, score, generate).
+              const Tokenizer& bt = *pm.model.bundled_tokenizer();
+              if (bt.usable()) {
+                pm.tokenizer = bt;
+                pm.tokenizer_source = "bundled: " + pm.model.source().tokenizer;
+              } else {
+                pm.tokenizer_unusable = fmt::format("bundled: {}: {}", pm.model.source().tokenizer, bt.unusable_reason());
+              }
             }
-            if (pm.tokenizer && !pm.tokenizer->usable())
-              throw TokenizerError(fmt::format("{}: {}", pm.tokenizer_source, pm.tokenizer->unusable_reason()));
             return pm;
           },
           py::arg("path"), py::arg("tokenizer") = py::none(), py::arg("quantized_matmul") = "dequantize", R"doc(
 Loads a model: a llama2.c .bin, a posenc checkpoint, a Hugging Face directory (config.json + model.safetensors +
-tokenizer.json) or a GGUF file (format detected from the contents). tokenizer: a tokenizer.json (or its directory)
-or a llama2.c tokenizer .bin; default the one the model brings (HF directory, GGUF). quantized_matmul:
+tokenizer.json) or a GGUF file (format detected from the contents); path and tokenizer are str or os.PathLike.
+tokenizer: a tokenizer.json (or its directory) or a llama2.c tokenizer .bin; default the one the model brings (HF
+directory, GGUF). A bundled tokenizer that cannot be used (e.g. a GGUF vocabulary with equal scores) does not stop
+the load: logits/forward work, and tokenize/score/generate raise posenc.TokenizerError with the reason. quantized_matmul:
 "dequantize" or "q8_activations" (llama.cpp's arithmetic for Q8_0/Q4_0 weights). Raises posenc.IoError,
 posenc.CheckpointError, posenc.ConfigError, posenc.TokenizerError naming the file and field.)doc")
       .def_property_readonly("config", [](const PyModel& p) { return config_dict(p.model.config()); },
@@ -183,14 +234,16 @@ posenc.CheckpointError, posenc.ConfigError, posenc.TokenizerError naming the fil
             return to_numpy(ids);
           },
           py::arg("text"), py::arg("bos") = true,
-          "Token ids of text, [n] int32 (BOS first when bos and the tokenizer has one), as `posenc tokenize`.")
+          "Token ids of text, [n] int32 (BOS first when bos and the tokenizer has one), as `posenc tokenize`. "
+          "Errors: posenc.TokenizerError (no usable tokenizer).")
       .def(
           "decode",
           [](const PyModel& p, py::handle tokens) {
             const std::vector<int32_t> ids = token_vector(tokens, p);
             return p.tok().decode(ids);
           },
-          py::arg("tokens"), "The text of token ids (special tokens skipped).")
+          py::arg("tokens"), "The text of token ids (special tokens skipped). Errors: as logits's tokens, "
+          "posenc.TokenizerError (no usable tokenizer).")
       .def(
           "logits",
           [](const PyModel& p, py::handle tokens) {
@@ -205,7 +258,8 @@ posenc.CheckpointError, posenc.ConfigError, posenc.TokenizerError naming the fil
           },
           py::arg("tokens"), R"doc(
 Logits of one forward over tokens at positions 0..n-1 (a fresh cache): [n, vocab_size] float32; row i predicts token
-i+1. tokens: [n] integers in [0, vocab_size).)doc")
+i+1. tokens: [n] integers in [0, vocab_size). Errors: TypeError (not integers), ValueError (not [n], empty, an id
+outside the vocabulary).)doc")
       .def(
           "score",
           [](const PyModel& p, const std::string& text) {
@@ -232,16 +286,17 @@ i+1. tokens: [n] integers in [0, vocab_size).)doc")
           },
           py::arg("text"), R"doc(
 Scores text in one forward (positions 0..n-1): {tokens: [n] int32 (BOS first), token_logprobs: [n-1] float64
-(natural-log p(token i | tokens before it), i = 1..n-1), n_scored, logprob (their sum), nll (mean negative), ppl}.)doc")
+(natural-log p(token i | tokens before it), i = 1..n-1), n_scored, logprob (their sum), nll (mean negative), ppl}.
+Errors: posenc.TokenizerError (no usable tokenizer), posenc.InvalidArgument (fewer than 2 tokens).)doc")
       .def(
           "generate",
-          [](const PyModel& p, const std::string& prompt, int max_new_tokens, float temperature, float top_p,
-             uint64_t seed, bool stop_at_eos, const std::string& rope_scaling, std::optional<double> rope_factor) {
+          [](const PyModel& p, const std::string& prompt, py::handle max_new_tokens, float temperature, float top_p,
+             py::handle seed, bool stop_at_eos, const std::string& rope_scaling, std::optional<double> rope_factor) {
             GenerateOptions o;
-            o.max_new_tokens = max_new_tokens;
+            o.max_new_tokens = int_arg<int>(max_new_tokens, "max_new_tokens");
             o.temperature = temperature;
             o.top_p = top_p;
-            o.seed = seed;
+            o.seed = int_arg<uint64_t>(seed, "seed");
             o.stop_at_bos = o.stop_at_eos = stop_at_eos;
             o.rope_scaling = rope_scaling;
             o.rope_factor = rope_factor;
@@ -274,7 +329,10 @@ Scores text in one forward (positions 0..n-1): {tokens: [n] int32 (BOS first), t
           py::arg("rope_factor") = py::none(), R"doc(
 Continues prompt through the KV cache, as `posenc generate` (greedy at temperature 0). Returns the keys of
 `posenc generate --json`: prompt_ids, generated_ids ([k] int32), generated_logprobs ([k] float64, natural log at
-temperature 1), text, stop_reason ("max_tokens", "bos", "eos", "position_limit"), rope_* for RoPE models.)doc")
+temperature 1), text, stop_reason ("max_tokens", "bos", "eos", "position_limit"), rope_* for RoPE models.
+Errors: posenc.TokenizerError (no usable tokenizer), posenc.InvalidArgument (max_new_tokens < 0, temperature not
+finite and >= 0, top_p outside (0, 1]), posenc.ConfigError (rope_scaling / rope_factor), posenc.PositionError (a
+prompt past the position limit).)doc")
       .def(
           "new_cache",
           [](const PyModel& p, int block_size) { return p.model.make_cache(block_size); }, py::arg("block_size") = 16,
@@ -309,7 +367,9 @@ temperature 1), text, stop_reason ("max_tokens", "bos", "eos", "position_limit")
           py::arg("last_only") = false, R"doc(
 Runs tokens of sequence seq through the network, appending their rotated keys and values to cache, and returns the
 logits [n, vocab_size] float32 (or [1, vocab_size] with last_only). position_ids: [n] integers, default
-cache.next_position(seq) + 0, 1, ... Raises posenc.CacheError when the cached keys' rotation does not match.)doc");
+cache.next_position(seq) + 0, 1, ... Raises posenc.CacheError when the cached keys' rotation does not match,
+posenc.InvalidArgument for a cache of another shape or a sequence that is not live, ValueError for bad tokens /
+position_ids. A KvCache is not locked: use one cache from one thread at a time.)doc");
 
   m.def(
       "_resolve_run_dir", [](const std::string& dir) { return resolve_run_dir(dir).string(); }, py::arg("dir"),

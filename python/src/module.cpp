@@ -24,9 +24,26 @@ int64_t context_length(const py::handle& v, const char* field) {
   if (py::isinstance<py::str>(v)) return parse_context_length(v.cast<std::string>(), field);
   if (py::isinstance<py::bool_>(v) || !py::isinstance<py::int_>(v))
     throw py::type_error(fmt::format("{}: expected an int or a length such as \"128K\"", field));
-  const int64_t n = v.cast<int64_t>();
+  int64_t n = 0;
+  try {
+    n = v.cast<int64_t>();
+  } catch (const py::cast_error&) {
+    throw py::value_error(fmt::format("{}: {} does not fit int64", field, py::repr(v).cast<std::string>()));
+  }
   if (n <= 0) fail_field<ConfigError>(field, "must be positive", n);
   return n;
+}
+
+/// v as a T, a TypeError naming the argument otherwise (pybind11's own says "Unable to cast Python instance").
+template <class T>
+T cast_arg(const py::handle& v, const char* name, const char* expected) {
+  try {
+    return v.cast<T>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(fmt::format("{}: expected {}, got {} ({})", name, expected,
+                                     py::str(py::type::of(v).attr("__name__")).cast<std::string>(),
+                                     py::repr(v).cast<std::string>()));
+  }
 }
 
 /// A scalar or a list/tuple of them, as a list.
@@ -114,10 +131,12 @@ void bind_analysis(py::module_& m) {
         PeriodsRequest req;
         req.head_dim = head_dim;
         req.rotary_dim = rotary_dim;
-        for (auto t : as_list(rope_theta)) req.rope_thetas.push_back(t.cast<double>());
+        for (auto t : as_list(rope_theta))
+          req.rope_thetas.push_back(cast_arg<double>(t, "rope_theta", "a number or a list of numbers"));
         for (auto l : as_list(context)) req.lengths.push_back(context_length(l, "context"));
         if (!rope_scaling.is_none())
-          for (auto s : as_list(rope_scaling)) req.rope_types.push_back(s.cast<std::string>());
+          for (auto s : as_list(rope_scaling))
+            req.rope_types.push_back(cast_arg<std::string>(s, "rope_scaling", "a rope_type name or a list of them"));
         req.factor = factor;
         for (const auto& rt : req.rope_types)
           if (rt != "default" && !req.factor) fail_field<ConfigError>("factor", "required with rope_scaling", rt);
@@ -154,12 +173,16 @@ Which RoPE channels wrap (period 2*pi/inv_freq < length) at each length: the row
 rope_theta: a number or a list; context: lengths (ints or "128K"/"1M" strings); rope_scaling: None (plain RoPE) or
 rope_type names ("linear", "ntk", "dynamic", "yarn", "llama3", ...), which need factor (and
 original_max_position_embeddings for dynamic/yarn/llama3). Returns [{rope_theta, head_dim, [rope_type,] length,
-wrapped, unwrapped, unwrapped_channels}], theta outer, scaling, length inner.)doc");
+wrapped, unwrapped, unwrapped_channels}], theta outer, scaling, length inner. Errors: TypeError (a rope_theta that
+is not a number, a rope_scaling that is not a str, a context that is not an int/str), ValueError (a length past
+int64), posenc.ConfigError (head_dim/rotary_dim/rope_theta/factor out of range, unknown rope_scaling, missing
+factor or original_max_position_embeddings).)doc");
 
   m.def(
       "rope_wavelengths",
-      [](const Frequencies& f) { return to_numpy(rope_wavelengths(f.freqs)); }, py::arg("freqs"),
-      "Wavelength 2*pi/inv_freq of each channel pair in tokens, [rotary_dim/2] float64 (inf for inv_freq 0).");
+      [](py::handle f) { return to_numpy(rope_wavelengths(freqs_arg(f).freqs)); }, py::arg("freqs"),
+      "Wavelength 2*pi/inv_freq of each channel pair in tokens, [rotary_dim/2] float64 (inf for inv_freq 0). "
+      "Errors: TypeError (freqs not a posenc.RopeFrequencies).");
 
   m.def(
       "parse_context_length", [](const std::string& text) { return parse_context_length(text, "length"); },

@@ -3,6 +3,7 @@
 // length-dependent scalings. Thin wrappers over posenc/rope.hpp, scaling.hpp, mrope.hpp and config.hpp: every
 // number comes from the library's kernels; this file checks the numpy arguments and releases the GIL around them.
 #include <cstring>
+#include <vector>
 #include <optional>
 #include <string>
 
@@ -130,6 +131,7 @@ Frequencies from_spec(const PositionalSpec& spec, std::optional<int64_t> seq_len
 /// 4*head_dim bytes); the token axis may be strided (a view of a fused qkv buffer). Returns the token stride in floats.
 int64_t check_rope_input(const py::array& x, const char* name) {
   const py::ssize_t heads = x.shape(1), head_dim = x.shape(2);
+  if (x.size() == 0) return heads * head_dim;  // numpy gives zero-size arrays strides (0, 0, 0): nothing to read
   const bool inner_ok = (x.strides(2) == 4 || head_dim <= 1) && (x.strides(1) == 4 * head_dim || heads <= 1);
   const bool outer_ok = x.shape(0) <= 1 || (x.strides(0) > 0 && x.strides(0) % 4 == 0 &&
                                              x.strides(0) >= 4 * heads * head_dim);
@@ -176,24 +178,41 @@ py::array rotate(const py::array& x, const RopeTable& table, const std::string& 
   bool in_place = false;
   py::array o = output_for(x, out, &in_place);
   if (in_place) require_writeable(x, "x");
+  if (x.size() == 0) return o;  // no tokens or no heads: nothing to rotate
   if (layout == "interleaved_in_half_out" && in_place && stride != static_cast<int64_t>(heads) * head_dim)
     throw py::value_error("x: interleaved_in_half_out in place needs a C-contiguous x (token stride heads*head_dim)");
   const float* src = static_cast<const float*>(x.data());
   float* dst = static_cast<float*>(o.mutable_data());
   const int64_t row = static_cast<int64_t>(heads) * head_dim;
+  // out= a different view of x's memory (e.g. the same buffer shifted by a token): the row copies below would read
+  // rows already overwritten, so x is first copied aside.
+  std::vector<float> aside;
+  int64_t src_stride = stride;
+  if (!in_place) {
+    const char* xb = static_cast<const char*>(x.data());
+    const char* xe = xb + ((tokens - 1) * stride + row) * 4;
+    const char* ob = static_cast<const char*>(o.data());
+    const char* oe = ob + tokens * row * 4;
+    if (xb < oe && ob < xe) {
+      aside.resize(static_cast<std::size_t>(tokens * row));
+      copy_rows(src, stride, tokens, row, aside.data());
+      src = aside.data();
+      src_stride = row;
+    }
+  }
   {
     py::gil_scoped_release release;
     if (layout == "interleaved_in_half_out") {
-      if (!in_place) copy_rows(src, stride, tokens, row, dst);
+      if (!in_place) copy_rows(src, src_stride, tokens, row, dst);
       apply_rope_interleaved_in_half_out(dst, tokens, heads, head_dim, table, direction);
     } else {
       const RopeLayout l = parse_rope_layout(layout, "layout");
       if (in_place) {
         apply_rope(dst, tokens, heads, head_dim, table, l, direction, stride);
-      } else if (stride == row) {
+      } else if (src_stride == row) {
         apply_rope(src, dst, tokens, heads, head_dim, table, l, direction);
       } else {
-        copy_rows(src, stride, tokens, row, dst);
+        copy_rows(src, src_stride, tokens, row, dst);
         apply_rope(dst, tokens, heads, head_dim, table, l, direction);
       }
     }
@@ -325,7 +344,8 @@ them from given values (rotary_dim defaults to 2*len(inv_freq)); posenc.InvalidA
 
   m.def(
       "rope_cos_sin",
-      [](const Frequencies& f, py::handle position_ids, const std::string& precision) {
+      [](py::handle freqs, py::handle position_ids, const std::string& precision) {
+        const Frequencies& f = freqs_arg(freqs);
         const auto pos = require_integers<int64_t>(position_ids, "position_ids");
         if (pos.ndim() != 1)
           throw py::value_error(fmt::format("position_ids: expected a [tokens] array, got shape {}", shape_string(pos)));
@@ -347,12 +367,15 @@ cos/sin of position_ids[t] * inv_freq[i], each multiplied by freqs.attention_fac
 freqs: posenc.RopeFrequencies; position_ids: [tokens] integers (int64); precision: "float32" (the angle and cos/sin
 in float32, as Hugging Face and the checkpoints' training: bit-exact with transformers) or "exact" (angle in double,
 for very large positions). Returns (cos, sin), each [tokens, rotary_dim/2] float32 (one value per channel pair;
-Hugging Face's [tokens, rotary_dim] table is numpy.concatenate([cos, cos], -1) in the half layout).)doc");
+Hugging Face's [tokens, rotary_dim] table is numpy.concatenate([cos, cos], -1) in the half layout).
+Errors: TypeError (freqs not a posenc.RopeFrequencies, position_ids not integers), ValueError (position_ids not
+[tokens], a uint64 value past int64), posenc.ConfigError (precision name).)doc");
 
   m.def(
       "apply_rope",
-      [](py::handle x_obj, py::handle position_ids, const Frequencies& f, std::optional<std::string> layout,
+      [](py::handle x_obj, py::handle position_ids, py::handle freqs, std::optional<std::string> layout,
          const std::string& precision, const std::string& direction, py::object out) {
+        const Frequencies& f = freqs_arg(freqs);
         const py::array x = require_float32(x_obj, "x", 3, "[tokens, heads, head_dim]");
         check_head_dim(x, f.freqs);
         const auto pos = require_integers<int64_t>(position_ids, "position_ids");
@@ -382,8 +405,11 @@ layout: "half" (channel i pairs with i + rotary_dim/2: rotate_half, Llama/Qwen/M
 "interleaved" (2i with 2i+1: GPT-J, llama2.c, Meta), "interleaved_in_half_out" (DeepSeek-V3); None = freqs.layout.
 precision: "float32" or "exact" (see rope_cos_sin). direction: "forward" or "inverse" (the transpose).
 out: None (a new [tokens, heads, head_dim] float32 array), an array of x's shape, or x itself (in place, no copy).
-Returns the rotated array. Errors: TypeError (dtype), ValueError (shape, strides, read-only), posenc.ConfigError
-(layout/precision names), posenc.InvalidArgument (inconsistent frequencies).)doc");
+An empty x (0 tokens or 0 heads) gives an empty array; out may overlap x in another view (x is then read first).
+Returns the rotated array. Errors: TypeError (x/out dtype, freqs not a posenc.RopeFrequencies, non-integer
+position_ids), ValueError (shapes, strides, read-only out, head_dim != freqs.head_dim, a uint64 position past int64),
+posenc.ConfigError (layout/precision/direction names, no layout given or implied), posenc.InvalidArgument
+(inconsistent frequencies).)doc");
 
   m.def(
       "apply_rope_cos_sin",
@@ -412,12 +438,15 @@ Returns the rotated array. Errors: TypeError (dtype), ValueError (shape, strides
 Rotates x with given cos/sin tables (e.g. RoFormer's float64 sinusoidal table, or rope_cos_sin's output).
 
 x: [tokens, heads, head_dim] float32 (as apply_rope); cos, sin: [tokens, rotary_dim/2] float32, C-contiguous,
-already multiplied by any attention factor; layout and out as apply_rope.)doc");
+already multiplied by any attention factor; layout and out as apply_rope. Errors: TypeError (dtype), ValueError
+(shapes, strides, fewer cos rows than tokens, 2*pairs > head_dim), posenc.ConfigError (layout),
+posenc.InvalidArgument (0 pairs).)doc");
 
   m.def(
       "mrope_cos_sin",
-      [](const Frequencies& f, py::handle position_ids, std::optional<std::vector<int>> mrope_section,
+      [](py::handle freqs, py::handle position_ids, std::optional<std::vector<int>> mrope_section,
          const std::string& precision, std::optional<std::string> mapping) {
+        const Frequencies& f = freqs_arg(freqs);
         const auto pos = require_integers<int64_t>(position_ids, "position_ids");
         if (pos.ndim() != 2 || pos.shape(0) != 3)
           throw py::value_error(fmt::format("position_ids: expected a [3, tokens] array (rows t, h, w), got shape {}",
@@ -442,13 +471,16 @@ M-RoPE (Qwen2-VL) cos/sin: pair i rotates by position_ids[row(i), t] * inv_freq[
 
 position_ids: [3, tokens] integers (rows temporal, height, width); mrope_section: [s_t, s_h, s_w] summing to
 rotary_dim/2 (default freqs.mrope_section); mapping: "chunked" (Qwen2-VL) or "interleaved" (Qwen3-VL), default
-freqs.mrope_mapping or chunked. Returns (cos, sin), each [tokens, rotary_dim/2] float32.)doc");
+freqs.mrope_mapping or chunked. Returns (cos, sin), each [tokens, rotary_dim/2] float32.
+Errors: TypeError (freqs, non-integer position_ids), ValueError (position_ids not [3, tokens]), posenc.ConfigError
+(mrope_section not 3 non-negative entries summing to rotary_dim/2, mapping/precision names).)doc");
 
   m.def(
       "apply_mrope",
-      [](py::handle x_obj, py::handle position_ids, const Frequencies& f, std::optional<std::vector<int>> mrope_section,
+      [](py::handle x_obj, py::handle position_ids, py::handle freqs, std::optional<std::vector<int>> mrope_section,
          const std::string& precision, const std::string& direction, std::optional<std::string> mapping,
          py::object out) {
+        const Frequencies& f = freqs_arg(freqs);
         const py::array x = require_float32(x_obj, "x", 3, "[tokens, heads, head_dim]");
         check_head_dim(x, f.freqs);
         const auto pos = require_integers<int64_t>(position_ids, "position_ids");
@@ -473,14 +505,16 @@ freqs.mrope_mapping or chunked. Returns (cos, sin), each [tokens, rotary_dim/2] 
 Rotates x by M-RoPE (Qwen2-VL's apply_multimodal_rotary_pos_emb; half layout).
 
 x: [tokens, heads, head_dim] float32 (as apply_rope); position_ids: [3, tokens] integers (rows t, h, w);
-mrope_section / mapping as mrope_cos_sin; out as apply_rope. With three equal rows this is apply_rope.)doc");
+mrope_section / mapping as mrope_cos_sin; out as apply_rope. With three equal rows this is apply_rope.
+Errors: those of apply_rope and mrope_cos_sin.)doc");
 
   py::class_<RopeFrequencySchedule>(m, "RopeSchedule", R"doc(
 The frequency update Hugging Face runs inside the rotary module's forward (dynamic_rope_update): dynamic NTK
 recomputes when max(position_ids)+1 grows past the cached length (and resets below the original), LongRoPE switches
 to the long factors past original_max_position_embeddings; other types never change.
 
-RopeSchedule(params: posenc.RopeParams). update(position_ids) -> RopeFrequencies in effect for that forward call.)doc")
+RopeSchedule(params: posenc.RopeParams). update(position_ids) -> RopeFrequencies in effect for that forward call.
+Errors: posenc.ConfigError (invalid params), posenc.PositionError (empty or negative position_ids).)doc")
       .def(py::init<RopeParams>(), py::arg("params"))
       .def(
           "update",
