@@ -74,7 +74,8 @@ void alibi_bias_row(float slope, int64_t query_position, std::span<const int64_t
 /// The full bias [heads, q_len, k_len] float32 (row-major) for queries at
 /// positions query_offset .. query_offset+q_len-1 and keys at 0 .. k_len-1
 /// (query_offset = number of cached tokens when decoding).
-/// Throws InvalidArgument on negative sizes/offset or empty slopes.
+/// Throws InvalidArgument on negative sizes/offset, empty slopes, or an output size or last query position
+/// that overflows int64 (checked before anything is allocated).
 std::vector<float> alibi_bias(std::span<const float> slopes, int64_t q_len, int64_t k_len,
                               int64_t query_offset, AlibiForm form);
 
@@ -86,13 +87,14 @@ enum class AlibiTensorStyle { bloom, falcon };
 /// float32 with value slope[h] * key_index, key_index = (cumsum(mask) - 1) * mask
 /// along the row (the key's position among the row's real tokens; 0 on
 /// padding). Falcon: slopes rounded to bfloat16 and the product rounded to
-/// bfloat16. Throws InvalidArgument on a size mismatch or a mask value not 0/1.
+/// bfloat16. Throws InvalidArgument on a size mismatch, a mask value not 0/1, or an output size that
+/// overflows int64.
 std::vector<float> build_bloom_alibi_tensor(std::span<const int64_t> attention_mask, int64_t batch,
                                             int64_t seq_len, int n_heads, AlibiTensorStyle style);
 
 /// MPT build_mpt_alibi_tensor: [n_heads, 1, seq_len] float32 with value
 /// slope[h] * (j - (seq_len - 1)) (non-positive; mpt_alibi_slopes order).
-/// Throws InvalidArgument for seq_len < 0 and as mpt_alibi_slopes.
+/// Throws InvalidArgument for seq_len < 0, an output size that overflows int64, and as mpt_alibi_slopes.
 std::vector<float> build_mpt_alibi_tensor(int n_heads, int64_t seq_len, double alibi_bias_max = 8.0);
 
 // ---- T5 relative position bias ------------------------------------------------
@@ -112,7 +114,8 @@ int t5_relative_position_bucket(int64_t relative_position, bool bidirectional, i
 /// Buckets for a block of queries against keys, [q_len, k_len] int32
 /// (row-major): query t sits at position query_offset + t (HF compute_bias's
 /// cache_position; query_offset = past_seen_tokens), key j at position j.
-/// Errors as t5_relative_position_bucket, plus negative sizes/offset.
+/// Errors as t5_relative_position_bucket, plus InvalidArgument for negative sizes/offset and for an output
+/// size or last query position that overflows int64.
 std::vector<int> t5_relative_position_buckets(int64_t q_len, int64_t k_len, int64_t query_offset,
                                               bool bidirectional, int num_buckets, int max_distance);
 

@@ -1,4 +1,5 @@
 #include "posenc/absolute.hpp"
+#include "posenc/checked.hpp"
 
 #include <cmath>
 
@@ -116,12 +117,17 @@ std::vector<int64_t> position_ids_from_input_ids(std::span<const int64_t> input_
                                                  int64_t past_key_values_length) {
   if (batch < 0 || seq_len < 0)
     throw InvalidArgument(fmt::format("input_ids: bad shape [{}, {}]", batch, seq_len));
-  if (input_ids.size() != static_cast<std::size_t>(batch * seq_len))
+  const int64_t n_ids = checked_mul<InvalidArgument>(batch, seq_len, "input_ids: batch x seq_len");
+  if (input_ids.size() != static_cast<std::size_t>(n_ids))
     throw InvalidArgument(fmt::format("input_ids: expected [{}, {}] = {} values (got {})", batch,
-                                      seq_len, batch * seq_len, input_ids.size()));
+                                      seq_len, n_ids, input_ids.size()));
   if (past_key_values_length < 0)
     fail_field<InvalidArgument>("past_key_values_length", "must be non-negative",
                                 past_key_values_length);
+  // The largest position written, seq_len + past_key_values_length + padding_idx, must not wrap.
+  (void)checked_add<InvalidArgument>(
+      checked_add<InvalidArgument>(seq_len, past_key_values_length, "position_ids: seq_len + past_key_values_length"),
+      padding_idx, "position_ids: seq_len + past_key_values_length + padding_idx");
   std::vector<int64_t> out(input_ids.size());
   for (int64_t b = 0; b < batch; ++b) {
     int64_t count = 0;

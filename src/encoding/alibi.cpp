@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "posenc/bias.hpp"
+#include "posenc/checked.hpp"
 #include "posenc/error.hpp"
 
 namespace posenc {
@@ -113,10 +114,16 @@ std::vector<float> alibi_bias(std::span<const float> slopes, int64_t q_len, int6
   if (q_len < 0 || k_len < 0 || query_offset < 0)
     throw InvalidArgument(fmt::format("alibi_bias: q_len {}, k_len {}, query_offset {} must be >= 0",
                                       q_len, k_len, query_offset));
+  // [heads, q_len, k_len] float32 and the last query position: refused before any allocation when they overflow.
+  const int64_t n_out = checked_mul<InvalidArgument>(
+      checked_mul<InvalidArgument>(static_cast<int64_t>(slopes.size()), q_len, "alibi_bias: heads x q_len"), k_len,
+      "alibi_bias: heads x q_len x k_len");
+  (void)checked_mul<InvalidArgument>(n_out, static_cast<int64_t>(sizeof(float)), "alibi_bias: output bytes");
+  (void)checked_add<InvalidArgument>(query_offset, q_len, "alibi_bias: query_offset + q_len");
   std::vector<int64_t> keys(static_cast<std::size_t>(k_len));
   for (int64_t j = 0; j < k_len; ++j) keys[static_cast<std::size_t>(j)] = j;
   const std::size_t row = static_cast<std::size_t>(k_len);
-  std::vector<float> out(slopes.size() * static_cast<std::size_t>(q_len) * row);
+  std::vector<float> out(static_cast<std::size_t>(n_out));
   for (std::size_t h = 0; h < slopes.size(); ++h)
     for (int64_t t = 0; t < q_len; ++t)
       alibi_bias_row(slopes[h], query_offset + t, keys, form,
@@ -128,13 +135,16 @@ std::vector<float> build_bloom_alibi_tensor(std::span<const int64_t> attention_m
                                             int64_t seq_len, int n_heads, AlibiTensorStyle style) {
   if (batch < 0 || seq_len < 0)
     throw InvalidArgument(fmt::format("attention_mask: bad shape [{}, {}]", batch, seq_len));
-  if (attention_mask.size() != static_cast<std::size_t>(batch * seq_len))
+  const int64_t n_mask = checked_mul<InvalidArgument>(batch, seq_len, "attention_mask: batch x seq_len");
+  if (attention_mask.size() != static_cast<std::size_t>(n_mask))
     throw InvalidArgument(fmt::format("attention_mask: expected [{}, {}] = {} values (got {})", batch,
-                                      seq_len, batch * seq_len, attention_mask.size()));
+                                      seq_len, n_mask, attention_mask.size()));
   const bool falcon = style == AlibiTensorStyle::falcon;
   const std::vector<float> slopes = falcon ? falcon_alibi_slopes(n_heads) : bloom_alibi_slopes(n_heads);
   const std::size_t L = static_cast<std::size_t>(seq_len);
-  std::vector<float> out(static_cast<std::size_t>(batch) * static_cast<std::size_t>(n_heads) * L);
+  const int64_t n_out = checked_mul<InvalidArgument>(n_mask, n_heads, "alibi tensor: batch x heads x seq_len");
+  (void)checked_mul<InvalidArgument>(n_out, static_cast<int64_t>(sizeof(float)), "alibi tensor: output bytes");
+  std::vector<float> out(static_cast<std::size_t>(n_out));
   std::vector<int64_t> key_index(L);
   for (int64_t b = 0; b < batch; ++b) {
     int64_t cumsum = 0;
@@ -160,7 +170,9 @@ std::vector<float> build_mpt_alibi_tensor(int n_heads, int64_t seq_len, double a
   if (seq_len < 0) fail_field<InvalidArgument>("sequence_length", "must be non-negative", seq_len);
   const std::vector<float> slopes = mpt_alibi_slopes(n_heads, alibi_bias_max);
   const std::size_t L = static_cast<std::size_t>(seq_len);
-  std::vector<float> out(static_cast<std::size_t>(n_heads) * L);
+  const int64_t n_out = checked_mul<InvalidArgument>(n_heads, seq_len, "mpt alibi tensor: heads x sequence_length");
+  (void)checked_mul<InvalidArgument>(n_out, static_cast<int64_t>(sizeof(float)), "mpt alibi tensor: output bytes");
+  std::vector<float> out(static_cast<std::size_t>(n_out));
   for (int h = 0; h < n_heads; ++h)
     for (std::size_t j = 0; j < L; ++j)
       out[static_cast<std::size_t>(h) * L + j] =

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "posenc/bias.hpp"
+#include "posenc/checked.hpp"
 #include "posenc/error.hpp"
 
 namespace posenc {
@@ -49,7 +50,11 @@ std::vector<int> t5_relative_position_buckets(int64_t q_len, int64_t k_len, int6
         query_offset));
   // Validate the parameters once even for empty shapes.
   (void)t5_relative_position_bucket(0, bidirectional, num_buckets, max_distance);
-  std::vector<int> out(static_cast<std::size_t>(q_len * k_len));
+  // [q_len, k_len] buckets and the last query position: refused before any allocation when they overflow.
+  const int64_t n_out = checked_mul<InvalidArgument>(q_len, k_len, "t5_relative_position_buckets: q_len x k_len");
+  (void)checked_mul<InvalidArgument>(n_out, static_cast<int64_t>(sizeof(int)), "t5_relative_position_buckets: bytes");
+  (void)checked_add<InvalidArgument>(query_offset, q_len, "t5_relative_position_buckets: query_offset + q_len");
+  std::vector<int> out(static_cast<std::size_t>(n_out));
   for (int64_t t = 0; t < q_len; ++t)
     for (int64_t j = 0; j < k_len; ++j)
       out[static_cast<std::size_t>(t * k_len + j)] =
@@ -69,7 +74,10 @@ std::vector<float> t5_relative_position_bias(std::span<const float> table, int n
         static_cast<std::size_t>(num_buckets) * static_cast<std::size_t>(heads), table.size()));
   const std::vector<int> buckets =
       t5_relative_position_buckets(q_len, k_len, query_offset, bidirectional, num_buckets, max_distance);
-  const std::size_t plane = static_cast<std::size_t>(q_len * k_len);
+  const std::size_t plane = buckets.size();  // q_len x k_len, checked above
+  (void)checked_mul<InvalidArgument>(
+      checked_mul<InvalidArgument>(static_cast<int64_t>(plane), heads, "t5_relative_position_bias: heads x q_len x k_len"),
+      static_cast<int64_t>(sizeof(float)), "t5_relative_position_bias: output bytes");
   std::vector<float> out(static_cast<std::size_t>(heads) * plane);
   for (int h = 0; h < heads; ++h)
     for (std::size_t c = 0; c < plane; ++c)

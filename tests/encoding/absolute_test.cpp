@@ -2,6 +2,7 @@
 // read), NoPE as an explicit identity, sinusoidal encodings of arbitrary
 // positions.
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -107,4 +108,18 @@ TEST(Sinusoidal, M2M100PositionIds) {
   EXPECT_EQ(position_ids_from_input_ids(ids, 2, 4, 1), (std::vector<int64_t>{2, 3, 1, 4, 1, 1, 2, 3}));
   EXPECT_EQ(position_ids_from_input_ids(ids, 2, 4, 1, 3), (std::vector<int64_t>{5, 6, 1, 7, 1, 1, 5, 6}));
   EXPECT_THROW(position_ids_from_input_ids(ids, 3, 4, 1), InvalidArgument);
+}
+
+// A past_key_values_length near the int64 limit used to wrap into negative position ids without a word
+// (found from Python); the largest position is checked before anything is written.
+TEST(PositionIdsFromInputIds, APositionPastInt64IsRefused) {
+  const std::vector<int64_t> ids = {5, 6, 1, 7};
+  try {
+    (void)posenc::position_ids_from_input_ids(ids, 1, 4, 1, INT64_MAX - 2);
+    FAIL() << "accepted";
+  } catch (const posenc::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("past_key_values_length"), std::string::npos) << e.what();
+  }
+  // Fairseq's rule at a legal offset: (cumsum(mask) + past) * mask + padding_idx.
+  EXPECT_EQ(posenc::position_ids_from_input_ids(ids, 1, 4, 1, 10), (std::vector<int64_t>{12, 13, 1, 14}));
 }

@@ -2,6 +2,7 @@
 // softmax equivalence with BLOOM/MPT's shifted tensors, bfloat16 rounding,
 // and the T5 bias gathered from a learned table.
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -126,4 +127,34 @@ TEST(T5Bias, GathersTheLearnedTableByBucket) {
   EXPECT_THROW(t5_relative_position_bias(std::vector<float>(10), num_buckets, heads, 1, 1, 0, true, 128),
                InvalidArgument);
   EXPECT_THROW(t5_relative_position_buckets(1, 1, 0, true, 32, 8), InvalidArgument);
+}
+
+// Sizes whose product wraps in int64 used to allocate a tiny vector and write past it (found from Python:
+// t5_relative_buckets(2**62, 4) crashed the interpreter). Each is refused before anything is allocated.
+TEST(BiasSizes, ProductsThatOverflowAreRefusedNamingTheAxes) {
+  const std::vector<float> slopes = alibi_slopes(4);
+  const auto expect_refused = [](auto&& call, const std::string& field) {
+    try {
+      call();
+      FAIL() << "accepted: " << field;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  expect_refused([&] { (void)alibi_bias(slopes, int64_t{1} << 62, 4, 0, AlibiForm::causal); }, "heads x q_len");
+  expect_refused([&] { (void)alibi_bias(slopes, int64_t{1} << 30, int64_t{1} << 30, 0, AlibiForm::causal); },
+                 "output bytes");
+  expect_refused([&] { (void)alibi_bias(slopes, 2, 2, INT64_MAX - 1, AlibiForm::causal); }, "query_offset + q_len");
+  expect_refused([&] { (void)t5_relative_position_buckets(int64_t{1} << 40, int64_t{1} << 40, 0, true, 32, 128); },
+                 "q_len x k_len");
+  expect_refused([&] { (void)t5_relative_position_buckets(2, 2, INT64_MAX - 1, true, 32, 128); },
+                 "query_offset + q_len");
+  expect_refused([&] { (void)build_mpt_alibi_tensor(16, int64_t{1} << 60); }, "heads x sequence_length");
+  expect_refused([&] { (void)build_mpt_alibi_tensor(4, int64_t{1} << 60); }, "output bytes");
+  const std::vector<int64_t> mask(4, 1);
+  expect_refused([&] { (void)build_bloom_alibi_tensor(mask, int64_t{1} << 62, 4, 8, AlibiTensorStyle::bloom); },
+                 "batch x seq_len");
+  // Sizes that fit still work: the same call shapes at small sizes give full tensors.
+  EXPECT_EQ(alibi_bias(slopes, 3, 5, 2, AlibiForm::causal).size(), 4u * 3u * 5u);
+  EXPECT_EQ(t5_relative_position_buckets(3, 5, 2, true, 32, 128).size(), 15u);
 }
