@@ -256,4 +256,11 @@ class Tokenizer {
   void spm_encode(std::string_view text, bool prefix, std::vector<int32_t>& out) const;
 };
 
+/// Checks that `tok` can be used with a model of `model_vocab_size` ids: a llama2.c vocabulary is the model's whole
+/// vocabulary (equal sizes); a tokenizer.json may have fewer ids than a model whose embedding is padded, never
+/// more. Throws TokenizerError("<tok_source>: vocab_size N does not match|fit the model's vocab_size V (<model>)").
+/// The rule of every command's --tokenizer and of the Python package's Model.load(tokenizer=...).
+void require_tokenizer_fits(const Tokenizer& tok, int64_t model_vocab_size, std::string_view tok_source,
+                            std::string_view model);
+
 }  // namespace posenc

@@ -184,6 +184,7 @@ Safe to call from several Python threads at once (the GIL is released around the
               pm.tokenizer_source = *tokenizer;
               if (!pm.tokenizer->usable())
                 throw TokenizerError(fmt::format("{}: {}", pm.tokenizer_source, pm.tokenizer->unusable_reason()));
+              require_tokenizer_fits(*pm.tokenizer, pm.model.config().vocab_size, pm.tokenizer_source, path);
             } else if (pm.model.bundled_tokenizer()) {
               // A bundled tokenizer that cannot be used does not stop the model from loading (logits, forward and
               // the cache need none): the reason is raised when a tokenizer is needed (tokenize, score, generate).

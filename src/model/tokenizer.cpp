@@ -566,4 +566,12 @@ Tokenizer Tokenizer::from_sentencepiece_vocab(SentencePieceVocab vocab) {
   return t;
 }
 
+void require_tokenizer_fits(const Tokenizer& tok, int64_t model_vocab_size, std::string_view tok_source,
+                            std::string_view model) {
+  const bool exact = !tok.is_symbolic() && tok.describe() == "llama2.c";
+  if (exact ? tok.vocab_size() != model_vocab_size : tok.vocab_size() > model_vocab_size)
+    throw TokenizerError(fmt::format("{}: vocab_size {} does not {} the model's vocab_size {} ({})", tok_source,
+                                     tok.vocab_size(), exact ? "match" : "fit", model_vocab_size, model));
+}
+
 }  // namespace posenc

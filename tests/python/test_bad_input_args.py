@@ -133,3 +133,14 @@ def test_generate_integer_arguments_out_of_range_name_the_argument(kwargs, name)
                           tokenizer=_shared("models/stories260K/tok512.bin"))
     with pytest.raises((TypeError, ValueError), match=f"^{name}: "):
         m.generate("Once", **kwargs)
+
+
+def test_model_load_refuses_a_tokenizer_that_does_not_fit_the_model_as_the_cli_does():
+    # Found by a newcomer: Model.load accepted TinyStories-656K's 2048-token tokenizer.json for the 512-token
+    # stories260K, then tokenize() returned ids past the vocabulary. The CLI's --tokenizer rule now applies.
+    with pytest.raises(posenc.TokenizerError, match=r"vocab_size 2048 does not fit the model's vocab_size 512"):
+        posenc.Model.load(_shared("models/stories260K/stories260K.bin"),
+                          tokenizer=_shared("models/TinyStories-656K/tokenizer.json"))
+    # A llama2.c vocabulary is the model's whole vocabulary: 512 ids for a 2048-id model is refused too.
+    with pytest.raises(posenc.TokenizerError, match=r"vocab_size 512 does not match the model's vocab_size 2048"):
+        posenc.Model.load(_shared("models/TinyStories-656K"), tokenizer=_shared("models/stories260K/tok512.bin"))

@@ -292,12 +292,7 @@ LoadedModel load_model(const ModelArgs& args) {
   }();
   if (!tok.usable())
     throw TokenizerError(fmt::format("{}: {}", tok_source, tok.unusable_reason()));
-  // A llama2.c vocabulary is the model's whole vocabulary; a tokenizer.json may
-  // have fewer ids than a model whose embedding is padded, never more.
-  const bool exact = !tok.is_symbolic() && tok.describe() == "llama2.c";
-  if (exact ? tok.vocab_size() != c.vocab_size : tok.vocab_size() > c.vocab_size)
-    throw TokenizerError(fmt::format("{}: vocab_size {} does not {} the model's vocab_size {} ({})", tok_source,
-                                     tok.vocab_size(), exact ? "match" : "fit", c.vocab_size, args.model_path));
+  require_tokenizer_fits(tok, c.vocab_size, tok_source, args.model_path);
   auto notes = apply_model_overrides(model, args);
   install_position_bounds(model, args);
   return {std::move(model), std::move(tok), std::move(tok_source), std::move(notes)};
