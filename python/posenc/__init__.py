@@ -57,8 +57,9 @@ __all__ = [
     "alibi_slopes", "alibi_bias", "bloom_alibi_tensor", "mpt_alibi_tensor", "t5_relative_buckets",
     "t5_relative_position_bucket", "t5_relative_position_bias", "sinusoidal_table", "sinusoidal_encoding",
     "position_ids_from_input_ids", "inspect", "periods", "rope_wavelengths", "rope_types", "parse_context_length",
-    "Model", "KvCache", "eval",
+    "Model", "KvCache",
 ]
+# (posenc.eval is not in __all__: `from posenc import *` would shadow the builtin eval.)
 
 
 def _seq_len(seq_len):

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <string>
@@ -34,6 +35,9 @@ TorchTrainModel load() {
   std::error_code ec;
   const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   std::vector<std::filesystem::path> candidates;
+  // POSENC_TORCH_MODULE (environment) first: programs of other projects linking an installed posenc::train
+  // anywhere but the configured prefix name it (posencConfig.cmake gives the path as posenc_TORCH_MODULE).
+  if (const char* env = std::getenv("POSENC_TORCH_MODULE"); env != nullptr && *env != '\0') candidates.emplace_back(env);
   if (!ec) {
     const std::filesystem::path dir = exe.parent_path();
     candidates.push_back(dir / "libposenc_torch.so");     // a build tree: next to the program
