@@ -14,6 +14,10 @@
 
 #include <gtest/gtest.h>
 
+// CliResult and slurp are test_support.hpp's: this header had its own posenc::test::CliResult of another layout
+// (no `signaled`), an ODR violation that the -O0 sanitizer build turned into garbage bools in the other tests.
+#include "test_support.hpp"
+
 namespace posenc::test {
 
 /// A fresh directory under the system temp dir, removed with its contents.
@@ -47,13 +51,6 @@ class ScratchDir {
   std::filesystem::path path_;
 };
 
-inline std::string slurp(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 inline std::string shell_quote(std::string_view s) {
   std::string out(1, '\'');
   for (char c : s) {
@@ -65,12 +62,6 @@ inline std::string shell_quote(std::string_view s) {
   out.push_back('\'');
   return out;
 }
-
-struct CliResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
 
 /// Runs the posenc binary (POSENC_CLI_PATH) with `args` (each quoted).
 inline CliResult run_cli(const std::vector<std::string>& args) {
@@ -85,6 +76,7 @@ inline CliResult run_cli(const std::vector<std::string>& args) {
   const int status = std::system(cmd.c_str());
   CliResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.signaled = WIFSIGNALED(status);
   r.out = slurp(dir / "out");
   r.err = slurp(dir / "err");
   return r;
