@@ -75,7 +75,9 @@ TEST(TrainedAt64, EveryCommandRunsWithDefaultsScaledToTheTrainedContext) {
     if (x.at("rope_scaling") == "default") contexts.push_back(x.at("context").get<int64_t>());
   EXPECT_EQ(contexts, (std::vector<int64_t>{32, 64, 128, 256}));
   for (const auto& x : p.at("results"))
-    if (x.at("context") == 256) EXPECT_EQ(edges_of(x), (std::vector<int64_t>{0, 32, 64, 128, 256}));
+    if (x.at("context") == 256) {
+      EXPECT_EQ(edges_of(x), (std::vector<int64_t>{0, 32, 64, 128, 256}));
+    }
   EXPECT_GT(fs::file_size(png), 10000u);
 
   // check-cache: length T, every scenario size derived from it.

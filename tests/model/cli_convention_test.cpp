@@ -164,12 +164,13 @@ TEST(CliConvention, VersionPrintsTheProjectVersionAndTheCommit) {
   // build) one of its ancestors. Any other value - a wrong, truncated or made-up hash - fails.
   std::smatch h;
   ASSERT_TRUE(std::regex_search(r.out, h, std::regex(R"(\(git ([0-9a-f]{12})\))"))) << r.out;
-  if (h[1].str() != *head)
+  if (h[1].str() != *head) {
     EXPECT_EQ(std::system(("git -C " + q(POSENC_SOURCE_DIR) + " merge-base --is-ancestor " + h[1].str() +
                            " HEAD >/dev/null 2>&1")
                               .c_str()),
               0)
         << "HEAD " << *head << ", printed " << r.out;
+  }
 }
 
 // Every required option shows REQUIRED in its command's --help, and leaving it out exits 2 naming it. eval checked
