@@ -74,6 +74,14 @@ class DataError : public Error {
   using Error::Error;
 };
 
+/// A tensor dump given to `posenc verify` (.npy, .npz, safetensors) is
+/// malformed, or lacks an array or shape the check needs. Message:
+/// "<file>: <array>: <what is wrong> (got <value>)".
+class DumpError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Throws E with "<field>: <reason> (got <value>)".
 template <class E, class V>
 [[noreturn]] void fail_field(std::string_view field, std::string_view reason, const V& value) {

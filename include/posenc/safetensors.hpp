@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "posenc/float16.hpp"  // f16_to_f32, bf16_to_f32 (declared there; kept reachable from here)
 #include "posenc/io.hpp"
 
 namespace posenc {
@@ -95,11 +96,5 @@ class SafetensorsCheckpoint {
   std::vector<SafetensorsFile> files_;
   std::map<std::string, std::size_t, std::less<>> where_;  // tensor -> file index
 };
-
-/// IEEE half / bfloat16 -> float32, exactly.
-float f16_to_f32(uint16_t h);
-float bf16_to_f32(uint16_t h);
-/// float32 -> IEEE half, round to nearest even (as ggml's and numpy's conversion).
-uint16_t f32_to_f16(float f);
 
 }  // namespace posenc
