@@ -60,6 +60,9 @@ struct RopeFrequencies {
   std::vector<float> inv_freq;
   double attention_factor = 1.0;
   std::string rope_type = "default";
+  /// [rotary_dim/2] the same frequencies computed in double (the formula's true
+  /// values), when a double-precision twin computed them; empty otherwise.
+  std::vector<double> inv_freq_f64;
 
   int n_pairs() const { return rotary_dim / 2; }
   /// Throws InvalidArgument if rotary_dim is odd, exceeds head_dim, does not
@@ -110,6 +113,51 @@ class RopeTable {
 /// The low-level routine behind RopeTable. Throws InvalidArgument on bad sizes.
 void rope_cos_sin(const RopeFrequencies& freqs, std::span<const int64_t> position_ids,
                   AnglePrecision precision, std::span<float> cos, std::span<float> sin);
+
+// ---- numerics of each stage (precision modes, `posenc verify`'s dtype mistakes) ----
+
+/// The dtype one stage of the cos/sin computation is held in.
+enum class NumericDtype { f64, f32, bf16, f16 };
+std::string_view to_string(NumericDtype dtype);
+
+/// How cos/sin(position * inv_freq) * attention_factor is formed, stage by
+/// stage; each stage's value is rounded to its dtype (round to nearest even,
+/// float16.hpp) before the next stage uses it:
+///  - inv_freq: f32 = freqs.inv_freq as computed; bf16/f16 = those rounded
+///    (what model.to(torch.bfloat16) does to a floating inv_freq buffer);
+///    f64 = freqs.inv_freq_f64 (must be filled, else InvalidArgument).
+///  - position: the position id as a floating value: f64 exact; f32 =
+///    float(p) (exact below 2^24); bf16/f16 = float(p) rounded (exact below
+///    256 / 2048: positions formed in the activation dtype).
+///  - angle: f64 = double(position) * double(inv_freq) in double; otherwise
+///    the float32 product float(position) * float(inv_freq), then rounded to
+///    bf16/f16 when the angle dtype is one of those.
+///  - cos/sin are then evaluated in double from the angle and rounded to
+///    float32 (float32 angle: the correctly rounded float32 cos/sin, as
+///    PyTorch's float32 cos/sin within 1 ulp); multiplied by attention_factor
+///    in float32 (in double when inv_freq is f64 too: the fp64 reference, then
+///    rounded to float32); then
+///    rounded to `table` (bf16/f16: cos/sin cast to the activation dtype, as
+///    HF's `cos.to(dtype=x.dtype)`; f32/f64: stored as float32).
+struct RopeNumerics {
+  NumericDtype inv_freq = NumericDtype::f32;
+  NumericDtype position = NumericDtype::f32;
+  NumericDtype angle = NumericDtype::f32;
+  NumericDtype table = NumericDtype::f32;
+  bool operator==(const RopeNumerics&) const = default;
+};
+
+/// "inv_freq=f32 position=f32 angle=f32 table=f32".
+std::string to_string(const RopeNumerics& numerics);
+
+/// Fills cos/sin ([n, n_pairs] float32, row-major) for the positions with the
+/// given numerics. For {f32,f32,f32,f32} (AnglePrecision::float32) and
+/// {f32,f64,f64,f32} (AnglePrecision::exact) the result is rope_cos_sin's,
+/// bit for bit; other numerics take a scalar path (slower: for tables,
+/// diagnostics and precision studies, not hot loops). Throws InvalidArgument
+/// on bad sizes, or for an f64 inv_freq when freqs.inv_freq_f64 is empty.
+void rope_cos_sin_with(const RopeFrequencies& freqs, std::span<const int64_t> position_ids,
+                       const RopeNumerics& numerics, std::span<float> cos, std::span<float> sin);
 
 /// Rotates x in place. x: [tokens, heads, head_dim] float32, row-major, where
 /// consecutive tokens are `token_stride` floats apart (0 means heads*head_dim).

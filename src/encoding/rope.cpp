@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "posenc/error.hpp"
+#include "posenc/float16.hpp"
 #include "encoding/rope_kernels.hpp"
 
 namespace posenc {
@@ -92,6 +93,86 @@ void rope_cos_sin(const RopeFrequencies& freqs, std::span<const int64_t> positio
   for (int64_t t = 0; t < n; ++t)
     detail::rope_cos_sin_row(freqs.inv_freq.data(), np, position_ids[static_cast<std::size_t>(t)],
                              precision, af, scale, cos.data() + t * np, sin.data() + t * np);
+}
+
+std::string_view to_string(NumericDtype dtype) {
+  switch (dtype) {
+    case NumericDtype::f64: return "f64";
+    case NumericDtype::f32: return "f32";
+    case NumericDtype::bf16: return "bf16";
+    case NumericDtype::f16: return "f16";
+  }
+  return "?";
+}
+
+std::string to_string(const RopeNumerics& n) {
+  return fmt::format("inv_freq={} position={} angle={} table={}", to_string(n.inv_freq), to_string(n.position),
+                     to_string(n.angle), to_string(n.table));
+}
+
+namespace {
+
+// x (a float32 value) rounded to `dtype` and widened back; f32/f64 leave it.
+float round_stage(float x, NumericDtype dtype) {
+  if (dtype == NumericDtype::bf16) return round_to_bf16(x);
+  if (dtype == NumericDtype::f16) return round_to_f16(x);
+  return x;
+}
+
+}  // namespace
+
+void rope_cos_sin_with(const RopeFrequencies& freqs, std::span<const int64_t> position_ids,
+                       const RopeNumerics& numerics, std::span<float> cos, std::span<float> sin) {
+  constexpr RopeNumerics kFloat32{};
+  constexpr RopeNumerics kExact{NumericDtype::f32, NumericDtype::f64, NumericDtype::f64, NumericDtype::f32};
+  if (numerics == kFloat32) return rope_cos_sin(freqs, position_ids, AnglePrecision::float32, cos, sin);
+  if (numerics == kExact) return rope_cos_sin(freqs, position_ids, AnglePrecision::exact, cos, sin);
+  const std::size_t n_pairs = freqs.inv_freq.size();
+  const std::size_t need = position_ids.size() * n_pairs;
+  if (cos.size() < need || sin.size() < need)
+    throw InvalidArgument(fmt::format("rope_cos_sin_with: output holds {} values, need {}",
+                                      std::min(cos.size(), sin.size()), need));
+  if (numerics.inv_freq == NumericDtype::f64 && freqs.inv_freq_f64.size() != n_pairs)
+    throw InvalidArgument(fmt::format(
+        "rope_cos_sin_with: inv_freq=f64 needs inv_freq_f64 with {} entries (got {}); compute the "
+        "frequencies with the double-precision twin",
+        n_pairs, freqs.inv_freq_f64.size()));
+  const float af = static_cast<float>(freqs.attention_factor);
+  const bool scale = freqs.attention_factor != 1.0;
+  for (std::size_t t = 0; t < position_ids.size(); ++t) {
+    const int64_t p = position_ids[t];
+    for (std::size_t i = 0; i < n_pairs; ++i) {
+      double angle;
+      if (numerics.angle == NumericDtype::f64) {
+        const double inv = numerics.inv_freq == NumericDtype::f64
+                               ? freqs.inv_freq_f64[i]
+                               : static_cast<double>(round_stage(freqs.inv_freq[i], numerics.inv_freq));
+        const double pos = numerics.position == NumericDtype::f64
+                               ? static_cast<double>(p)
+                               : static_cast<double>(round_stage(static_cast<float>(p), numerics.position));
+        angle = pos * inv;
+      } else {
+        const float inv = numerics.inv_freq == NumericDtype::f64 ? static_cast<float>(freqs.inv_freq_f64[i])
+                                                                 : round_stage(freqs.inv_freq[i], numerics.inv_freq);
+        const float pos = round_stage(static_cast<float>(p), numerics.position);
+        angle = static_cast<double>(round_stage(pos * inv, numerics.angle));
+      }
+      float c, s;
+      if (numerics.angle == NumericDtype::f64 && numerics.inv_freq == NumericDtype::f64) {
+        c = static_cast<float>(scale ? std::cos(angle) * freqs.attention_factor : std::cos(angle));
+        s = static_cast<float>(scale ? std::sin(angle) * freqs.attention_factor : std::sin(angle));
+      } else {
+        c = static_cast<float>(std::cos(angle));
+        s = static_cast<float>(std::sin(angle));
+        if (scale) {
+          c *= af;
+          s *= af;
+        }
+      }
+      cos[t * n_pairs + i] = round_stage(c, numerics.table);
+      sin[t * n_pairs + i] = round_stage(s, numerics.table);
+    }
+  }
 }
 
 RopeTable::RopeTable(const RopeFrequencies& freqs, std::span<const int64_t> position_ids,
