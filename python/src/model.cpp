@@ -47,24 +47,6 @@ struct PyModel {
 
 /// The tokenizer at `path`, as the CLI's --tokenizer reads it: a directory holding tokenizer.json, a tokenizer.json
 /// file (JSON text), or a llama2.c tokenizer .bin.
-Tokenizer load_tokenizer_path(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    if (!fs::exists(fs::path(path) / "tokenizer.json", ec))
-      throw IoError(fmt::format("tokenizer {}: directory without tokenizer.json", path));
-    return Tokenizer::load_tokenizer_json(fs::path(path) / "tokenizer.json");
-  }
-  const MappedFile f(path);
-  const auto b = f.bytes();
-  if (b.size() >= 8 && std::memcmp(b.data(), "POSENC01", 8) == 0)
-    throw TokenizerError(fmt::format("tokenizer {}: is a posenc checkpoint, not a tokenizer", path));
-  std::size_t i = 0;
-  while (i < b.size() && std::isspace(static_cast<unsigned char>(b[i]))) ++i;
-  if (i < b.size() && static_cast<char>(b[i]) == '{') return Tokenizer::load_tokenizer_json(path);
-  return Tokenizer::load_llama2c(path);
-}
-
 /// A path argument (str or os.PathLike) as a string; TypeError naming `name` for anything else, ValueError for a
 /// NUL byte (the C++ side would open the path up to it: another file than the one named).
 std::string path_arg(const py::handle& obj, const char* name) {
@@ -180,7 +162,7 @@ Safe to call from several Python threads at once (the GIL is released around the
             py::gil_scoped_release release;
             PyModel pm{Model::load(path, lo), std::nullopt, "", ""};
             if (tokenizer) {
-              pm.tokenizer = load_tokenizer_path(*tokenizer);
+              pm.tokenizer = load_tokenizer_from_path(*tokenizer, "tokenizer");
               pm.tokenizer_source = *tokenizer;
               if (!pm.tokenizer->usable())
                 throw TokenizerError(fmt::format("{}: {}", pm.tokenizer_source, pm.tokenizer->unusable_reason()));

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <queue>
 
 #include <fmt/format.h>
@@ -564,6 +565,28 @@ Tokenizer Tokenizer::from_sentencepiece_vocab(SentencePieceVocab vocab) {
         "<model dir>/tokenizer.json (the model's Hugging Face tokenizer)",
         src, normal, first);
   return t;
+}
+
+Tokenizer load_tokenizer_from_path(const std::filesystem::path& path, std::string_view what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    if (!fs::exists(path / "tokenizer.json", ec))
+      throw IoError(fmt::format("{} {}: directory without tokenizer.json", what, path.string()));
+    return Tokenizer::load_tokenizer_json(path / "tokenizer.json");
+  }
+  const MappedFile f(path);
+  const auto b = f.bytes();
+  // A posenc checkpoint (magic "POSENC01", src/model/checkpoint.cpp) would be read as a llama2.c tokenizer and
+  // fail on its "max_token_length".
+  if (b.size() >= 8 && std::memcmp(b.data(), "POSENC01", 8) == 0)
+    throw TokenizerError(fmt::format("{} {}: is a posenc checkpoint, not a tokenizer (its vocabulary is used when it "
+                                     "is the model)",
+                                     what, path.string()));
+  std::size_t i = 0;
+  while (i < b.size() && std::isspace(static_cast<unsigned char>(b[i]))) ++i;
+  if (i < b.size() && static_cast<char>(b[i]) == '{') return Tokenizer::load_tokenizer_json(path);
+  return Tokenizer::load_llama2c(path);
 }
 
 void require_tokenizer_fits(const Tokenizer& tok, int64_t model_vocab_size, std::string_view tok_source,

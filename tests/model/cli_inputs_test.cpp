@@ -268,8 +268,8 @@ TEST(CliInputs, FlagsThatDoNotFitTheModelAreUsageErrors) {
   expect_exit(0, "ppl --model " + q(learned) + text + " --context 16 --quiet", {});
 
   expect_exit(1, "ppl --model " + q(posenc::test::model_path()) + " --tokenizer " + q(alibi) + text,
-              {alibi.string() + ": is a posenc checkpoint, not a tokenizer (its vocabulary is used when it is the "
-                                "--model)"},
+              {"--tokenizer " + alibi.string() + ": is a posenc checkpoint, not a tokenizer (its vocabulary is used when "
+                                                 "it is the model)"},
               {"max_token_length"});
 }
 #endif

@@ -227,27 +227,7 @@ nlohmann::json position_warning_json() {
           {"message", w.message}};
 }
 
-Tokenizer load_tokenizer_file(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) {
-    if (!fs::exists(fs::path(path) / "tokenizer.json", ec))
-      throw IoError(fmt::format("--tokenizer {}: directory without tokenizer.json", path));
-    return Tokenizer::load_tokenizer_json(fs::path(path) / "tokenizer.json");
-  }
-  const MappedFile f(path);
-  const auto b = f.bytes();
-  // A posenc checkpoint (magic "POSENC01", src/model/checkpoint.cpp) would be read as a llama2.c tokenizer and
-  // fail on its "max_token_length".
-  if (b.size() >= 8 && std::memcmp(b.data(), "POSENC01", 8) == 0)
-    throw TokenizerError(fmt::format("--tokenizer {}: is a posenc checkpoint, not a tokenizer (its vocabulary is used "
-                                     "when it is the --model)",
-                                     path));
-  std::size_t i = 0;
-  while (i < b.size() && std::isspace(static_cast<unsigned char>(b[i]))) ++i;
-  if (i < b.size() && static_cast<char>(b[i]) == '{') return Tokenizer::load_tokenizer_json(path);
-  return Tokenizer::load_llama2c(path);
-}
+Tokenizer load_tokenizer_file(const std::string& path) { return load_tokenizer_from_path(path, "--tokenizer"); }
 
 namespace {
 /// --config, --rope-theta, --rope-layout, --angle-precision, --trained-context applied to `model`.
