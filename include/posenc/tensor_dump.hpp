@@ -6,6 +6,12 @@
 //    version 1.0, 2.0 or 3.0, a little-endian header length (uint16 for 1.0,
 //    uint32 otherwise), a Python dict literal {'descr': ..., 'fortran_order':
 //    ..., 'shape': (...)} padded with spaces and a newline, then the data.
+//    The dict is parsed strictly (exactly those three keys, Python literal
+//    syntax as numpy writes it); descr '<f8' '<f4' '<f2' '<i8' '<i4' '<i2'
+//    '|i1' '|u1' '|b1' and the big-endian '>' forms (byteswapped on reading);
+//    fortran_order True arrays are reordered into C order. bfloat16 has no
+//    numpy dtype: ml_dtypes writes it as '<V2', which is refused with a
+//    DumpError saying to dump bf16 as safetensors (or float32).
 //  - .npz: a zip archive of .npy members (numpy.savez: stored; savez_compressed:
 //    deflate), member "q.npy" is array "q". Read with libzip.
 //  - safetensors: through SafetensorsFile (include/posenc/safetensors.hpp).
@@ -79,7 +85,8 @@ class TensorDump {
 };
 
 /// The bytes of a .npy file (version 1.0, little-endian, C order) holding
-/// `array` in its dtype (values rounded to nearest even for f16/f32), with
+/// `array` in its dtype (values rounded to nearest even for f16/f32, f16
+/// directly from the double, not through a float32 rounding), with
 /// numpy 1.24's header byte for byte (np.save of the same array gives the same
 /// file).
 /// numpy has no bfloat16, so a bf16 array is an InvalidArgument here: write

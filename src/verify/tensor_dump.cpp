@@ -351,12 +351,12 @@ NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::string_view so
     hlen = load<uint32_t>(bytes.data() + kNpyMagicLen, false);
   }
   const uint64_t start = kNpyMagicLen + len_bytes;
-  if (hlen > bytes.size() - start)
-    throw DumpError(fmt::format("{}: {}: .npy header length {} runs past the end of the file ({} bytes)", source, name,
-                                hlen, bytes.size()));
   if (hlen > kMaxNpyHeaderBytes)
     throw DumpError(fmt::format("{}: {}: .npy header length {} exceeds numpy's limit of {} bytes", source, name, hlen,
                                 kMaxNpyHeaderBytes));
+  if (hlen > bytes.size() - start)
+    throw DumpError(fmt::format("{}: {}: .npy header length {} runs past the end of the file ({} bytes)", source, name,
+                                hlen, bytes.size()));
   const std::string_view text(c + start, static_cast<std::size_t>(hlen));
   NpyHeader h;
   HeaderDict(text, major <= 2, source, name).parse(h);
@@ -386,6 +386,7 @@ DumpArray read_npy(std::span<const std::byte> bytes, std::string_view name, std:
   a.values.resize(h.n_elements);
   const std::byte* data = bytes.data() + h.data_offset;
   const int64_t n = static_cast<int64_t>(h.n_elements);
+  if (n == 0) return a;  // (the strides below could overflow for a shape like (0, 2^62, 2^62))
   if (!h.fortran_order || h.shape.size() < 2) {
     for (int64_t i = 0; i < n; ++i) a.values[i] = decode(h.dtype, data + i * h.itemsize, h.big_endian, i, source, name);
     return a;

@@ -528,7 +528,14 @@ TEST(TensorDumpBadNpy, SizesThatDoNotFitTheFile) {
   std::string past = good;
   past[8] = '\xff';
   past[9] = '\x7f';
-  expect_dump_error([&] { parse_npy(past); }, {"bad.npy: x:", "header length 32767 runs past the end", "136 bytes"});
+  past[9] = '\x10';
+  expect_dump_error([&] { parse_npy(past); }, {"bad.npy: x:", "header length 4351 runs past the end", "136 bytes"});
+  past[9] = '\x7f';
+  expect_dump_error([&] { parse_npy(past); }, {"bad.npy: x:", "header length 32767 exceeds numpy's limit of 10000"});
+  // An empty array keeps its shape, however large the other dimensions (Fortran order too).
+  const auto empty = parse_npy(npy("{'descr': '<f4', 'fortran_order': True, 'shape': (0, 4611686018427387904, 2), }", ""));
+  EXPECT_EQ(empty.get("x").shape, (std::vector<int64_t>{0, int64_t{1} << 62, 2}));
+  EXPECT_TRUE(empty.get("x").values.empty());
   expect_dump_error([&] { parse_npy(npy("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000,), }", raw<float>({1}))); },
                     {"bad.npy: x:", "shape [1000000] needs 4000000 data bytes, the file has 4"});
   expect_dump_error([&] {
