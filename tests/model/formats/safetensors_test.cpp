@@ -78,13 +78,6 @@ void expect_checksums(const json& ref, std::span<const float> values, std::span<
   }
 }
 
-/// float32 -> bfloat16 bits, round to nearest even (as the reference script).
-uint16_t f32_to_bf16(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  if (std::isnan(f)) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
 // ---- writing safetensors files ----
 struct TensorBytes {
   std::string name, dtype;
