@@ -24,6 +24,12 @@
 
 namespace posenc {
 
+/// The most uncompressed bytes an .npz archive's members may declare, each and
+/// all together (1 GiB): checked against the zip directory before a member is
+/// read, so a deflate bomb is refused, not inflated. Every member must also
+/// hold exactly the bytes its declared size and its .npy header state.
+inline constexpr uint64_t kMaxDumpMemberBytes = uint64_t{1} << 30;
+
 /// Element types a dump may hold (as stored in the file).
 enum class DumpDtype { f64, f32, f16, bf16, i64, i32, i16, i8, u8, boolean };
 std::string_view to_string(DumpDtype dtype);
@@ -73,15 +79,23 @@ class TensorDump {
 };
 
 /// The bytes of a .npy file (version 1.0, little-endian, C order) holding
-/// `array` in its dtype (values rounded to nearest even for f16/f32).
+/// `array` in its dtype (values rounded to nearest even for f16/f32), with
+/// numpy 1.24's header byte for byte (np.save of the same array gives the same
+/// file).
 /// numpy has no bfloat16, so a bf16 array is an InvalidArgument here: write
 /// it with write_dump_safetensors. Also InvalidArgument: values that do not
 /// fit an integer dtype, or a size that differs from product(shape).
 std::vector<std::byte> encode_npy(const DumpArray& array);
-/// Writes .npy / .npz (stored members, as numpy.savez) atomically.
+/// Writes .npy / .npz (stored members, as numpy.savez) atomically. The npz
+/// members are "<name>.npy" in the order given, time-stamped 2000-01-01 so the
+/// same arrays give the same bytes; duplicate names are an InvalidArgument.
 void write_npy(const std::filesystem::path& path, const DumpArray& array);
 void write_npz(const std::filesystem::path& path, std::span<const DumpArray> arrays);
-/// Writes a safetensors file of the arrays (any dtype above except boolean), atomically.
+/// Writes a safetensors file of the arrays (any dtype above; boolean as BOOL),
+/// atomically: tensors in name order, the header padded with spaces to 8 bytes.
+/// f16/bf16 values are rounded to nearest even (directly from double, not
+/// through a float32 rounding). InvalidArgument as for encode_npy, and for
+/// duplicate names or an array named "__metadata__".
 void write_dump_safetensors(const std::filesystem::path& path, std::span<const DumpArray> arrays);
 
 }  // namespace posenc
