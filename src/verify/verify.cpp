@@ -96,7 +96,10 @@ VerifyReference verify_reference_from_json(std::string_view json_text, std::stri
       ref.notes.push_back("layout: --rope-layout");
     } else if (ps.layout) {
       ref.layout = *ps.layout;
-      ref.notes.push_back(fmt::format("layout {}: {}", to_string(*ps.layout), layout_name(ps)));
+      std::string why = fmt::format("model_type {}", ps.model_type);
+      for (const auto& n : ps.notes)
+        if (n.rfind("layout", 0) == 0) why = n;
+      ref.notes.push_back(fmt::format("layout {} ({})", to_string(*ps.layout), why));
     } else {
       ref.layout = RopeLayout::half;
       ref.notes.push_back("layout half (HF rotate_half): the config's model_type implies none; --rope-layout to change");
