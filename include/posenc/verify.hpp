@@ -120,7 +120,9 @@ struct VerifyResult {
   bool pass = false;
   std::string source;              ///< the dump
   std::string config;              ///< the reference's source
-  std::string primary;             ///< the array residuals are quoted for (q_rope, else k_rope, cos, inv_freq)
+  /// The array residuals are quoted for: on PASS the first of q_rope, k_rope, cos, sin, inv_freq present; on
+  /// FAIL the one furthest from the reference relative to its tolerance.
+  std::string primary;
   double reference_residual = 0;   ///< max |dump - reference| of the primary array
   double reference_score = 0;
   std::vector<ArrayError> errors;  ///< dump against the reference, one per compared array
