@@ -16,6 +16,7 @@ from ._posenc import (  # noqa: F401  (the public API)
     CheckpointError,
     ConfigError,
     DataError,
+    DumpError,
     Error,
     InvalidArgument,
     IoError,
@@ -57,7 +58,7 @@ __all__ = [
     "alibi_slopes", "alibi_bias", "bloom_alibi_tensor", "mpt_alibi_tensor", "t5_relative_buckets",
     "t5_relative_position_bucket", "t5_relative_position_bias", "sinusoidal_table", "sinusoidal_encoding",
     "position_ids_from_input_ids", "inspect", "periods", "rope_wavelengths", "rope_types", "parse_context_length",
-    "Model", "KvCache",
+    "Model", "KvCache", "DumpError", "verify", "rope_mistakes",
 ]
 # (posenc.eval is not in __all__: `from posenc import *` would shadow the builtin eval.)
 
@@ -162,3 +163,35 @@ def inspect(config_path, seq_len=None, lenient=False):
     else:
         text = _posenc._inspect_json(_path(config_path, "config_path"), None, "", seq_len, bool(lenient))
     return _json.loads(text)
+
+
+def verify(config, dump=None, arrays=None, dump_layout="tokens,heads,head_dim", rope_layout=None,
+           tolerance_factor=1.0):
+    """Checks an engine's RoPE tensors against posenc's reference for `config` (posenc verify; posenc/verify.hpp).
+
+    config: a config.json path, a bare rope_scaling object's path, or a dict of either.
+    dump: a path or a list of paths (.npy named by its stem, .npz, safetensors), or
+    arrays: {name: numpy array} (float64/float32/float16, int64/int32 for position_ids) with the names
+    q, q_rope, position_ids (k, k_rope, cos, sin, inv_freq optional).
+    dump_layout: "tokens,heads,head_dim" or "batch,heads,tokens,head_dim" (q/k axis order);
+    rope_layout: "half"/"interleaved" to override the config's.
+    Returns a dict: pass, summary, errors (max/mean by channel and by position), hypotheses (ranked, each with
+    id, title, variant, report URL, residual, score, matches), untestable, notes, report (the text report).
+    Errors: posenc.DumpError (missing array, bad shape, head_dim not the config's, bad positions),
+    posenc.ConfigError (config), posenc.IoError, TypeError/ValueError for bad arguments.
+    """
+    if isinstance(config, dict):
+        config_path, config_text = None, _config_text(config)
+    else:
+        config_path, config_text = _path(config, "config"), None
+    if dump is not None:
+        dump = [_path(dump, "dump")] if isinstance(dump, (str, bytes)) or hasattr(dump, "__fspath__") else \
+            [_path(d, "dump") for d in dump]
+    return _json.loads(_posenc._verify_json(config_path, config_text, dump, arrays, dump_layout, rope_layout,
+                                            float(tolerance_factor)))
+
+
+def rope_mistakes():
+    """The catalogue of known RoPE mistakes posenc.verify tests: [{id, title, report}] (report: the public bug
+    report's URL, or "no public report found ..."). Errors: none (a fixed table)."""
+    return _posenc._rope_mistakes()

@@ -43,5 +43,6 @@ void bind_bias(py::module_& m);
 void bind_analysis(py::module_& m);
 void bind_model(py::module_& m);
 void bind_bench(py::module_& m);
+void bind_verify(py::module_& m);
 
 }  // namespace posenc::python

@@ -77,6 +77,7 @@ void bind_errors(py::module_& m) {
   static py::object io = sub("IoError", "A file could not be read or written.");
   static py::object cache = sub("CacheError", "A KV-cache operation would break position semantics.");
   static py::object data = sub("DataError", "A file posenc wrote and reads back (eval run directory, study) is malformed.");
+  static py::object dump = sub("DumpError", "A tensor dump given to posenc.verify (.npy, .npz, safetensors) is malformed or lacks an array.");
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -96,6 +97,8 @@ void bind_errors(py::module_& m) {
       PyErr_SetString(cache.ptr(), e.what());
     } catch (const DataError& e) {
       PyErr_SetString(data.ptr(), e.what());
+    } catch (const DumpError& e) {
+      PyErr_SetString(dump.ptr(), e.what());
     } catch (const Error& e) {
       PyErr_SetString(error.ptr(), e.what());
     }
@@ -201,4 +204,5 @@ PYBIND11_MODULE(_posenc, m) {
   posenc::python::bind_analysis(m);
   posenc::python::bind_model(m);
   posenc::python::bind_bench(m);
+  posenc::python::bind_verify(m);
 }
