@@ -21,5 +21,6 @@ void add_study_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
+void add_precision_command(CLI::App& app);
 
 }  // namespace posenc::cli
