@@ -25,15 +25,49 @@ namespace posenc {
 ///                 form, llama2.c checkpoints).
 enum class RopeLayout { half, interleaved };
 
-/// How the rotation angle `position * inv_freq` and its cos/sin are formed.
-///  - float32: position cast to float, product and cos/sin in float32, as the
-///             reference implementations do. Reproduces them (and what the
-///             models were trained with) to the last float32 ulp of cos/sin.
-///  - exact:   angle formed in double (exact for |position| < 2^29 since
-///             inv_freq is a float32), cos/sin in double, then cast to float.
-///             Use for very large positions, where float32 angles are off by
-///             up to ~1e-2 at position 1e6.
-enum class AnglePrecision { float32, exact };
+/// How the rotation angle `position * inv_freq` and its cos/sin are formed
+/// and stored (each mode is a RopeNumerics preset, rope_numerics(); the
+/// stages are defined there). Every mode stores the table as float32 values;
+/// bf16/fp16 tables hold values rounded to that dtype.
+///  - float32: inv_freq float32 (HF's computation), position cast to float,
+///             product and cos/sin in float32, as the reference
+///             implementations do. Reproduces them (and what the models were
+///             trained with) to the last float32 ulp of cos/sin.
+///             RopeNumerics{f32, f32, f32, f32}.
+///  - exact:   the same float32 inv_freq, angle formed in double (exact for
+///             |position| < 2^29 since inv_freq is a float32), cos/sin in
+///             double, then cast to float. Removes the float32 angle rounding
+///             (off by up to ~1e-2 at position 1e6) but NOT the float32
+///             rounding of inv_freq: relative 6e-8, i.e. ~1.5e-5 in cos/sin
+///             below 2048 and ~3e-2 near 2^20 against fp64.
+///             RopeNumerics{f32, f64, f64, f32}.
+///  - fp64:    the true reference: inv_freq computed in double by the scaling
+///             method's formula (RopeFrequencies::inv_freq_f64, filled by
+///             compute_rope_frequencies), angle, cos/sin and attention_factor
+///             in double, rounded once to float32 (within half a float32 ulp
+///             of the exact value). RopeNumerics{f64, f64, f64, f32}; needs
+///             inv_freq_f64 (InvalidArgument otherwise).
+///  - bf16:    an engine that runs its rotary module in bfloat16: the inv_freq
+///             buffer rounded to bf16 (nn.Module.to(torch.bfloat16) rounds
+///             floating buffers), positions formed in bf16
+///             (`torch.arange(n).type_as(inv_freq)`: exact only up to 256, so
+///             257 -> 256, 259 -> 260, ...), the outer product rounded to
+///             bf16, cos/sin of that angle stored in bf16. This is Hugging
+///             Face's LlamaRotaryEmbedding before v4.38 after model.to(bf16)
+///             (transformers#25681), and any float32 module under
+///             torch.autocast(bf16), whose matmul rounds both operands and
+///             the product (transformers#29285, diffusers#13920); see also
+///             gpt-neox#1016, gpt-neox#1003, candle#3520.
+///             RopeNumerics{bf16, bf16, bf16, bf16}.
+///  - fp16:    the same in IEEE binary16 (model.half(); gpt-neox#1003's fp16
+///             reproducer, transformers#25681): positions exact up to 2048
+///             (2049 -> 2048), positions above 65504 overflow to inf and give
+///             NaN cos/sin (as torch.arange(n, dtype=torch.float16)); inv_freq
+///             below 6.1e-5 becomes subnormal (relative error up to 50% near
+///             6e-8) or 0. RopeNumerics{f16, f16, f16, f16}.
+/// Single-stage variants (only the table, only inv_freq, ...) are listed by
+/// posenc::rope_numerics_presets() (precision.hpp) with their bug reports.
+enum class AnglePrecision { float32, exact, fp64, bf16, fp16 };
 
 /// Direction of the rotation: forward rotates by +angle, inverse by -angle
 /// (the transpose; undoes a forward rotation and is RoPE's backward).
@@ -43,7 +77,8 @@ std::string_view to_string(RopeLayout layout);
 std::string_view to_string(AnglePrecision precision);
 /// Parses "half" or "interleaved". Throws ConfigError naming `field` and the value.
 RopeLayout parse_rope_layout(std::string_view text, std::string_view field = "rope_layout");
-/// Parses "float32" or "exact". Throws ConfigError naming `field` and the value.
+/// Parses "float32", "exact", "fp64", "bf16" or "fp16". Throws ConfigError
+/// naming `field` and the value.
 AnglePrecision parse_angle_precision(std::string_view text,
                                      std::string_view field = "angle_precision");
 
@@ -61,20 +96,23 @@ struct RopeFrequencies {
   double attention_factor = 1.0;
   std::string rope_type = "default";
   /// [rotary_dim/2] the same frequencies computed in double (the formula's true
-  /// values), when a double-precision twin computed them; empty otherwise.
+  /// values): filled by compute_rope_frequencies (each scaling method's double
+  /// instantiation) and default_rope_frequencies; empty for frequencies built
+  /// by hand (then AnglePrecision::fp64 and RopeNumerics f64 inv_freq throw).
   std::vector<double> inv_freq_f64;
 
   int n_pairs() const { return rotary_dim / 2; }
   /// Throws InvalidArgument if rotary_dim is odd, exceeds head_dim, does not
-  /// match inv_freq's size, or if inv_freq/attention_factor are non-finite.
+  /// match inv_freq's size (or inv_freq_f64's, when that is filled), or if
+  /// inv_freq/inv_freq_f64/attention_factor are non-finite.
   void validate() const;
   bool operator==(const RopeFrequencies&) const = default;
 };
 
 /// Plain RoPE frequencies: inv_freq[i] = 1 / rope_theta^(2i/rotary_dim), with
 /// the power and the reciprocal in float32 as in Hugging Face's
-/// `_compute_default_rope_parameters`. Throws InvalidArgument for an odd or
-/// non-positive rotary_dim, rotary_dim > head_dim or rope_theta <= 0/non-finite.
+/// `_compute_default_rope_parameters` (inv_freq_f64: the same in double).
+/// Throws InvalidArgument for an odd or non-positive rotary_dim, rotary_dim > head_dim or rope_theta <= 0/non-finite.
 RopeFrequencies default_rope_frequencies(int head_dim, int rotary_dim, double rope_theta);
 
 /// cos/sin of `position_ids[t] * inv_freq[i]` for t in [0, n), i in [0, n_pairs),
@@ -150,6 +188,9 @@ struct RopeNumerics {
 /// "inv_freq=f32 position=f32 angle=f32 table=f32".
 std::string to_string(const RopeNumerics& numerics);
 
+/// The numerics of an AnglePrecision mode (see AnglePrecision for each).
+RopeNumerics rope_numerics(AnglePrecision precision);
+
 /// Fills cos/sin ([n, n_pairs] float32, row-major) for the positions with the
 /// given numerics. For {f32,f32,f32,f32} (AnglePrecision::float32) and
 /// {f32,f64,f64,f32} (AnglePrecision::exact) the result is rope_cos_sin's,
@@ -158,6 +199,14 @@ std::string to_string(const RopeNumerics& numerics);
 /// on bad sizes, or for an f64 inv_freq when freqs.inv_freq_f64 is empty.
 void rope_cos_sin_with(const RopeFrequencies& freqs, std::span<const int64_t> position_ids,
                        const RopeNumerics& numerics, std::span<float> cos, std::span<float> sin);
+
+/// The fp64 reference in double: cos/sin(double(position) * inv_freq_f64[i]) *
+/// attention_factor, all in double, [n_positions, n_pairs] row-major, for
+/// measuring the error of the other modes (AnglePrecision::fp64 is this
+/// rounded to float32). Throws InvalidArgument on bad sizes or an empty
+/// inv_freq_f64.
+void rope_cos_sin_f64(const RopeFrequencies& freqs, std::span<const int64_t> position_ids,
+                      std::span<double> cos, std::span<double> sin);
 
 /// Rotates x in place. x: [tokens, heads, head_dim] float32, row-major, where
 /// consecutive tokens are `token_stride` floats apart (0 means heads*head_dim).

@@ -87,6 +87,9 @@ struct RopeScaling {
   /// method uses it. Throws ConfigError naming the field for missing or
   /// out-of-range parameters.
   RopeFrequencies (*compute)(const RopeParams& params, std::optional<int64_t> seq_len);
+  /// The same formula evaluated in double (the fp64 reference): fills
+  /// inv_freq_f64 (and inv_freq with its float cast). Same errors as compute.
+  RopeFrequencies (*compute_f64)(const RopeParams& params, std::optional<int64_t> seq_len);
 };
 
 /// All registered methods, in a stable order.
@@ -101,7 +104,10 @@ const RopeScaling& find_rope_scaling(std::string_view rope_type);
 /// Python int (or absent). Validates head_dim, rope_theta,
 /// partial_rotary_factor and seq_len first; each method then validates its
 /// own fields. Throws ConfigError "<field>: <reason> (got <value>)".
-/// Result: inv_freq [rotary_dim/2] float32 (radians per position),
+/// Result: inv_freq [rotary_dim/2] float32 (radians per position), HF's
+/// float32 arithmetic; inv_freq_f64 [rotary_dim/2] double, the same method's
+/// formula evaluated in double (the true values: the fp64 reference that
+/// AnglePrecision::fp64 and `posenc precision` measure against);
 /// attention_factor (double; multiplies cos and sin).
 RopeFrequencies compute_rope_frequencies(const RopeParams& params,
                                          std::optional<int64_t> seq_len = std::nullopt);
@@ -120,6 +126,8 @@ enum class DynamicNtkArithmetic { python_double, tensor_float32 };
 ///   base' = rope_theta * (factor*L/max_position_embeddings - (factor-1))^(d/(d-2))
 ///   inv_freq[i] = 1 / base'^(2i/d),  d = rotary dim, attention_factor = 1.
 /// Requires factor and max_position_embeddings (ConfigError otherwise).
+/// inv_freq_f64 is the formula in double (python_double's base' in double, its
+/// power in double) for either arithmetic.
 RopeFrequencies dynamic_ntk_frequencies(const RopeParams& params, std::optional<int64_t> seq_len,
                                         DynamicNtkArithmetic arithmetic);
 

@@ -365,8 +365,9 @@ them from given values (rotary_dim defaults to 2*len(inv_freq)); posenc.InvalidA
 cos/sin of position_ids[t] * inv_freq[i], each multiplied by freqs.attention_factor.
 
 freqs: posenc.RopeFrequencies; position_ids: [tokens] integers (int64); precision: "float32" (the angle and cos/sin
-in float32, as Hugging Face and the checkpoints' training: bit-exact with transformers) or "exact" (angle in double,
-for very large positions). Returns (cos, sin), each [tokens, rotary_dim/2] float32 (one value per channel pair;
+in float32, as Hugging Face and the checkpoints' training: bit-exact with transformers), "exact" (angle in double,
+for very large positions), "fp64" (inv_freq in double too: the reference), "bf16" or "fp16" (every stage in that
+dtype, as a rotary module cast to it; see posenc's AnglePrecision). Returns (cos, sin), each [tokens, rotary_dim/2] float32 (one value per channel pair;
 Hugging Face's [tokens, rotary_dim] table is numpy.concatenate([cos, cos], -1) in the half layout).
 Errors: TypeError (freqs not a posenc.RopeFrequencies, position_ids not integers), ValueError (position_ids not
 [tokens], a uint64 value past int64), posenc.ConfigError (precision name).)doc");
@@ -403,7 +404,7 @@ channels of each head rotate (partial rotary), the rest are copied.
 position_ids: [tokens] integers. freqs: posenc.RopeFrequencies.
 layout: "half" (channel i pairs with i + rotary_dim/2: rotate_half, Llama/Qwen/Mistral in HF format),
 "interleaved" (2i with 2i+1: GPT-J, llama2.c, Meta), "interleaved_in_half_out" (DeepSeek-V3); None = freqs.layout.
-precision: "float32" or "exact" (see rope_cos_sin). direction: "forward" or "inverse" (the transpose).
+precision: "float32", "exact", "fp64", "bf16" or "fp16" (see rope_cos_sin). direction: "forward" or "inverse" (the transpose).
 out: None (a new [tokens, heads, head_dim] float32 array), an array of x's shape, or x itself (in place, no copy).
 An empty x (0 tokens or 0 heads) gives an empty array; out may overlap x in another view (x is then read first).
 Returns the rotated array. Errors: TypeError (x/out dtype, freqs not a posenc.RopeFrequencies, non-integer

@@ -54,8 +54,6 @@ void attention_with_rope(const AttentionSpec& spec, const RopeFrequencies& freqs
   const int np = freqs.n_pairs();
   const int D = spec.head_dim;
   const int64_t row = static_cast<int64_t>(spec.kv_heads) * D;
-  const float af = static_cast<float>(freqs.attention_factor);
-  const bool scale = freqs.attention_factor != 1.0;
 
   // Rotated copy of the keys, in chunks of up to 32 keys (one cos/sin row per key).
   constexpr int64_t kChunk = 32;
@@ -87,15 +85,14 @@ void attention_with_rope(const AttentionSpec& spec, const RopeFrequencies& freqs
       const KeyChunk& ch = chunks[static_cast<std::size_t>(i)];
       std::memcpy(ch.dst, ch.src, static_cast<std::size_t>(ch.n * row) * sizeof(float));
       for (int64_t t = 0; t < ch.n; ++t)
-        detail::rope_cos_sin_row(freqs.inv_freq.data(), np, ch.pos[t], precision, af, scale,
-                                 c + t * np, s + t * np);
+        detail::rope_cos_sin_row(freqs, ch.pos[t], precision, c + t * np, s + t * np);
       detail::rope_rotate_rows(ch.dst, ch.n, spec.kv_heads, D, row, c, s, np, np, layout,
                                RopeDirection::forward);
     }
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < q_tokens; ++t)
-      detail::rope_cos_sin_row(freqs.inv_freq.data(), np, q_position_ids[static_cast<std::size_t>(t)],
-                               precision, af, scale, q_cos.data() + t * np, q_sin.data() + t * np);
+      detail::rope_cos_sin_row(freqs, q_position_ids[static_cast<std::size_t>(t)], precision, q_cos.data() + t * np,
+                               q_sin.data() + t * np);
   }
 
   const detail::QueryRope q_rope{q_cos.data(), q_sin.data(), np, layout};

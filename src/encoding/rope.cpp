@@ -17,7 +17,14 @@ std::string_view to_string(RopeLayout layout) {
 }
 
 std::string_view to_string(AnglePrecision precision) {
-  return precision == AnglePrecision::float32 ? "float32" : "exact";
+  switch (precision) {
+    case AnglePrecision::float32: return "float32";
+    case AnglePrecision::exact: return "exact";
+    case AnglePrecision::fp64: return "fp64";
+    case AnglePrecision::bf16: return "bf16";
+    case AnglePrecision::fp16: return "fp16";
+  }
+  return "?";
 }
 
 RopeLayout parse_rope_layout(std::string_view text, std::string_view field) {
@@ -32,8 +39,11 @@ RopeLayout parse_rope_layout(std::string_view text, std::string_view field) {
 AnglePrecision parse_angle_precision(std::string_view text, std::string_view field) {
   if (text == "float32") return AnglePrecision::float32;
   if (text == "exact") return AnglePrecision::exact;
-  throw ConfigError(
-      fmt::format("{}: unknown angle precision '{}' (expected 'float32' or 'exact')", field, text));
+  if (text == "fp64") return AnglePrecision::fp64;
+  if (text == "bf16") return AnglePrecision::bf16;
+  if (text == "fp16") return AnglePrecision::fp16;
+  throw ConfigError(fmt::format(
+      "{}: unknown angle precision '{}' (expected 'float32', 'exact', 'fp64', 'bf16' or 'fp16')", field, text));
 }
 
 void RopeFrequencies::validate() const {
@@ -49,6 +59,12 @@ void RopeFrequencies::validate() const {
   for (std::size_t i = 0; i < inv_freq.size(); ++i)
     if (!std::isfinite(inv_freq[i]))
       throw InvalidArgument(fmt::format("inv_freq[{}]: must be finite (got {})", i, inv_freq[i]));
+  if (!inv_freq_f64.empty() && inv_freq_f64.size() != inv_freq.size())
+    throw InvalidArgument(fmt::format("inv_freq_f64: expected rotary_dim/2 = {} entries or none (got {})",
+                                      rotary_dim / 2, inv_freq_f64.size()));
+  for (std::size_t i = 0; i < inv_freq_f64.size(); ++i)
+    if (!std::isfinite(inv_freq_f64[i]))
+      throw InvalidArgument(fmt::format("inv_freq_f64[{}]: must be finite (got {})", i, inv_freq_f64[i]));
   if (!std::isfinite(attention_factor) || attention_factor <= 0)
     fail_field<InvalidArgument>("attention_factor", "must be finite and positive",
                                 attention_factor);
@@ -72,12 +88,18 @@ RopeFrequencies default_rope_frequencies(int head_dim, int rotary_dim, double ro
     const float exponent = static_cast<float>(2 * i) / static_cast<float>(rotary_dim);
     f.inv_freq[static_cast<std::size_t>(i)] = 1.0f / std::pow(base, exponent);
   }
+  f.inv_freq_f64.resize(f.inv_freq.size());
+  for (int i = 0; i < rotary_dim / 2; ++i)
+    f.inv_freq_f64[static_cast<std::size_t>(i)] =
+        1.0 / std::pow(rope_theta, static_cast<double>(2 * i) / static_cast<double>(rotary_dim));
   f.validate();
   return f;
 }
 
 void rope_cos_sin(const RopeFrequencies& freqs, std::span<const int64_t> position_ids,
                   AnglePrecision precision, std::span<float> cos, std::span<float> sin) {
+  if (precision != AnglePrecision::float32 && precision != AnglePrecision::exact)
+    return rope_cos_sin_with(freqs, position_ids, rope_numerics(precision), cos, sin);
   const std::size_t n_pairs = freqs.inv_freq.size();
   const std::size_t need = position_ids.size() * n_pairs;
   if (cos.size() < need || sin.size() < need)
@@ -109,6 +131,54 @@ std::string to_string(const RopeNumerics& n) {
   return fmt::format("inv_freq={} position={} angle={} table={}", to_string(n.inv_freq), to_string(n.position),
                      to_string(n.angle), to_string(n.table));
 }
+
+RopeNumerics rope_numerics(AnglePrecision precision) {
+  using D = NumericDtype;
+  switch (precision) {
+    case AnglePrecision::float32: return {D::f32, D::f32, D::f32, D::f32};
+    case AnglePrecision::exact: return {D::f32, D::f64, D::f64, D::f32};
+    case AnglePrecision::fp64: return {D::f64, D::f64, D::f64, D::f32};
+    case AnglePrecision::bf16: return {D::bf16, D::bf16, D::bf16, D::bf16};
+    case AnglePrecision::fp16: return {D::f16, D::f16, D::f16, D::f16};
+  }
+  return {};
+}
+
+void rope_cos_sin_f64(const RopeFrequencies& freqs, std::span<const int64_t> position_ids, std::span<double> cos,
+                      std::span<double> sin) {
+  const std::size_t n_pairs = freqs.inv_freq_f64.size();
+  if (n_pairs == 0 || n_pairs != freqs.inv_freq.size())
+    throw InvalidArgument(fmt::format(
+        "rope_cos_sin_f64: inv_freq_f64 has {} entries for {} pairs; compute the frequencies with "
+        "compute_rope_frequencies (its double-precision twin fills them)",
+        n_pairs, freqs.inv_freq.size()));
+  const std::size_t need = position_ids.size() * n_pairs;
+  if (cos.size() < need || sin.size() < need)
+    throw InvalidArgument(fmt::format("rope_cos_sin_f64: output holds {} values, need {}",
+                                      std::min(cos.size(), sin.size()), need));
+  for (std::size_t t = 0; t < position_ids.size(); ++t)
+    for (std::size_t i = 0; i < n_pairs; ++i) {
+      const double angle = static_cast<double>(position_ids[t]) * freqs.inv_freq_f64[i];
+      cos[t * n_pairs + i] = std::cos(angle) * freqs.attention_factor;
+      sin[t * n_pairs + i] = std::sin(angle) * freqs.attention_factor;
+    }
+}
+
+namespace detail {
+
+void rope_cos_sin_row(const RopeFrequencies& freqs, int64_t position, AnglePrecision precision, float* c, float* s) {
+  const int np = freqs.n_pairs();
+  if (precision == AnglePrecision::float32 || precision == AnglePrecision::exact) {
+    rope_cos_sin_row(freqs.inv_freq.data(), np, position, precision, static_cast<float>(freqs.attention_factor),
+                     freqs.attention_factor != 1.0, c, s);
+    return;
+  }
+  const int64_t p[1] = {position};
+  rope_cos_sin_with(freqs, p, rope_numerics(precision), std::span<float>(c, static_cast<std::size_t>(np)),
+                    std::span<float>(s, static_cast<std::size_t>(np)));
+}
+
+}  // namespace detail
 
 namespace {
 
@@ -257,8 +327,6 @@ void apply_rope(float* x, int64_t tokens, int heads, const RopeFrequencies& freq
   const int np = freqs.n_pairs();
   const int head_dim = freqs.head_dim;
   const int64_t stride = static_cast<int64_t>(heads) * head_dim;
-  const float af = static_cast<float>(freqs.attention_factor);
-  const bool scale = freqs.attention_factor != 1.0;
   constexpr int64_t kChunk = 8;
   const int64_t n_chunks = (tokens + kChunk - 1) / kChunk;
   const bool parallel = tokens * stride > (int64_t{1} << 16) && n_chunks > 1;
@@ -272,9 +340,8 @@ void apply_rope(float* x, int64_t tokens, int heads, const RopeFrequencies& freq
       const int64_t t0 = chunk * kChunk;
       const int64_t nt = std::min(kChunk, tokens - t0);
       for (int64_t i = 0; i < nt; ++i)
-        detail::rope_cos_sin_row(freqs.inv_freq.data(), np,
-                                 position_ids[static_cast<std::size_t>(t0 + i)], precision, af,
-                                 scale, c + i * np, s + i * np);
+        detail::rope_cos_sin_row(freqs, position_ids[static_cast<std::size_t>(t0 + i)], precision, c + i * np,
+                                 s + i * np);
       detail::rope_rotate_rows(x + t0 * stride, nt, heads, head_dim, stride, c, s, np, np, layout,
                                direction);
     }

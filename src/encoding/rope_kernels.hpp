@@ -27,6 +27,12 @@ void rope_cos_sin_row(const float* inv_freq, int n_pairs, int64_t position,
                       AnglePrecision precision, float attention_factor, bool scale, float* c,
                       float* s);
 
+/// The same for any AnglePrecision (implemented in rope.cpp): the vector
+/// kernel above for float32/exact, rope_cos_sin_with(rope_numerics(precision))
+/// for fp64/bf16/fp16 (scalar; fp64 needs freqs.inv_freq_f64). Attention
+/// factor from freqs. c, s: [freqs.n_pairs()] float32.
+void rope_cos_sin_row(const RopeFrequencies& freqs, int64_t position, AnglePrecision precision, float* c, float* s);
+
 /// Rotates `tokens` rows of x in place. Token t starts at x + t*token_stride
 /// and holds `heads` heads of head_dim floats; it uses cos/sin rows
 /// cos + t*table_stride, sin + t*table_stride ([n_pairs] each; table_stride 0

@@ -14,31 +14,31 @@ namespace {
 // To add a method: write one function in src/encoding/scaling/<name>.cpp,
 // declare it in methods.hpp and add one row here.
 constexpr std::array kRegistry{
-    RopeScaling{"default", "plain RoPE: inv_freq_i = 1/theta^(2i/d)", false, &detail::rope_default},
+    RopeScaling{"default", "plain RoPE: inv_freq_i = 1/theta^(2i/d)", false, &detail::rope_default<float>, &detail::rope_default<double>},
     RopeScaling{"linear", "position interpolation (Chen et al. 2023): inv_freq / factor", false,
-                &detail::rope_linear},
+                &detail::rope_linear<float>, &detail::rope_linear<double>},
     RopeScaling{"ntk", "static NTK-aware base change: theta * factor^(d/(d-2))", false,
-                &detail::rope_ntk},
+                &detail::rope_ntk<float>, &detail::rope_ntk<double>},
     RopeScaling{"dynamic",
                 "dynamic NTK: theta * (factor*L/max_pos - (factor-1))^(d/(d-2)), "
                 "L = max(seq_len, max_position_embeddings)",
-                true, &detail::rope_dynamic},
+                true, &detail::rope_dynamic<float>, &detail::rope_dynamic<double>},
     RopeScaling{"yarn",
                 "YaRN (Peng et al. 2023): ramp between interpolated and extrapolated channels "
                 "by rotations beta_fast..beta_slow, attention_factor 0.1 ln s + 1",
-                false, &detail::rope_yarn},
+                false, &detail::rope_yarn<float>, &detail::rope_yarn<double>},
     RopeScaling{"longrope",
                 "LongRoPE (Ding et al. 2024, Phi-3): per-channel short/long factors, long when "
                 "seq_len > original_max_position_embeddings",
-                true, &detail::rope_longrope},
+                true, &detail::rope_longrope<float>, &detail::rope_longrope<double>},
     RopeScaling{"llama3",
                 "Llama 3.1: low-frequency channels / factor, high kept, medium blended by "
                 "wavelength",
-                false, &detail::rope_llama3},
+                false, &detail::rope_llama3<float>, &detail::rope_llama3<double>},
     RopeScaling{"proportional",
                 "proportional (Gemma 4): first partial_rotary_factor*head_dim/2 pairs at "
                 "theta^(-2i/head_dim), the rest zero, all / factor",
-                false, &detail::rope_proportional},
+                false, &detail::rope_proportional<float>, &detail::rope_proportional<double>},
 };
 
 }  // namespace
@@ -70,6 +70,7 @@ RopeFrequencies compute_rope_frequencies(const RopeParams& params, std::optional
                             params.rotary_dim);
   if (seq_len && *seq_len < 0) fail_field<ConfigError>("seq_len", "must be non-negative", *seq_len);
   RopeFrequencies f = method.compute(params, seq_len);
+  f.inv_freq_f64 = method.compute_f64(params, seq_len).inv_freq_f64;
   f.rope_type = std::string(method.name);
   f.validate();
   return f;
@@ -174,17 +175,6 @@ int resolve_rotary_dim(const RopeParams& p) {
   return rd;
 }
 
-std::vector<float> default_inv_freq(int n, int denom, double base) {
-  std::vector<float> inv(static_cast<std::size_t>(n));
-  const float b = static_cast<float>(base);
-  for (int i = 0; i < n; ++i) {
-    // HF: 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)), all float32.
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(denom);
-    inv[static_cast<std::size_t>(i)] = 1.0f / std::pow(b, exponent);
-  }
-  return inv;
-}
-
 RopeFrequencies make_frequencies(int head_dim, int rotary_dim, std::vector<float> inv_freq,
                                  double attention_factor) {
   RopeFrequencies f;
@@ -192,6 +182,15 @@ RopeFrequencies make_frequencies(int head_dim, int rotary_dim, std::vector<float
   f.rotary_dim = rotary_dim;
   f.inv_freq = std::move(inv_freq);
   f.attention_factor = attention_factor;
+  return f;
+}
+
+RopeFrequencies make_frequencies(int head_dim, int rotary_dim, std::vector<double> inv_freq,
+                                 double attention_factor) {
+  std::vector<float> narrow(inv_freq.size());
+  for (std::size_t i = 0; i < inv_freq.size(); ++i) narrow[i] = static_cast<float>(inv_freq[i]);
+  RopeFrequencies f = make_frequencies(head_dim, rotary_dim, std::move(narrow), attention_factor);
+  f.inv_freq_f64 = std::move(inv_freq);
   return f;
 }
 

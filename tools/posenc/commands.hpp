@@ -22,5 +22,6 @@ void add_tokenize_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_verify_command(CLI::App& app);
+void add_precision_command(CLI::App& app);
 
 }  // namespace posenc::cli

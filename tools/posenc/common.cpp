@@ -181,7 +181,9 @@ void ModelArgs::add_to(CLI::App& cmd) {
                  "llama2.c)")
       ->check(non_empty());
   cmd.add_option("--angle-precision", angle_precision,
-                 "float32 (reproduces training/reference numerics; default) or exact (angle in double)")
+                 "float32 (reproduces training/reference numerics; default), exact (angle in double), fp64 "
+                 "(inv_freq too: the reference), bf16 or fp16 (every stage in that dtype, as a rotary module cast "
+                 "to it; positions collide from 257 / 2049)")
       ->capture_default_str();
   cmd.add_option("--trained-context", trained_context,
                  "the context the model was trained with (scaling factors and default lengths derive from it); "

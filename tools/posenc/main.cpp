@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   posenc::cli::add_convert_command(app);
   posenc::cli::add_serve_command(app);
   posenc::cli::add_verify_command(app);
+  posenc::cli::add_precision_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

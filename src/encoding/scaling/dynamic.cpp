@@ -9,8 +9,10 @@ namespace posenc {
 // _compute_dynamic_ntk_parameters). The NTK base change of `ntk` with the
 // factor derived from the current length, so that at or below
 // max_position_embeddings it is plain RoPE.
-RopeFrequencies dynamic_ntk_frequencies(const RopeParams& p, std::optional<int64_t> seq_len,
-                                        DynamicNtkArithmetic arithmetic) {
+namespace {
+
+// The dynamic-NTK base' at the current length, in the given arithmetic.
+double dynamic_ntk_base(const RopeParams& p, std::optional<int64_t> seq_len, DynamicNtkArithmetic arithmetic) {
   const double factor = detail::require_factor(p);
   const int64_t max_pos = detail::require_max_position_embeddings(p);
   const int d = detail::resolve_rotary_dim(p);
@@ -34,14 +36,32 @@ RopeFrequencies dynamic_ntk_frequencies(const RopeParams& p, std::optional<int64
     const float scaled = static_cast<float>(std::pow(static_cast<double>(t), exponent));
     base = static_cast<double>(static_cast<float>(p.rope_theta) * scaled);
   }
-  return detail::make_frequencies(p.head_dim, d, detail::default_inv_freq(d / 2, d, base), 1.0);
+  return base;
+}
+
+}  // namespace
+
+RopeFrequencies dynamic_ntk_frequencies(const RopeParams& p, std::optional<int64_t> seq_len,
+                                        DynamicNtkArithmetic arithmetic) {
+  const double base = dynamic_ntk_base(p, seq_len, arithmetic);
+  const int d = detail::resolve_rotary_dim(p);
+  RopeFrequencies f = detail::make_frequencies(p.head_dim, d, detail::default_inv_freq<float>(d / 2, d, base), 1.0);
+  // The reference: the formula in double whatever HF's arithmetic.
+  f.inv_freq_f64 = detail::default_inv_freq<double>(
+      d / 2, d, dynamic_ntk_base(p, seq_len, DynamicNtkArithmetic::python_double));
+  return f;
 }
 
 namespace detail {
 
+template <class T>
 RopeFrequencies rope_dynamic(const RopeParams& p, std::optional<int64_t> seq_len) {
-  return dynamic_ntk_frequencies(p, seq_len, DynamicNtkArithmetic::python_double);
+  const double base = dynamic_ntk_base(p, seq_len, DynamicNtkArithmetic::python_double);
+  const int d = resolve_rotary_dim(p);
+  return make_frequencies(p.head_dim, d, default_inv_freq<T>(d / 2, d, base), 1.0);
 }
+
+POSENC_ROPE_METHOD_INSTANTIATE(rope_dynamic)
 
 }  // namespace detail
 }  // namespace posenc

@@ -16,6 +16,7 @@ namespace posenc::detail {
 //                                        s = (orig/wavelen - low)/(high - low)
 // Float32 like the reference, including that `scalar / tensor` is evaluated by
 // torch as reciprocal(tensor) * scalar.
+template <class T>
 RopeFrequencies rope_llama3(const RopeParams& p, std::optional<int64_t>) {
   const double factor = require_factor(p);
   const double low_freq_factor = require_positive(p, p.low_freq_factor, "low_freq_factor");
@@ -29,26 +30,28 @@ RopeFrequencies rope_llama3(const RopeParams& p, std::optional<int64_t>) {
         high_freq_factor));
   const int64_t orig = original_max_position(p);
   const int dim = resolve_rotary_dim(p);
-  std::vector<float> inv = default_inv_freq(dim / 2, dim, p.rope_theta);
+  std::vector<T> inv = default_inv_freq<T>(dim / 2, dim, p.rope_theta);
 
-  const float low_freq_wavelen = static_cast<float>(static_cast<double>(orig) / low_freq_factor);
-  const float high_freq_wavelen = static_cast<float>(static_cast<double>(orig) / high_freq_factor);
-  const float two_pi = static_cast<float>(2 * std::numbers::pi);
-  const float f = static_cast<float>(factor);
-  const float lo = static_cast<float>(low_freq_factor);
-  const float span = static_cast<float>(high_freq_factor - low_freq_factor);
-  const float ctx = static_cast<float>(orig);
-  for (float& x : inv) {
-    const float wavelen = (1.0f / x) * two_pi;
-    float scaled = wavelen > low_freq_wavelen ? x / f : x;
+  const T low_freq_wavelen = static_cast<T>(static_cast<double>(orig) / low_freq_factor);
+  const T high_freq_wavelen = static_cast<T>(static_cast<double>(orig) / high_freq_factor);
+  const T two_pi = static_cast<T>(2 * std::numbers::pi);
+  const T f = static_cast<T>(factor);
+  const T lo = static_cast<T>(low_freq_factor);
+  const T span = static_cast<T>(high_freq_factor - low_freq_factor);
+  const T ctx = static_cast<T>(orig);
+  for (T& x : inv) {
+    const T wavelen = (T(1) / x) * two_pi;
+    T scaled = wavelen > low_freq_wavelen ? x / f : x;
     const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
     if (medium && span > 0) {
-      const float smooth = ((1.0f / wavelen) * ctx - lo) / span;
-      scaled = (1.0f - smooth) * scaled / f + smooth * scaled;
+      const T smooth = ((T(1) / wavelen) * ctx - lo) / span;
+      scaled = (T(1) - smooth) * scaled / f + smooth * scaled;
     }
     x = scaled;
   }
   return make_frequencies(p.head_dim, dim, std::move(inv), 1.0);
 }
+
+POSENC_ROPE_METHOD_INSTANTIATE(rope_llama3)
 
 }  // namespace posenc::detail

@@ -13,6 +13,7 @@ namespace posenc::detail {
 //   seq_len > original_max_position_embeddings (strictly), else short_factor.
 //   attention_factor: explicit, else sqrt(1 + ln(factor)/ln(original)) with
 //   factor = rope_scaling.factor or max_position_embeddings/original; 1 if factor <= 1.
+template <class T>
 RopeFrequencies rope_longrope(const RopeParams& p, std::optional<int64_t> seq_len) {
   const int dim = resolve_rotary_dim(p);
   const int n = dim / 2;
@@ -40,14 +41,15 @@ RopeFrequencies rope_longrope(const RopeParams& p, std::optional<int64_t> seq_le
   // HF: `if seq_len and seq_len > original_max_position_embeddings` (0 is falsy).
   const bool use_long = seq_len && *seq_len > 0 && *seq_len > orig;
   const std::vector<double>& ext = use_long ? p.long_factor : p.short_factor;
-  const float b = static_cast<float>(p.rope_theta);
-  std::vector<float> inv(static_cast<std::size_t>(n));
+  const T b = static_cast<T>(p.rope_theta);
+  std::vector<T> inv(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) {
-    const float shape = static_cast<float>(2 * i) / static_cast<float>(dim);
-    inv[static_cast<std::size_t>(i)] =
-        1.0f / (static_cast<float>(ext[static_cast<std::size_t>(i)]) * std::pow(b, shape));
+    const T shape = static_cast<T>(2 * i) / static_cast<T>(dim);
+    inv[static_cast<std::size_t>(i)] = T(1) / (static_cast<T>(ext[static_cast<std::size_t>(i)]) * std::pow(b, shape));
   }
   return make_frequencies(p.head_dim, dim, std::move(inv), attention_factor);
 }
+
+POSENC_ROPE_METHOD_INSTANTIATE(rope_longrope)
 
 }  // namespace posenc::detail

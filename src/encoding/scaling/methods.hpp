@@ -4,23 +4,34 @@
 // naming "rope_scaling.<field>" and the bad value.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "posenc/error.hpp"
 #include "posenc/scaling.hpp"
 
 namespace posenc::detail {
 
-RopeFrequencies rope_default(const RopeParams& p, std::optional<int64_t> seq_len);
-RopeFrequencies rope_linear(const RopeParams& p, std::optional<int64_t> seq_len);
-RopeFrequencies rope_ntk(const RopeParams& p, std::optional<int64_t> seq_len);
-RopeFrequencies rope_dynamic(const RopeParams& p, std::optional<int64_t> seq_len);
-RopeFrequencies rope_yarn(const RopeParams& p, std::optional<int64_t> seq_len);
-RopeFrequencies rope_longrope(const RopeParams& p, std::optional<int64_t> seq_len);
-RopeFrequencies rope_llama3(const RopeParams& p, std::optional<int64_t> seq_len);
-RopeFrequencies rope_proportional(const RopeParams& p, std::optional<int64_t> seq_len);
+// Each method is written once, on the float type T of its arithmetic:
+// T = float is Hugging Face's float32 computation (RopeFrequencies::inv_freq),
+// T = double the same formula in double (RopeFrequencies::inv_freq_f64, the
+// fp64 reference). Both are instantiated in the method's .cpp.
+template <class T> RopeFrequencies rope_default(const RopeParams& p, std::optional<int64_t> seq_len);
+template <class T> RopeFrequencies rope_linear(const RopeParams& p, std::optional<int64_t> seq_len);
+template <class T> RopeFrequencies rope_ntk(const RopeParams& p, std::optional<int64_t> seq_len);
+template <class T> RopeFrequencies rope_dynamic(const RopeParams& p, std::optional<int64_t> seq_len);
+template <class T> RopeFrequencies rope_yarn(const RopeParams& p, std::optional<int64_t> seq_len);
+template <class T> RopeFrequencies rope_longrope(const RopeParams& p, std::optional<int64_t> seq_len);
+template <class T> RopeFrequencies rope_llama3(const RopeParams& p, std::optional<int64_t> seq_len);
+template <class T> RopeFrequencies rope_proportional(const RopeParams& p, std::optional<int64_t> seq_len);
+
+/// Instantiates a method template for float and double.
+#define POSENC_ROPE_METHOD_INSTANTIATE(name)                                            \
+  template RopeFrequencies name<float>(const RopeParams&, std::optional<int64_t>); \
+  template RopeFrequencies name<double>(const RopeParams&, std::optional<int64_t>);
 
 /// params.factor, required, finite and > 0.
 double require_factor(const RopeParams& p);
@@ -44,12 +55,26 @@ int resolve_rotary_dim(const RopeParams& p);
 
 /// HF's default inverse frequencies over `dim` channels with exponent
 /// denominator `denom` (dim for every type except proportional, which uses
-/// head_dim), `n` entries: inv[i] = 1 / (float(base) ^ (float(2i) / float(denom))),
-/// all float32.
-std::vector<float> default_inv_freq(int n, int denom, double base);
+/// head_dim), `n` entries: inv[i] = 1 / (T(base) ^ (T(2i) / T(denom))), all in
+/// T (float32 for HF's numerics, double for the reference).
+template <class T>
+std::vector<T> default_inv_freq(int n, int denom, double base) {
+  std::vector<T> inv(static_cast<std::size_t>(n));
+  const T b = static_cast<T>(base);
+  for (int i = 0; i < n; ++i) {
+    // HF: 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)), all float32.
+    const T exponent = static_cast<T>(2 * i) / static_cast<T>(denom);
+    inv[static_cast<std::size_t>(i)] = T(1) / std::pow(b, exponent);
+  }
+  return inv;
+}
 
 /// Frequencies value with the given fields (validated by the caller's caller).
+/// T = float: inv_freq; T = double: inv_freq_f64, and inv_freq its float cast
+/// (compute_rope_frequencies replaces it by the float32 computation).
 RopeFrequencies make_frequencies(int head_dim, int rotary_dim, std::vector<float> inv_freq,
+                                 double attention_factor);
+RopeFrequencies make_frequencies(int head_dim, int rotary_dim, std::vector<double> inv_freq,
                                  double attention_factor);
 
 }  // namespace posenc::detail

@@ -14,6 +14,7 @@ namespace posenc::detail {
 // then everything is divided by factor (default 1). With the half layout the
 // identity pairs are channels [k, head_dim/2) and [head_dim/2 + k, head_dim),
 // interleaved with the rotated ones at stride head_dim/2.
+template <class T>
 RopeFrequencies rope_proportional(const RopeParams& p, std::optional<int64_t>) {
   const int head_dim = p.head_dim;
   if (head_dim % 2 != 0)
@@ -27,11 +28,13 @@ RopeFrequencies rope_proportional(const RopeParams& p, std::optional<int64_t>) {
   // Python: int(rope_proportion * head_dim // 2), a float floor division.
   const int angles = static_cast<int>(std::floor(share * head_dim / 2.0));
   const double factor = p.factor ? require_factor(p) : 1.0;
-  std::vector<float> inv = default_inv_freq(angles, head_dim, p.rope_theta);
-  inv.resize(static_cast<std::size_t>(head_dim / 2), 0.0f);
-  const float f = static_cast<float>(factor);
-  for (float& x : inv) x /= f;
+  std::vector<T> inv = default_inv_freq<T>(angles, head_dim, p.rope_theta);
+  inv.resize(static_cast<std::size_t>(head_dim / 2), T(0));
+  const T f = static_cast<T>(factor);
+  for (T& x : inv) x /= f;
   return make_frequencies(head_dim, head_dim, std::move(inv), 1.0);
 }
+
+POSENC_ROPE_METHOD_INSTANTIATE(rope_proportional)
 
 }  // namespace posenc::detail

@@ -26,6 +26,7 @@ double find_correction_dim(double num_rotations, int dim, double base, double ma
 // short compared with the original context keep their frequency
 // (extrapolation), long ones are divided by the factor (interpolation), a
 // linear ramp over the correction range [low, high] blends in between.
+template <class T>
 RopeFrequencies rope_yarn(const RopeParams& p, std::optional<int64_t>) {
   const int dim = resolve_rotary_dim(p);
   const int64_t orig = original_max_position(p);
@@ -73,24 +74,26 @@ RopeFrequencies rope_yarn(const RopeParams& p, std::optional<int64_t>) {
   low = std::max(low, 0.0);
   high = std::min(high, static_cast<double>(dim - 1));
   if (low == high) high += 0.001;  // prevent a singular ramp
-  const float ramp_lo = static_cast<float>(low);
-  const float ramp_span = static_cast<float>(high - low);
+  const T ramp_lo = static_cast<T>(low);
+  const T ramp_span = static_cast<T>(high - low);
 
   const int n = dim / 2;
-  const float b = static_cast<float>(p.rope_theta);
-  const float s = static_cast<float>(factor);
-  std::vector<float> inv(static_cast<std::size_t>(n));
+  const T b = static_cast<T>(p.rope_theta);
+  const T s = static_cast<T>(factor);
+  std::vector<T> inv(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) {
-    const float pos_freq = std::pow(b, static_cast<float>(2 * i) / static_cast<float>(dim));
-    const float extrapolation = 1.0f / pos_freq;
-    const float interpolation = 1.0f / (s * pos_freq);
-    const float ramp = std::clamp((static_cast<float>(i) - ramp_lo) / ramp_span, 0.0f, 1.0f);
-    const float extrapolation_factor = 1.0f - ramp;
-    const float keep = 1.0f - extrapolation_factor;
+    const T pos_freq = std::pow(b, static_cast<T>(2 * i) / static_cast<T>(dim));
+    const T extrapolation = T(1) / pos_freq;
+    const T interpolation = T(1) / (s * pos_freq);
+    const T ramp = std::clamp((static_cast<T>(i) - ramp_lo) / ramp_span, T(0), T(1));
+    const T extrapolation_factor = T(1) - ramp;
+    const T keep = T(1) - extrapolation_factor;
     inv[static_cast<std::size_t>(i)] =
         interpolation * keep + extrapolation * extrapolation_factor;
   }
   return make_frequencies(p.head_dim, dim, std::move(inv), attention_factor);
 }
+
+POSENC_ROPE_METHOD_INSTANTIATE(rope_yarn)
 
 }  // namespace posenc::detail

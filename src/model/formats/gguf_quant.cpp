@@ -9,65 +9,35 @@
 
 #include "model/formats/gguf_quant.hpp"
 #include "posenc/error.hpp"
+#include "posenc/float16.hpp"
 #include "posenc/gguf.hpp"
 
 namespace posenc {
 
 namespace detail {
 
+// The finite and infinite cases are float16.hpp's (the one conversion; they
+// agree with ggml's for every non-NaN float32 and binary16, checked over all
+// 2^32 inputs); only NaNs keep ggml's own encoding here.
+
 float gguf_f16_to_f32(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  if (exp == 0) {
-    // zero or subnormal: mant * 2^-24, exact in float32
-    const float mag = static_cast<float>(mant) * 0x1.0p-24f;
-    return std::bit_cast<float>(sign | std::bit_cast<uint32_t>(mag));
+  if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0) {
+    // NaN: quiet, as ggml's (arithmetic) conversion makes it, payload and sign kept
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    return std::bit_cast<float>(sign | 0x7f800000u | (static_cast<uint32_t>(h & 0x3ffu) << 13) | 0x00400000u);
   }
-  if (exp == 0x1f) {
-    uint32_t bits = sign | 0x7f800000u | (mant << 13);
-    if (mant != 0) bits |= 0x00400000u;  // NaN: quiet, as ggml's (arithmetic) conversion makes it
-    return std::bit_cast<float>(bits);
-  }
-  return std::bit_cast<float>(sign | ((exp + 112u) << 23) | (mant << 13));
+  return f16_to_f32(h);
 }
 
 uint16_t gguf_f32_to_f16(float f) {
   const uint32_t bits = std::bit_cast<uint32_t>(f);
-  const auto sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const uint32_t mag = bits & 0x7fffffffu;
-  if (mag > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
-  // 65520 (0x477ff000) is the midpoint between 65504, the largest binary16, and
-  // 65536; it rounds to even, i.e. up, so everything from there on is infinity.
-  if (mag >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);
-  const uint32_t e = mag >> 23;  // biased float32 exponent
-  if (e < 113) {
-    // result is a binary16 subnormal (or zero, or the smallest normal after rounding):
-    // q = round_half_even(|f| * 2^24) = round_half_even(significand >> (126 - e))
-    if (e < 102) return sign;  // |f| < 2^-25: rounds to zero (2^-25 itself ties to even zero)
-    const uint32_t sig = (mag & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - e;  // 14..24
-    uint32_t q = sig >> shift;
-    const uint32_t rem = sig & ((1u << shift) - 1);
-    const uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u))) ++q;
-    return static_cast<uint16_t>(sign | q);
-  }
-  // normal: keep 10 of the 23 mantissa bits, round the 13 dropped ones to nearest even;
-  // a carry out of the mantissa correctly bumps the exponent.
-  uint32_t q = ((e - 112) << 10) | ((mag >> 13) & 0x3ffu);
-  const uint32_t rem = mag & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (q & 1u))) ++q;
-  return static_cast<uint16_t>(sign | q);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>(((bits >> 16) & 0x8000u) | 0x7e00u);  // NaN
+  return f32_to_f16(f);
 }
 
-float gguf_bf16_to_f32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
+float gguf_bf16_to_f32(uint16_t h) { return bf16_to_f32(h); }
 
-uint16_t gguf_f32_to_bf16(float f) {
-  const uint32_t bits = std::bit_cast<uint32_t>(f);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
-  return static_cast<uint16_t>((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
-}
+uint16_t gguf_f32_to_bf16(float f) { return f32_to_bf16(f); }  // quiet NaN as ggml_compute_fp32_to_bf16
 
 }  // namespace detail
 

@@ -1,8 +1,9 @@
 // posenc — internal: ggml's scalar conversions (binary16, bfloat16) used by the
 // GGUF reader/writer (src/model/formats/gguf*.cpp).
 //
-// These are file-local to the GGUF module for now; include/posenc/safetensors.hpp
-// declares public f16/bf16 helpers with the same numerics, to be deduplicated.
+// Thin wrappers over include/posenc/float16.hpp (the same numerics for every
+// finite and infinite value); they keep ggml's NaN encodings, which the GGUF
+// tests pin.
 #pragma once
 
 #include <cstdint>
