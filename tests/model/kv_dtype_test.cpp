@@ -165,7 +165,7 @@ TEST(KvDtypeCli, CheckCacheJsonCarriesTheDtypeTheErrorAndTheBytes) {
     EXPECT_DOUBLE_EQ(s.at("tolerance").get<double>(),
                      j.at("tolerance").get<double>() + kKvRoundingMargin * s.at("kv_roundings").get<double>() *
                                                            s.at("kv_rounding").get<double>());
-    worst = std::max(worst, s.at("max_abs_logit_diff").get<double>());
+    if (!s.contains("informational")) worst = std::max(worst, s.at("max_abs_logit_diff").get<double>());
   }
   EXPECT_EQ(j.at("kv_error").get<double>(), worst);
 

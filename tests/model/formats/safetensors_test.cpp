@@ -79,7 +79,7 @@ void expect_checksums(const json& ref, std::span<const float> values, std::span<
 }
 
 /// float32 -> bfloat16 bits, round to nearest even (as the reference script).
-uint16_t f32_to_bf16(float f) {
+uint16_t reference_f32_to_bf16(float f) {
   const uint32_t u = std::bit_cast<uint32_t>(f);
   if (std::isnan(f)) return static_cast<uint16_t>((u >> 16) | 0x40u);
   return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
@@ -159,7 +159,7 @@ std::string converted_copy(const SafetensorsFile& f, const std::string& dtype,
   std::vector<TensorBytes> out;
   for (const auto& t : f.tensors()) {
     auto& b = bits[t.name];
-    for (float v : f.to_float32(t)) b.push_back(dtype == "F16" ? f32_to_f16(v) : f32_to_bf16(v));
+    for (float v : f.to_float32(t)) b.push_back(dtype == "F16" ? f32_to_f16(v) : reference_f32_to_bf16(v));
     out.push_back({t.name, dtype, t.shape, bytes_of(b)});
   }
   return safetensors_file(out, json(f.metadata()));
@@ -263,7 +263,7 @@ TEST(Safetensors, PerturbedWeightsRoundLikeNumpy) {
   std::vector<uint16_t> h(all.size()), b(all.size());
   for (std::size_t i = 0; i < all.size(); ++i) {
     h[i] = f32_to_f16(all[i]);
-    b[i] = f32_to_bf16(all[i]);
+    b[i] = reference_f32_to_bf16(all[i]);
   }
   const auto n = static_cast<int64_t>(all.size());
   const std::string bytes = safetensors_file({{"h", "F16", {n}, bytes_of(h)}, {"b", "BF16", {n}, bytes_of(b)}});
