@@ -5,22 +5,43 @@
 // indices, so forks, evictions and shifts cannot renumber anything by accident.
 // Layout (vLLM-style paging): fixed-size blocks from a pool; each sequence owns
 // a block table; a block holds, for every layer, k and v
-// [block_size, num_key_value_heads, head_dim] float32 plus the block's
-// position ids [block_size] (-1 = empty slot). Blocks are reference counted:
-// fork() shares a sequence's blocks, and a shared block is copied before it is
-// written (copy-on-write).
+// [block_size, num_key_value_heads, head_dim] in the cache's dtype (float32 by
+// default, or binary16 / bfloat16: KvCacheDtype) plus the block's position ids
+// [block_size] (-1 = empty slot). Blocks are reference counted: fork() shares a
+// sequence's blocks, and a shared block is copied before it is written
+// (copy-on-write).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "posenc/attention.hpp"
 #include "posenc/rope.hpp"
 
 namespace posenc {
+
+/// The element type the KV cache stores keys and values in.
+///  - f32:  float32, exactly what the model computed (the default).
+///  - f16:  IEEE binary16; each element rounded to nearest, ties to even, on
+///          write (float16.hpp f32_to_f16: |x| >= 65520 becomes inf) and widened
+///          exactly on read, as llama.cpp's `--cache-type-k f16` (its default)
+///          and a torch.float16 cache of Hugging Face / vLLM store them.
+///  - bf16: bfloat16 (8 exponent bits, 7 mantissa bits); the same rounding
+///          (float16.hpp f32_to_bf16), as `--cache-type-k bf16` / a
+///          torch.bfloat16 cache.
+/// f16 and bf16 take 2 bytes per element, half of f32's 4.
+enum class KvCacheDtype { f32, f16, bf16 };
+
+std::string_view to_string(KvCacheDtype dtype);
+/// "f32" | "f16" | "bf16" (also "float32", "float16", "bfloat16"). Throws
+/// InvalidArgument naming `field` and the value otherwise.
+KvCacheDtype parse_kv_cache_dtype(std::string_view name, std::string_view field = "kv_dtype");
+/// Bytes of one stored element: 4 (f32) or 2 (f16, bf16).
+int kv_cache_dtype_bytes(KvCacheDtype dtype);
 
 class KvCache {
  public:
@@ -32,6 +53,7 @@ class KvCache {
     int head_dim = 0;
     int block_size = 16;     ///< tokens per block
     int64_t max_blocks = 0;  ///< pool capacity; 0 = grow on demand
+    KvCacheDtype dtype = KvCacheDtype::f32;  ///< element type of the stored k and v
   };
 
   /// Where one token's k/v live.
@@ -121,15 +143,34 @@ class KvCache {
   /// Records a re-prefill of `tokens` tokens (Model::forward under recompute).
   void record_recompute(SeqId seq, int64_t tokens);
 
-  /// k or v of one slot at one layer: [kv_heads, head_dim] float32.
+  /// k or v of one slot at one layer: [kv_heads, head_dim] float32, written
+  /// and read in place. float32 caches only: throws InvalidArgument for an f16
+  /// or bf16 cache (use write()/read_key()/read_value()).
   float* key(int layer, Slot slot);
   float* value(int layer, Slot slot);
   const float* key(int layer, Slot slot) const;
   const float* value(int layer, Slot slot) const;
 
+  /// Stores one slot's k and v at `layer` (each [kv_heads, head_dim] float32),
+  /// converted to the cache's dtype (f16/bf16: round to nearest even, see
+  /// KvCacheDtype; f32: copied bit for bit). Throws InvalidArgument for a layer
+  /// or slot outside the cache.
+  void write(int layer, Slot slot, const float* k, const float* v);
+  /// One slot's k or v at `layer` widened to float32 (exact): [kv_heads, head_dim].
+  void read_key(int layer, Slot slot, float* out) const;
+  void read_value(int layer, Slot slot, float* out) const;
+
   /// The sequence's keys/values at `layer` as attention inputs (one KvBlock per
-  /// cache block, empty slots carry position -1). Appends to `out`.
+  /// cache block, empty slots carry position -1). Appends to `out`. float32
+  /// caches only (the blocks point into the cache); throws InvalidArgument
+  /// for f16/bf16 (use the overload with a widening buffer).
   void blocks(int layer, SeqId seq, std::vector<KvBlock>& out) const;
+  /// As blocks(layer, seq, out) for any dtype: a float32 cache's blocks point
+  /// into the cache (`widened` untouched); an f16/bf16 cache's are widened
+  /// exactly into `widened` (resized to [blocks, 2, block_size, kv_heads,
+  /// head_dim] float32; the KvBlocks point into it and stay valid until it is
+  /// changed). Appends to `out`.
+  void blocks(int layer, SeqId seq, std::vector<KvBlock>& out, std::vector<float>& widened) const;
 
   /// Empties every slot whose position id p satisfies begin <= p < end
   /// (positions of the other tokens are unchanged). Blocks left without tokens
@@ -186,6 +227,15 @@ class KvCache {
   int64_t blocks_in_use() const;
   int64_t blocks_allocated() const;
 
+  KvCacheDtype dtype() const { return config_.dtype; }
+  /// Bytes of k and v storage one token takes: n_layers x 2 x kv_heads x
+  /// head_dim x kv_cache_dtype_bytes(dtype).
+  int64_t kv_bytes_per_token() const;
+  /// Bytes of k and v storage the allocated blocks hold (the element buffers
+  /// as allocated, measured from the buffers; position ids and token ids not
+  /// included): blocks_allocated() x block_size x kv_bytes_per_token().
+  int64_t kv_bytes_allocated() const;
+
  private:
   struct Block;
   struct Sequence;
@@ -195,6 +245,12 @@ class KvCache {
   void release_block(int32_t block);
   int32_t make_writable(Sequence& s, std::size_t table_index);
   void drop_empty_blocks(Sequence& s);
+  /// Index of the first element of k (kv = 0) or v (kv = 1) of `offset` at `layer` in a block's buffer.
+  std::size_t element_index(int layer, int kv, int32_t offset) const;
+  /// Calls f(float* k) with the first n keys of `block` at `layer` as float32 [n, kv_heads, head_dim] (in place
+  /// for f32; widened into a scratch buffer and rounded back afterwards for f16/bf16).
+  template <class F>
+  void edit_keys(int32_t block, int layer, int32_t n, F&& f);
 
   Config config_;
   std::vector<std::unique_ptr<Block>> blocks_;

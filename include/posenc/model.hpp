@@ -318,8 +318,15 @@ class Model {
   void set_sliding_window(int64_t window);
   int64_t sliding_window() const { return sliding_window_; }
 
-  /// A KV cache shaped for this model.
+  /// A KV cache shaped for this model, storing k/v in kv_cache_dtype().
   KvCache make_cache(int block_size = 16, int64_t max_blocks = 0) const;
+  /// The same with an explicit element type.
+  KvCache make_cache(int block_size, int64_t max_blocks, KvCacheDtype dtype) const;
+  /// The element type of the caches make_cache() builds, score_window() included (default f32). With f16/bf16
+  /// every key and value the forward appends is rounded once (round to nearest even) and attention reads the
+  /// rounded values, also for the tokens of the same step (prefill sees what decode sees).
+  void set_kv_cache_dtype(KvCacheDtype dtype) { kv_dtype_ = dtype; }
+  KvCacheDtype kv_cache_dtype() const { return kv_dtype_; }
 
   /// One sequence's share of a batched forward step.
   struct SequenceInput {
@@ -377,6 +384,7 @@ class Model {
   RopeChangePolicy policy_ = RopeChangePolicy::recompute;
   void recompute_sequence(KvCache& cache, KvCache::SeqId seq, const KvCache::RopeState& state) const;
   int64_t sliding_window_ = 0;
+  KvCacheDtype kv_dtype_ = KvCacheDtype::f32;
   struct PositionWatch;
   int64_t max_position_ = -1;
   std::shared_ptr<PositionWatch> position_watch_;

@@ -144,7 +144,12 @@ threads at once (separate caches, and Model.logits, are safe).)doc")
            "Drops cached tokens [begin, end) (indices into the sequence); returns how many were dropped.")
       .def("keep_window", &KvCache::keep_window, py::arg("seq"), py::arg("window"), py::arg("sinks") = 0,
            "Keeps the first `sinks` and the last `window` tokens (StreamingLLM); returns how many were dropped.")
-      .def_property_readonly("blocks_in_use", &KvCache::blocks_in_use);
+      .def_property_readonly("blocks_in_use", &KvCache::blocks_in_use)
+      .def_property_readonly(
+          "kv_dtype", [](const KvCache& c) { return std::string(to_string(c.dtype())); },
+          "Element type of the stored keys and values: 'f32', 'f16' or 'bf16'.")
+      .def_property_readonly("kv_bytes_allocated", &KvCache::kv_bytes_allocated,
+                             "Bytes of key/value storage in the allocated blocks.");
 
   py::class_<PyModel>(m, "Model", R"doc(
 A Llama-architecture decoder on posenc's runtime. Load with posenc.Model.load(path). Methods: tokenize, decode,
@@ -318,8 +323,13 @@ finite and >= 0, top_p outside (0, 1]), posenc.ConfigError (rope_scaling / rope_
 prompt past the position limit).)doc")
       .def(
           "new_cache",
-          [](const PyModel& p, int block_size) { return p.model.make_cache(block_size); }, py::arg("block_size") = 16,
-          "An empty posenc.KvCache shaped for this model.")
+          [](const PyModel& p, int block_size, const std::string& kv_dtype) {
+            return p.model.make_cache(block_size, 0, parse_kv_cache_dtype(kv_dtype, "kv_dtype"));
+          },
+          py::arg("block_size") = 16, py::arg("kv_dtype") = "f32",
+          "An empty posenc.KvCache shaped for this model; kv_dtype 'f32' (default), 'f16' or 'bf16' is the element "
+          "type keys and values are stored in (rounded to nearest even on write). Raises posenc.InvalidArgument for "
+          "another kv_dtype.")
       .def(
           "forward",
           [](const PyModel& p, KvCache& cache, KvCache::SeqId seq, py::handle tokens, py::object position_ids,

@@ -7,11 +7,53 @@
 #include <fmt/format.h>
 
 #include "posenc/error.hpp"
+#include "posenc/float16.hpp"
 
 namespace posenc {
 
+std::string_view to_string(KvCacheDtype dtype) {
+  switch (dtype) {
+    case KvCacheDtype::f32: return "f32";
+    case KvCacheDtype::f16: return "f16";
+    case KvCacheDtype::bf16: return "bf16";
+  }
+  return "?";
+}
+
+KvCacheDtype parse_kv_cache_dtype(std::string_view name, std::string_view field) {
+  if (name == "f32" || name == "float32") return KvCacheDtype::f32;
+  if (name == "f16" || name == "float16") return KvCacheDtype::f16;
+  if (name == "bf16" || name == "bfloat16") return KvCacheDtype::bf16;
+  throw InvalidArgument(fmt::format("{}: unknown KV cache dtype '{}' (expected f32, f16 or bf16)", field, name));
+}
+
+int kv_cache_dtype_bytes(KvCacheDtype dtype) { return dtype == KvCacheDtype::f32 ? 4 : 2; }
+
+namespace {
+
+// One dispatch per call, then a branch-free loop per dtype.
+void narrow_to(KvCacheDtype dtype, const float* src, uint16_t* dst, std::size_t n) {
+  if (dtype == KvCacheDtype::f16) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = f32_to_f16(src[i]);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  }
+}
+
+void widen_from(KvCacheDtype dtype, const uint16_t* src, float* dst, std::size_t n) {
+  if (dtype == KvCacheDtype::f16) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
+  }
+}
+
+}  // namespace
+
 struct KvCache::Block {
-  std::vector<float> data;   // [n_layers][2 (k, v)][block_size][kv_heads * head_dim]
+  // [n_layers][2 (k, v)][block_size][kv_heads * head_dim], in `data` (f32) or `half` (f16/bf16 bits); the other is empty.
+  std::vector<float> data;
+  std::vector<uint16_t> half;
   std::vector<int64_t> pos;  // [block_size], -1 = empty
   std::vector<int32_t> tok;  // [block_size] token ids, -1 = unknown
   int32_t used = 0;          // slots handed out so far; slots >= used are free
@@ -110,9 +152,13 @@ int32_t KvCache::allocate_block() {
       throw CacheError(fmt::format("KV cache: block pool exhausted (max_blocks = {}, block_size = {})",
                                    config_.max_blocks, config_.block_size));
     auto blk = std::make_unique<Block>();
-    blk->data.resize(static_cast<std::size_t>(config_.n_layers) * 2 *
-                     static_cast<std::size_t>(config_.block_size) *
-                     static_cast<std::size_t>(config_.kv_heads) * static_cast<std::size_t>(config_.head_dim));
+    const std::size_t elements = static_cast<std::size_t>(config_.n_layers) * 2 *
+                                 static_cast<std::size_t>(config_.block_size) *
+                                 static_cast<std::size_t>(config_.kv_heads) * static_cast<std::size_t>(config_.head_dim);
+    if (config_.dtype == KvCacheDtype::f32)
+      blk->data.resize(elements);
+    else
+      blk->half.resize(elements);
     blk->pos.assign(static_cast<std::size_t>(config_.block_size), -1);
     blk->tok.assign(static_cast<std::size_t>(config_.block_size), -1);
     blocks_.push_back(std::move(blk));
@@ -141,6 +187,7 @@ int32_t KvCache::make_writable(Sequence& s, std::size_t table_index) {
   Block& nb = *blocks_[static_cast<std::size_t>(nid)];
   const Block& ob = *blocks_[static_cast<std::size_t>(id)];  // re-fetch: allocate may grow blocks_
   nb.data = ob.data;
+  nb.half = ob.half;
   nb.pos = ob.pos;
   nb.mpos = ob.mpos;
   nb.mset = ob.mset;
@@ -183,18 +230,27 @@ std::vector<KvCache::Slot> KvCache::append(SeqId seq, std::span<const int64_t> p
   return slots;
 }
 
-float* KvCache::key(int layer, Slot slot) {
+std::size_t KvCache::element_index(int layer, int kv, int32_t offset) const {
   const std::size_t kv_dim = static_cast<std::size_t>(config_.kv_heads) * static_cast<std::size_t>(config_.head_dim);
   const std::size_t bs = static_cast<std::size_t>(config_.block_size);
-  return blocks_[static_cast<std::size_t>(slot.block)]->data.data() +
-         ((static_cast<std::size_t>(layer) * 2) * bs + static_cast<std::size_t>(slot.offset)) * kv_dim;
+  return ((static_cast<std::size_t>(layer) * 2 + static_cast<std::size_t>(kv)) * bs + static_cast<std::size_t>(offset)) *
+         kv_dim;
+}
+
+float* KvCache::key(int layer, Slot slot) {
+  if (config_.dtype != KvCacheDtype::f32)
+    throw InvalidArgument(fmt::format("KvCache::key: the cache stores {} (no float32 buffer to point into; use "
+                                      "write() / read_key())",
+                                      to_string(config_.dtype)));
+  return blocks_[static_cast<std::size_t>(slot.block)]->data.data() + element_index(layer, 0, slot.offset);
 }
 
 float* KvCache::value(int layer, Slot slot) {
-  const std::size_t kv_dim = static_cast<std::size_t>(config_.kv_heads) * static_cast<std::size_t>(config_.head_dim);
-  const std::size_t bs = static_cast<std::size_t>(config_.block_size);
-  return blocks_[static_cast<std::size_t>(slot.block)]->data.data() +
-         ((static_cast<std::size_t>(layer) * 2 + 1) * bs + static_cast<std::size_t>(slot.offset)) * kv_dim;
+  if (config_.dtype != KvCacheDtype::f32)
+    throw InvalidArgument(fmt::format("KvCache::value: the cache stores {} (no float32 buffer to point into; use "
+                                      "write() / read_value())",
+                                      to_string(config_.dtype)));
+  return blocks_[static_cast<std::size_t>(slot.block)]->data.data() + element_index(layer, 1, slot.offset);
 }
 
 const float* KvCache::key(int layer, Slot slot) const { return const_cast<KvCache*>(this)->key(layer, slot); }
@@ -202,12 +258,100 @@ const float* KvCache::value(int layer, Slot slot) const {
   return const_cast<KvCache*>(this)->value(layer, slot);
 }
 
+namespace {
+void check_slot(const KvCache::Config& c, std::size_t n_blocks, int layer, KvCache::Slot slot, const char* what) {
+  if (layer < 0 || layer >= c.n_layers)
+    fail_field<InvalidArgument>("layer", fmt::format("{}: must be in [0, {})", what, c.n_layers), layer);
+  if (slot.block < 0 || static_cast<std::size_t>(slot.block) >= n_blocks || slot.offset < 0 ||
+      slot.offset >= c.block_size)
+    throw InvalidArgument(fmt::format("{}: slot (block {}, offset {}) is outside the cache ({} blocks of {})", what,
+                                      slot.block, slot.offset, n_blocks, c.block_size));
+}
+}  // namespace
+
+void KvCache::write(int layer, Slot slot, const float* k, const float* v) {
+  check_slot(config_, blocks_.size(), layer, slot, "KvCache::write");
+  const std::size_t kv_dim = static_cast<std::size_t>(config_.kv_heads) * static_cast<std::size_t>(config_.head_dim);
+  Block& b = *blocks_[static_cast<std::size_t>(slot.block)];
+  const std::size_t ki = element_index(layer, 0, slot.offset), vi = element_index(layer, 1, slot.offset);
+  if (config_.dtype == KvCacheDtype::f32) {
+    std::copy(k, k + kv_dim, b.data.data() + ki);
+    std::copy(v, v + kv_dim, b.data.data() + vi);
+  } else {
+    narrow_to(config_.dtype, k, b.half.data() + ki, kv_dim);
+    narrow_to(config_.dtype, v, b.half.data() + vi, kv_dim);
+  }
+}
+
+void KvCache::read_key(int layer, Slot slot, float* out) const {
+  check_slot(config_, blocks_.size(), layer, slot, "KvCache::read_key");
+  const std::size_t kv_dim = static_cast<std::size_t>(config_.kv_heads) * static_cast<std::size_t>(config_.head_dim);
+  const Block& b = *blocks_[static_cast<std::size_t>(slot.block)];
+  const std::size_t i = element_index(layer, 0, slot.offset);
+  if (config_.dtype == KvCacheDtype::f32)
+    std::copy(b.data.data() + i, b.data.data() + i + kv_dim, out);
+  else
+    widen_from(config_.dtype, b.half.data() + i, out, kv_dim);
+}
+
+void KvCache::read_value(int layer, Slot slot, float* out) const {
+  check_slot(config_, blocks_.size(), layer, slot, "KvCache::read_value");
+  const std::size_t kv_dim = static_cast<std::size_t>(config_.kv_heads) * static_cast<std::size_t>(config_.head_dim);
+  const Block& b = *blocks_[static_cast<std::size_t>(slot.block)];
+  const std::size_t i = element_index(layer, 1, slot.offset);
+  if (config_.dtype == KvCacheDtype::f32)
+    std::copy(b.data.data() + i, b.data.data() + i + kv_dim, out);
+  else
+    widen_from(config_.dtype, b.half.data() + i, out, kv_dim);
+}
+
+template <class F>
+void KvCache::edit_keys(int32_t block, int layer, int32_t n, F&& f) {
+  if (config_.dtype == KvCacheDtype::f32) {
+    f(key(layer, {block, 0}));
+    return;
+  }
+  const std::size_t count = static_cast<std::size_t>(n) * static_cast<std::size_t>(config_.kv_heads) *
+                            static_cast<std::size_t>(config_.head_dim);
+  uint16_t* bits = blocks_[static_cast<std::size_t>(block)]->half.data() + element_index(layer, 0, 0);
+  std::vector<float> k(count);
+  widen_from(config_.dtype, bits, k.data(), count);
+  f(k.data());
+  narrow_to(config_.dtype, k.data(), bits, count);
+}
+
 void KvCache::blocks(int layer, SeqId seq, std::vector<KvBlock>& out) const {
   if (layer < 0 || layer >= config_.n_layers)
     fail_field<InvalidArgument>("layer", fmt::format("must be in [0, {})", config_.n_layers), layer);
+  if (config_.dtype != KvCacheDtype::f32)
+    throw InvalidArgument(fmt::format("KvCache::blocks: the cache stores {}; pass a widening buffer",
+                                      to_string(config_.dtype)));
   for (int32_t b : seq_ref(seq).table) {
     const Block& blk = *blocks_[static_cast<std::size_t>(b)];
     out.push_back({key(layer, {b, 0}), value(layer, {b, 0}), blk.pos.data(), blk.used});
+  }
+}
+
+void KvCache::blocks(int layer, SeqId seq, std::vector<KvBlock>& out, std::vector<float>& widened) const {
+  if (config_.dtype == KvCacheDtype::f32) {
+    blocks(layer, seq, out);
+    return;
+  }
+  if (layer < 0 || layer >= config_.n_layers)
+    fail_field<InvalidArgument>("layer", fmt::format("must be in [0, {})", config_.n_layers), layer);
+  const Sequence& s = seq_ref(seq);
+  const std::size_t kv_dim = static_cast<std::size_t>(config_.kv_heads) * static_cast<std::size_t>(config_.head_dim);
+  const std::size_t per = static_cast<std::size_t>(config_.block_size) * kv_dim;  // k (or v) of one block
+  widened.resize(s.table.size() * 2 * per);  // before taking pointers into it
+  for (std::size_t i = 0; i < s.table.size(); ++i) {
+    const int32_t b = s.table[i];
+    const Block& blk = *blocks_[static_cast<std::size_t>(b)];
+    float* k = widened.data() + 2 * i * per;
+    float* v = k + per;
+    const std::size_t n = static_cast<std::size_t>(blk.used) * kv_dim;  // slots past `used` are never read
+    widen_from(config_.dtype, blk.half.data() + element_index(layer, 0, 0), k, n);
+    widen_from(config_.dtype, blk.half.data() + element_index(layer, 1, 0), v, n);
+    out.push_back({k, v, blk.pos.data(), blk.used});
   }
 }
 
@@ -309,7 +453,9 @@ void KvCache::shift(SeqId seq, int64_t delta, int64_t from) {
     if (s.rope) {
       const RopeTable table(rotation_only(s.rope->freqs), angle, s.rope->precision);
       for (int l = 0; l < config_.n_layers; ++l)
-        apply_rope(key(l, {id, 0}), b.used, config_.kv_heads, config_.head_dim, table, s.rope->layout);
+        edit_keys(id, l, b.used, [&](float* k) {
+          apply_rope(k, b.used, config_.kv_heads, config_.head_dim, table, s.rope->layout);
+        });
     }
   }
   if (from < s.next_pos) {
@@ -364,13 +510,13 @@ void KvCache::set_rope_state(SeqId seq, const RopeState& state, bool rerotate) {
     for (int32_t k = 0; k < b.used; ++k) pos[static_cast<std::size_t>(k)] = std::max<int64_t>(b.pos[static_cast<std::size_t>(k)], 0);
     const RopeTable undo(old_rot, pos, s.rope->precision);
     const RopeTable redo(new_rot, pos, state.precision);
-    for (int l = 0; l < config_.n_layers; ++l) {
-      float* k = key(l, {id, 0});
-      apply_rope(k, b.used, config_.kv_heads, config_.head_dim, undo, s.rope->layout, RopeDirection::inverse);
-      if (rescale != 1.0f)
-        for (std::size_t d = 0; d < static_cast<std::size_t>(b.used) * kv_dim; ++d) k[d] *= rescale;
-      apply_rope(k, b.used, config_.kv_heads, config_.head_dim, redo, state.layout, RopeDirection::forward);
-    }
+    for (int l = 0; l < config_.n_layers; ++l)
+      edit_keys(id, l, b.used, [&](float* k) {
+        apply_rope(k, b.used, config_.kv_heads, config_.head_dim, undo, s.rope->layout, RopeDirection::inverse);
+        if (rescale != 1.0f)
+          for (std::size_t d = 0; d < static_cast<std::size_t>(b.used) * kv_dim; ++d) k[d] *= rescale;
+        apply_rope(k, b.used, config_.kv_heads, config_.head_dim, redo, state.layout, RopeDirection::forward);
+      });
   }
   s.rope = state;
   ++s.stats.rope_rerotations;
@@ -485,5 +631,16 @@ int64_t KvCache::blocks_in_use() const {
   return static_cast<int64_t>(blocks_.size() - free_blocks_.size());
 }
 int64_t KvCache::blocks_allocated() const { return static_cast<int64_t>(blocks_.size()); }
+
+int64_t KvCache::kv_bytes_per_token() const {
+  return int64_t{config_.n_layers} * 2 * config_.kv_heads * config_.head_dim * kv_cache_dtype_bytes(config_.dtype);
+}
+
+int64_t KvCache::kv_bytes_allocated() const {
+  int64_t bytes = 0;
+  for (const auto& b : blocks_)
+    bytes += static_cast<int64_t>(b->data.size() * sizeof(float) + b->half.size() * sizeof(uint16_t));
+  return bytes;
+}
 
 }  // namespace posenc

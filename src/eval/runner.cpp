@@ -727,6 +727,7 @@ std::string eval_run_id(const EvalConfig& c, const Model& model) {
   if (model.trained_context() != model.config().max_position_embeddings) a["trained_context"] = model.trained_context();
   if (model.quantized_matmul() != QuantizedMatmul::dequantize)
     a["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
+  if (model.kv_cache_dtype() != KvCacheDtype::f32) a["kv_dtype"] = std::string(to_string(model.kv_cache_dtype()));
   return hex16(hash_bytes(a.dump()));
 }
 
@@ -1251,6 +1252,7 @@ EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoin
                   {"architecture", model.source().architecture},
                   {"weights", model.source().weights},
                   {"quantized_matmul", std::string(to_string(model.quantized_matmul()))},
+                  {"kv_dtype", std::string(to_string(model.kv_cache_dtype()))},
                   {"layout_reason", model.source().layout_reason}};
   }
   if (c.tokenizer_path.empty())

@@ -26,6 +26,18 @@ double max_diff(std::span<const float> a, std::span<const float> b) {
 
 void append_rows(std::vector<float>& dst, const std::vector<float>& src) { dst.insert(dst.end(), src.begin(), src.end()); }
 
+/// The reference of a scenario: one full forward of `tokens` under `m`'s setup with a float32 KV cache. For a
+/// model whose caches store f16/bf16, the same forward with that cache is run too and its max |Δlogit| against
+/// the float32 one (what rounding k/v alone costs on these tokens) is folded into `rounding`.
+std::vector<float> reference_forward(const Model& m, Tokens tokens, double& rounding) {
+  if (m.kv_cache_dtype() == KvCacheDtype::f32) return m.score_window(tokens);
+  Model f32 = m;
+  f32.set_kv_cache_dtype(KvCacheDtype::f32);
+  std::vector<float> ref = f32.score_window(tokens);
+  rounding = std::max(rounding, max_diff(m.score_window(tokens), ref));
+  return ref;
+}
+
 /// Feeds `tokens` to a fresh sequence in chunks of `chunk`, returning all logits.
 std::vector<float> chunked(const Model& m, Tokens tokens, int64_t chunk, int block_size) {
   KvCache cache = m.make_cache(block_size);
@@ -93,10 +105,12 @@ PolicyPath run_policy(const Model& model, Tokens tokens, int64_t chunk, int bloc
 /// forward at the length the step was computed at. Steps ending at or before
 /// the switch point share the rows of the forward of tokens[0, S) (the
 /// frequencies do not change below it).
-std::vector<float> rows_at_their_length(const Model& model, Tokens tokens, std::span<const int64_t> ends, int64_t S) {
+std::vector<float> rows_at_their_length(const Model& model, Tokens tokens, std::span<const int64_t> ends, int64_t S,
+                                        double& rounding) {
   const std::size_t V = static_cast<std::size_t>(model.config().vocab_size);
   const int64_t n = static_cast<int64_t>(tokens.size());
-  const std::vector<float> below = model.score_window(tokens.first(static_cast<std::size_t>(std::min(S, n))));
+  const std::vector<float> below =
+      reference_forward(model, tokens.first(static_cast<std::size_t>(std::min(S, n))), rounding);
   std::vector<float> out;
   int64_t start = 0;
   for (int64_t e : ends) {
@@ -104,7 +118,7 @@ std::vector<float> rows_at_their_length(const Model& model, Tokens tokens, std::
       out.insert(out.end(), below.begin() + static_cast<std::ptrdiff_t>(start * static_cast<int64_t>(V)),
                  below.begin() + static_cast<std::ptrdiff_t>(e * static_cast<int64_t>(V)));
     } else {
-      const auto f = model.score_window(tokens.first(static_cast<std::size_t>(e)));
+      const auto f = reference_forward(model, tokens.first(static_cast<std::size_t>(e)), rounding);
       out.insert(out.end(), f.begin() + static_cast<std::ptrdiff_t>(start * static_cast<int64_t>(V)), f.end());
     }
     start = e;
@@ -214,16 +228,25 @@ ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const
   rep.plan = plan;
   rep.family = model.family();
   rep.trained_context = model.trained_context();
+  rep.kv_dtype = model.kv_cache_dtype();
+  // What rounding k/v to the cache's dtype costs on the references of the scenario being built (0 for f32).
+  double rounding = 0.0;
   auto add = [&](std::string name, double diff, int64_t rows, std::string ref = "one full forward") {
     rep.scenarios.push_back({std::move(name), diff, rows, std::move(ref) + frozen_note, {}, {}, false, {}});
+    rep.scenarios.back().kv_rounding = rounding;
+    rounding = 0.0;
   };
   const Tokens base = stream.subspan(0, N);
-  const std::vector<float> full = model.score_window(base);
+  double full_rounding = 0.0;
+  const std::vector<float> full = reference_forward(model, base, full_rounding);
 
   // 1. token by token, and chunked prefill.
+  rounding = full_rounding;
   add("token_by_token", max_diff(chunked(model, base, 1, block_size), full), n);
-  for (int64_t c : plan.chunk_sizes)
+  for (int64_t c : plan.chunk_sizes) {
+    rounding = full_rounding;
     add(fmt::format("chunked_prefill_{}", c), max_diff(chunked(model, base, c, block_size), full), n);
+  }
 
   // 2. left-padded batch: 4 prompts of different lengths, each fed in two
   //    left-padded steps (a first part, then a continuation of a different
@@ -275,7 +298,7 @@ ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const
     std::string failure;
     for (std::size_t b = 0; b < B; ++b) {
       const int64_t total = len_a[b] + len_b[b] + steps;
-      const auto ref = model.score_window(stream.subspan(offs[b], static_cast<std::size_t>(total)));
+      const auto ref = reference_forward(model, stream.subspan(offs[b], static_cast<std::size_t>(total)), rounding);
       d = std::max(d, max_diff(got[b], ref));
       rows += total;
       const auto pos = cache.positions(seqs[b]);
@@ -328,7 +351,10 @@ ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const
     int64_t rows = 0;
     for (int i = 0; i < 3; ++i) {
       d = std::max(d, max_diff(got[static_cast<std::size_t>(i)],
-                               model.score_window(stream.subspan(offs[static_cast<std::size_t>(i)], static_cast<std::size_t>(total[static_cast<std::size_t>(i)])))));
+                               reference_forward(model,
+                                                 stream.subspan(offs[static_cast<std::size_t>(i)],
+                                                                static_cast<std::size_t>(total[static_cast<std::size_t>(i)])),
+                                                 rounding)));
       rows += total[static_cast<std::size_t>(i)];
     }
     add("ragged_batch", d, rows, "each sequence's own full forward");
@@ -347,6 +373,7 @@ ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const
     std::vector<KvCache::SeqId> seqs{parent};
     for (int i = 0; i < 3; ++i) seqs.push_back(cache.fork(parent));
     double d = max_diff(pre, std::span(full).subspan(0, P * V));
+    rounding = full_rounding;
     int64_t rows = static_cast<int64_t>(P);
     const std::size_t S = N - P;
     for (std::size_t k = 0; k < seqs.size(); ++k) {
@@ -357,7 +384,7 @@ ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const
       model.forward(cache, std::span(&in, 1), Model::LogitsMode::all, step);
       std::vector<int32_t> joined(prefix.begin(), prefix.end());
       joined.insert(joined.end(), suffix.begin(), suffix.end());
-      const auto ref = model.score_window(joined);
+      const auto ref = reference_forward(model, joined, rounding);
       d = std::max(d, max_diff(step, std::span(ref).subspan(P * V)));
       rows += static_cast<int64_t>(S);
     }
@@ -385,7 +412,7 @@ ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const
     rs.update_with_length = false;
     ex.set_rope(rs);
     const Model& model = ex;
-    const auto full = model.score_window(base);
+    const auto full = reference_forward(model, base, rounding);
     KvCache cache = model.make_cache(block_size);
     const auto seq = cache.create();
     std::vector<int64_t> pos(H);
@@ -398,6 +425,7 @@ ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const
     model.forward(cache, std::span(&in, 1), Model::LogitsMode::all, step);
     append_rows(got, step);
     add("context_shift", max_diff(got, full), n, "one full forward (both angle_precision exact)");
+    rep.scenarios.back().kv_roundings = 2;  // rounded when stored, and again after the shift's rotation
   }
 
   // 6. sliding-window eviction: token by token, evicting what left the window.
@@ -405,7 +433,7 @@ ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const
     const int64_t window = plan.sliding_window;
     Model sw = model;
     sw.set_sliding_window(window);
-    const auto ref = sw.score_window(base);
+    const auto ref = reference_forward(sw, base, rounding);
     KvCache cache = sw.make_cache(block_size);
     const auto seq = cache.create();
     std::vector<float> got, step;
@@ -441,7 +469,8 @@ ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const
       for (int64_t c : {int64_t{1}, chunk}) {
         std::vector<int64_t> ends;
         for (int64_t e = c; e < n + c; e += c) ends.push_back(std::min(e, n));
-        const std::vector<float> ref = rows_at_their_length(model_in, base, ends, S);
+        double ref_rounding = 0.0;
+        const std::vector<float> ref = rows_at_their_length(model_in, base, ends, S, ref_rounding);
         const std::string path = c == 1 ? "token_by_token" : fmt::format("chunked_{}", c);
         for (RopeChangePolicy policy : {RopeChangePolicy::recompute, RopeChangePolicy::hf, RopeChangePolicy::rerotate,
                                         RopeChangePolicy::refuse}) {
@@ -452,6 +481,7 @@ ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const
           sc.tokens = static_cast<int64_t>(got.logits.size() / V);
           sc.max_abs_logit_diff = max_diff(got.logits, std::span(ref).first(got.logits.size()));
           sc.informational = policy != o.rope_change_policy;
+          sc.kv_rounding = ref_rounding;
           const auto& st = got.stats;
           switch (policy) {
             case RopeChangePolicy::recompute:
@@ -463,6 +493,7 @@ ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const
               break;
             case RopeChangePolicy::rerotate:
               sc.note = fmt::format("{} re-rotations of every cached key", st.rope_rerotations);
+              sc.kv_roundings = 1 + st.rope_rerotations;  // each re-rotation rounds the keys again
               break;
             case RopeChangePolicy::refuse:
               sc.note = got.refused;
@@ -481,7 +512,7 @@ ConsistencyReport check_cache_consistency(const Model& model_in, std::span<const
         sc.name = fmt::format("longrope_planned_chunked_{}", chunk);
         sc.reference = fmt::format("one full forward of {} tokens (planned length {})", n, n);
         sc.tokens = n;
-        sc.max_abs_logit_diff = max_diff(got.logits, model_in.score_window(base));
+        sc.max_abs_logit_diff = max_diff(got.logits, reference_forward(model_in, base, sc.kv_rounding));
         sc.note = fmt::format("{} re-prefills", got.stats.rope_recomputes);
         if (got.stats.rope_recomputes > 0)
           sc.failure = "a chunk used the short factors although the planned length passes the switch point";

@@ -80,6 +80,7 @@ struct Scratch {
   std::vector<float> x, xb, q, k, v, att, h1, h3, rows;
   std::vector<std::byte> xq;  // quantized activations
   std::vector<KvBlock> blocks;
+  std::vector<float> widened;  // an f16/bf16 cache's k/v of one sequence and layer, widened for attention
 };
 
 /// y[n, l.out] (+)= x[n, l.in] W^T + b.
@@ -430,7 +431,12 @@ const std::vector<std::string>& Model::embedded_symbols() const { return w_->sym
 const std::string& Model::metadata_json() const { return w_->metadata_json; }
 
 KvCache Model::make_cache(int block_size, int64_t max_blocks) const {
+  return make_cache(block_size, max_blocks, kv_dtype_);
+}
+
+KvCache Model::make_cache(int block_size, int64_t max_blocks, KvCacheDtype dtype) const {
   KvCache::Config kc;
+  kc.dtype = dtype;
   kc.n_layers = w_->cfg.n_layers;
   kc.kv_heads = w_->cfg.n_kv_heads;
   kc.head_dim = w_->cfg.head_dim;
@@ -813,17 +819,14 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
         apply_rope(s.q.data() + r0 * Q, n, c.n_heads, c.head_dim, mtables[b], mstates[b].layout);
         apply_rope(s.k.data() + r0 * KV, n, c.n_kv_heads, c.head_dim, mtables[b], mstates[b].layout);
       }
-      for (int64_t i = 0; i < n; ++i) {
-        const auto slot = slots[b][static_cast<std::size_t>(i)];
-        std::memcpy(cache.key(l, slot), s.k.data() + (r0 + i) * KV, sizeof(float) * static_cast<std::size_t>(KV));
-        std::memcpy(cache.value(l, slot), s.v.data() + (r0 + i) * KV, sizeof(float) * static_cast<std::size_t>(KV));
-      }
+      for (int64_t i = 0; i < n; ++i)
+        cache.write(l, slots[b][static_cast<std::size_t>(i)], s.k.data() + (r0 + i) * KV, s.v.data() + (r0 + i) * KV);
     }
     for (std::size_t b = 0; b < B; ++b) {
       const int64_t r0 = offset[b], n = offset[b + 1] - offset[b];
       if (n == 0) continue;
       s.blocks.clear();
-      cache.blocks(l, batch[b].seq, s.blocks);
+      cache.blocks(l, batch[b].seq, s.blocks, s.widened);
       attention_forward(spec, s.q.data() + r0 * Q,
                         std::span<const int64_t>(pos).subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(n)),
                         s.blocks, s.att.data() + r0 * Q);

@@ -89,6 +89,31 @@ def test_score_and_kv_cache(shared):
     assert f.layout == "interleaved" and f.head_dim == model.config["head_dim"]
 
 
+def test_kv_cache_in_f16_and_bf16(shared):
+    path, tok = models(shared)["llama2c"]
+    model = posenc.Model.load(str(path), tokenizer=str(tok))
+    tokens = model.score(PROMPT)["tokens"]
+    exact = model.logits(tokens)
+    f32 = model.new_cache()
+    assert f32.kv_dtype == "f32"
+    seq = f32.new_sequence()
+    model.forward(f32, seq, tokens)
+    errors = {}
+    for dtype in ("f16", "bf16"):
+        cache = model.new_cache(kv_dtype=dtype)
+        assert cache.kv_dtype == dtype
+        seq = cache.new_sequence()
+        # Token by token equals one prefill on the same rounded cache, bit for bit.
+        rows = np.concatenate([model.forward(cache, seq, [t]) for t in tokens])
+        other = model.new_cache(kv_dtype=dtype)
+        np.testing.assert_array_equal(model.forward(other, other.new_sequence(), tokens), rows)
+        assert cache.kv_bytes_allocated * 2 == f32.kv_bytes_allocated
+        errors[dtype] = np.abs(rows - exact).max()
+    assert 0 < errors["f16"] < errors["bf16"] < 1.0
+    with pytest.raises(posenc.InvalidArgument, match="q8_0"):
+        model.new_cache(kv_dtype="q8_0")
+
+
 def test_model_errors(shared, tmp_path):
     path, tok = models(shared)["llama2c"]
     with pytest.raises(posenc.TokenizerError, match="no tokenizer"):

@@ -106,6 +106,9 @@ void run_check(const CheckArgs& a) {
   }
   const ConsistencyReport r = check_cache_consistency(model, stream, opt);
   const int64_t T = model.trained_context();
+  // Bytes of k/v storage per token in the checked caches and in a float32 one (no block is allocated here).
+  const int64_t kv_bytes = model.make_cache(plan.block_size).kv_bytes_per_token();
+  const int64_t kv_bytes_f32 = model.make_cache(plan.block_size, 0, KvCacheDtype::f32).kv_bytes_per_token();
   const std::string length_source =
       !derived                ? std::string("--length")
       : opt.length == T       ? fmt::format("the trained context, {}", model.trained_context_source())
@@ -130,6 +133,11 @@ void run_check(const CheckArgs& a) {
         js["max_abs_logit_diff"] = s.max_abs_logit_diff;
         js["tokens"] = s.tokens;
         js["passed"] = s.ok(r.tolerance);
+        if (r.kv_dtype != KvCacheDtype::f32) {
+          js["kv_rounding"] = s.kv_rounding;
+          js["kv_roundings"] = s.kv_roundings;
+          js["tolerance"] = s.tolerance_for(r.tolerance);
+        }
       } else {
         js["skip_reason"] = s.skipped;
       }
@@ -144,6 +152,16 @@ void run_check(const CheckArgs& a) {
       j["rope_change_policy"] = std::string(to_string(r.rope_change_policy));
     }
     j["tolerance"] = r.tolerance;
+    j["kv_dtype"] = std::string(to_string(r.kv_dtype));
+    j["kv_bytes_per_token"] = kv_bytes;
+    j["kv_bytes_per_token_f32"] = kv_bytes_f32;
+    if (r.kv_dtype != KvCacheDtype::f32) {
+      double worst = 0.0;
+      for (const auto& s : r.scenarios)
+        if (s.skipped.empty() && !s.informational) worst = std::max(worst, s.max_abs_logit_diff);
+      j["kv_error"] = worst;  // the largest max |dlogit| against the float32 full forward over the judged scenarios
+      j["kv_rounding_margin"] = kKvRoundingMargin;
+    }
     j["passed"] = r.passed;
     j["position_warning"] = position_warning_json();
     emit_json(a.json, j);
@@ -161,17 +179,39 @@ void run_check(const CheckArgs& a) {
       fmt::print("rope_type {} changes its frequencies past {} tokens: rope change policy {} is checked; the other "
                  "policies' drift is reported (informational, not judged)\n",
                  r.rope_type, r.rope_switch_point, to_string(r.rope_change_policy));
-    fmt::print("{:<36} {:>14} {:>8}  {}\n", "scenario", "max |dlogit|", "tokens", "compared with");
+    const bool rounded = r.kv_dtype != KvCacheDtype::f32;
+    if (rounded)
+      fmt::print("KV cache dtype {} ({} bytes of k/v per token, {} in f32): each scenario's max |dlogit| is against "
+                 "the float32 full forward; 'rounding' is what storing k/v in {} costs the full forward itself, and a "
+                 "scenario passes within tolerance + {:g} x rounding x the times its path rounds a key (1; 2 for "
+                 "context_shift; 1 + re-rotations for rerotate)\n",
+                 to_string(r.kv_dtype), kv_bytes, kv_bytes_f32, to_string(r.kv_dtype), kKvRoundingMargin);
+    if (rounded)
+      fmt::print("{:<36} {:>14} {:>11} {:>8}  {}\n", "scenario", "max |dlogit|", "rounding", "tokens", "compared with");
+    else
+      fmt::print("{:<36} {:>14} {:>8}  {}\n", "scenario", "max |dlogit|", "tokens", "compared with");
     for (const auto& s : r.scenarios) {
       if (!s.skipped.empty()) {
-        fmt::print("{:<36} {:>14} {:>8}  skipped: {}\n", s.name, "-", "-", s.skipped);
+        fmt::print("{:<36} {:>14} {}{:>8}  skipped: {}\n", s.name, "-", rounded ? fmt::format("{:>11} ", "-") : "",
+                   "-", s.skipped);
         continue;
       }
-      fmt::print("{:<36} {:>14.3e} {:>8}  {}{}{}{}{}\n", s.name, s.max_abs_logit_diff, s.tokens, s.reference,
+      fmt::print("{:<36} {:>14.3e} {}{:>8}  {}{}{}{}{}\n", s.name, s.max_abs_logit_diff,
+                 rounded ? fmt::format("{:>11.3e} ", s.kv_rounding) : "", s.tokens, s.reference,
                  s.note.empty() ? "" : "; " + s.note, s.informational ? " [drift, informational]" : "",
                  s.ok(r.tolerance) ? "" : "   <-- FAIL", s.failure.empty() ? "" : ": " + s.failure);
     }
-    fmt::print("{} (tolerance {:g})\n", r.passed ? "PASSED" : "FAILED", r.tolerance);
+    if (rounded)
+      fmt::print("{} (tolerance {:g} + {:g} x rounding per rounding; KV cache {}, largest judged max |dlogit| {:.3e})\n",
+                 r.passed ? "PASSED" : "FAILED", r.tolerance, kKvRoundingMargin, to_string(r.kv_dtype),
+                 [&] {
+                   double w = 0.0;
+                   for (const auto& s : r.scenarios)
+                     if (s.skipped.empty() && !s.informational) w = std::max(w, s.max_abs_logit_diff);
+                   return w;
+                 }());
+    else
+      fmt::print("{} (tolerance {:g})\n", r.passed ? "PASSED" : "FAILED", r.tolerance);
   }
   if (!r.passed) throw CacheError("position consistency check failed: see the scenarios above");
 }
@@ -184,6 +224,7 @@ void add_check_cache_command(CLI::App& app) {
       "check-cache", "Prove that the KV cache keeps position semantics: incremental, chunked, padded, ragged, forked, "
                      "shifted (RoPE) and windowed paths against one full forward, for every positional family");
   args->model.add_to(*cmd);
+  args->model.add_kv_dtype_to(*cmd);
   cmd->add_option("--text", args->text_path,
                   "UTF-8 text supplying the tokens (default: pseudo-random token ids, --seed)");
   cmd->add_option("--length", args->options.length,

@@ -200,6 +200,14 @@ void ModelArgs::add_to(CLI::App& cmd) {
       ->check(int_in(0, int64_t{1} << 40));
 }
 
+void ModelArgs::add_kv_dtype_to(CLI::App& cmd) {
+  cmd.add_option("--kv-dtype", kv_dtype,
+                 "element type of the KV cache: f32 (default), f16 (IEEE binary16) or bf16; keys and values are "
+                 "rounded to nearest even when stored (half the memory of f32) and widened exactly when read")
+      ->check(CLI::IsMember({"f32", "f16", "bf16"}))
+      ->capture_default_str();
+}
+
 namespace {
 std::mutex g_position_warning_mutex;
 std::optional<PositionWarning> g_position_warning;  // the first one of this process
@@ -241,6 +249,7 @@ std::vector<std::string> apply_model_overrides(Model& model, const ModelArgs& ar
   o.precision = parse_angle_precision(args.angle_precision, "--angle-precision");
   o.trained_context = args.trained_context;
   if (model.family() != PositionFamily::rope) o.precision.reset();
+  model.set_kv_cache_dtype(parse_kv_cache_dtype(args.kv_dtype, "--kv-dtype"));
   return apply_positional_overrides(model, o);
 }
 }  // namespace

@@ -37,7 +37,11 @@ struct ModelArgs {
   // Bounds on positions (issue 16 finding 4): --max-position N makes a position id > N a PositionError (exit 1);
   // load_model installs the warning printed once past the trained context x the rope_scaling factor.
   std::optional<int64_t> max_position;
+  /// --kv-dtype (commands that build a KV cache: generate, ppl, eval, serve, check-cache): f32, f16 or bf16,
+  /// applied by load_model with Model::set_kv_cache_dtype.
+  std::string kv_dtype = "f32";
   void add_to(CLI::App& cmd);
+  void add_kv_dtype_to(CLI::App& cmd);
 };
 
 /// The position warning of this process (Model::set_position_warning, installed by load_model: printed once to

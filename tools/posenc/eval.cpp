@@ -292,6 +292,7 @@ void add_eval_command(CLI::App& app) {
       "controls, perplexity matrix; resumable (same arguments = same run id) and shardable (--shard i/n, `eval "
       "merge`). Subcommands: report, merge.");
   args->model.add_to(*cmd);
+  args->model.add_kv_dtype_to(*cmd);
   cmd->get_option("--model")->required(false);  // --model or --endpoint (run_eval_cmd checks)
   cmd->add_option("--endpoint", args->endpoints,
                   "evaluate a served model instead of --model: the OpenAI-compatible API base URL[=LABEL] (e.g. "

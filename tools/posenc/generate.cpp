@@ -117,6 +117,7 @@ void run_generate(const GenerateArgs& a) {
       j["tokens_reprefilled"] = res.tokens_reprefilled;
     }
     j["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
+    j["kv_dtype"] = std::string(to_string(model.kv_cache_dtype()));
     j["prefill_seconds"] = res.prefill_seconds;
     j["decode_seconds"] = res.decode_seconds;
     write_output(a.json_path, j.dump(2) + "\n");
@@ -141,6 +142,7 @@ void add_generate_command(CLI::App& app) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* cmd = app.add_subcommand("generate", "Continue a prompt (greedy by default; angle_precision float32)");
   args->model.add_to(*cmd);
+  args->model.add_kv_dtype_to(*cmd);
   args->prompt.add_to(*cmd, /*required=*/true);
   cmd->add_option("--max-tokens", args->options.max_new_tokens, "new tokens to generate")
       ->check(int_in(0, 1 << 20))

@@ -184,6 +184,7 @@ void run_ppl(const PplArgs& a) {
       j["rope_change_policy"] = std::string(to_string(model.rope_change_policy()));
     }
     j["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
+    j["kv_dtype"] = std::string(to_string(model.kv_cache_dtype()));
     j["buckets"] = edges.empty() ? "trained_context" : "--buckets";
     j["bootstrap"] = {{"resamples", PplOptions{}.bootstrap_resamples}, {"level", 0.95}, {"unit", "window"}};
     j["fine_bins_per_bucket"] = kFineBins;
@@ -210,6 +211,7 @@ void add_ppl_command(CLI::App& app) {
       "ppl", "Perplexity by position bucket for each context length and RoPE scaling (angle_precision float32 "
              "by default: the numerics the model was trained with)");
   args->model.add_to(*cmd);
+  args->model.add_kv_dtype_to(*cmd);
   cmd->add_option("--text", args->text_path, "UTF-8 text file to score")->required();
   cmd->add_option("--context", args->contexts,
                   "window lengths L, comma-separated (K = 1024); default: T/2,T,2T,4T for the model's trained context T "

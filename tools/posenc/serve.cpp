@@ -119,6 +119,7 @@ void add_serve_command(CLI::App& app) {
       "/health, /version, /metrics) with continuous batching; prints 'posenc serve: listening on "
       "http://HOST:PORT/v1 ...' on stderr once bound; SIGTERM drains and exits 0");
   args->model.add_to(*cmd);
+  args->model.add_kv_dtype_to(*cmd);
   auto& c = args->config;
   cmd->add_option("--host", c.host, "address to bind (loopback by default)")->capture_default_str()->check(non_empty());
   cmd->add_option("--port", c.port, "TCP port; 0 = any free port (the listening line gives it)")
