@@ -38,7 +38,7 @@ std::vector<float> llama3_inv_freq_variant(const RopeParams& p, int form) {
   const double high = require_positive(p, p.high_freq_factor, "high_freq_factor");
   const int64_t orig = original_max_position(p);
   const int dim = resolve_rotary_dim(p);
-  std::vector<float> inv = default_inv_freq(dim / 2, dim, p.rope_theta);
+  std::vector<float> inv = default_inv_freq<float>(dim / 2, dim, p.rope_theta);
   // As src/encoding/scaling/llama3.cpp (float32, torch's scalar/tensor order), with the knobs.
   const float low_wavelen = static_cast<float>(static_cast<double>(orig) / low);
   const float high_wavelen = static_cast<float>(static_cast<double>(orig) / high);
@@ -181,7 +181,7 @@ Variants rotary_partial_head_dim_exponent(const MistakeContext& ctx, std::string
   }
   // theta^(-2i/head_dim) over the rotary pairs instead of theta^(-2i/rotary_dim).
   const int n = ctx.reference.n_pairs();
-  return {with_inv_freq(ctx, default_inv_freq(n, ctx.reference.head_dim, ctx.params.rope_theta),
+  return {with_inv_freq(ctx, default_inv_freq<float>(n, ctx.reference.head_dim, ctx.params.rope_theta),
                         fmt::format("exponent 2i/{} instead of 2i/{}", ctx.reference.head_dim, ctx.reference.rotary_dim))};
 }
 
@@ -245,7 +245,7 @@ Variants llama3_bands_missing(const MistakeContext& ctx, std::string& why) {
     return {};
   }
   const int n = ctx.reference.n_pairs();
-  return {with_inv_freq(ctx, default_inv_freq(n, ctx.reference.rotary_dim, ctx.params.rope_theta),
+  return {with_inv_freq(ctx, default_inv_freq<float>(n, ctx.reference.rotary_dim, ctx.params.rope_theta),
                         "plain rope_theta frequencies")};
 }
 
@@ -312,7 +312,7 @@ Variants frequency_exponent_off(const MistakeContext& ctx, std::string& why) {
     why = "rotary_dim 2 has one frequency";
     return {};
   }
-  std::vector<float> inv = default_inv_freq(n, d - 2, ctx.params.rope_theta);
+  std::vector<float> inv = default_inv_freq<float>(n, d - 2, ctx.params.rope_theta);
   if (ctx.params.rope_type == "linear") {
     const float f = static_cast<float>(require_factor(ctx.params));
     for (float& x : inv) x = x / f;
