@@ -32,8 +32,8 @@ RopeFrequencies MistakeContext::scheduled(const RopeParams& p) const {
   return schedule.update(all_positions);
 }
 
-std::vector<float> llama3_inv_freq_variant(const RopeParams& p, int form) {
-  const double factor = form == 3 ? 8.0 : require_factor(p);
+std::vector<float> llama3_inv_freq_variant(const RopeParams& p, bool wavelength_smooth) {
+  const double factor = require_factor(p);
   const double low = require_positive(p, p.low_freq_factor, "low_freq_factor");
   const double high = require_positive(p, p.high_freq_factor, "high_freq_factor");
   const int64_t orig = original_max_position(p);
@@ -48,16 +48,12 @@ std::vector<float> llama3_inv_freq_variant(const RopeParams& p, int form) {
   const float span = static_cast<float>(high - low);
   const float ctx = static_cast<float>(orig);
   for (float& x : inv) {
-    if (form == 1) {
-      x = x / f;
-      continue;
-    }
     const float wavelen = (1.0f / x) * two_pi;
     float scaled = wavelen > low_wavelen ? x / f : x;
     const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
     if (medium && span > 0) {
-      // form 2: the blend weight linear in wavelength, 1 at high_wavelen, 0 at low_wavelen.
-      const float smooth = form == 2 ? (low_wavelen - wavelen) / (low_wavelen - high_wavelen)
+      // The mistake: the blend weight linear in wavelength, 1 at high_wavelen, 0 at low_wavelen.
+      const float smooth = wavelength_smooth ? (low_wavelen - wavelen) / (low_wavelen - high_wavelen)
                                      : ((1.0f / wavelen) * ctx - lo) / span;
       scaled = (1.0f - smooth) * scaled / f + smooth * scaled;
     }
@@ -66,7 +62,7 @@ std::vector<float> llama3_inv_freq_variant(const RopeParams& p, int form) {
   return inv;
 }
 
-std::vector<float> yarn_inv_freq_variant(const RopeParams& p, bool ramp_over_channels, bool flip_truncate) {
+std::vector<float> yarn_inv_freq_variant(const RopeParams& p, bool ramp_over_channels) {
   // As src/encoding/scaling/yarn.cpp (HF _compute_yarn_parameters), with the knobs.
   const int dim = resolve_rotary_dim(p);
   const int64_t orig = original_max_position(p);
@@ -79,9 +75,7 @@ std::vector<float> yarn_inv_freq_variant(const RopeParams& p, bool ramp_over_cha
   };
   double low = correction_dim(beta_fast);
   double high = correction_dim(beta_slow);
-  bool truncate = p.truncate.value_or(true);
-  if (flip_truncate) truncate = !truncate;
-  if (truncate) {
+  if (p.truncate.value_or(true)) {
     low = std::floor(low);
     high = std::ceil(high);
   }
@@ -255,11 +249,17 @@ Variants llama3_bands_wrong(const MistakeContext& ctx, std::string& why) {
     return {};
   }
   Variants out;
-  out.push_back(with_inv_freq(ctx, llama3_inv_freq_variant(ctx.params, 1), "every band divided by factor"));
-  out.push_back(with_inv_freq(ctx, llama3_inv_freq_variant(ctx.params, 2), "smooth factor linear in wavelength"));
-  if (ctx.params.factor && *ctx.params.factor != 8.0)
-    out.push_back(with_inv_freq(ctx, llama3_inv_freq_variant(ctx.params, 3),
+  std::vector<float> divided = default_inv_freq<float>(ctx.reference.n_pairs(), ctx.reference.rotary_dim, ctx.params.rope_theta);
+  const float f = static_cast<float>(require_factor(ctx.params));
+  for (float& x : divided) x = x / f;  // linear scaling of every band (HF's linear type, float32)
+  out.push_back(with_inv_freq(ctx, std::move(divided), "every band divided by factor"));
+  out.push_back(with_inv_freq(ctx, llama3_inv_freq_variant(ctx.params, true), "smooth factor linear in wavelength"));
+  if (ctx.params.factor && *ctx.params.factor != 8.0) {
+    RopeParams eight = ctx.params;
+    eight.factor = 8.0;
+    out.push_back(with_inv_freq(ctx, compute_rope_frequencies(eight).inv_freq,
                                 fmt::format("factor 8 hard-coded instead of {:g}", *ctx.params.factor)));
+  }
   return out;
 }
 
@@ -268,7 +268,7 @@ Variants yarn_ramp_wrong_space(const MistakeContext& ctx, std::string& why) {
     why = fmt::format("rope_type is {}, not yarn", ctx.params.rope_type);
     return {};
   }
-  return {with_inv_freq(ctx, yarn_inv_freq_variant(ctx.params, true, false),
+  return {with_inv_freq(ctx, yarn_inv_freq_variant(ctx.params, true),
                         "ramp at channel index 2i instead of pair index i")};
 }
 
@@ -278,7 +278,9 @@ Variants yarn_truncate_ignored(const MistakeContext& ctx, std::string& why) {
     return {};
   }
   const bool truncate = ctx.params.truncate.value_or(true);
-  return {with_inv_freq(ctx, yarn_inv_freq_variant(ctx.params, false, true),
+  RopeParams flipped = ctx.params;
+  flipped.truncate = !truncate;
+  return {with_inv_freq(ctx, compute_rope_frequencies(flipped).inv_freq,
                         truncate ? "correction range not rounded (truncate true ignored)"
                                  : "correction range rounded (truncate false ignored)")};
 }

@@ -54,16 +54,16 @@ struct RopeMistake {
 /// The catalogue, in a stable order.
 std::span<const RopeMistake> rope_mistakes();
 
-/// Llama-3 inverse frequencies with one of the wrong forms of the band rule
-/// (for the catalogue and its tests): 0 = the reference (HF
-/// _compute_llama3_parameters, float32), 1 = every band divided by factor,
-/// 2 = smooth factor linear in wavelength instead of orig/wavelength,
-/// 3 = factor hard-coded to 8.
-std::vector<float> llama3_inv_freq_variant(const RopeParams& p, int form);
-/// YaRN inverse frequencies with knobs (0/false = the reference, HF
-/// _compute_yarn_parameters): ramp_over_channels evaluates the ramp at the
-/// channel index 2i instead of the pair index i; flip_truncate inverts the
-/// config's truncate.
-std::vector<float> yarn_inv_freq_variant(const RopeParams& p, bool ramp_over_channels, bool flip_truncate);
+/// Llama-3 inverse frequencies with the band rule's smooth factor either as
+/// the reference (HF _compute_llama3_parameters, float32; wavelength_smooth
+/// false) or linear in wavelength instead of orig/wavelength (true). The
+/// mistakes that only change a parameter (factor hard-coded to 8, every band
+/// divided by factor) are computed by the library itself.
+std::vector<float> llama3_inv_freq_variant(const RopeParams& p, bool wavelength_smooth);
+/// YaRN inverse frequencies (HF _compute_yarn_parameters) with the ramp
+/// evaluated at the channel index 2i instead of the pair index i when
+/// ramp_over_channels (false: the reference). "truncate ignored" needs no
+/// formula of its own: it is the library's YaRN with truncate flipped.
+std::vector<float> yarn_inv_freq_variant(const RopeParams& p, bool ramp_over_channels);
 
 }  // namespace posenc::detail

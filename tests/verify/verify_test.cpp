@@ -229,7 +229,7 @@ std::vector<MistakeCase> cases() {
     MistakeCase c{"yarn_ramp_wrong_space", yarn_params(), RopeLayout::half, P64, {}};
     c.buggy = [c](const std::vector<float>& q) {
       RopeFrequencies f = scheduled(c.params, c.positions);
-      f.inv_freq = detail::yarn_inv_freq_variant(c.params, true, false);
+      f.inv_freq = detail::yarn_inv_freq_variant(c.params, true);
       return rotate(q, f, c.positions, c.layout);
     };
     out.push_back(c);
@@ -434,12 +434,12 @@ TEST(VerifyCatalogue, VariantFormulasWithoutTheirKnobsAreTheReference) {
   for (bool truncate : {true, false}) {
     RopeParams p = yarn_params();
     p.truncate = truncate;
-    EXPECT_EQ(detail::yarn_inv_freq_variant(p, false, false), compute_rope_frequencies(p).inv_freq);
+    EXPECT_EQ(detail::yarn_inv_freq_variant(p, false), compute_rope_frequencies(p).inv_freq);
   }
-  EXPECT_EQ(detail::llama3_inv_freq_variant(llama31_params(), 0), compute_rope_frequencies(llama31_params()).inv_freq);
+  EXPECT_EQ(detail::llama3_inv_freq_variant(llama31_params(), false), compute_rope_frequencies(llama31_params()).inv_freq);
   // The wrong-space ramp: pairs with 2i past the correction range are fully interpolated (divided by factor).
   const RopeParams p = yarn_params();
-  const auto wrong = detail::yarn_inv_freq_variant(p, true, false);
+  const auto wrong = detail::yarn_inv_freq_variant(p, true);
   const auto plain = default_rope_frequencies(kHeadDim, kHeadDim, 10000.0).inv_freq;
   EXPECT_FLOAT_EQ(wrong.back(), plain.back() / 16.0f);
   EXPECT_FLOAT_EQ(wrong.front(), plain.front());
