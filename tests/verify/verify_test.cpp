@@ -184,6 +184,7 @@ std::vector<MistakeCase> cases() {
     c.buggy = [c](const std::vector<float>& q) {
       RopeFrequencies f = default_rope_frequencies(kHeadDim, kHeadDim, 10000.0);
       f.inv_freq.resize(8);  // the first 8 pairs of theta^(-2i/64) on a 16-wide rotary part
+      f.inv_freq_f64.clear();  // hand-made frequencies have no double twin
       f.rotary_dim = 16;
       return rotate(q, f, c.positions, c.layout);
     };
@@ -230,6 +231,7 @@ std::vector<MistakeCase> cases() {
     c.buggy = [c](const std::vector<float>& q) {
       RopeFrequencies f = scheduled(c.params, c.positions);
       f.inv_freq = detail::yarn_inv_freq_variant(c.params, true);
+      f.inv_freq_f64.clear();
       return rotate(q, f, c.positions, c.layout);
     };
     out.push_back(c);
@@ -499,6 +501,7 @@ TEST(VerifyTables, CosSinAndInvFreqAreCheckedAndDiagnosed) {
   // bf16 inv_freq (stored as bf16 by model.to(bfloat16)) and the tables made from it: FAIL, diagnosed.
   RopeFrequencies fb = f;
   fb.inv_freq = bf16_inv;
+  fb.inv_freq_f64.clear();
   std::vector<float> cb(n), sb(n);
   rope_cos_sin(fb, pos, AnglePrecision::float32, cb, sb);
   const std::vector<DumpArray> bad{array("cos", shape, doubled(cb)), array("sin", shape, doubled(sb)),
