@@ -77,8 +77,12 @@ enum class ModelFormat { llama2c, posenc, hf_directory, gguf };
 std::string_view to_string(ModelFormat format);
 
 /// How products with quantized weights (GGUF Q8_0, Q4_0) are computed.
-///  - dequantize:     the blocks are expanded to float32 once at load; every
-///                    product is float32 (the reference forward).
+///  - dequantize:     the blocks stay in the file (memory-mapped) and each
+///                    weight is dequantized to float32 in registers as a
+///                    product reads it; every product is float32 (the
+///                    reference forward). Weights of every other dtype (F32,
+///                    F16, BF16) are read the same way: as stored, never
+///                    expanded into a float32 copy.
 ///  - q8_activations: the weights stay in their blocks; each activation row is
 ///                    quantized to Q8_0 (blocks of 32: d = amax/127 rounded to
 ///                    fp16, q = round(x/d)) and every block product is an exact

@@ -27,9 +27,12 @@ namespace {
 inline void cos_sin_scalar(float inv_freq, int64_t position, AnglePrecision precision, float& c,
                            float& s) {
   if (precision == AnglePrecision::float32) {
-    const float angle = static_cast<float>(position) * inv_freq;
-    c = std::cos(angle);
-    s = std::sin(angle);
+    // The float32 angle, then cos/sin in double rounded once to float, as the vector path computes them (the
+    // float overloads, cosf/sinf, are not correctly rounded: on a CPU without AVX-512, where this path runs for
+    // every lane, they made the table differ from an AVX-512 machine's in the last bit).
+    const double angle = static_cast<double>(static_cast<float>(position) * inv_freq);
+    c = static_cast<float>(std::cos(angle));
+    s = static_cast<float>(std::sin(angle));
   } else {
     const double angle = static_cast<double>(position) * static_cast<double>(inv_freq);
     c = static_cast<float>(std::cos(angle));

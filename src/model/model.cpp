@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "model/kernels.hpp"
+#include "model/kernels_dense.hpp"
 #include "model/raw_model.hpp"
 #include "posenc/absolute.hpp"
 #include "posenc/bias.hpp"
@@ -25,28 +26,19 @@ namespace posenc {
 
 namespace {
 
-std::vector<float> transpose(const float* w, int64_t out, int64_t in) {
-  std::vector<float> t(static_cast<std::size_t>(out * in));
-  for (int64_t o = 0; o < out; ++o)
-    for (int64_t i = 0; i < in; ++i) t[static_cast<std::size_t>(i * out + o)] = w[o * in + i];
-  return t;
-}
-
-/// y = x W^T (+ b): one projection, with its weights held as the load options
-/// say (float32 transposed for the float32 kernel, or the file's Q8_0/Q4_0
-/// blocks for the quantized-activation kernel).
+/// y = x W^T (+ b): one projection, its weights read where the file keeps them
+/// (a view into the memory map, in the stored dtype, [out, in]): the dense
+/// kernels widen each weight in registers (kernels_dense.hpp); with
+/// --quantized-matmul q8_activations, Q8_0/Q4_0 weights go through llama.cpp's
+/// quantized-activation product instead.
 struct Linear {
   int64_t out = 0, in = 0;
-  std::vector<float> wt;               // float32 [in, out]
-  detail::RawMatrix blocks;            // q8_0 / q4_0 [out, in] (q8_activations)
-  detail::PackedQ8 packed;             // the same, repacked for the AVX-512 VNNI kernel when the CPU has it
+  detail::RawMatrix w;                 // [out, in] as stored
+  bool q8_activations = false;         // Q8_0/Q4_0 with the quantized-activation kernel
+  detail::PackedQ8 packed;             // the same blocks repacked for the AVX-512 VNNI kernel when the CPU has it
   const float* bias = nullptr;         // [out] or nullptr
-  bool quantized() const { return !blocks.empty(); }
   /// [out, in] float32 (for export).
-  std::vector<float> rows_f32() const {
-    if (quantized()) return blocks.to_f32();
-    return transpose(wt.data(), in, out);
-  }
+  std::vector<float> rows_f32() const { return w.to_f32(); }
 };
 
 Linear make_linear(const detail::RawMatrix& m, const float* bias, const LoadOptions& opt) {
@@ -54,16 +46,12 @@ Linear make_linear(const detail::RawMatrix& m, const float* bias, const LoadOpti
   l.out = m.rows;
   l.in = m.cols;
   l.bias = bias;
+  l.w = m;
   const bool q = m.type == detail::WeightType::q8_0 || m.type == detail::WeightType::q4_0;
   if (q && opt.quantized_matmul == QuantizedMatmul::q8_activations) {
-    l.blocks = m;
+    l.q8_activations = true;
     if (detail::packed_q8_supported())
       l.packed = detail::pack_q8(m.data, m.type == detail::WeightType::q4_0, m.rows, m.cols);
-  } else if (m.type == detail::WeightType::f32) {
-    l.wt = transpose(reinterpret_cast<const float*>(m.data), m.rows, m.cols);
-  } else {
-    const std::vector<float> f = m.to_f32();
-    l.wt = transpose(f.data(), m.rows, m.cols);
   }
   return l;
 }
@@ -85,18 +73,16 @@ struct Scratch {
 
 /// y[n, l.out] (+)= x[n, l.in] W^T + b.
 void project(const Linear& l, const float* x, int64_t n, float* y, bool accumulate, Scratch& s) {
-  if (l.quantized()) {
+  if (l.q8_activations) {
     s.xq.resize(static_cast<std::size_t>(n * (l.in / detail::kQBlock) * detail::kQ8Bytes));
     detail::quantize_rows_q8_0(x, n, l.in, s.xq.data());
     if (!l.packed.empty())
       detail::matmul_q8_packed(s.xq.data(), n, l.packed, y, accumulate);
     else
-      detail::matmul_q8(s.xq.data(), n, l.in, l.blocks.data, l.blocks.type == detail::WeightType::q4_0, l.out, y,
+      detail::matmul_q8(s.xq.data(), n, l.in, l.w.data, l.w.type == detail::WeightType::q4_0, l.out, y,
                         accumulate);
-  } else if (accumulate) {
-    detail::matmul_t_acc(x, n, static_cast<int>(l.in), l.wt.data(), static_cast<int>(l.out), y);
   } else {
-    detail::matmul_t(x, n, static_cast<int>(l.in), l.wt.data(), static_cast<int>(l.out), y);
+    detail::matmul_w(x, n, l.w, y, accumulate);
   }
   if (l.bias != nullptr) detail::add_bias(y, n, l.out, l.bias);
 }
@@ -110,7 +96,7 @@ struct Model::Weights {
   ModelConfig cfg;
   ModelSource source;
   LoadOptions options;
-  const float* token_embedding = nullptr;  // [vocab, dim] float32
+  detail::RawMatrix token_embedding;       // [vocab, dim] as stored; rows widened to float32 when looked up
   const float* rms_final = nullptr;        // [dim]
   std::vector<LayerWeights> layers;
   Linear classifier;                       // [vocab, dim]
@@ -227,11 +213,7 @@ Model Model::build(detail::RawModel raw, const LoadOptions& options) {
   const ModelConfig& c = raw.cfg;
   w->cfg = c;
   w->options = options;
-  // The embedding lookup reads float32 rows; a converted table is owned.
-  if (raw.tok_embeddings.type == detail::WeightType::f32)
-    w->token_embedding = reinterpret_cast<const float*>(raw.tok_embeddings.data);
-  else
-    w->token_embedding = raw.own(raw.tok_embeddings.to_f32());
+  w->token_embedding = raw.tok_embeddings;
   w->rms_final = raw.norm;
   w->layers.resize(static_cast<std::size_t>(c.n_layers));
   for (std::size_t l = 0; l < w->layers.size(); ++l) {
@@ -368,7 +350,7 @@ std::vector<CheckpointTensor> Model::export_tensors() const {
   };
   auto vec = [](const float* p, int64_t n) { return std::vector<float>(p, p + n); };
   const int64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, KV = c.kv_dim(), Q = c.q_dim(), HD = c.head_dim;
-  add("tok_embeddings", {V, D}, vec(w.token_embedding, V * D));
+  add("tok_embeddings", {V, D}, w.token_embedding.to_f32());
   for (int l = 0; l < c.n_layers; ++l) {
     const auto& r = w.layers[static_cast<std::size_t>(l)];
     const std::string p = fmt::format("layers.{}.", l);
@@ -771,8 +753,7 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   for (std::size_t b = 0; b < B; ++b)
     for (std::size_t i = 0; i < batch[b].tokens.size(); ++i) {
       const int64_t r = offset[b] + static_cast<int64_t>(i);
-      std::memcpy(s.x.data() + r * D, m.token_embedding + static_cast<int64_t>(batch[b].tokens[i]) * D,
-                  sizeof(float) * static_cast<std::size_t>(D));
+      m.token_embedding.row_to_f32(static_cast<int64_t>(batch[b].tokens[i]), s.x.data() + r * D);
     }
   if (family == PositionFamily::learned_absolute)
     add_absolute_position_encoding(AbsolutePositionEncoding::table, std::span(s.x.data(), sz * D), D, pos,

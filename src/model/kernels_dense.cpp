@@ -1,0 +1,337 @@
+// Products with weights as stored (see kernels_dense.hpp for the arithmetic).
+#include "model/kernels_dense.hpp"
+
+#include <immintrin.h>
+
+// GCC 12 flags the undefined pass-through vectors inside its own AVX-512 intrinsics (_mm512_maskz_*, the
+// reductions) as uninitialized.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "model/kernels.hpp"
+#include "posenc/float16.hpp"
+
+namespace posenc::detail {
+
+std::string_view to_string(DenseKernel k) {
+  switch (k) {
+    case DenseKernel::reference: return "reference";
+    case DenseKernel::avx2: return "avx2";
+    case DenseKernel::avx512: return "avx512";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr int kLanes = 16;
+
+DenseKernel detect_dense_kernel() {
+  const char* env = std::getenv("POSENC_DENSE_KERNEL");
+  const std::string want = env != nullptr ? env : "";
+  for (DenseKernel k : {DenseKernel::avx512, DenseKernel::avx2, DenseKernel::reference})
+    if (dense_kernel_supported(k) && (want.empty() || want == to_string(k))) return k;
+  const DenseKernel best = dense_kernel_supported(DenseKernel::avx512) ? DenseKernel::avx512
+                           : dense_kernel_supported(DenseKernel::avx2) ? DenseKernel::avx2
+                                                                        : DenseKernel::reference;
+  std::fprintf(stderr, "posenc: POSENC_DENSE_KERNEL=%s is not a path this CPU runs (reference, avx2, avx512); using %s\n",
+               want.c_str(), std::string(to_string(best)).c_str());
+  return best;
+}
+
+/// The fixed lane tree of kernels_dense.hpp, in scalar code.
+float reduce_lanes(float a[kLanes]) {
+  float s8[8], s4[4];
+  for (int k = 0; k < 8; ++k) s8[k] = a[k] + a[k + 8];
+  for (int k = 0; k < 4; ++k) s4[k] = s8[k] + s8[k + 4];
+  const float s2a = s4[0] + s4[2], s2b = s4[1] + s4[3];
+  return s2a + s2b;
+}
+
+/// Big enough for threads: more than 2M multiply-adds in all (as matmul_t), or a
+/// weight matrix of 512K entries or more, which decode streams once per token
+/// (a 1024 x 1024 projection: 1 MiB in F16, memory-bound, and the second core
+/// brings its own share of the memory bandwidth).
+bool parallel_pays(int64_t n, const RawMatrix& w) {
+  return n * w.rows * w.cols > (int64_t{1} << 21) || w.rows * w.cols >= (int64_t{1} << 19);
+}
+
+/// The last, partial chunk of a float row (f32, f16, bf16: the blocked types have none) widened into a
+/// zero-padded buffer of 16.
+void widen_tail(WeightType t, const std::byte* row, int64_t c, int64_t cols, float out[kLanes]) {
+  for (int k = 0; k < kLanes; ++k) {
+    const int64_t i = c * kLanes + k;
+    if (i >= cols) {
+      out[k] = 0.0f;
+      continue;
+    }
+    if (t == WeightType::f32) {
+      std::memcpy(&out[k], row + 4 * i, 4);
+    } else {
+      uint16_t h;
+      std::memcpy(&h, row + 2 * i, 2);
+      out[k] = t == WeightType::f16 ? f16_to_f32(h) : bf16_to_f32(h);
+    }
+  }
+}
+
+void pad_tail(const float* x, int64_t c, int64_t cols, float out[kLanes]) {
+  for (int k = 0; k < kLanes; ++k) {
+    const int64_t i = c * kLanes + k;
+    out[k] = i < cols ? x[i] : 0.0f;
+  }
+}
+
+// ---- the SIMD paths --------------------------------------------------------
+// Each ISA is a traits struct: V holds the 16 lanes of one accumulator (one zmm, or two ymm for lanes 0-7 and
+// 8-15), with zero, fma, load (16 floats), load_w<T> (chunk c of a stored row, widened) and reduce (the fixed
+// tree). POSENC_DENSE_TILES stamps the tile loops out for one ISA with its target attribute, so that the traits'
+// intrinsics inline into them (a template cannot take its target from a parameter).
+
+#define POSENC_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,f16c,fma")))
+#define POSENC_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+struct Avx512 {
+  using V = __m512;
+  static constexpr int64_t kR = 4, kC = 4;  // 16 accumulators of 32 zmm
+  POSENC_TARGET_AVX512 static V zero() { return _mm512_setzero_ps(); }
+  POSENC_TARGET_AVX512 static V fma(V x, V w, V a) { return _mm512_fmadd_ps(x, w, a); }
+  POSENC_TARGET_AVX512 static V load(const float* p) { return _mm512_loadu_ps(p); }
+  POSENC_TARGET_AVX512 static V scaled(__m512i q, const std::byte* blk) {
+    uint16_t h;
+    std::memcpy(&h, blk, 2);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(_cvtsh_ss(h)));
+  }
+  template <WeightType T>
+  POSENC_TARGET_AVX512 static V load_w(const std::byte* row, int64_t c) {
+    if constexpr (T == WeightType::f32) {
+      return _mm512_loadu_ps(row + c * 64);
+    } else if constexpr (T == WeightType::f16) {
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c * 32)));
+    } else if constexpr (T == WeightType::bf16) {
+      const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c * 32)));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+    } else if constexpr (T == WeightType::q8_0) {
+      const std::byte* blk = row + (c >> 1) * kQ8Bytes;
+      return scaled(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + 16 * (c & 1)))),
+                    blk);
+    } else {
+      const std::byte* blk = row + (c >> 1) * kQ4Bytes;
+      const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+      const __m512i nib = (c & 1) ? _mm512_srli_epi32(b, 4) : _mm512_and_si512(b, _mm512_set1_epi32(15));
+      return scaled(_mm512_sub_epi32(nib, _mm512_set1_epi32(8)), blk);
+    }
+  }
+  POSENC_TARGET_AVX512 static float reduce(V a) {
+    const __m256 lo = _mm512_castps512_ps256(a);
+    const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+    return reduce8(_mm256_add_ps(lo, hi));  // a_k + a_{k+8}
+  }
+  POSENC_TARGET_AVX512 static float reduce8(__m256 s8) {
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));  // + 4 apart
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                // + 2 apart
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));                       // the last two
+  }
+};
+
+struct Avx2 {
+  struct V {
+    __m256 lo, hi;  // lanes 0-7, 8-15
+  };
+  static constexpr int64_t kR = 2, kC = 3;  // 12 accumulators of 16 ymm
+  POSENC_TARGET_AVX2 static V zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  POSENC_TARGET_AVX2 static V fma(V x, V w, V a) {
+    return {_mm256_fmadd_ps(x.lo, w.lo, a.lo), _mm256_fmadd_ps(x.hi, w.hi, a.hi)};
+  }
+  POSENC_TARGET_AVX2 static V load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  POSENC_TARGET_AVX2 static V scaled(__m256i q0, __m256i q1, const std::byte* blk) {
+    uint16_t h;
+    std::memcpy(&h, blk, 2);
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+    return {_mm256_mul_ps(_mm256_cvtepi32_ps(q0), d), _mm256_mul_ps(_mm256_cvtepi32_ps(q1), d)};
+  }
+  template <WeightType T>
+  POSENC_TARGET_AVX2 static V load_w(const std::byte* row, int64_t c) {
+    if constexpr (T == WeightType::f32) {
+      return load(reinterpret_cast<const float*>(row) + c * 16);
+    } else if constexpr (T == WeightType::f16) {
+      const std::byte* p = row + c * 32;
+      return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+              _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
+    } else if constexpr (T == WeightType::bf16) {
+      const std::byte* p = row + c * 32;
+      const __m256i u0 = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      const __m256i u1 = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+      return {_mm256_castsi256_ps(_mm256_slli_epi32(u0, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(u1, 16))};
+    } else if constexpr (T == WeightType::q8_0) {
+      const std::byte* blk = row + (c >> 1) * kQ8Bytes;
+      const std::byte* q = blk + 2 + 16 * (c & 1);
+      return scaled(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))),
+                    _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8))), blk);
+    } else {
+      const std::byte* blk = row + (c >> 1) * kQ4Bytes;
+      const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2)));
+      const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 10)));
+      const __m256i m = _mm256_set1_epi32(15), eight = _mm256_set1_epi32(8);
+      const __m256i n0 = (c & 1) ? _mm256_srli_epi32(b0, 4) : _mm256_and_si256(b0, m);
+      const __m256i n1 = (c & 1) ? _mm256_srli_epi32(b1, 4) : _mm256_and_si256(b1, m);
+      return scaled(_mm256_sub_epi32(n0, eight), _mm256_sub_epi32(n1, eight), blk);
+    }
+  }
+  POSENC_TARGET_AVX2 static float reduce(V a) {
+    const __m256 s8 = _mm256_add_ps(a.lo, a.hi);                                             // a_k + a_{k+8}
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));  // + 4 apart
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                                // + 2 apart
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));                       // the last two
+  }
+};
+
+// tile: y[R rows of x, C weight rows], R * C accumulators over every chunk (the last, partial one through
+// zero-padded buffers); matmul: every tile of the product, each thread a contiguous share of the weight rows
+// against every row of x, so a weight is read from memory once per call whatever n is (decode: one stream of
+// the matrix per token).
+#define POSENC_DENSE_TILES(ISA, TARGET)                                                                         \
+  template <WeightType T, int R, int C>                                                                          \
+  TARGET void tile_##ISA(const float* x, int64_t cols, const std::byte* w, int64_t row_bytes, float* y,          \
+                         int64_t ldy, bool accumulate) {                                                         \
+    using V = ISA::V;                                                                                            \
+    V acc[R][C];                                                                                                 \
+    for (int r = 0; r < R; ++r)                                                                                  \
+      for (int j = 0; j < C; ++j) acc[r][j] = ISA::zero();                                                       \
+    const int64_t full = cols / kLanes;                                                                          \
+    for (int64_t c = 0; c < full; ++c) {                                                                         \
+      V wv[C];                                                                                                   \
+      for (int j = 0; j < C; ++j) wv[j] = ISA::template load_w<T>(w + j * row_bytes, c);                         \
+      for (int r = 0; r < R; ++r) {                                                                              \
+        const V xv = ISA::load(x + r * cols + c * kLanes);                                                       \
+        for (int j = 0; j < C; ++j) acc[r][j] = ISA::fma(xv, wv[j], acc[r][j]);                                  \
+      }                                                                                                          \
+    }                                                                                                            \
+    if (full * kLanes < cols) {                                                                                  \
+      float wt[C][kLanes], xt[kLanes];                                                                           \
+      for (int j = 0; j < C; ++j) widen_tail(T, w + j * row_bytes, full, cols, wt[j]);                           \
+      for (int r = 0; r < R; ++r) {                                                                              \
+        pad_tail(x + r * cols, full, cols, xt);                                                                  \
+        const V xv = ISA::load(xt);                                                                              \
+        for (int j = 0; j < C; ++j) acc[r][j] = ISA::fma(xv, ISA::load(wt[j]), acc[r][j]);                       \
+      }                                                                                                          \
+    }                                                                                                            \
+    for (int r = 0; r < R; ++r)                                                                                  \
+      for (int j = 0; j < C; ++j) {                                                                              \
+        const float s = ISA::reduce(acc[r][j]);                                                                  \
+        float& out = y[r * ldy + j];                                                                             \
+        out = accumulate ? out + s : s;                                                                          \
+      }                                                                                                          \
+  }                                                                                                              \
+  template <WeightType T>                                                                                        \
+  void matmul_##ISA(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {                  \
+    constexpr int64_t kR = ISA::kR, kC = ISA::kC;                                                                \
+    const int64_t out = w.rows, in = w.cols, rb = w.row_bytes();                                                 \
+    const int64_t col_blocks = (out + kC - 1) / kC;                                                              \
+    _Pragma("omp parallel for schedule(static) if (parallel_pays(n, w))")                                        \
+    for (int64_t cb = 0; cb < col_blocks; ++cb) {                                                                \
+      const int64_t o0 = cb * kC;                                                                                \
+      const bool full_c = o0 + kC <= out;                                                                        \
+      int64_t r0 = 0;                                                                                            \
+      for (; r0 + kR <= n; r0 += kR) {                                                                           \
+        if (full_c)                                                                                              \
+          tile_##ISA<T, kR, kC>(x + r0 * in, in, w.data + o0 * rb, rb, y + r0 * out + o0, out, accumulate);      \
+        else                                                                                                     \
+          for (int64_t o = o0; o < out; ++o)                                                                     \
+            tile_##ISA<T, kR, 1>(x + r0 * in, in, w.data + o * rb, rb, y + r0 * out + o, out, accumulate);       \
+      }                                                                                                          \
+      for (; r0 < n; ++r0) {                                                                                     \
+        if (full_c)                                                                                              \
+          tile_##ISA<T, 1, kC>(x + r0 * in, in, w.data + o0 * rb, rb, y + r0 * out + o0, out, accumulate);       \
+        else                                                                                                     \
+          for (int64_t o = o0; o < out; ++o)                                                                     \
+            tile_##ISA<T, 1, 1>(x + r0 * in, in, w.data + o * rb, rb, y + r0 * out + o, out, accumulate);        \
+      }                                                                                                          \
+    }                                                                                                            \
+  }                                                                                                              \
+  void matmul_any_##ISA(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {              \
+    switch (w.type) {                                                                                            \
+      case WeightType::f32: matmul_##ISA<WeightType::f32>(x, n, w, y, accumulate); return;                       \
+      case WeightType::f16: matmul_##ISA<WeightType::f16>(x, n, w, y, accumulate); return;                       \
+      case WeightType::bf16: matmul_##ISA<WeightType::bf16>(x, n, w, y, accumulate); return;                     \
+      case WeightType::q8_0: matmul_##ISA<WeightType::q8_0>(x, n, w, y, accumulate); return;                     \
+      case WeightType::q4_0: matmul_##ISA<WeightType::q4_0>(x, n, w, y, accumulate); return;                     \
+    }                                                                                                            \
+  }
+
+POSENC_DENSE_TILES(Avx512, POSENC_TARGET_AVX512)
+POSENC_DENSE_TILES(Avx2, POSENC_TARGET_AVX2)
+
+}  // namespace
+
+DenseKernel dense_kernel() {
+  static const DenseKernel k = detect_dense_kernel();
+  return k;
+}
+
+bool dense_kernel_supported(DenseKernel k) {
+  __builtin_cpu_init();
+  switch (k) {
+    case DenseKernel::reference: return true;
+    case DenseKernel::avx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+    case DenseKernel::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+  }
+  return false;
+}
+
+void matmul_w_reference(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
+  const int64_t in = w.cols, out = w.rows;
+  const int64_t chunks = (in + kLanes - 1) / kLanes;
+  std::vector<float> row(static_cast<std::size_t>(in));
+  for (int64_t o = 0; o < out; ++o) {
+    w.row_to_f32(o, row.data());
+    for (int64_t r = 0; r < n; ++r) {
+      const float* xr = x + r * in;
+      float acc[kLanes] = {};
+      for (int64_t c = 0; c < chunks; ++c)
+        for (int k = 0; k < kLanes; ++k) {
+          const int64_t i = c * kLanes + k;
+          acc[k] = i < in ? std::fma(xr[i], row[static_cast<std::size_t>(i)], acc[k]) : std::fma(0.0f, 0.0f, acc[k]);
+        }
+      const float s = reduce_lanes(acc);
+      float& dst = y[r * out + o];
+      dst = accumulate ? dst + s : s;
+    }
+  }
+}
+
+void matmul_w_with(DenseKernel k, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
+  if (!dense_kernel_supported(k))
+    throw std::logic_error(fmt::format("matmul_w_with: this CPU cannot run the {} path", to_string(k)));
+  if (n <= 0 || w.rows <= 0) return;
+  switch (k) {
+    case DenseKernel::reference: matmul_w_reference(x, n, w, y, accumulate); return;
+    case DenseKernel::avx2: matmul_any_Avx2(x, n, w, y, accumulate); return;
+    case DenseKernel::avx512: matmul_any_Avx512(x, n, w, y, accumulate); return;
+  }
+}
+
+void matmul_w(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
+  if (n <= 0 || w.rows <= 0) return;
+  switch (dense_kernel()) {
+    case DenseKernel::reference: matmul_w_reference(x, n, w, y, accumulate); return;
+    case DenseKernel::avx2: matmul_any_Avx2(x, n, w, y, accumulate); return;
+    case DenseKernel::avx512: matmul_any_Avx512(x, n, w, y, accumulate); return;
+  }
+}
+
+}  // namespace posenc::detail

@@ -1,0 +1,61 @@
+// Internal: products with a weight matrix read as it is stored (F32, F16, BF16,
+// Q8_0, Q4_0, row-major [out, in] as nn.Linear and GGUF keep it), for the
+// model runtime's projections. No copy, no transposition, no float32 expansion:
+// each weight is widened to float32 in registers as it is read.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "model/raw_model.hpp"
+
+namespace posenc::detail {
+
+/// The arithmetic of every path below, the same for each output y[r, o] and
+/// independent of n, of the row's place in a tile and of the thread count (so
+/// that decode equals prefill and a batch equals its rows run alone, bit for bit):
+///  - w_i is the stored weight widened exactly to float32 (F16/BF16 by IEEE
+///    widening, Q8_0/Q4_0 as d * q, which float32 holds exactly: ggml's
+///    dequantize_row_q8_0 / q4_0 values);
+///  - 16 lanes: lane k accumulates acc_k = fma(x_i, w_i, acc_k) over the i = 16c + k
+///    in ascending c, starting from +0 (a chunk past the row's end contributes fma(0, 0, acc_k));
+///  - the lanes are summed as a fixed tree: a_k + a_{k+8} (k < 8), then + 4 apart,
+///    then + 2 apart, then the last two;
+///  - y = that sum, or y + that sum when accumulating.
+/// The float32 sum differs from a sequential one (HF's, for instance) in the
+/// last bits only: for a row of `in` terms its error is at most about
+/// (in / 16 + 4) * 2^-24 * sum_i |x_i w_i|.
+
+/// Which implementation matmul_w runs on this CPU.
+enum class DenseKernel {
+  reference,  ///< the scalar loops of matmul_w_reference (any x86-64)
+  avx2,       ///< AVX2 + FMA + F16C: two 8-lane halves per accumulator, tiles of 2 x rows by 3 weight rows
+  avx512,     ///< AVX-512 F/BW/VL + F16C: 16-lane accumulators, tiles of 4 x rows by 4 weight rows
+};
+std::string_view to_string(DenseKernel k);
+/// Whether this CPU runs path k (cpuid, through __builtin_cpu_supports).
+bool dense_kernel_supported(DenseKernel k);
+/// The path matmul_w dispatches to, chosen once: the widest this CPU supports
+/// (avx512, then avx2, then reference). The environment variable
+/// POSENC_DENSE_KERNEL=reference|avx2|avx512 asks for a path; one this CPU
+/// lacks (or an unknown name) is reported on stderr once and the widest
+/// supported path runs instead.
+DenseKernel dense_kernel();
+
+/// y[n, w.rows] (+)= x[n, w.cols] · W^T, W as stored (any WeightType; Q8_0/Q4_0
+/// need w.cols % 32 == 0, as their blocks do). x, y row-major float32 with row
+/// strides w.cols and w.rows; y must not alias x. Runs the dense_kernel()
+/// path, in parallel over blocks of weight rows (OpenMP) when the product is
+/// large enough to pay for a parallel region; the result does not depend on
+/// the path or the thread count (bit for bit).
+void matmul_w(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate);
+
+/// The same arithmetic in plain scalar C++ (one thread): the reference the
+/// SIMD paths are tested against, and the path on CPUs without AVX2.
+void matmul_w_reference(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate);
+
+/// matmul_w through path k (tests and benchmarks compare the paths). Throws
+/// std::logic_error when this CPU cannot run k.
+void matmul_w_with(DenseKernel k, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate);
+
+}  // namespace posenc::detail

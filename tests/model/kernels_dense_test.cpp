@@ -1,0 +1,168 @@
+// The products with weights as stored (kernels_dense.hpp): for every dtype the
+// AVX-512 path gives the scalar reference's bits on awkward shapes (rows not a
+// multiple of 16, weight rows not a multiple of the 4-row tile, 1..9 rows of x,
+// accumulating or not, one thread or two); the reference itself is within the
+// stated float32 bound of a double-precision dot product of the same widened
+// weights, and its widened weights are ggml's dequantized values.
+#include <omp.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "model/kernels.hpp"
+#include "model/kernels_dense.hpp"
+#include "posenc/gguf.hpp"
+
+using namespace posenc;
+using namespace posenc::detail;
+
+namespace {
+
+std::vector<float> randn(std::size_t n, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+GgmlType ggml_of(WeightType t) {
+  switch (t) {
+    case WeightType::f32: return GgmlType::f32;
+    case WeightType::f16: return GgmlType::f16;
+    case WeightType::bf16: return GgmlType::bf16;
+    case WeightType::q8_0: return GgmlType::q8_0;
+    case WeightType::q4_0: return GgmlType::q4_0;
+  }
+  return GgmlType::f32;
+}
+
+/// A [rows, cols] matrix of random weights stored as `t` (ggml's encoders).
+struct Stored {
+  std::vector<std::byte> bytes;
+  RawMatrix m;
+  Stored(WeightType t, int64_t rows, int64_t cols, uint32_t seed) {
+    bytes = ggml_quantize(ggml_of(t), randn(static_cast<std::size_t>(rows * cols), seed, 0.05f));
+    m.type = t;
+    m.data = bytes.data();
+    m.rows = rows;
+    m.cols = cols;
+    m.name = "test";
+  }
+};
+
+const WeightType kTypes[] = {WeightType::f32, WeightType::f16, WeightType::bf16, WeightType::q8_0, WeightType::q4_0};
+
+bool quantized(WeightType t) { return t == WeightType::q8_0 || t == WeightType::q4_0; }
+
+}  // namespace
+
+class KernelsDensePath : public ::testing::TestWithParam<DenseKernel> {};
+
+TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitOnAwkwardShapes) {
+  const DenseKernel k = GetParam();
+  if (!dense_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
+  int cases = 0;
+  for (WeightType t : kTypes) {
+    const std::vector<int64_t> ins = quantized(t) ? std::vector<int64_t>{32, 96, 160, 1056}
+                                                  : std::vector<int64_t>{1, 7, 15, 16, 17, 33, 100, 1029};
+    for (int64_t in : ins)
+      for (int64_t out : {1, 3, 4, 5, 13})
+        for (int64_t n : {1, 2, 3, 4, 5, 9}) {
+          const Stored w(t, out, in, static_cast<uint32_t>(in * 131 + out * 7 + n));
+          const auto x = randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n + 1000), 1.0f);
+          for (bool acc : {false, true}) {
+            const auto y0 = randn(static_cast<std::size_t>(n * out), 77, 1.0f);
+            std::vector<float> fast = y0, ref = y0;
+            matmul_w_with(k, x.data(), n, w.m, fast.data(), acc);
+            matmul_w_reference(x.data(), n, w.m, ref.data(), acc);
+            ASSERT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)), 0)
+                << to_string(t) << " n " << n << " out " << out << " in " << in << " accumulate " << acc;
+            ++cases;
+          }
+        }
+  }
+  EXPECT_EQ(cases, 3 * 8 * 5 * 6 * 2 + 2 * 4 * 5 * 6 * 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, KernelsDensePath, ::testing::Values(DenseKernel::avx2, DenseKernel::avx512),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+TEST(KernelsDense, DispatchTakesTheWidestPathThisCpuRuns) {
+  const DenseKernel want = dense_kernel_supported(DenseKernel::avx512) ? DenseKernel::avx512
+                           : dense_kernel_supported(DenseKernel::avx2) ? DenseKernel::avx2
+                                                                        : DenseKernel::reference;
+  if (std::getenv("POSENC_DENSE_KERNEL") != nullptr) GTEST_SKIP() << "POSENC_DENSE_KERNEL is set";
+  EXPECT_EQ(dense_kernel(), want) << to_string(dense_kernel());
+  RecordProperty("dense_kernel", std::string(to_string(dense_kernel())));
+}
+
+TEST(KernelsDense, ThreadsAndBatchingDoNotChangeABit) {
+  // A product big enough for the parallel region (1024 x 1024 weights), run with one and two threads, and each
+  // row of x alone: the same bits (decode == prefill, a batch == its rows).
+  for (WeightType t : {WeightType::f16, WeightType::q4_0}) {
+    const int64_t out = 1024 + 3, in = 1024, n = 6;
+    const Stored w(t, out, in, 5);
+    const auto x = randn(static_cast<std::size_t>(n * in), 6, 1.0f);
+    std::vector<float> one(static_cast<std::size_t>(n * out)), two(one.size()), rows(one.size());
+    const int before = omp_get_max_threads();
+    omp_set_num_threads(1);
+    matmul_w(x.data(), n, w.m, one.data(), false);
+    omp_set_num_threads(2);
+    matmul_w(x.data(), n, w.m, two.data(), false);
+    for (int64_t r = 0; r < n; ++r) matmul_w(x.data() + r * in, 1, w.m, rows.data() + r * out, false);
+    omp_set_num_threads(before);
+    EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0) << to_string(t);
+    EXPECT_EQ(std::memcmp(one.data(), rows.data(), one.size() * sizeof(float)), 0) << to_string(t);
+  }
+}
+
+TEST(KernelsDense, ReferenceIsWithinTheFloat32BoundOfAnExactDot) {
+  // The widened weights are the stored values exactly (RawMatrix::row_to_f32: ggml's dequantization), and the
+  // 16-lane float32 sum is within (ceil(in / 16) + 5) * 2^-24 * sum |x_i w_i| of the double-precision dot.
+  for (WeightType t : kTypes) {
+    const int64_t out = 9, in = quantized(t) ? 4096 : 4099, n = 3;
+    const Stored w(t, out, in, 11);
+    const auto x = randn(static_cast<std::size_t>(n * in), 12, 1.0f);
+    std::vector<float> y(static_cast<std::size_t>(n * out));
+    matmul_w_reference(x.data(), n, w.m, y.data(), false);
+    const std::vector<float> wf = w.m.to_f32();
+    const double u = std::ldexp(1.0, -24), lanes = std::ceil(static_cast<double>(in) / 16.0);
+    double worst = 0.0;
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t o = 0; o < out; ++o) {
+        double exact = 0.0, mag = 0.0;
+        for (int64_t i = 0; i < in; ++i) {
+          const double p = static_cast<double>(x[static_cast<std::size_t>(r * in + i)]) *
+                           wf[static_cast<std::size_t>(o * in + i)];
+          exact += p;
+          mag += std::fabs(p);
+        }
+        const double err = std::fabs(y[static_cast<std::size_t>(r * out + o)] - exact);
+        EXPECT_LE(err, (lanes + 5) * u * mag) << to_string(t) << " row " << r << " out " << o;
+        worst = std::max(worst, err / mag);
+      }
+    EXPECT_GT(worst, 0.0) << "float32 rounding must show somewhere: the test would not see a float64 path";
+  }
+}
+
+TEST(KernelsDense, WidenedWeightsAreGgmlsDequantizedValues) {
+  // Q8_0: d * q; Q4_0: d * (nibble - 8); F16/BF16: IEEE widening. A product with a one-hot x reads one weight.
+  for (WeightType t : kTypes) {
+    const int64_t out = 5, in = 64;
+    const Stored w(t, out, in, 21);
+    const std::vector<float> wf = w.m.to_f32();
+    for (int64_t i : {0, 1, 15, 16, 31, 32, 47, 63}) {
+      std::vector<float> x(static_cast<std::size_t>(in), 0.0f), y(static_cast<std::size_t>(out));
+      x[static_cast<std::size_t>(i)] = 1.0f;
+      matmul_w(x.data(), 1, w.m, y.data(), false);
+      for (int64_t o = 0; o < out; ++o)
+        EXPECT_EQ(y[static_cast<std::size_t>(o)], wf[static_cast<std::size_t>(o * in + i)])
+            << to_string(t) << " [" << o << ", " << i << "]";
+    }
+  }
+}
