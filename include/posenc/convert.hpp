@@ -13,10 +13,10 @@
 namespace posenc {
 
 struct GgufExportOptions {
-  /// Type of the 2-D weight matrices: f32, f16 or q8_0. 1-D tensors (norms,
-  /// biases) stay f32, as llama.cpp keeps them. A matrix whose row length is
-  /// not a multiple of 32 cannot be Q8_0 and is written as F16 (a note says so),
-  /// as llama.cpp's quantizer falls back.
+  /// Type of the 2-D weight matrices: f32, f16, bf16, q8_0 or q4_0. 1-D
+  /// tensors (norms, biases) stay f32, as llama.cpp keeps them. A matrix whose
+  /// row length is not a multiple of 32 cannot be Q8_0/Q4_0 and is written as
+  /// F16 (a note says so), as llama.cpp's quantizer falls back.
   GgmlType type = GgmlType::f32;
   std::string name;  ///< general.name (default: the source file's name)
 };
@@ -56,6 +56,33 @@ GgufExportReport write_model_gguf(const Model& model, const Tokenizer& tokenizer
 ///    cannot tokenize text with it; ids fed directly work).
 /// Returns notes on what was converted. Throws InvalidArgument for a tokenizer
 /// with more ids than vocab_size.
+/// What write_random_gguf writes: a Llama model of this shape with random weights.
+struct RandomGgufOptions {
+  /// dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size (all > 0),
+  /// head_dim (0: dim / n_heads), max_position_embeddings (llama.context_length;
+  /// 0: 2048), norm_eps, shared_classifier (false: an output.weight of its own).
+  ModelConfig config;
+  GgmlType type = GgmlType::f16;  ///< the 2-D matrices (f32, f16, bf16, q8_0, q4_0); norms F32
+  uint64_t seed = 1;
+  double rope_theta = 10000.0;
+  std::string name = "posenc-random";
+};
+
+/// Writes a GGUF v3 file of architecture llama with random weights — for
+/// benchmarks and memory tests at sizes no fixture has (llama.cpp's llama-bench
+/// and posenc load the same file). Matrices: uniform in [-sqrt(3) 0.02,
+/// sqrt(3) 0.02] (standard deviation 0.02, the usual initializer's), from a
+/// splitmix64 stream seeded by `seed` (the same bytes on every machine); norms
+/// 1. Vocabulary: a llama (SentencePiece) vocabulary of vocab_size pieces,
+/// <unk> <s> </s>, the 256 byte pieces <0x00>..<0xFF>, then "tok<id>" (so
+/// llama.cpp finds its byte and special tokens; text tokenizes into byte
+/// pieces). Tensors are generated one at a time and encoded as they are made
+/// (memory: the encoded file, not its float32 expansion). Written atomically.
+/// Throws InvalidArgument naming the field for a size that is not positive,
+/// heads that do not divide, a vocabulary under 259, rows not a multiple of 32
+/// for q8_0/q4_0; IoError on write failure.
+GgufExportReport write_random_gguf(const RandomGgufOptions& options, const std::filesystem::path& out);
+
 std::vector<std::string> write_gguf_vocabulary(const Tokenizer& tokenizer, int vocab_size, GgufWriter& writer);
 
 }  // namespace posenc

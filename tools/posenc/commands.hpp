@@ -20,6 +20,7 @@ void add_train_command(CLI::App& app);
 void add_study_command(CLI::App& app);
 void add_tokenize_command(CLI::App& app);
 void add_convert_command(CLI::App& app);
+void add_random_model_command(CLI::App& app);
 void add_serve_command(CLI::App& app);
 void add_verify_command(CLI::App& app);
 void add_precision_command(CLI::App& app);

@@ -23,8 +23,10 @@ void run_convert(const ConvertArgs& a) {
   GgufExportOptions o;
   if (a.type == "f32") o.type = GgmlType::f32;
   else if (a.type == "f16") o.type = GgmlType::f16;
+  else if (a.type == "bf16") o.type = GgmlType::bf16;
   else if (a.type == "q8_0") o.type = GgmlType::q8_0;
-  else throw ConfigError(fmt::format("--type: must be f32, f16 or q8_0 (got '{}')", a.type));
+  else if (a.type == "q4_0") o.type = GgmlType::q4_0;
+  else throw ConfigError(fmt::format("--type: must be f32, f16, bf16, q8_0 or q4_0 (got '{}')", a.type));
   o.name = a.name;
   LoadedModel lm = load_model(a.model);
   print_model_header(stderr, lm, a.model);
@@ -38,11 +40,11 @@ void run_convert(const ConvertArgs& a) {
 void add_convert_command(CLI::App& app) {
   auto args = std::make_shared<ConvertArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "convert", "Write a model as GGUF (architecture llama) that llama.cpp loads: F32, F16 or Q8_0 weights, q/k rows "
+      "convert", "Write a model as GGUF (architecture llama) that llama.cpp loads: F32, F16, BF16, Q8_0 or Q4_0 weights, q/k rows "
                  "in llama.cpp's interleaved order, the tokenizer as tokenizer.ggml.*");
   args->model.add_to(*cmd);
   cmd->add_option("--to", args->to, "output format (gguf)")->capture_default_str();
-  cmd->add_option("--type", args->type, "weight type of the matrices: f32, f16, q8_0")->capture_default_str();
+  cmd->add_option("--type", args->type, "weight type of the matrices: f32, f16, bf16, q8_0, q4_0")->capture_default_str();
   cmd->add_option("--out", args->out, "output file (written atomically)")->required()->check(output_path());
   cmd->add_option("--name", args->name, "general.name (default: the model's file name)");
   cmd->callback([args] { run_convert(*args); });

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   posenc::cli::add_study_command(app);
   posenc::cli::add_tokenize_command(app);
   posenc::cli::add_convert_command(app);
+  posenc::cli::add_random_model_command(app);
   posenc::cli::add_serve_command(app);
   posenc::cli::add_verify_command(app);
   posenc::cli::add_precision_command(app);

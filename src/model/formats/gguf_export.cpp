@@ -6,6 +6,7 @@
 #include "posenc/convert.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <variant>
 
@@ -19,12 +20,45 @@ namespace posenc {
 
 namespace {
 
-// llama_ftype (llama.h): ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7.
+// llama_ftype (llama.h): ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q4_0 2, MOSTLY_Q8_0 7, MOSTLY_BF16 32.
 uint32_t file_type(GgmlType t) {
   switch (t) {
     case GgmlType::f16: return 1;
+    case GgmlType::q4_0: return 2;
     case GgmlType::q8_0: return 7;
+    case GgmlType::bf16: return 32;
     default: return 0;
+  }
+}
+
+bool written_type(GgmlType t) {
+  return t == GgmlType::f32 || t == GgmlType::f16 || t == GgmlType::bf16 || t == GgmlType::q8_0 ||
+         t == GgmlType::q4_0;
+}
+
+bool blocked(GgmlType t) { return t == GgmlType::q8_0 || t == GgmlType::q4_0; }
+
+/// general.* and llama.* hyper-parameters shared by both writers.
+void add_llama_header(GgufWriter& w, const ModelConfig& c, const std::string& name, GgmlType type, uint32_t context,
+                      double rope_theta, int rotary_dim) {
+  const std::string k = "llama.";
+  w.add_string("general.architecture", "llama");
+  w.add_string("general.name", name);
+  w.add_uint32("general.file_type", file_type(type));
+  if (blocked(type)) w.add_uint32("general.quantization_version", 2);
+  w.add_uint32(k + "context_length", context);
+  w.add_uint32(k + "embedding_length", static_cast<uint32_t>(c.dim));
+  w.add_uint32(k + "block_count", static_cast<uint32_t>(c.n_layers));
+  w.add_uint32(k + "feed_forward_length", static_cast<uint32_t>(c.hidden_dim));
+  w.add_uint32(k + "attention.head_count", static_cast<uint32_t>(c.n_heads));
+  w.add_uint32(k + "attention.head_count_kv", static_cast<uint32_t>(c.n_kv_heads));
+  w.add_float32(k + "rope.freq_base", static_cast<float>(rope_theta));
+  w.add_uint32(k + "rope.dimension_count", static_cast<uint32_t>(rotary_dim));
+  w.add_float32(k + "attention.layer_norm_rms_epsilon", c.norm_eps);
+  w.add_uint32(k + "vocab_size", static_cast<uint32_t>(c.vocab_size));
+  if (c.head_dim * c.n_heads != c.dim) {
+    w.add_uint32(k + "attention.key_length", static_cast<uint32_t>(c.head_dim));
+    w.add_uint32(k + "attention.value_length", static_cast<uint32_t>(c.head_dim));
   }
 }
 
@@ -97,8 +131,8 @@ std::vector<std::string> write_gguf_vocabulary(const Tokenizer& tokenizer, int v
 
 GgufExportReport write_model_gguf(const Model& model, const Tokenizer& tokenizer, const std::filesystem::path& out,
                                   const GgufExportOptions& options) {
-  if (options.type != GgmlType::f32 && options.type != GgmlType::f16 && options.type != GgmlType::q8_0)
-    throw InvalidArgument(fmt::format("--type: {} is not written (f32, f16, q8_0 are)",
+  if (!written_type(options.type))
+    throw InvalidArgument(fmt::format("--type: {} is not written (f32, f16, bf16, q8_0, q4_0 are)",
                                       ggml_type_name(static_cast<uint32_t>(options.type))));
   const ModelConfig& c = model.config();
   if (model.family() != PositionFamily::rope)
@@ -130,26 +164,9 @@ GgufExportReport write_model_gguf(const Model& model, const Tokenizer& tokenizer
 
   GgufExportReport report;
   GgufWriter w;
-  const std::string arch = "llama";
-  w.add_string("general.architecture", arch);
-  w.add_string("general.name", options.name.empty() ? model.source().path.filename().string() : options.name);
-  w.add_uint32("general.file_type", file_type(options.type));
-  if (options.type == GgmlType::q8_0) w.add_uint32("general.quantization_version", 2);
-  const std::string k = arch + ".";
-  w.add_uint32(k + "context_length", context_u32("trained context", model.trained_context()));
-  w.add_uint32(k + "embedding_length", static_cast<uint32_t>(c.dim));
-  w.add_uint32(k + "block_count", static_cast<uint32_t>(c.n_layers));
-  w.add_uint32(k + "feed_forward_length", static_cast<uint32_t>(c.hidden_dim));
-  w.add_uint32(k + "attention.head_count", static_cast<uint32_t>(c.n_heads));
-  w.add_uint32(k + "attention.head_count_kv", static_cast<uint32_t>(c.n_kv_heads));
-  w.add_float32(k + "rope.freq_base", static_cast<float>(rp.rope_theta));
-  w.add_uint32(k + "rope.dimension_count", static_cast<uint32_t>(rope.freqs.rotary_dim));
-  w.add_float32(k + "attention.layer_norm_rms_epsilon", c.norm_eps);
-  w.add_uint32(k + "vocab_size", static_cast<uint32_t>(c.vocab_size));
-  if (c.head_dim * c.n_heads != c.dim) {
-    w.add_uint32(k + "attention.key_length", static_cast<uint32_t>(c.head_dim));
-    w.add_uint32(k + "attention.value_length", static_cast<uint32_t>(c.head_dim));
-  }
+  add_llama_header(w, c, options.name.empty() ? model.source().path.filename().string() : options.name, options.type,
+                   context_u32("trained context", model.trained_context()), rp.rope_theta, rope.freqs.rotary_dim);
+  const std::string k = "llama.";
   if (rp.rope_type != "default") {
     w.add_string(k + "rope.scaling.type", rp.rope_type);
     w.add_float32(k + "rope.scaling.factor", static_cast<float>(rp.factor.value_or(1.0)));
@@ -188,12 +205,12 @@ GgufExportReport write_model_gguf(const Model& model, const Tokenizer& tokenizer
   auto put = [&](const std::string& name, const CheckpointTensor& x, bool matrix) {
     GgmlType type = matrix ? options.type : GgmlType::f32;
     std::vector<int64_t> ne(x.shape.rbegin(), x.shape.rend());
-    if (type == GgmlType::q8_0 && ne[0] % 32 != 0) {
+    if (blocked(type) && ne[0] % 32 != 0) {
       type = GgmlType::f16;
       if (!fell_back)
         report.notes.push_back(fmt::format("{} (row length {}) and other rows not a multiple of 32: F16 instead of "
-                                           "Q8_0",
-                                           name, ne[0]));
+                                           "{}",
+                                           name, ne[0], ggml_type_name(static_cast<uint32_t>(options.type))));
       fell_back = true;
     }
     auto bytes = encode(type, x.data);
@@ -236,6 +253,121 @@ GgufExportReport write_model_gguf(const Model& model, const Tokenizer& tokenizer
     put(b + "ffn_gate.weight", take(p + "w1"), true);
     put(b + "ffn_down.weight", take(p + "w2"), true);
     put(b + "ffn_up.weight", take(p + "w3"), true);
+  }
+  w.write(out);
+  return report;
+}
+
+namespace {
+
+/// splitmix64 (Steele, Lea, Flood 2014): a fixed stream, the same on every machine and standard library.
+struct SplitMix64 {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  /// Uniform in [-a, a): the top 24 bits as a float in [0, 1).
+  float uniform(float a) { return (static_cast<float>(next() >> 40) * 0x1p-24f * 2.0f - 1.0f) * a; }
+};
+
+}  // namespace
+
+GgufExportReport write_random_gguf(const RandomGgufOptions& options, const std::filesystem::path& out) {
+  ModelConfig c = options.config;
+  auto positive = [](std::string_view field, int64_t v) {
+    if (v <= 0 || v > int64_t{0x7FFFFFFF})
+      throw InvalidArgument(fmt::format("{}: must be in [1, 2^31) (got {})", field, v));
+  };
+  positive("dim", c.dim);
+  positive("hidden_dim", c.hidden_dim);
+  positive("n_layers", c.n_layers);
+  positive("n_heads", c.n_heads);
+  positive("n_kv_heads", c.n_kv_heads);
+  positive("vocab_size", c.vocab_size);
+  if (c.head_dim == 0) {
+    if (c.dim % c.n_heads != 0)
+      throw InvalidArgument(fmt::format("n_heads: {} does not divide dim {} (give head_dim)", c.n_heads, c.dim));
+    c.head_dim = c.dim / c.n_heads;
+  }
+  positive("head_dim", c.head_dim);
+  if (c.head_dim % 2 != 0) throw InvalidArgument(fmt::format("head_dim: must be even for RoPE (got {})", c.head_dim));
+  if (c.n_heads % c.n_kv_heads != 0)
+    throw InvalidArgument(fmt::format("n_kv_heads: {} does not divide n_heads {}", c.n_kv_heads, c.n_heads));
+  if (c.vocab_size < 259)
+    throw InvalidArgument(fmt::format("vocab_size: at least 259 (<unk> <s> </s> and 256 byte pieces; got {})",
+                                      c.vocab_size));
+  if (c.max_position_embeddings == 0) c.max_position_embeddings = 2048;
+  positive("max_position_embeddings", c.max_position_embeddings);
+  if (!written_type(options.type))
+    throw InvalidArgument(fmt::format("type: {} is not written (f32, f16, bf16, q8_0, q4_0 are)",
+                                      ggml_type_name(static_cast<uint32_t>(options.type))));
+  if (!(options.rope_theta > 0.0) || !std::isfinite(options.rope_theta))
+    throw InvalidArgument(fmt::format("rope_theta: must be positive and finite (got {})", options.rope_theta));
+  if (blocked(options.type))
+    for (auto [field, v] : {std::pair<std::string_view, int64_t>{"dim", c.dim}, {"hidden_dim", c.hidden_dim},
+                            {"q_dim (n_heads * head_dim)", c.q_dim()}})
+      if (v % 32 != 0)
+        throw InvalidArgument(fmt::format("{}: {} rows are blocks of 32 weights; {} is not a multiple of 32", field,
+                                          ggml_type_name(static_cast<uint32_t>(options.type)), v));
+
+  GgufWriter w;
+  add_llama_header(w, c, options.name, options.type, static_cast<uint32_t>(c.max_position_embeddings),
+                   options.rope_theta, c.head_dim);
+  SentencePieceVocab v;
+  v.pieces = {"<unk>", "<s>", "</s>"};
+  v.token_types = {2, 3, 3};  // unknown, control, control
+  for (int b = 0; b < 256; ++b) {
+    v.pieces.push_back(fmt::format("<0x{:02X}>", b));
+    v.token_types.push_back(6);  // byte
+  }
+  for (int id = 259; id < c.vocab_size; ++id) {
+    v.pieces.push_back(fmt::format("tok{}", id));
+    v.token_types.push_back(1);
+  }
+  v.scores.assign(v.pieces.size(), 0.0f);
+  for (std::size_t i = 259; i < v.scores.size(); ++i) v.scores[i] = -static_cast<float>(i);
+  v.unk_id = 0;
+  v.bos_id = 1;
+  v.eos_id = 2;
+  v.source = "write_random_gguf";
+  GgufExportReport report;
+  for (auto& n : write_gguf_vocabulary(Tokenizer::from_sentencepiece_vocab(std::move(v)), c.vocab_size, w))
+    report.notes.push_back(std::move(n));
+
+  SplitMix64 rng{options.seed};
+  const float a = std::sqrt(3.0f) * 0.02f;
+  auto put = [&](const std::string& name, int64_t rows, int64_t cols, bool matrix) {
+    std::vector<float> x(static_cast<std::size_t>(rows * cols));
+    if (matrix)
+      for (auto& e : x) e = rng.uniform(a);
+    else
+      std::fill(x.begin(), x.end(), 1.0f);
+    const GgmlType type = matrix ? options.type : GgmlType::f32;
+    auto bytes = ggml_quantize(type, x);
+    report.bytes += bytes.size();
+    ++report.tensors;
+    std::vector<int64_t> ne = {cols};
+    if (rows > 1 || matrix) ne.push_back(rows);
+    w.add_tensor(name, std::move(ne), type, std::move(bytes));
+  };
+  const int64_t D = c.dim, H = c.hidden_dim, V = c.vocab_size, Q = c.q_dim(), KV = c.kv_dim();
+  put("token_embd.weight", V, D, true);
+  put("output_norm.weight", 1, D, false);
+  if (!c.shared_classifier) put("output.weight", V, D, true);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string b = fmt::format("blk.{}.", l);
+    put(b + "attn_norm.weight", 1, D, false);
+    put(b + "attn_q.weight", Q, D, true);
+    put(b + "attn_k.weight", KV, D, true);
+    put(b + "attn_v.weight", KV, D, true);
+    put(b + "attn_output.weight", D, Q, true);
+    put(b + "ffn_norm.weight", 1, D, false);
+    put(b + "ffn_gate.weight", H, D, true);
+    put(b + "ffn_down.weight", D, H, true);
+    put(b + "ffn_up.weight", H, D, true);
   }
   w.write(out);
   return report;

@@ -1,0 +1,68 @@
+// posenc random-model: a random-weight Llama GGUF of a given shape (benchmarks, memory tests).
+#include <fmt/format.h>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "posenc/convert.hpp"
+#include "posenc/error.hpp"
+
+namespace posenc::cli {
+
+namespace {
+
+struct RandomModelArgs {
+  RandomGgufOptions o;
+  std::string type = "f16";
+  std::string out;
+  bool untied = false;
+};
+
+void run_random_model(RandomModelArgs a) {
+  if (a.type == "f32") a.o.type = GgmlType::f32;
+  else if (a.type == "f16") a.o.type = GgmlType::f16;
+  else if (a.type == "bf16") a.o.type = GgmlType::bf16;
+  else if (a.type == "q8_0") a.o.type = GgmlType::q8_0;
+  else if (a.type == "q4_0") a.o.type = GgmlType::q4_0;
+  else throw ConfigError(fmt::format("--type: must be f32, f16, bf16, q8_0 or q4_0 (got '{}')", a.type));
+  a.o.config.shared_classifier = !a.untied;
+  const GgufExportReport r = write_random_gguf(a.o, a.out);
+  for (const auto& n : r.notes) fmt::print(stderr, "  {}\n", n);
+  fmt::print("wrote {} ({} tensors, {} bytes of tensor data, {})\n", a.out, r.tensors, r.bytes, a.type);
+}
+
+}  // namespace
+
+void add_random_model_command(CLI::App& app) {
+  auto args = std::make_shared<RandomModelArgs>();
+  ModelConfig& c = args->o.config;
+  c.dim = 1024;
+  c.n_layers = 24;
+  c.n_heads = 16;
+  c.n_kv_heads = 4;
+  c.hidden_dim = 4864;
+  c.vocab_size = 32000;
+  c.max_position_embeddings = 4096;
+  c.norm_eps = 1e-5f;
+  CLI::App* cmd = app.add_subcommand(
+      "random-model",
+      "Write a Llama GGUF with random weights (uniform, std 0.02; a fixed splitmix64 stream) of the given shape, "
+      "for benchmarks and memory tests that llama.cpp's llama-bench runs on the same file. The defaults are the "
+      "487M-parameter benchmark model (dim 1024, 24 layers, 16 heads / 4 KV heads, ffn 4864, vocab 32000)");
+  cmd->add_option("--dim", c.dim, "hidden size")->capture_default_str();
+  cmd->add_option("--layers", c.n_layers, "number of layers")->capture_default_str();
+  cmd->add_option("--heads", c.n_heads, "query heads")->capture_default_str();
+  cmd->add_option("--kv-heads", c.n_kv_heads, "key/value heads (num_key_value_heads)")->capture_default_str();
+  cmd->add_option("--head-dim", c.head_dim, "channels per head (0: dim / heads)")->capture_default_str();
+  cmd->add_option("--ffn", c.hidden_dim, "SwiGLU inner size (intermediate_size)")->capture_default_str();
+  cmd->add_option("--vocab", c.vocab_size, "vocabulary size (>= 259)")->capture_default_str();
+  cmd->add_option("--context", c.max_position_embeddings, "llama.context_length")->capture_default_str();
+  cmd->add_option("--rope-theta", args->o.rope_theta, "rope_theta (llama.rope.freq_base)")->capture_default_str();
+  cmd->add_flag("--untied", args->untied, "an output.weight of its own (default: tied to the token embedding)");
+  cmd->add_option("--seed", args->o.seed, "random stream seed")->capture_default_str();
+  cmd->add_option("--type", args->type, "weight type of the matrices: f32, f16, bf16, q8_0, q4_0")->capture_default_str();
+  cmd->add_option("--name", args->o.name, "general.name")->capture_default_str();
+  cmd->add_option("--out", args->out, "output file (written atomically)")->required()->check(output_path());
+  cmd->callback([args] { run_random_model(*args); });
+}
+
+}  // namespace posenc::cli
