@@ -14,7 +14,7 @@ struct RandomModelArgs {
   RandomGgufOptions o;
   std::string type = "f16";
   std::string out;
-  bool untied = false;
+  bool tied = false;
 };
 
 void run_random_model(RandomModelArgs a) {
@@ -24,7 +24,7 @@ void run_random_model(RandomModelArgs a) {
   else if (a.type == "q8_0") a.o.type = GgmlType::q8_0;
   else if (a.type == "q4_0") a.o.type = GgmlType::q4_0;
   else throw ConfigError(fmt::format("--type: must be f32, f16, bf16, q8_0 or q4_0 (got '{}')", a.type));
-  a.o.config.shared_classifier = !a.untied;
+  a.o.config.shared_classifier = a.tied;
   const GgufExportReport r = write_random_gguf(a.o, a.out);
   for (const auto& n : r.notes) fmt::print(stderr, "  {}\n", n);
   fmt::print("wrote {} ({} tensors, {} bytes of tensor data, {})\n", a.out, r.tensors, r.bytes, a.type);
@@ -47,7 +47,7 @@ void add_random_model_command(CLI::App& app) {
       "random-model",
       "Write a Llama GGUF with random weights (uniform, std 0.02; a fixed splitmix64 stream) of the given shape, "
       "for benchmarks and memory tests that llama.cpp's llama-bench runs on the same file. The defaults are the "
-      "487M-parameter benchmark model (dim 1024, 24 layers, 16 heads / 4 KV heads, ffn 4864, vocab 32000)");
+      "487M-parameter benchmark model (dim 1024, 24 layers, 16 heads / 4 KV heads, ffn 4864, vocab 32000, untied output)");
   cmd->add_option("--dim", c.dim, "hidden size")->capture_default_str();
   cmd->add_option("--layers", c.n_layers, "number of layers")->capture_default_str();
   cmd->add_option("--heads", c.n_heads, "query heads")->capture_default_str();
@@ -57,7 +57,8 @@ void add_random_model_command(CLI::App& app) {
   cmd->add_option("--vocab", c.vocab_size, "vocabulary size (>= 259)")->capture_default_str();
   cmd->add_option("--context", c.max_position_embeddings, "llama.context_length")->capture_default_str();
   cmd->add_option("--rope-theta", args->o.rope_theta, "rope_theta (llama.rope.freq_base)")->capture_default_str();
-  cmd->add_flag("--untied", args->untied, "an output.weight of its own (default: tied to the token embedding)");
+  cmd->add_flag("--tied", args->tied, "the output projection tied to the token embedding (default: an output.weight of "
+                                      "its own, as the 487M count has it)");
   cmd->add_option("--seed", args->o.seed, "random stream seed")->capture_default_str();
   cmd->add_option("--type", args->type, "weight type of the matrices: f32, f16, bf16, q8_0, q4_0")->capture_default_str();
   cmd->add_option("--name", args->o.name, "general.name")->capture_default_str();

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""The table of scripts/bench-vs-llama-cpp: posenc's real_size_bench and llama-bench on the same GGUF files.
+
+Usage: vs_llama_cpp_table.py OUT_DIR   (session.txt, posenc.json, llama-bench-<model>.json as the script writes them)
+Prints a Markdown table: tokens/s of each (posenc: median of the repetitions; llama.cpp: median of its samples),
+the ratio posenc / llama.cpp, decode's weight bytes per second as a share of the DRAM read bandwidth measured in
+the same posenc process, and prefill's projection GFLOP/s as a share of the measured FMA peak.
+"""
+import glob
+import json
+import os
+import statistics
+import sys
+
+
+def main(out_dir):
+    with open(os.path.join(out_dir, "posenc.json")) as f:
+        runs = json.load(f)["benchmarks"]
+    med = {}
+    for r in runs:
+        if r.get("aggregate_name", "median") != "median":
+            continue
+        med[r["run_name"] if "run_name" in r else r["name"]] = r
+    dram = {t: med.get(f"BM_DramRead/threads:{t}/real_time", {}).get("GB_per_s") for t in (1, 2)}
+    peak = {t: med.get(f"BM_FmaPeak/threads:{t}/real_time", {}).get("GFLOPs") for t in (1, 2)}
+    print(open(os.path.join(out_dir, "session.txt")).read().strip())
+    print()
+    print("| model | test | threads | posenc t/s | llama.cpp t/s | posenc / llama.cpp | share of the machine's limit |")
+    print("|---|---|--:|--:|--:|--:|--:|")
+    for path in sorted(glob.glob(os.path.join(out_dir, "llama-bench-*.json"))):
+        name = os.path.basename(path)[len("llama-bench-"):-len(".json")]
+        with open(path) as f:
+            rows = json.load(f)
+        for r in rows:
+            test = "prefill 256" if r["n_prompt"] > 0 else "decode 64"
+            t = r["n_threads"]
+            ll = statistics.median(r["samples_ts"])
+            kind = "RealPrefill" if r["n_prompt"] > 0 else "RealDecode"
+            p = med.get(f"BM_{kind}/{name}.gguf/threads:{t}/real_time")
+            if p is None:
+                print(f"| {name} | {test} | {t} | (not run) | {ll:,.1f} | | |")
+                continue
+            pt = p["tokens_per_s"]
+            if kind == "RealDecode" and dram.get(t):
+                share = f"{100 * p['weight_GB_per_s'] / dram[t]:.0f}% of DRAM read ({p['weight_GB_per_s']:.1f} of {dram[t]:.1f} GB/s)"
+            elif kind == "RealPrefill" and peak.get(t):
+                share = f"{100 * p['matmul_GFLOP_per_s'] / peak[t]:.0f}% of FMA peak ({p['matmul_GFLOP_per_s']:.0f} of {peak[t]:.0f} GFLOP/s)"
+            else:
+                share = ""
+            print(f"| {name} | {test} | {t} | {pt:,.1f} | {ll:,.1f} | {pt / ll:.2f}x | {share} |")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
