@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "posenc/convert.hpp"
+#include "posenc/error.hpp"
 #include "posenc/model.hpp"
 #include "posenc/tokenizer.hpp"
 #include "test_support.hpp"
@@ -140,4 +141,52 @@ TEST(WeightsAsStored, F16AndQ8WeightsGiveTheLogitsOfTheirWidenedWeights) {
       std::printf("F16 vs F32 logits: max |d| %.4g, mean |d| %.4g\n", worst, mean);
     }
   }
+}
+
+TEST(WeightsAsStored, RandomModelRefusesShapesItCannotWriteNamingTheField) {
+  test::TempDir dir;
+  auto err = [&](auto edit, GgmlType type = GgmlType::f16) {
+    RandomGgufOptions o;
+    o.config.dim = 64;
+    o.config.n_layers = 1;
+    o.config.n_heads = 4;
+    o.config.n_kv_heads = 2;
+    o.config.hidden_dim = 96;
+    o.config.vocab_size = 300;
+    o.type = type;
+    edit(o);
+    const auto out = dir.path() / "m.gguf";
+    const std::string m = test::message_of<InvalidArgument>([&] { write_random_gguf(o, out); });
+    EXPECT_FALSE(std::filesystem::exists(out)) << m;
+    return m;
+  };
+  EXPECT_NE(err([](auto& o) { o.config.n_heads = 0; }).find("n_heads"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.config.n_kv_heads = 3; }).find("n_kv_heads: 3 does not divide n_heads 4"),
+            std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.config.vocab_size = 100; }).find("vocab_size"), std::string::npos);
+  EXPECT_NE(err([](auto& o) { o.config.dim = 48; o.config.n_heads = 3; o.config.n_kv_heads = 1; }, GgmlType::q8_0)
+                .find("blocks of 32 weights; 48 is not a multiple of 32"),
+            std::string::npos);
+  // A valid small one loads, with its vocabulary, and the CLI writes the same bytes for the same seed.
+  RandomGgufOptions o;
+  o.config.dim = 64;
+  o.config.n_layers = 2;
+  o.config.n_heads = 4;
+  o.config.n_kv_heads = 2;
+  o.config.hidden_dim = 96;
+  o.config.vocab_size = 300;
+  o.type = GgmlType::q4_0;
+  o.seed = 7;
+  write_random_gguf(o, dir.path() / "lib.gguf");
+  const Model m = Model::load(dir.path() / "lib.gguf");
+  EXPECT_EQ(m.config().vocab_size, 300);
+  ASSERT_TRUE(m.bundled_tokenizer().has_value());
+  const auto r = test::run_cli("random-model --dim 64 --layers 2 --heads 4 --kv-heads 2 --ffn 96 --vocab 300 --tied "
+                               "--type q4_0 --seed 7 --context 2048 --name posenc-random --out '" +
+                               (dir.path() / "cli.gguf").string() + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(test::slurp(dir.path() / "lib.gguf"), test::slurp(dir.path() / "cli.gguf"));
+  const auto bad = test::run_cli("random-model --heads 5 --out '" + (dir.path() / "bad.gguf").string() + "'");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("n_heads"), std::string::npos) << bad.err;
 }
