@@ -7,12 +7,8 @@
 
 namespace posenc::detail {
 
-/// y[n, out] = x[n, in] · wt[in, out] (wt is the weight matrix transposed, row-major).
-/// Parallel over row blocks when the product is large enough.
-void matmul_t(const float* x, int64_t n, int in, const float* wt, int out, float* y);
-
-/// y[n, out] += x[n, in] · wt[in, out].
-void matmul_t_acc(const float* x, int64_t n, int in, const float* wt, int out, float* y);
+// Products with the weight matrices: kernels_dense.hpp (every stored dtype) and, below, the
+// quantized-activation products of Q8_0/Q4_0.
 
 /// out[r, :] = (x[r, :] * (1 / sqrt(mean + eps))) * weight, for n rows of size d, with
 /// mean = float(sum of float32 squares accumulated in double / d): llama.cpp's

@@ -61,7 +61,7 @@ float reduce_lanes(float a[kLanes]) {
 
 /// Big enough for threads: more than 2M multiply-adds in all (as matmul_t), or a
 /// weight matrix of 512K entries or more, which decode streams once per token
-/// (a 1024 x 1024 projection: 1 MiB in F16, memory-bound, and the second core
+/// (a 1024 x 1024 projection is 2 MiB in F16: memory-bound, and the second core
 /// brings its own share of the memory bandwidth).
 bool parallel_pays(int64_t n, const RawMatrix& w) {
   return n * w.rows * w.cols > (int64_t{1} << 21) || w.rows * w.cols >= (int64_t{1} << 19);

@@ -305,7 +305,8 @@ void print_model_header(std::FILE* out, const LoadedModel& m, const ModelArgs& a
                                : "")
              : model.quantized_matmul() == QuantizedMatmul::q8_activations
                  ? " (kept in blocks; products with Q8_0-quantized activations, llama.cpp's arithmetic)"
-                 : " (dequantized to float32 at load; --quantized-matmul q8_activations for llama.cpp's arithmetic)");
+                 : " (read as stored, dequantized to float32 in registers; --quantized-matmul q8_activations for llama.cpp's "
+                   "arithmetic)");
   if (model.family() == PositionFamily::rope && !s.layout_reason.empty())
     fmt::print(out, "  layout: {}{}\n", args.rope_layout.empty() ? s.layout_reason : to_string(model.rope().layout),
                args.rope_layout.empty() ? "" : " (--rope-layout)");
