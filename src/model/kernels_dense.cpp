@@ -1,6 +1,7 @@
 // Products with weights as stored (see kernels_dense.hpp for the arithmetic).
 #include "model/kernels_dense.hpp"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 // GCC 12 flags the undefined pass-through vectors inside its own AVX-512 intrinsics (_mm512_maskz_*, the
@@ -284,15 +285,23 @@ DenseKernel dense_kernel() {
   return k;
 }
 
+namespace {
+/// F16C from cpuid leaf 1 (ECX bit 29): clang's __builtin_cpu_supports has no "f16c" (the fuzz build is clang).
+bool has_f16c() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+}
+}  // namespace
+
 bool dense_kernel_supported(DenseKernel k) {
   __builtin_cpu_init();
   switch (k) {
     case DenseKernel::reference: return true;
     case DenseKernel::avx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
     case DenseKernel::avx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && has_f16c();
   }
   return false;
 }
