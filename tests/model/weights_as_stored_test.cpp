@@ -43,6 +43,19 @@ std::pair<int, double> run_peak_rss(const std::vector<std::string>& argv) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, static_cast<double>(ru.ru_maxrss) * 1024.0};
 }
 
+/// A small random Llama (dim 64, 4 heads / 2 KV heads, ffn 96, vocab 300) of `layers` layers in `type`.
+RandomGgufOptions small_random(int layers, GgmlType type) {
+  RandomGgufOptions o;
+  o.config.dim = 64;
+  o.config.n_layers = layers;
+  o.config.n_heads = 4;
+  o.config.n_kv_heads = 2;
+  o.config.hidden_dim = 96;
+  o.config.vocab_size = 300;
+  o.type = type;
+  return o;
+}
+
 }  // namespace
 
 TEST(WeightsAsStored, PeakResidentMemoryIsTheFileNotItsFloat32Expansion) {
@@ -146,14 +159,7 @@ TEST(WeightsAsStored, F16AndQ8WeightsGiveTheLogitsOfTheirWidenedWeights) {
 TEST(WeightsAsStored, RandomModelRefusesShapesItCannotWriteNamingTheField) {
   test::TempDir dir;
   auto err = [&](auto edit, GgmlType type = GgmlType::f16) {
-    RandomGgufOptions o;
-    o.config.dim = 64;
-    o.config.n_layers = 1;
-    o.config.n_heads = 4;
-    o.config.n_kv_heads = 2;
-    o.config.hidden_dim = 96;
-    o.config.vocab_size = 300;
-    o.type = type;
+    RandomGgufOptions o = small_random(1, type);
     edit(o);
     const auto out = dir.path() / "m.gguf";
     const std::string m = test::message_of<InvalidArgument>([&] { write_random_gguf(o, out); });
@@ -168,14 +174,7 @@ TEST(WeightsAsStored, RandomModelRefusesShapesItCannotWriteNamingTheField) {
                 .find("blocks of 32 weights; 48 is not a multiple of 32"),
             std::string::npos);
   // A valid small one loads, with its vocabulary, and the CLI writes the same bytes for the same seed.
-  RandomGgufOptions o;
-  o.config.dim = 64;
-  o.config.n_layers = 2;
-  o.config.n_heads = 4;
-  o.config.n_kv_heads = 2;
-  o.config.hidden_dim = 96;
-  o.config.vocab_size = 300;
-  o.type = GgmlType::q4_0;
+  RandomGgufOptions o = small_random(2, GgmlType::q4_0);
   o.seed = 7;
   write_random_gguf(o, dir.path() / "lib.gguf");
   const Model m = Model::load(dir.path() / "lib.gguf");
