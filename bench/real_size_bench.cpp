@@ -2,7 +2,9 @@
 // (scripts/bench-vs-llama-cpp runs both on the same GGUF files and prints the table with ratios).
 //
 // Models: the comma-separated GGUF paths of POSENC_BENCH_MODELS (nothing runs when it is unset; the
-// script makes the 487M-parameter random-weight files with `posenc random-model`). Per model and thread
+// script makes the 487M-parameter random-weight files with `posenc random-model`); a path ending in
+// "@q8_activations" is loaded with --quantized-matmul q8_activations (Q8_0/Q4_0 products on quantized
+// activations, llama.cpp's arithmetic) and named <file>@q8_activations. Per model and thread
 // count (1, 2):
 //   BM_RealPrefill: one 256-token prompt of fixed random ids from an empty cache, logits of the last
 //                   position only (the work of llama-bench -p 256);
@@ -47,8 +49,15 @@ struct Loaded {
   double file_bytes;
 };
 
-Loaded load(const std::string& path) {
-  Loaded l{Model::load(path), {}, static_cast<double>(std::filesystem::file_size(path))};
+constexpr std::string_view kQ8Suffix = "@q8_activations";
+
+Loaded load(std::string path) {
+  LoadOptions options;
+  if (path.ends_with(kQ8Suffix)) {
+    path.resize(path.size() - kQ8Suffix.size());
+    options.quantized_matmul = QuantizedMatmul::q8_activations;
+  }
+  Loaded l{Model::load(path, options), {}, static_cast<double>(std::filesystem::file_size(path))};
   std::mt19937 rng(42);
   std::uniform_int_distribution<int32_t> id(3, l.model.config().vocab_size - 1);
   l.prompt.resize(256);
@@ -138,7 +147,7 @@ const bool registered = [] {
   for (const auto& path : models) {
     // Loaded when the first benchmark of the file runs, and kept for the others.
     auto* holder = new std::unique_ptr<Loaded>();
-    const std::string name = std::filesystem::path(path).filename().string();
+    const std::string name = std::filesystem::path(path).filename().string();  // keeps "@q8_activations"
     for (int threads : {1, 2}) {
       benchmark::RegisterBenchmark(("BM_RealPrefill/" + name + "/threads:" + std::to_string(threads)).c_str(),
                                    [holder, path, threads](benchmark::State& s) {

@@ -4,7 +4,9 @@
 Usage: vs_llama_cpp_table.py OUT_DIR   (session.txt, posenc.json, llama-bench-<model>.json as the script writes them)
 Prints a Markdown table: tokens/s of each (posenc: median of the repetitions; llama.cpp: median of its samples),
 the ratio posenc / llama.cpp, decode's weight bytes per second as a share of the DRAM read bandwidth measured in
-the same posenc process, and prefill's projection GFLOP/s as a share of the measured FMA peak.
+the same posenc process, and prefill's projection GFLOP/s as a share of the measured FMA peak. A quantized model
+measured also with --quantized-matmul q8_activations (llama.cpp's own arithmetic: int8 products on activations
+quantized to Q8_0) gets a second row, "(q8_activations)"; the first is the exact float32 products.
 """
 import glob
 import json
@@ -36,19 +38,22 @@ def main(out_dir):
             t = r["n_threads"]
             ll = statistics.median(r["samples_ts"])
             kind = "RealPrefill" if r["n_prompt"] > 0 else "RealDecode"
-            p = med.get(f"BM_{kind}/{name}.gguf/threads:{t}/real_time")
-            if p is None:
-                print(f"| {name} | {test} | {t} | (not run) | {ll:,.1f} | | |")
-                continue
-            pt = p["tokens_per_s"]
-            if kind == "RealDecode" and dram.get(t):
-                share = f"{100 * p['weight_GB_per_s'] / dram[t]:.0f}% of DRAM read ({p['weight_GB_per_s']:.1f} of {dram[t]:.1f} GB/s)"
-            elif kind == "RealPrefill" and peak.get(t):
-                share = f"{100 * p['matmul_GFLOP_per_s'] / peak[t]:.0f}% of FMA peak ({p['matmul_GFLOP_per_s']:.0f} of {peak[t]:.0f} GFLOP/s)"
-            else:
-                share = ""
-            print(f"| {name} | {test} | {t} | {pt:,.1f} | {ll:,.1f} | {pt / ll:.2f}x | {share} |")
-
+            variants = [("", med.get(f"BM_{kind}/{name}.gguf/threads:{t}/real_time"))]
+            q8 = med.get(f"BM_{kind}/{name}.gguf@q8_activations/threads:{t}/real_time")
+            if q8 is not None:
+                variants.append((" (q8_activations)", q8))
+            for label, p in variants:
+                if p is None:
+                    print(f"| {name}{label} | {test} | {t} | (not run) | {ll:,.1f} | | |")
+                    continue
+                pt = p["tokens_per_s"]
+                if kind == "RealDecode" and dram.get(t):
+                    share = f"{100 * p['weight_GB_per_s'] / dram[t]:.0f}% of DRAM read ({p['weight_GB_per_s']:.1f} of {dram[t]:.1f} GB/s)"
+                elif kind == "RealPrefill" and peak.get(t):
+                    share = f"{100 * p['matmul_GFLOP_per_s'] / peak[t]:.0f}% of FMA peak ({p['matmul_GFLOP_per_s']:.0f} of {peak[t]:.0f} GFLOP/s)"
+                else:
+                    share = ""
+                print(f"| {name}{label} | {test} | {t} | {pt:,.1f} | {ll:,.1f} | {pt / ll:.2f}x | {share} |")
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:

@@ -43,10 +43,26 @@ void quantize_rows_q8_0(const float* x, int64_t n, int64_t in, std::byte* out);
 /// acc = fmaf((float) isum, d_w * d_x, acc) with isum the exact int32 block dot
 /// product — the order of llama.cpp's AMX/VNNI kernels (ggml-cpu/amx/mmq.cpp,
 /// the path its x86 builds take on CPUs with AMX; its AVX2 vec_dot keeps eight
-/// partial lanes instead and differs in the last bits).
-/// `q4` selects the weight format. Parallel over rows/columns for big products.
+/// partial lanes instead and differs in the last bits). Every path gives the
+/// same bits (and so does a row alone or in a batch, on any thread count).
+/// `q4` selects the weight format; W is read where it lies (no copy).
+/// Runs matmul_q8_avx2 when the CPU has it and dense_kernel() is not
+/// DenseKernel::reference (POSENC_DENSE_KERNEL=reference), else the reference.
 void matmul_q8(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,
                bool accumulate);
+/// The same arithmetic in scalar C++: the reference the SIMD paths are tested against.
+void matmul_q8_reference(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out,
+                         float* y, bool accumulate);
+/// True when this CPU runs matmul_q8_avx2 (AVX2 + FMA + F16C).
+bool q8_avx2_supported();
+/// AVX2 on the blocks as stored: tiles of 4 activation rows x 2 weight rows
+/// (1 x 8 for the rows left over and for decode), each block's 8 exact int32
+/// dot products from _mm256_maddubs_epi16 / _mm256_madd_epi16 on |w| and
+/// sign(x, w), then one fma per pair and block in an 8-lane float accumulator.
+/// Parallel (OpenMP) over weight tiles for big products. Throws
+/// std::logic_error when the CPU lacks AVX2/FMA/F16C.
+void matmul_q8_avx2(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,
+                    bool accumulate);
 
 /// Q8_0/Q4_0 weights repacked for the AVX-512 VNNI product: tiles of 16
 /// output rows; per (tile, block): 8 groups x 16 rows x 4 int8 weights (the

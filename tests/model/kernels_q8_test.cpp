@@ -3,11 +3,16 @@
 // exact block arithmetic (int8 dot products, fma over blocks in order).
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
+
+#include <omp.h>
 
 #include <gtest/gtest.h>
 
 #include "model/kernels.hpp"
+#include "model/kernels_dense.hpp"
+#include "posenc/float16.hpp"
 #include "posenc/gguf.hpp"
 
 using namespace posenc;
@@ -23,6 +28,17 @@ std::vector<float> randn(std::size_t n, uint32_t seed, float scale) {
   return v;
 }
 
+std::vector<std::byte> quantized(const std::vector<float>& x, int64_t n, int64_t in) {
+  std::vector<std::byte> xq(static_cast<std::size_t>(n * (in / 32) * kQ8Bytes));
+  quantize_rows_q8_0(x.data(), n, in, xq.data());
+  return xq;
+}
+
+/// Equal bits, or both NaN (the payload of a NaN is not part of the arithmetic's contract).
+bool same(float a, float b) {
+  return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof a) == 0;
+}
+
 }  // namespace
 
 TEST(KernelsQ8, ReferenceIsExactBlockArithmetic) {
@@ -32,7 +48,7 @@ TEST(KernelsQ8, ReferenceIsExactBlockArithmetic) {
   std::vector<std::byte> xq(static_cast<std::size_t>(in / 32 * kQ8Bytes));
   quantize_rows_q8_0(x.data(), 1, in, xq.data());
   std::vector<float> y(out);
-  matmul_q8(xq.data(), 1, in, wq.data(), false, out, y.data(), false);
+  matmul_q8_reference(xq.data(), 1, in, wq.data(), false, out, y.data(), false);
   // By hand: per block, the int32 dot product times d_w * d_x, accumulated with fma.
   std::vector<float> wd(static_cast<std::size_t>(out * in)), xd(static_cast<std::size_t>(in));
   ggml_dequantize(GgmlType::q8_0, wq, wd);
@@ -69,7 +85,7 @@ TEST(KernelsQ8, PackedKernelGivesTheReferenceBits) {
           quantize_rows_q8_0(x.data(), n, in, xq.data());
           for (bool acc : {false, true}) {
             std::vector<float> a(static_cast<std::size_t>(n * out), 0.5f), b = a;
-            matmul_q8(xq.data(), n, in, wq.data(), q4, out, a.data(), acc);
+            matmul_q8_reference(xq.data(), n, in, wq.data(), q4, out, a.data(), acc);
             const PackedQ8 p = pack_q8(wq.data(), q4, out, in);
             matmul_q8_packed(xq.data(), n, p, b.data(), acc);
             ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
@@ -96,4 +112,94 @@ TEST(KernelsQ8, ActivationQuantizationRoundsTiesToEven) {
   uint16_t h;
   std::memcpy(&h, q.data(), 2);
   EXPECT_EQ(h, 0x3C00);  // fp16 1.0
+}
+
+// The AVX2 kernel reads the blocks where they lie (tiles of 4 rows x 2 weight rows, 1 x 8 for the rows left
+// over, the reference for the weight rows no tile takes) and must give the reference's bits on every shape
+// that exercises those edges, accumulating or not.
+TEST(KernelsQ8, Avx2KernelGivesTheReferenceBits) {
+  if (!q8_avx2_supported()) GTEST_SKIP() << "this CPU has no AVX2 + FMA";
+  int checked = 0;
+  for (bool q4 : {false, true})
+    for (int64_t out : {1, 2, 3, 7, 8, 9, 15, 16, 17, 26, 2048})
+      for (int64_t in : {32, 96, 384})
+        for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 13}) {
+          const auto w = randn(static_cast<std::size_t>(out * in), static_cast<uint32_t>(out * 7 + in), 0.05f);
+          const auto wq = ggml_quantize(q4 ? GgmlType::q4_0 : GgmlType::q8_0, w);
+          const auto xq = quantized(randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n + 99), 2.0f), n, in);
+          for (bool acc : {false, true}) {
+            std::vector<float> a(static_cast<std::size_t>(n * out), 0.5f), b = a;
+            matmul_q8_reference(xq.data(), n, in, wq.data(), q4, out, a.data(), acc);
+            matmul_q8_avx2(xq.data(), n, in, wq.data(), q4, out, b.data(), acc);
+            ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+                << "q4 " << q4 << " out " << out << " in " << in << " n " << n << " acc " << acc;
+            ++checked;
+          }
+        }
+  EXPECT_EQ(checked, 2 * 11 * 3 * 9 * 2);
+}
+
+// The extremes of the int8 arithmetic: weights of -128 (a Q8_0 file may hold them; ggml's quantizer does not
+// write them) against activations of +-127 give the largest pair sums _mm256_maddubs_epi16 sees (2 * 128 * 127,
+// below its int16 saturation), and a block whose activations overflowed carries a NaN/inf scale.
+TEST(KernelsQ8, Avx2KernelExtremesAndNonFinite) {
+  if (!q8_avx2_supported()) GTEST_SKIP() << "this CPU has no AVX2 + FMA";
+  const int64_t out = 16, in = 64, n = 5;
+  std::vector<std::byte> wq(static_cast<std::size_t>(out * (in / 32) * kQ8Bytes));
+  for (int64_t blk = 0; blk < out * (in / 32); ++blk) {
+    std::byte* p = wq.data() + blk * kQ8Bytes;
+    const uint16_t d = 0x3C00;  // 1.0
+    std::memcpy(p, &d, 2);
+    for (int j = 0; j < 32; ++j) p[2 + j] = static_cast<std::byte>(j % 3 == 0 ? 0x80 : (blk + j) % 2 ? 0x7F : 0x81);
+  }
+  std::vector<float> x(static_cast<std::size_t>(n * in));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = (i % 5 == 0) ? -1.0f : 1.0f;  // quantizes to +-127
+  x[2 * in + 40] = std::numeric_limits<float>::infinity();
+  x[3 * in + 3] = std::numeric_limits<float>::quiet_NaN();
+  const auto xq = quantized(x, n, in);
+  std::vector<float> a(static_cast<std::size_t>(n * out)), b(a.size());
+  matmul_q8_reference(xq.data(), n, in, wq.data(), false, out, a.data(), false);
+  matmul_q8_avx2(xq.data(), n, in, wq.data(), false, out, b.data(), false);
+  int nonfinite = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(same(a[i], b[i])) << i << ": " << a[i] << " vs " << b[i];
+    nonfinite += !std::isfinite(a[i]);
+  }
+  EXPECT_EQ(nonfinite, 2 * out);  // rows 2 and 3
+  // Row 0, weight row 0, by hand: the exact int32 block sums (every pair +-127 * -128 or +-127 * +-127), each
+  // times d_w * d_x = 1 * fp16(1/127), fma'd over the two blocks.
+  const float dx = f16_to_f32(f32_to_f16(1.0f / 127.0f));
+  float expect = 0.0f;
+  for (int blk = 0; blk < in / 32; ++blk) {
+    int32_t isum = 0;
+    for (int k = 0; k < 32; ++k) {
+      const int j = blk * 32 + k;
+      const int wv = k % 3 == 0 ? -128 : (blk + k) % 2 ? 127 : -127;
+      isum += wv * (j % 5 == 0 ? -127 : 127);
+    }
+    expect = std::fma(static_cast<float>(isum), dx, expect);
+  }
+  EXPECT_EQ(b[0], expect);
+}
+
+// The same bits whatever the thread count, and a row alone (decode's 1 x 8 tiles) gives what it gives in a
+// batch (the 4 x 2 tiles): the batch invariance the runtime's decode = prefill rests on.
+TEST(KernelsQ8, Avx2KernelThreadAndBatchInvariant) {
+  if (!q8_avx2_supported()) GTEST_SKIP() << "this CPU has no AVX2 + FMA";
+  const int64_t out = 1032, in = 1024, n = 12;
+  for (bool q4 : {false, true}) {
+    const auto wq = ggml_quantize(q4 ? GgmlType::q4_0 : GgmlType::q8_0, randn(static_cast<std::size_t>(out * in), 5, 0.05f));
+    const auto xq = quantized(randn(static_cast<std::size_t>(n * in), 6, 1.0f), n, in);
+    std::vector<float> one(static_cast<std::size_t>(n * out)), two(one.size()), alone(one.size());
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    matmul_q8_avx2(xq.data(), n, in, wq.data(), q4, out, one.data(), false);
+    omp_set_num_threads(2);
+    matmul_q8_avx2(xq.data(), n, in, wq.data(), q4, out, two.data(), false);
+    omp_set_num_threads(threads);
+    for (int64_t r = 0; r < n; ++r)
+      matmul_q8_avx2(xq.data() + r * (in / 32) * kQ8Bytes, 1, in, wq.data(), q4, out, alone.data() + r * out, false);
+    EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0) << q4;
+    EXPECT_EQ(std::memcmp(one.data(), alone.data(), one.size() * sizeof(float)), 0) << q4;
+  }
 }

@@ -190,8 +190,9 @@ void ModelArgs::add_to(CLI::App& cmd) {
                  "default: from the file (config.json, GGUF context_length, llama2.c seq_len)")
       ->check(context_length());
   cmd.add_option("--quantized-matmul", quantized_matmul,
-                 "products with Q8_0/Q4_0 weights: dequantize (to float32 at load; default) or q8_activations "
-                 "(activations quantized to Q8_0, llama.cpp's CPU arithmetic)")
+                 "products with Q8_0/Q4_0 weights: dequantize (each weight widened to float32 in registers, "
+                 "float32 products; default) or q8_activations (activations quantized to Q8_0, exact int8 block "
+                 "products: llama.cpp's CPU arithmetic, about twice as fast)")
       ->capture_default_str();
   cmd.add_option("--max-position", max_position,
                  "largest position id the model may be fed: a longer context, prompt or request is an error naming "
