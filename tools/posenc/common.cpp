@@ -192,7 +192,7 @@ void ModelArgs::add_to(CLI::App& cmd) {
   cmd.add_option("--quantized-matmul", quantized_matmul,
                  "products with Q8_0/Q4_0 weights: dequantize (each weight widened to float32 in registers, "
                  "float32 products; default) or q8_activations (activations quantized to Q8_0, exact int8 block "
-                 "products: llama.cpp's CPU arithmetic, about twice as fast)")
+                 "products: llama.cpp's CPU arithmetic, and faster in prefill)")
       ->capture_default_str();
   cmd.add_option("--max-position", max_position,
                  "largest position id the model may be fed: a longer context, prompt or request is an error naming "
