@@ -24,6 +24,9 @@
 //    with V rows as vectors. Tiles outer, KV heads inner, threads own
 //    contiguous ranges of KV heads, so the [token][kv_head][d] cache streams
 //    in order.
+// Those two are AVX-512 (compiled when the build targets it). Built for AVX2 +
+// FMA, the wide kernel runs with 8-lane vectors for every row count (decode
+// included); without either, a portable scalar path (scalar_rows).
 // Batch invariance: both kernels perform, for a given row, exactly the same
 // operations in the same order (score chains over d, biases with the same
 // fused ops, per-tile max, exp2, the canonical tile sum, P·V chains over
@@ -56,6 +59,11 @@
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #include <immintrin.h>
 #define POSENC_ATTN_AVX512 1
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define POSENC_ATTN_AVX2 1
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
@@ -868,13 +876,294 @@ void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile>
     }
 }
 
-#else  // !POSENC_ATTN_AVX512
+#elif defined(POSENC_ATTN_AVX2)
+
+// ---------------------------------------------------------------------------
+// AVX2 + FMA: the wide kernel with rows in 8-lane vectors, for every row
+// count (there is no narrow kernel here: decode runs the wide one with its
+// GQA group in the lanes). Per row it performs the AVX-512 kernels'
+// operations in their order (score chains over d, the same exp2 to the bit,
+// the canonical tile sum, P·V chains over keys), so results agree with an
+// AVX-512 build and decode, chunked prefill and prefill agree bit for bit.
+
+/// 2^x for x <= 0 (x = -inf or NaN gives 0): exp2_ps of the AVX-512 kernels,
+/// bit for bit. 2^n is built from its exponent bits (n in [-125, 0], so the
+/// product p * 2^n is exact and normal, as _mm512_scalef_ps's is).
+inline __m256 exp2_ps8(__m256 x) {
+  const __m256 lo = _mm256_set1_ps(-125.0f);
+  const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+  x = _mm256_max_ps(x, lo);
+  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 f = _mm256_sub_ps(x, n);
+  __m256 p = _mm256_set1_ps(1.545316294512069e-4f);
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3390863364671234e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618082557277852e-3f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550357114219078e-2f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650760568126e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931471880262288e-1f));
+  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(keep, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+
+/// S[i][row] = sum_d K[i][d] * QT[d][row] for MK keys and NV row vectors.
+template <int MK, int NV>
+inline void qk_micro8(const float* __restrict qt, const float* const* k, int64_t off, int D,
+                      float* __restrict s) {
+  __m256 acc[MK][NV];
+#pragma GCC unroll 8
+  for (int i = 0; i < MK; ++i)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_setzero_ps();
+  const float* kp[MK];
+#pragma GCC unroll 8
+  for (int i = 0; i < MK; ++i) kp[i] = k[i] + off;
+  for (int d = 0; d < D; ++d) {
+    __m256 qv[NV];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) qv[v] = _mm256_load_ps(qt + d * kBQ + 8 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < MK; ++i) {
+      const __m256 b = _mm256_broadcast_ss(kp[i] + d);
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) acc[i][v] = _mm256_fmadd_ps(b, qv[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MK; ++i)
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; ++v) _mm256_store_ps(s + i * kBQ + 8 * v, acc[i][v]);
+}
+
+/// Keys in groups of 6 (12 accumulators of 16 ymm registers), then the rest.
+template <int NV>
+void qk_keys8(const float* qt, const float* const* k, int64_t off, int n, int D, float* s) {
+  constexpr int MK = 6;
+  int j = 0;
+  for (; j + MK <= n; j += MK) qk_micro8<MK, NV>(qt, k + j, off, D, s + j * kBQ);
+  const float* const* kr = k + j;
+  float* sr = s + j * kBQ;
+  switch (n - j) {
+    case 0: break;
+    case 1: qk_micro8<1, NV>(qt, kr, off, D, sr); break;
+    case 2: qk_micro8<2, NV>(qt, kr, off, D, sr); break;
+    case 3: qk_micro8<3, NV>(qt, kr, off, D, sr); break;
+    case 4: qk_micro8<4, NV>(qt, kr, off, D, sr); break;
+    default: qk_micro8<5, NV>(qt, kr, off, D, sr); break;
+  }
+}
+
+/// Scores of a tile, 16 rows (two vectors) at a time: that slice of QT
+/// (D*64 bytes) stays in L1 while the tile's keys stream past it.
+template <int NV>
+void qk_tile8(const float* qt, const float* const* k, int64_t off, int n, int D, float* s) {
+#pragma GCC unroll 4
+  for (int v0 = 0; v0 < NV; v0 += 2) {
+    if (v0 + 2 <= NV)
+      qk_keys8<2>(qt + 8 * v0, k, off, n, D, s + 8 * v0);
+    else
+      qk_keys8<1>(qt + 8 * v0, k, off, n, D, s + 8 * v0);
+  }
+}
+
+/// ALiBi/T5 biases and the mask, one score at a time with the AVX-512
+/// kernels' operations (fma(slope, distance, s) for ALiBi, s + table for T5).
+void bias_and_mask8(const Ctx& c, float* s, int nr, const Tile& t, bool mask, const int64_t* qpos,
+                    const int* head) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int j = 0; j < t.n; ++j) {
+    float* sj = s + j * kBQ;
+    const int64_t kj = t.pos[j];
+    for (int r = 0; r < nr; ++r) {
+      if (c.bias == LogitBias::alibi) {
+        const int64_t d = qpos[r] >= kj ? qpos[r] - kj : kj - qpos[r];
+        sj[r] = std::fma(c.slope_l2e[static_cast<std::size_t>(head[r])], static_cast<float>(d), sj[r]);
+      } else if (c.bias == LogitBias::t5) {
+        sj[r] += bias_l2e(c, head[r], qpos[r], kj);
+      }
+      if (mask && !visible(c, qpos[r], kj)) sj[r] = ninf;
+    }
+  }
+}
+
+/// Online softmax update over the tile; S becomes P = 2^(S - m_new).
+template <int NV>
+void softmax_wide8(float* s, int n, float* m, float* l, float* corr) {
+  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 mt[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) mt[v] = ninf;
+  for (int j = 0; j < n; ++j)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) mt[v] = _mm256_max_ps(mt[v], _mm256_load_ps(s + j * kBQ + 8 * v));
+  __m256 msafe[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) {
+    const __m256 mold = _mm256_load_ps(m + 8 * v);
+    const __m256 mnew = _mm256_max_ps(mold, mt[v]);
+    // A lane that has seen no visible key keeps m = -inf; subtract 0 there.
+    msafe[v] = _mm256_andnot_ps(_mm256_cmp_ps(mnew, ninf, _CMP_EQ_OQ), mnew);
+    _mm256_store_ps(corr + 8 * v, exp2_ps8(_mm256_sub_ps(mold, msafe[v])));
+    _mm256_store_ps(m + 8 * v, mnew);
+  }
+  for (int j = 0; j < n; ++j)
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) {
+      float* sp = s + j * kBQ + 8 * v;
+      _mm256_store_ps(sp, exp2_ps8(_mm256_sub_ps(_mm256_load_ps(sp), msafe[v])));
+    }
+  // The canonical tile sum (part[k] = P[k] + P[k+16] + ..., then the
+  // w = 8, 4, 2, 1 tree), per row lane.
+  for (int v = 0; v < NV; ++v) {
+    __m256 part[16];
+    for (int k = 0; k < 16; ++k) {
+      part[k] = k < n ? _mm256_load_ps(s + k * kBQ + 8 * v) : _mm256_setzero_ps();
+      for (int j = k + 16; j < n; j += 16) part[k] = _mm256_add_ps(part[k], _mm256_load_ps(s + j * kBQ + 8 * v));
+    }
+    for (int w = 8; w >= 1; w /= 2)
+      for (int k = 0; k < w; ++k) part[k] = _mm256_add_ps(part[k], part[k + w]);
+    _mm256_store_ps(l + 8 * v, _mm256_fmadd_ps(_mm256_load_ps(l + 8 * v), _mm256_load_ps(corr + 8 * v), part[0]));
+  }
+}
+
+/// O[r0+i][8*c0 + ...] = corr * O + sum_j P[j][r0+i] V[j] for MR rows and ND
+/// channel vectors: one product-sum chain per element over the keys in order.
+template <int MR, int ND>
+inline void pv_micro8(const float* __restrict p, const float* __restrict v, int64_t vs, int n,
+                      float* __restrict o, int Dp, const float* corr) {
+  __m256 acc[MR][ND];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const __m256 cr = _mm256_set1_ps(corr[i]);
+#pragma GCC unroll 2
+    for (int cc = 0; cc < ND; ++cc) acc[i][cc] = _mm256_mul_ps(_mm256_load_ps(o + i * Dp + 8 * cc), cr);
+  }
+  for (int j = 0; j < n; ++j) {
+    const float* vj = v + j * vs;
+    __m256 vv[ND];
+#pragma GCC unroll 2
+    for (int cc = 0; cc < ND; ++cc) vv[cc] = _mm256_load_ps(vj + 8 * cc);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 b = _mm256_broadcast_ss(p + j * kBQ + i);
+#pragma GCC unroll 2
+      for (int cc = 0; cc < ND; ++cc) acc[i][cc] = _mm256_fmadd_ps(b, vv[cc], acc[i][cc]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 2
+    for (int cc = 0; cc < ND; ++cc) _mm256_store_ps(o + i * Dp + 8 * cc, acc[i][cc]);
+}
+
+/// O = corr * O + P V over the tile, in slices of 16 channels (Dp is a
+/// multiple of 16) and groups of 6 rows. vt: the tile's V rows, [n][Dp].
+void pv_wide8(const Ctx& c, int nr, const float* p, const float* vt, int n, float* o,
+              const float* corr) {
+  constexpr int MR = 6, ND = 2;
+  const int64_t vs = c.Dp;
+  for (int c0 = 0; c0 < c.Dp; c0 += 8 * ND) {
+    const float* v = vt + c0;
+    int r = 0;
+    for (; r + MR <= nr; r += MR) pv_micro8<MR, ND>(p + r, v, vs, n, o + r * c.Dp + c0, c.Dp, corr + r);
+    float* orr = o + r * c.Dp + c0;
+    switch (nr - r) {
+      case 0: break;
+      case 1: pv_micro8<1, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+      case 2: pv_micro8<2, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+      case 3: pv_micro8<3, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+      case 4: pv_micro8<4, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+      default: pv_micro8<5, ND>(p + r, v, vs, n, orr, c.Dp, corr + r); break;
+    }
+  }
+}
+
+/// Copies the tile's V rows of one KV head to vt [n][Dp], zero padded.
+void copy_v_tile8(const Ctx& c, const float* const* v, int64_t off, int n, float* vt) {
+  for (int j = 0; j < n; ++j) {
+    float* dst = vt + static_cast<int64_t>(j) * c.Dp;
+    std::memcpy(dst, v[j] + off, static_cast<std::size_t>(c.D) * sizeof(float));
+    std::fill(dst + c.D, dst + c.Dp, 0.0f);
+  }
+}
+
+template <int NV>
+void wide_tiles8(const Ctx& c, int kvh, int nr, std::span<const Tile> tiles, const float* qt,
+                 float* s, float* o, float* vt, const int64_t* qpos, const int* head, int64_t qmin,
+                 int64_t qmax, float* m, float* l, float* corr) {
+  const int64_t head_off = static_cast<int64_t>(kvh) * c.D;
+  for (const Tile& t : tiles) {
+    const TileClass cls = classify(c, qmin, qmax, t);
+    if (cls == TileClass::skip) continue;
+    qk_tile8<NV>(qt, t.k, head_off, t.n, c.D, s);
+    if (c.bias != LogitBias::none || cls == TileClass::partial)
+      bias_and_mask8(c, s, nr, t, cls == TileClass::partial, qpos, head);
+    softmax_wide8<NV>(s, t.n, m, l, corr);
+    copy_v_tile8(c, t.v, head_off, t.n, vt);
+    pv_wide8(c, nr, s, vt, t.n, o, corr);
+  }
+}
+
+/// One block of nr <= kBQ rows (starting at row g0) of KV head kvh.
+void wide_block(const Ctx& c, int kvh, int64_t g0, int nr, std::span<const Tile> tiles,
+                Scratch& sc) {
+  const int NV = (nr + 7) / 8;
+  float* qt = sc.qt.get(static_cast<std::size_t>(c.D) * kBQ);
+  float* s = sc.s.get(static_cast<std::size_t>(kBK) * kBQ);
+  float* o = sc.o.get(static_cast<std::size_t>(kBQ) * c.Dp);
+  float* row = sc.row.get(static_cast<std::size_t>(c.Dp));
+  float* vt = sc.vt.get(static_cast<std::size_t>(kBK) * c.Dp);
+  alignas(64) int64_t qpos[kBQ];
+  alignas(64) int head[kBQ];
+  alignas(64) float m[kBQ], l[kBQ], corr[kBQ];
+  int64_t qmin = std::numeric_limits<int64_t>::max(), qmax = std::numeric_limits<int64_t>::min();
+  for (int r = 0; r < nr; ++r) {
+    int64_t t;
+    row_of(c, kvh, g0 + r, t, head[r]);
+    load_q_row(c, t, head[r], row);
+    for (int d = 0; d < c.D; ++d) qt[d * kBQ + r] = row[d];
+    qpos[r] = c.q_pos[t];
+    qmin = std::min(qmin, qpos[r]);
+    qmax = std::max(qmax, qpos[r]);
+  }
+  // Padding lanes have q = 0 (scores 0, never masked); never stored.
+  for (int r = nr; r < 8 * NV; ++r)
+    for (int d = 0; d < c.D; ++d) qt[d * kBQ + r] = 0.0f;
+  for (int r = 0; r < kBQ; ++r) {
+    m[r] = -std::numeric_limits<float>::infinity();
+    l[r] = 0.0f;
+  }
+  std::memset(o, 0, static_cast<std::size_t>(nr) * c.Dp * sizeof(float));
+  switch (NV) {
+    case 1: wide_tiles8<1>(c, kvh, nr, tiles, qt, s, o, vt, qpos, head, qmin, qmax, m, l, corr); break;
+    case 2: wide_tiles8<2>(c, kvh, nr, tiles, qt, s, o, vt, qpos, head, qmin, qmax, m, l, corr); break;
+    case 3: wide_tiles8<3>(c, kvh, nr, tiles, qt, s, o, vt, qpos, head, qmin, qmax, m, l, corr); break;
+    case 4: wide_tiles8<4>(c, kvh, nr, tiles, qt, s, o, vt, qpos, head, qmin, qmax, m, l, corr); break;
+    case 5: wide_tiles8<5>(c, kvh, nr, tiles, qt, s, o, vt, qpos, head, qmin, qmax, m, l, corr); break;
+    case 6: wide_tiles8<6>(c, kvh, nr, tiles, qt, s, o, vt, qpos, head, qmin, qmax, m, l, corr); break;
+    case 7: wide_tiles8<7>(c, kvh, nr, tiles, qt, s, o, vt, qpos, head, qmin, qmax, m, l, corr); break;
+    default: wide_tiles8<8>(c, kvh, nr, tiles, qt, s, o, vt, qpos, head, qmin, qmax, m, l, corr); break;
+  }
+  for (int r = 0; r < nr; ++r) {
+    int64_t t;
+    int h;
+    row_of(c, kvh, g0 + r, t, h);
+    float* dst = c.out + (t * c.H + h) * static_cast<int64_t>(c.D);
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    const float* src = o + r * c.Dp;
+    for (int d = 0; d < c.D; ++d) dst[d] = src[d] * inv;
+  }
+}
+
+constexpr int kNarrowMaxRows = 0;
+
+#else  // neither AVX-512 nor AVX2
 
 constexpr int kNarrowMaxRows = 0;
 
 #endif
 
-/// Portable path (no AVX-512): one row at a time, same tiles and masks,
+/// Portable path (neither AVX-512 nor AVX2): one row at a time, same tiles and masks,
 /// online softmax in base 2. Used for every row when the vector kernels are
 /// not compiled in.
 [[maybe_unused]] void scalar_rows(const Ctx& c, int kvh, int64_t g0, int nr,
@@ -1071,7 +1360,7 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
     const int64_t g0 = block * kBQ;
     const int nr = static_cast<int>(std::min<int64_t>(kBQ, rows - g0));
     Scratch& sc = thread_scratch();
-#ifdef POSENC_ATTN_AVX512
+#if defined(POSENC_ATTN_AVX512) || defined(POSENC_ATTN_AVX2)
     wide_block(c, kvh, g0, nr, tiles, sc);
 #else
     scalar_rows(c, kvh, g0, nr, tiles, sc);
