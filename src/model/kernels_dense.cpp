@@ -3,6 +3,7 @@
 
 #include <cpuid.h>
 #include <immintrin.h>
+#include <omp.h>
 
 // GCC 12 flags the undefined pass-through vectors inside its own AVX-512 intrinsics (_mm512_maskz_*, the
 // reductions) as uninitialized.
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -278,6 +280,161 @@ struct Avx2 {
 POSENC_DENSE_TILES(Avx512, POSENC_TARGET_AVX512)
 POSENC_DENSE_TILES(Avx2, POSENC_TARGET_AVX2)
 
+// ---- AVX2 prefill: weight panels widened once ------------------------------------------------------------
+// On AVX2 the tiles above widen each weight once per 2 rows of x, and the widening (vcvtph2ps; the integer
+// unpacking of Q8_0/Q4_0) takes the ports the FMAs need; they also stream x whole for each tile of weight
+// rows, from L3 once n rows of it outgrow L2 (measured on Zen 3: F16 prefill at 40% of FMA peak). So for
+// n >= 4 rows and rows of a multiple of 16 weights, each thread widens a panel of 3 weight rows once per
+// block of x rows that fits in half of a 512 KiB L2, laid out in the order the tile reads it, and runs
+// tiles of 4 x rows by the panel's 3 rows on it, 32 chunks at a time (the panel's 6 KiB of them stay in L1
+// while every tile of the block passes). A tile makes two passes over its chunks, one per half of the 16
+// lanes (lanes 0-7, then 8-15; the second finds x in L1): 12 ymm accumulators, 3 for the panel's weights,
+// 1 for x. Each lane takes the same fmas in the same order from the same +0, and the halves meet in the
+// same tree (a_k + a_{k+8} first): the bits of the tiles above, for every n and thread count.
+
+constexpr int64_t kPanelRows = 3, kPanelTileRows = 4, kPanelChunks = 32;
+/// Chunks per segment (1024 weights): rows longer than this are taken a segment at a time, each segment's
+/// x block (the rows' 4 KiB there) in L2, so that a block of x holds 64 rows whatever the length and each
+/// weight is widened once per 64 rows (once per 12 rows for the 4864 weights of an FFN's down projection
+/// otherwise; measured: 15% of an F16 prefill in the widening).
+constexpr int64_t kPanelSegment = 64;
+/// A tile's 16 lanes per output between blocks of chunks: [half][x row][weight row].
+struct TileAcc {
+  __m256 v[2][kPanelTileRows][kPanelRows];
+};
+/// Rows of x per block: a multiple of the tile, about 256 KiB of them in a segment (half of Zen 3's 512 KiB L2, the
+/// other half for the panel and y), at least one tile. (Measured with 384 and 448 KiB: no faster at one
+/// thread, slower at two.)
+int64_t panel_block_rows(int64_t cols) {
+  const int64_t seg = std::min(cols, kPanelSegment * kLanes);
+  return std::max<int64_t>(kPanelTileRows, (int64_t{256} * 1024 / (seg * 4)) / kPanelTileRows * kPanelTileRows);
+}
+
+/// p[h][c][j][8]: half h (lanes 0-7, 8-15) of chunk c0 + c (c < count) of weight row j of the 3 at w, widened.
+template <WeightType T>
+POSENC_TARGET_AVX2 void pack_panel_avx2(const std::byte* w, int64_t row_bytes, int64_t c0, int64_t count, float* p) {
+  float* lo = p;
+  float* hi = p + count * kPanelRows * 8;
+  for (int64_t c = 0; c < count; ++c)
+    for (int64_t j = 0; j < kPanelRows; ++j) {
+      const Avx2::V v = Avx2::load_w<T>(w + j * row_bytes, c0 + c);
+      _mm256_storeu_ps(lo + (c * kPanelRows + j) * 8, v.lo);
+      _mm256_storeu_ps(hi + (c * kPanelRows + j) * 8, v.hi);
+    }
+}
+
+/// One block of chunks [c0, c1) of a tile of 4 x rows by the panel's 3 weight rows: both halves' lanes
+/// continue from `acc` ([half][row][weight row]; +0 when `first`), and are left there, or (`last`) summed by
+/// the tree into y[4 rows, 3] (+)=. The block's x (4 rows of up to 32 chunks, 8 KiB) is read from L2 in the
+/// first half's pass and found in L1 by the second's.
+POSENC_TARGET_AVX2 void panel_tile_avx2(const float* x, int64_t cols, const float* p, int64_t chunks, int64_t c0,
+                                        int64_t c1, TileAcc& acc_io, bool first,
+                                        bool last, float* y, int64_t ldy, bool accumulate) {
+  constexpr int64_t R = kPanelTileRows, C = kPanelRows;
+  for (int h = 0; h < 2; ++h) {
+    __m256 acc[R][C];
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = 0; j < C; ++j) acc[r][j] = first ? _mm256_setzero_ps() : acc_io.v[h][r][j];
+    const float* ph = p + h * chunks * C * 8;
+    const float* xh = x + h * 8;
+    for (int64_t c = c0; c < c1; ++c) {
+      __m256 w0 = _mm256_loadu_ps(ph + c * C * 8), w1 = _mm256_loadu_ps(ph + c * C * 8 + 8),
+             w2 = _mm256_loadu_ps(ph + c * C * 8 + 16);
+      // In registers, each loaded once per chunk (GCC would otherwise fold them into the 4 rows' fmas as
+      // memory operands: 15 or 16 loads per 12 fmas instead of 7, the load ports' limit before the FMA ports').
+      asm("" : "+x"(w0), "+x"(w1), "+x"(w2));
+      for (int64_t r = 0; r < R; ++r) {
+        __m256 xv = _mm256_loadu_ps(xh + r * cols + c * kLanes);
+        asm("" : "+x"(xv));  // likewise: one load of x per row, not one per fma
+        acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);
+        acc[r][2] = _mm256_fmadd_ps(xv, w2, acc[r][2]);
+      }
+    }
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = 0; j < C; ++j) acc_io.v[h][r][j] = acc[r][j];
+  }
+  if (!last) return;
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t j = 0; j < C; ++j) {
+      const float s = Avx2::reduce(Avx2::V{acc_io.v[0][r][j], acc_io.v[1][r][j]});
+      float& out = y[r * ldy + j];
+      out = accumulate ? out + s : s;
+    }
+}
+
+bool panels_pay(int64_t n, const RawMatrix& w) {
+  return n >= kPanelTileRows && w.cols % kLanes == 0 && w.rows >= kPanelRows;
+}
+
+template <WeightType T>
+void matmul_panels_avx2(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
+  const int64_t out = w.rows, in = w.cols, rb = w.row_bytes(), chunks = in / kLanes;
+  const int64_t panels = out / kPanelRows, block = panel_block_rows(in), block_tiles = block / kPanelTileRows;
+  const int64_t segments = (chunks + kPanelSegment - 1) / kPanelSegment;
+#pragma omp parallel if (parallel_pays(n, w))
+  {
+    // This thread's panels (the same ones for every block of rows: it widens only its own weight rows).
+    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
+    std::vector<float> panel(static_cast<std::size_t>(std::min(chunks, kPanelSegment) * kPanelRows * kLanes));
+    // Each tile's lanes between blocks of chunks: per tile of a block, and per panel when the rows span
+    // several segments (the segment loop is outside the panel loop).
+    const std::size_t acc_count = static_cast<std::size_t>(block_tiles * (segments > 1 ? std::max<int64_t>(p1 - p0, 1) : 1));
+    const std::unique_ptr<TileAcc[]> acc(new TileAcc[acc_count]);
+    for (int64_t b0 = 0; b0 < n; b0 += block) {
+      const int64_t b1 = std::min(n, b0 + block), tiles = (b1 - b0) / kPanelTileRows;
+      for (int64_t s0 = 0; s0 < chunks; s0 += kPanelSegment) {
+        const int64_t s1 = std::min(chunks, s0 + kPanelSegment);
+        for (int64_t pi = p0; pi < p1; ++pi) {
+          const int64_t o0 = pi * kPanelRows;
+          TileAcc* pacc = acc.get() + (segments > 1 ? (pi - p0) * block_tiles : 0);
+          pack_panel_avx2<T>(w.data + o0 * rb, rb, s0, s1 - s0, panel.data());
+          // The next panel's weights of this segment towards L2 while this one's tiles run: widening from
+          // DRAM stalls on its loads otherwise (measured: 12% of an F16 prefill in the widening's loads).
+          if (pi + 1 < p1) {
+            const int64_t bytes_lo = s0 * rb / chunks, bytes_hi = s1 * rb / chunks;
+            for (int64_t j = 0; j < kPanelRows; ++j)
+              for (int64_t b = bytes_lo; b < bytes_hi; b += 64)
+                _mm_prefetch(reinterpret_cast<const char*>(w.data + (o0 + kPanelRows + j) * rb + b), _MM_HINT_T1);
+          }
+          // Blocks of 32 chunks: the panel's block (6 KiB) stays in L1 while every tile of x rows passes it.
+          for (int64_t c0 = s0; c0 < s1; c0 += kPanelChunks) {
+            const int64_t c1 = std::min(s1, c0 + kPanelChunks);
+            for (int64_t t = 0; t < tiles; ++t) {
+              const int64_t r = b0 + t * kPanelTileRows;
+              panel_tile_avx2(x + r * in + s0 * kLanes, in, panel.data(), s1 - s0, c0 - s0, c1 - s0, pacc[t], c0 == 0,
+                              c1 == chunks, y + r * out + o0, out, accumulate);
+            }
+          }
+          if (s0 == 0)
+            for (int64_t r = b0 + tiles * kPanelTileRows; r < b1; ++r)
+              tile_Avx2<T, 1, kPanelRows>(x + r * in, in, w.data + o0 * rb, rb, y + r * out + o0, out, accumulate);
+        }
+      }
+    }
+    // The weight rows past the last panel (out % 3 of them), a row at a time.
+#pragma omp for schedule(static) nowait
+    for (int64_t o = panels * kPanelRows; o < out; ++o)
+      for (int64_t r = 0; r < n; ++r)
+        tile_Avx2<T, 1, 1>(x + r * in, in, w.data + o * rb, rb, y + r * out + o, out, accumulate);
+  }
+}
+
+void matmul_avx2(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
+  if (!panels_pay(n, w)) {
+    matmul_any_Avx2(x, n, w, y, accumulate);
+    return;
+  }
+  switch (w.type) {
+    case WeightType::f32: matmul_panels_avx2<WeightType::f32>(x, n, w, y, accumulate); return;
+    case WeightType::f16: matmul_panels_avx2<WeightType::f16>(x, n, w, y, accumulate); return;
+    case WeightType::bf16: matmul_panels_avx2<WeightType::bf16>(x, n, w, y, accumulate); return;
+    case WeightType::q8_0: matmul_panels_avx2<WeightType::q8_0>(x, n, w, y, accumulate); return;
+    case WeightType::q4_0: matmul_panels_avx2<WeightType::q4_0>(x, n, w, y, accumulate); return;
+  }
+}
+
 }  // namespace
 
 DenseKernel dense_kernel() {
@@ -333,7 +490,7 @@ void matmul_w_with(DenseKernel k, const float* x, int64_t n, const RawMatrix& w,
   if (n <= 0 || w.rows <= 0) return;
   switch (k) {
     case DenseKernel::reference: matmul_w_reference(x, n, w, y, accumulate); return;
-    case DenseKernel::avx2: matmul_any_Avx2(x, n, w, y, accumulate); return;
+    case DenseKernel::avx2: matmul_avx2(x, n, w, y, accumulate); return;
     case DenseKernel::avx512: matmul_any_Avx512(x, n, w, y, accumulate); return;
   }
 }
@@ -342,7 +499,7 @@ void matmul_w(const float* x, int64_t n, const RawMatrix& w, float* y, bool accu
   if (n <= 0 || w.rows <= 0) return;
   switch (dense_kernel()) {
     case DenseKernel::reference: matmul_w_reference(x, n, w, y, accumulate); return;
-    case DenseKernel::avx2: matmul_any_Avx2(x, n, w, y, accumulate); return;
+    case DenseKernel::avx2: matmul_avx2(x, n, w, y, accumulate); return;
     case DenseKernel::avx512: matmul_any_Avx512(x, n, w, y, accumulate); return;
   }
 }

@@ -29,7 +29,9 @@ namespace posenc::detail {
 /// Which implementation matmul_w runs on this CPU.
 enum class DenseKernel {
   reference,  ///< the scalar loops of matmul_w_reference (any x86-64)
-  avx2,       ///< AVX2 + FMA + F16C: two 8-lane halves per accumulator, tiles of 2 x rows by 3 weight rows
+  avx2,       ///< AVX2 + FMA + F16C: two 8-lane halves per accumulator, tiles of 2 x rows by 3 weight rows;
+              ///< for n >= 4 rows of a multiple of 16 (prefill), 3-row weight panels widened once per 64 x
+              ///< rows (per 1024-weight segment) and tiles of 4 x rows by 3, one half of the lanes per pass
   avx512,     ///< AVX-512 F/BW/VL + F16C: 16-lane accumulators, tiles of 4 x rows by 4 weight rows
 };
 std::string_view to_string(DenseKernel k);

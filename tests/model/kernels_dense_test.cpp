@@ -1,6 +1,6 @@
 // The products with weights as stored (kernels_dense.hpp): for every dtype the
-// AVX-512 path gives the scalar reference's bits on awkward shapes (rows not a
-// multiple of 16, weight rows not a multiple of the 4-row tile, 1..9 rows of x,
+// AVX2 and AVX-512 paths give the scalar reference's bits on awkward shapes (rows not a
+// multiple of 16, weight rows not a multiple of the tiles, 1..9 rows of x and prefill's blocks,
 // accumulating or not, one thread or two); the reference itself is within the
 // stated float32 bound of a double-precision dot product of the same widened
 // weights, and its widened weights are ggml's dequantized values.
@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -87,6 +88,27 @@ TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitOnAwkwardShapes) {
         }
   }
   EXPECT_EQ(cases, 3 * 8 * 5 * 6 * 2 + 2 * 4 * 5 * 6 * 2);
+}
+
+TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitAcrossPrefillBlocks) {
+  // Prefill shapes: x rows past one block of the AVX2 panel path (about 256 KiB of x: 60 rows of 1056
+  // weights, 12 of 4864), rows of 66 and 304 chunks (blocks of 32 chunks, the last partial), weight rows not
+  // a multiple of the 3-row panel, x rows not a multiple of the 4-row tile.
+  const DenseKernel k = GetParam();
+  if (!dense_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
+  for (WeightType t : kTypes)
+    for (auto [n, out, in] : {std::tuple<int64_t, int64_t, int64_t>{67, 7, 1056}, {29, 5, 4864}, {8, 3, 1056}}) {
+      const Stored w(t, out, in, static_cast<uint32_t>(in + out + n));
+      const auto x = randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n + 2000), 1.0f);
+      for (bool acc : {false, true}) {
+        const auto y0 = randn(static_cast<std::size_t>(n * out), 78, 1.0f);
+        std::vector<float> fast = y0, ref = y0;
+        matmul_w_with(k, x.data(), n, w.m, fast.data(), acc);
+        matmul_w_reference(x.data(), n, w.m, ref.data(), acc);
+        ASSERT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)), 0)
+            << to_string(t) << " n " << n << " out " << out << " in " << in << " accumulate " << acc;
+      }
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, KernelsDensePath, ::testing::Values(DenseKernel::avx2, DenseKernel::avx512),
