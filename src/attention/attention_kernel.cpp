@@ -24,9 +24,9 @@
 //    with V rows as vectors. Tiles outer, KV heads inner, threads own
 //    contiguous ranges of KV heads, so the [token][kv_head][d] cache streams
 //    in order.
-// Those two are AVX-512 (compiled when the build targets it). Built for AVX2 +
-// FMA, the wide kernel runs with 8-lane vectors for every row count (decode
-// included); without either, a portable scalar path (scalar_rows).
+// Both exist for AVX-512 (16 lanes, compiled when the build targets it) and
+// for AVX2 + FMA (8 lanes: 8x8 transposes in the narrow kernel); without
+// either, a portable scalar path (scalar_rows).
 // Batch invariance: both kernels perform, for a given row, exactly the same
 // operations in the same order (score chains over d, biases with the same
 // fused ops, per-tile max, exp2, the canonical tile sum, P·V chains over
@@ -879,12 +879,12 @@ void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile>
 #elif defined(POSENC_ATTN_AVX2)
 
 // ---------------------------------------------------------------------------
-// AVX2 + FMA: the wide kernel with rows in 8-lane vectors, for every row
-// count (there is no narrow kernel here: decode runs the wide one with its
-// GQA group in the lanes). Per row it performs the AVX-512 kernels'
-// operations in their order (score chains over d, the same exp2 to the bit,
-// the canonical tile sum, P·V chains over keys), so results agree with an
-// AVX-512 build and decode, chunked prefill and prefill agree bit for bit.
+// AVX2 + FMA: the wide kernel with rows in 8-lane vectors, and the narrow
+// one (below) for decode's few rows per KV head. Per row both perform the
+// AVX-512 kernels' operations in their order (score chains over d, the same
+// exp2 to the bit, the canonical tile sum, P·V chains over keys), so results
+// agree with an AVX-512 build and decode, chunked prefill and prefill agree
+// bit for bit.
 
 /// 2^x for x <= 0 (x = -inf or NaN gives 0): exp2_ps of the AVX-512 kernels,
 /// bit for bit. 2^n is built from its exponent bits (n in [-125, 0], so the
@@ -1155,7 +1155,269 @@ void wide_block(const Ctx& c, int kvh, int64_t g0, int nr, std::span<const Tile>
   }
 }
 
-constexpr int kNarrowMaxRows = 0;
+// ---------------------------------------------------------------------------
+// Narrow kernel (AVX2): keys in lanes, for few rows per KV head (decode). The
+// AVX-512 narrow kernel with 8 lanes: groups of 8 keys transposed 8x8 in
+// registers, every row's scores fma chains over head_dim, the softmax per row
+// over the key lanes, P V with V rows as vectors; tiles outer and KV heads
+// inner, so the [token][kv_head][d] cache streams in order (the wide kernel,
+// a KV head at a time, reads 4 KiB of every 16 KiB of a 32-head cache row and
+// keeps one lane of 8 busy at one row per head).
+
+constexpr int kNarrowMaxRows = 8;
+
+/// Lanes [0, n) set, n in [0, 8] (a _mm256_maskload_ps mask).
+inline __m256i lanes8(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/// In-place transpose of an 8x8 float block (r[i] lane d -> r[d] lane i).
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);      // a0 b0 a1 b1 | a4 b4 a5 b5
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);  // a2 b2 a3 b3 | a6 b6 a7 b7
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(1, 0, 1, 0));          // column 0 | 4
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], _MM_SHUFFLE(3, 2, 3, 2));      // 1 | 5
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(1, 0, 1, 0));  // 2 | 6
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], _MM_SHUFFLE(3, 2, 3, 2));  // 3 | 7
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[4 + i], 0x31);
+  }
+}
+
+/// Scores of the R rows against the tile, keys in lanes:
+///   s[r][j] = fma chain over d = 0..D-1 of q[r][d] * K[j][d],
+/// the chain qk_micro8 computes for the same (row, key): the same bits.
+template <int R>
+void qk_narrow8(const Ctx& c, const Tile& t, int64_t head_off, const float* zero,
+                const float* q /*[R][Dp]*/, float* s /*[R][kBK]*/) {
+  for (int jg = 0; jg < t.n; jg += 8) {
+    const int cnt = std::min(8, t.n - jg);
+    const float* kp[8];
+    for (int i = 0; i < 8; ++i) kp[i] = i < cnt ? t.k[jg + i] + head_off : zero;
+    __m256 acc[R];
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int d0 = 0; d0 < c.D; d0 += 8) {
+      const int dn = std::min(8, c.D - d0);
+      __m256 kt[8];
+      if (dn == 8) {
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; ++i) kt[i] = _mm256_loadu_ps(kp[i] + d0);
+      } else {
+        const __m256i dm = lanes8(dn);
+        for (int i = 0; i < 8; ++i) kt[i] = _mm256_maskload_ps(kp[i] + d0, dm);
+      }
+      transpose8(kt);
+      for (int dd = 0; dd < dn; ++dd)
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r)
+          acc[r] = _mm256_fmadd_ps(kt[dd], _mm256_broadcast_ss(q + r * c.Dp + d0 + dd), acc[r]);
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(s + r * kBK + jg, acc[r]);
+  }
+}
+
+/// O[i][8*c0 + ...] = corr * O + sum_j P[i][j] V[j] for MR rows and ND
+/// vectors, one product-sum chain per element over the keys in order: the
+/// chain pv_micro8 computes for the same row. The last vector of a head row
+/// is loaded under `last` when head_dim is not a multiple of 8.
+template <int MR, int ND>
+inline void pv_narrow_micro8(const float* p /*[MR][kBK]*/, const float* const* v, int64_t off,
+                             int n, float* o /*[MR][Dp]*/, int Dp, const float* corr, bool tail,
+                             __m256i last) {
+  __m256 acc[MR][ND];
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i) {
+    const __m256 cr = _mm256_set1_ps(corr[i]);
+#pragma GCC unroll 8
+    for (int cc = 0; cc < ND; ++cc) acc[i][cc] = _mm256_mul_ps(_mm256_load_ps(o + i * Dp + 8 * cc), cr);
+  }
+  for (int j = 0; j < n; ++j) {
+    const float* vj = v[j] + off;
+    __m256 vv[ND];
+#pragma GCC unroll 8
+    for (int cc = 0; cc < ND; ++cc)
+      vv[cc] = tail && cc == ND - 1 ? _mm256_maskload_ps(vj + 8 * cc, last) : _mm256_loadu_ps(vj + 8 * cc);
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; ++i) {
+      const __m256 b = _mm256_broadcast_ss(p + i * kBK + j);
+#pragma GCC unroll 8
+      for (int cc = 0; cc < ND; ++cc) acc[i][cc] = _mm256_fmadd_ps(b, vv[cc], acc[i][cc]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 8
+    for (int cc = 0; cc < ND; ++cc) _mm256_store_ps(o + i * Dp + 8 * cc, acc[i][cc]);
+}
+
+/// Rows r0.. r0+MR-1 (MR <= 2 here) against all keys of the tile, as many
+/// channel vectors per pass as fit 16 ymm registers.
+template <int MR>
+void pv_narrow_rows8(const Ctx& c, const float* p, const float* const* v, int64_t off, int n,
+                     float* o, const float* corr) {
+  constexpr int kMaxNd = MR >= 2 ? 4 : 8;
+  const int dv = (c.D + 7) / 8;  // vectors of 8 channels holding head_dim
+  const int rem = c.D - 8 * (dv - 1);
+  const __m256i last = lanes8(rem);
+  for (int c0 = 0; c0 < dv; c0 += kMaxNd) {
+    const int nd = std::min(kMaxNd, dv - c0);
+    const bool tail = c0 + nd == dv && rem < 8;
+    const int64_t oc = off + 8 * c0;
+    float* op = o + 8 * c0;
+    switch (nd) {
+      case 1: pv_narrow_micro8<MR, 1>(p, v, oc, n, op, c.Dp, corr, tail, last); break;
+      case 2: pv_narrow_micro8<MR, 2>(p, v, oc, n, op, c.Dp, corr, tail, last); break;
+      case 3: pv_narrow_micro8<MR, 3>(p, v, oc, n, op, c.Dp, corr, tail, last); break;
+      case 4: pv_narrow_micro8<MR, 4>(p, v, oc, n, op, c.Dp, corr, tail, last); break;
+      case 5: pv_narrow_micro8<MR, (kMaxNd >= 5 ? 5 : 1)>(p, v, oc, n, op, c.Dp, corr, tail, last); break;
+      case 6: pv_narrow_micro8<MR, (kMaxNd >= 6 ? 6 : 1)>(p, v, oc, n, op, c.Dp, corr, tail, last); break;
+      case 7: pv_narrow_micro8<MR, (kMaxNd >= 7 ? 7 : 1)>(p, v, oc, n, op, c.Dp, corr, tail, last); break;
+      default: pv_narrow_micro8<MR, (kMaxNd >= 8 ? 8 : 1)>(p, v, oc, n, op, c.Dp, corr, tail, last); break;
+    }
+  }
+}
+
+/// All R (<= kNarrowMaxRows) rows of the KV heads [kvh0, kvh1): for every row
+/// exactly the operations of the wide kernel (wide_block) for that row, so
+/// decode against a cache gives bit for bit the output of the same row inside
+/// a prefill over the same keys in the same order.
+void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile> tiles,
+                  Scratch& sc) {
+  const int nh = kvh1 - kvh0;
+  const std::size_t rows = static_cast<std::size_t>(nh) * R;
+  float* qn = sc.qt.get(rows * c.Dp);
+  float* on = sc.o.get(rows * c.Dp);
+  float* sn = sc.s.get(static_cast<std::size_t>(R) * kBK);
+  float* zero = sc.zero.get(static_cast<std::size_t>(c.Dp));
+  float* m = sc.row.get(3 * rows);
+  float* l = m + rows;
+  float* corr = l + rows;
+  std::memset(zero, 0, static_cast<std::size_t>(c.Dp) * sizeof(float));
+  int64_t qpos[kNarrowMaxRows];
+  int64_t qmin = std::numeric_limits<int64_t>::max(), qmax = std::numeric_limits<int64_t>::min();
+  for (int r = 0; r < R; ++r) {
+    qpos[r] = c.q_pos[r / c.group];
+    qmin = std::min(qmin, qpos[r]);
+    qmax = std::max(qmax, qpos[r]);
+  }
+  for (int hh = 0; hh < nh; ++hh)
+    for (int r = 0; r < R; ++r) {
+      int64_t t;
+      int h;
+      row_of(c, kvh0 + hh, r, t, h);
+      load_q_row(c, t, h, qn + (hh * R + r) * c.Dp);
+    }
+  for (std::size_t i = 0; i < rows; ++i) {
+    m[i] = -std::numeric_limits<float>::infinity();
+    l[i] = 0.0f;
+  }
+  std::memset(on, 0, rows * c.Dp * sizeof(float));
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (const Tile& t : tiles) {
+    const TileClass cls = classify(c, qmin, qmax, t);
+    if (cls == TileClass::skip) continue;
+    const int n = t.n;
+    for (int hh = 0; hh < nh; ++hh) {
+      const int kvh = kvh0 + hh;
+      const int64_t head_off = static_cast<int64_t>(kvh) * c.D;
+      const float* qh = qn + hh * R * c.Dp;
+      float* oh = on + hh * R * c.Dp;
+      float* mh = m + hh * R;
+      float* lh = l + hh * R;
+      float* ch = corr + hh * R;
+      switch (R) {
+        case 1: qk_narrow8<1>(c, t, head_off, zero, qh, sn); break;
+        case 2: qk_narrow8<2>(c, t, head_off, zero, qh, sn); break;
+        case 3: qk_narrow8<3>(c, t, head_off, zero, qh, sn); break;
+        case 4: qk_narrow8<4>(c, t, head_off, zero, qh, sn); break;
+        case 5: qk_narrow8<5>(c, t, head_off, zero, qh, sn); break;
+        case 6: qk_narrow8<6>(c, t, head_off, zero, qh, sn); break;
+        case 7: qk_narrow8<7>(c, t, head_off, zero, qh, sn); break;
+        default: qk_narrow8<8>(c, t, head_off, zero, qh, sn); break;
+      }
+      // Bias and mask with bias_and_mask8's operations (fma for ALiBi).
+      if (c.bias != LogitBias::none)
+        for (int rr = 0; rr < R; ++rr) {
+          const int h = kvh * c.group + rr % c.group;
+          for (int j = 0; j < n; ++j) {
+            float& x = sn[rr * kBK + j];
+            if (c.bias == LogitBias::alibi) {
+              const int64_t d = qpos[rr] >= t.pos[j] ? qpos[rr] - t.pos[j] : t.pos[j] - qpos[rr];
+              x = std::fma(c.slope_l2e[static_cast<std::size_t>(h)], static_cast<float>(d), x);
+            } else {
+              x += bias_l2e(c, h, qpos[rr], t.pos[j]);
+            }
+          }
+        }
+      if (cls == TileClass::partial)
+        for (int rr = 0; rr < R; ++rr)
+          for (int j = 0; j < n; ++j)
+            if (!visible(c, qpos[rr], t.pos[j])) sn[rr * kBK + j] = ninf;
+      // Online softmax per row, as softmax_wide8 per lane: the tile max, exp2
+      // of the same arguments, the canonical tile sum (part[k] = P[k] +
+      // P[k+16] + ..., lanes 0-7 in a0 and 8-15 in a1; then the w = 8, 4, 2, 1
+      // tree), l = fma(l, corr, sum).
+      for (int rr = 0; rr < R; ++rr) {
+        float* sr = sn + rr * kBK;
+        __m256 mv = _mm256_set1_ps(ninf);
+        for (int j = 0; j < n; j += 8) {
+          const int cnt = std::min(8, n - j);
+          __m256 x = _mm256_loadu_ps(sr + j);
+          if (cnt < 8) x = _mm256_blendv_ps(_mm256_set1_ps(ninf), x, _mm256_castsi256_ps(lanes8(cnt)));
+          mv = _mm256_max_ps(mv, x);
+        }
+        alignas(32) float lane[8];
+        _mm256_store_ps(lane, mv);
+        float mt = lane[0];
+        for (int k = 1; k < 8; ++k) mt = std::max(mt, lane[k]);  // max is exact in any order
+        const float mnew = std::max(mh[rr], mt);
+        const float msafe = mnew == ninf ? 0.0f : mnew;
+        ch[rr] = _mm256_cvtss_f32(exp2_ps8(_mm256_set1_ps(mh[rr] - msafe)));
+        mh[rr] = mnew;
+        const __m256 ms = _mm256_set1_ps(msafe);
+        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        for (int j = 0; j < n; j += 8) {
+          const int cnt = std::min(8, n - j);
+          __m256 p = exp2_ps8(_mm256_sub_ps(_mm256_loadu_ps(sr + j), ms));
+          _mm256_storeu_ps(sr + j, p);
+          if (cnt < 8) p = _mm256_and_ps(p, _mm256_castsi256_ps(lanes8(cnt)));  // keys past the tile add nothing
+          if ((j / 8) % 2 == 0)
+            a0 = _mm256_add_ps(a0, p);
+          else
+            a1 = _mm256_add_ps(a1, p);
+        }
+        alignas(32) float part[8];
+        _mm256_store_ps(part, _mm256_add_ps(a0, a1));
+        for (int w = 4; w >= 1; w /= 2)
+          for (int k = 0; k < w; ++k) part[k] = part[k] + part[k + w];
+        lh[rr] = std::fma(lh[rr], ch[rr], part[0]);
+      }
+      int r2 = 0;
+      for (; r2 + 2 <= R; r2 += 2)
+        pv_narrow_rows8<2>(c, sn + r2 * kBK, t.v, head_off, n, oh + r2 * c.Dp, ch + r2);
+      if (r2 < R) pv_narrow_rows8<1>(c, sn + r2 * kBK, t.v, head_off, n, oh + r2 * c.Dp, ch + r2);
+    }
+  }
+  for (int hh = 0; hh < nh; ++hh)
+    for (int r = 0; r < R; ++r) {
+      int64_t t;
+      int h;
+      row_of(c, kvh0 + hh, r, t, h);
+      float* dst = c.out + (t * c.H + h) * static_cast<int64_t>(c.D);
+      const float lr = l[hh * R + r];
+      const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+      const float* src = on + (hh * R + r) * c.Dp;
+      for (int d = 0; d < c.D; ++d) dst[d] = src[d] * inv;
+    }
+}
 
 #else  // neither AVX-512 nor AVX2
 
@@ -1332,7 +1594,7 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
   int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   if (work < kParallelMinWork || omp_in_parallel()) threads = 1;
 
-#ifdef POSENC_ATTN_AVX512
+#if defined(POSENC_ATTN_AVX512) || defined(POSENC_ATTN_AVX2)
   if (rows <= kNarrowMaxRows) {
     // One item per thread: a contiguous range of KV heads each.
     const int n_items = std::min(threads, c.KVH);
