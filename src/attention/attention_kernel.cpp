@@ -21,7 +21,8 @@
 //  - narrow (decode: few rows per KV head): keys in lanes. Each group of 16
 //    keys is transposed in registers (16x16 blocks) and every row's scores
 //    are fma chains over head_dim; softmax per row over the key lanes; P V
-//    with V rows as vectors. Tiles outer, KV heads inner, threads own
+//    with V rows as vectors. Tiles outer, KV heads inner (on AVX2 groups of
+//    8 keys between them, so cache rows are read in order), threads own
 //    contiguous ranges of KV heads, so the [token][kv_head][d] cache streams
 //    in order.
 // Both exist for AVX-512 (16 lanes, compiled when the build targets it) and
@@ -1192,7 +1193,8 @@ inline void transpose8(__m256 r[8]) {
   }
 }
 
-/// Scores of the R rows against keys [j0, j1) of the tile (j0 a multiple of 8), keys in lanes:
+/// Scores of the R rows against the groups of 8 keys starting in [j0, j1) (j0 a multiple of 8; a group past
+/// the tile's end is cut there), keys in lanes:
 ///   s[r][j] = fma chain over d = 0..D-1 of q[r][d] * K[j][d],
 /// the chain qk_micro8 computes for the same (row, key): the same bits.
 template <int R>
@@ -1265,7 +1267,7 @@ inline void pv_narrow_micro8(const float* p /*[MR][kBK]*/, const float* const* v
     for (int cc = 0; cc < ND; ++cc) _mm256_store_ps(o + i * Dp + 8 * cc, acc[i][cc]);
 }
 
-/// Rows r0.. r0+MR-1 (MR <= 2 here) against all keys of the tile, as many
+/// Rows r0.. r0+MR-1 (MR <= 2 here) against a group of n <= 8 keys, as many
 /// channel vectors per pass as fit 16 ymm registers.
 template <int MR>
 void pv_narrow_rows8(const Ctx& c, const float* p, const float* const* v, int64_t off, int n,
@@ -1295,7 +1297,9 @@ void pv_narrow_rows8(const Ctx& c, const float* p, const float* const* v, int64_
 /// All R (<= kNarrowMaxRows) rows of the KV heads [kvh0, kvh1): for every row
 /// exactly the operations of the wide kernel (wide_block) for that row, so
 /// decode against a cache gives bit for bit the output of the same row inside
-/// a prefill over the same keys in the same order.
+/// a prefill over the same keys in the same order (for finite scores: a NaN
+/// score, from a non-finite q or key, takes the tile max apart differently
+/// here, std::max, than _mm256_max_ps does there, as in the AVX-512 kernels).
 void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile> tiles,
                   Scratch& sc) {
   const int nh = kvh1 - kvh0;

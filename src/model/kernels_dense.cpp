@@ -294,7 +294,7 @@ POSENC_DENSE_TILES(Avx2, POSENC_TARGET_AVX2)
 
 constexpr int64_t kPanelRows = 3, kPanelTileRows = 4, kPanelChunks = 32;
 /// Chunks per segment (1024 weights): rows longer than this are taken a segment at a time, each segment's
-/// x block (the rows' 4 KiB there) in L2, so that a block of x holds 64 rows whatever the length and each
+/// x block (the rows' 4 KiB there) in L2, so that a block of x holds 64 rows for any length of 1024 or more and each
 /// weight is widened once per 64 rows (once per 12 rows for the 4864 weights of an FFN's down projection
 /// otherwise; measured: 15% of an F16 prefill in the widening).
 constexpr int64_t kPanelSegment = 64;
@@ -370,7 +370,7 @@ bool panels_pay(int64_t n, const RawMatrix& w) {
 template <WeightType T>
 void matmul_panels_avx2(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
   const int64_t out = w.rows, in = w.cols, rb = w.row_bytes(), chunks = in / kLanes;
-  const int64_t panels = out / kPanelRows, block = panel_block_rows(in), block_tiles = block / kPanelTileRows;
+  const int64_t panels = out / kPanelRows, block = panel_block_rows(in);
   const int64_t segments = (chunks + kPanelSegment - 1) / kPanelSegment;
 #pragma omp parallel if (parallel_pays(n, w))
   {
@@ -380,7 +380,9 @@ void matmul_panels_avx2(const float* x, int64_t n, const RawMatrix& w, float* y,
     std::vector<float> panel(static_cast<std::size_t>(std::min(chunks, kPanelSegment) * kPanelRows * kLanes));
     // Each tile's lanes between blocks of chunks: per tile of a block, and per panel when the rows span
     // several segments (the segment loop is outside the panel loop).
-    const std::size_t acc_count = static_cast<std::size_t>(block_tiles * (segments > 1 ? std::max<int64_t>(p1 - p0, 1) : 1));
+    const int64_t tiles_max = std::min(block, n) / kPanelTileRows;  // in any block of this call
+    const std::size_t acc_count =
+        static_cast<std::size_t>(std::max<int64_t>(tiles_max, 1) * (segments > 1 ? std::max<int64_t>(p1 - p0, 1) : 1));
     const std::unique_ptr<TileAcc[]> acc(new TileAcc[acc_count]);
     for (int64_t b0 = 0; b0 < n; b0 += block) {
       const int64_t b1 = std::min(n, b0 + block), tiles = (b1 - b0) / kPanelTileRows;
@@ -388,7 +390,7 @@ void matmul_panels_avx2(const float* x, int64_t n, const RawMatrix& w, float* y,
         const int64_t s1 = std::min(chunks, s0 + kPanelSegment);
         for (int64_t pi = p0; pi < p1; ++pi) {
           const int64_t o0 = pi * kPanelRows;
-          TileAcc* pacc = acc.get() + (segments > 1 ? (pi - p0) * block_tiles : 0);
+          TileAcc* pacc = acc.get() + (segments > 1 ? (pi - p0) * tiles_max : 0);
           pack_panel_avx2<T>(w.data + o0 * rb, rb, s0, s1 - s0, panel.data());
           // The next panel's weights of this segment towards L2 while this one's tiles run: widening from
           // DRAM stalls on its loads otherwise (measured: 12% of an F16 prefill in the widening's loads).

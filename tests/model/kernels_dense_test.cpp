@@ -91,13 +91,16 @@ TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitOnAwkwardShapes) {
 }
 
 TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitAcrossPrefillBlocks) {
-  // Prefill shapes: x rows past one block of the AVX2 panel path (about 256 KiB of x: 60 rows of 1056
-  // weights, 12 of 4864), rows of 66 and 304 chunks (blocks of 32 chunks, the last partial), weight rows not
-  // a multiple of the 3-row panel, x rows not a multiple of the 4-row tile.
+  // Prefill shapes for the AVX2 panel path: x rows past one block (64 rows for rows of 1024 weights or more:
+  // 133 rows are blocks of 64, 64 and 5, each with full 4-row tiles), rows of 66 and 304 chunks (segments of
+  // 64 chunks and blocks of 32, the last partial), weight rows not a multiple of the 3-row panel, x rows not
+  // a multiple of the tile, and products large enough for the parallel region (two threads, each its own
+  // panels across segments).
   const DenseKernel k = GetParam();
   if (!dense_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
   for (WeightType t : kTypes)
-    for (auto [n, out, in] : {std::tuple<int64_t, int64_t, int64_t>{67, 7, 1056}, {29, 5, 4864}, {8, 3, 1056}}) {
+    for (auto [n, out, in] : {std::tuple<int64_t, int64_t, int64_t>{67, 7, 1056}, {29, 5, 4864}, {8, 3, 1056}, {133, 20, 1056},
+                                 {70, 7, 4864}}) {
       const Stored w(t, out, in, static_cast<uint32_t>(in + out + n));
       const auto x = randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n + 2000), 1.0f);
       for (bool acc : {false, true}) {
