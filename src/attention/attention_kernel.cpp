@@ -222,6 +222,77 @@ inline void row_of(const Ctx& c, int kvh, int64_t g, int64_t& t, int& h) {
   h = kvh * c.group + static_cast<int>(g % c.group);
 }
 
+/// Most rows per KV head the narrow (decode) kernels take.
+constexpr int kNarrowRowsCap = 8;
+
+/// The per-call state of a narrow kernel over the R rows of each KV head in
+/// [kvh0, kvh1): the rotated, scaled queries [head][row][Dp], the output
+/// accumulators (zero), the running max (-inf), sum (0) and correction per
+/// row, a zero key row (the padding lanes' keys), and the rows' positions.
+struct NarrowRows {
+  int nh = 0;
+  std::size_t rows = 0;
+  float *qn = nullptr, *on = nullptr, *zero = nullptr, *m = nullptr, *l = nullptr, *corr = nullptr;
+  int64_t qpos[kNarrowRowsCap] = {};
+  int64_t qmin = std::numeric_limits<int64_t>::max(), qmax = std::numeric_limits<int64_t>::min();
+};
+
+[[maybe_unused]] NarrowRows narrow_rows(const Ctx& c, int kvh0, int kvh1, int R, Scratch& sc) {
+  NarrowRows n;
+  n.nh = kvh1 - kvh0;
+  n.rows = static_cast<std::size_t>(n.nh) * R;
+  n.qn = sc.qt.get(n.rows * c.Dp);
+  n.on = sc.o.get(n.rows * c.Dp);
+  n.zero = sc.zero.get(static_cast<std::size_t>(c.Dp));
+  n.m = sc.row.get(3 * n.rows);
+  n.l = n.m + n.rows;
+  n.corr = n.l + n.rows;
+  std::memset(n.zero, 0, static_cast<std::size_t>(c.Dp) * sizeof(float));
+  for (int r = 0; r < R; ++r) {
+    n.qpos[r] = c.q_pos[r / c.group];
+    n.qmin = std::min(n.qmin, n.qpos[r]);
+    n.qmax = std::max(n.qmax, n.qpos[r]);
+  }
+  for (int hh = 0; hh < n.nh; ++hh)
+    for (int r = 0; r < R; ++r) {
+      int64_t t;
+      int h;
+      row_of(c, kvh0 + hh, r, t, h);
+      load_q_row(c, t, h, n.qn + (hh * R + r) * c.Dp);
+    }
+  for (std::size_t i = 0; i < n.rows; ++i) {
+    n.m[i] = -std::numeric_limits<float>::infinity();
+    n.l[i] = 0.0f;
+  }
+  std::memset(n.on, 0, n.rows * c.Dp * sizeof(float));
+  return n;
+}
+
+/// Biases and the mask on the scores s[R][kBK] of KV head kvh against tile t,
+/// with the wide kernels' operations (fma(slope, distance, s) for ALiBi, s +
+/// table for T5; masked scores -inf).
+[[maybe_unused]] void narrow_bias_and_mask(const Ctx& c, int kvh, int R, const int64_t* qpos, const Tile& t,
+                                           TileClass cls, float* s) {
+  const int n = t.n;
+  if (c.bias != LogitBias::none)
+    for (int rr = 0; rr < R; ++rr) {
+      const int h = kvh * c.group + rr % c.group;
+      for (int j = 0; j < n; ++j) {
+        float& x = s[rr * kBK + j];
+        if (c.bias == LogitBias::alibi) {
+          const int64_t d = qpos[rr] >= t.pos[j] ? qpos[rr] - t.pos[j] : t.pos[j] - qpos[rr];
+          x = std::fma(c.slope_l2e[static_cast<std::size_t>(h)], static_cast<float>(d), x);
+        } else {
+          x += bias_l2e(c, h, qpos[rr], t.pos[j]);
+        }
+      }
+    }
+  if (cls == TileClass::partial)
+    for (int rr = 0; rr < R; ++rr)
+      for (int j = 0; j < n; ++j)
+        if (!visible(c, qpos[rr], t.pos[j])) s[rr * kBK + j] = -std::numeric_limits<float>::infinity();
+}
+
 #ifdef POSENC_ATTN_AVX512
 
 // ---------------------------------------------------------------------------
@@ -637,7 +708,7 @@ void wide_block(const Ctx& c, int kvh, int64_t g0, int nr, std::span<const Tile>
 // ---------------------------------------------------------------------------
 // Narrow kernel: vectorised over head_dim, for few rows per KV head.
 
-constexpr int kNarrowMaxRows = 8;
+constexpr int kNarrowMaxRows = kNarrowRowsCap;
 
 /// O[i][16*c0 + ...] = corr * O + sum_j P[i][j] V[j] for MR rows and ND
 /// vectors, one product-sum chain per element over the keys in order: the
@@ -742,35 +813,12 @@ void qk_narrow(const Ctx& c, const Tile& t, int64_t head_off, const float* zero,
 /// keys in the same order.
 void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile> tiles,
                   Scratch& sc) {
-  const int nh = kvh1 - kvh0;
-  const std::size_t rows = static_cast<std::size_t>(nh) * R;
-  float* qn = sc.qt.get(rows * c.Dp);
-  float* on = sc.o.get(rows * c.Dp);
+  const NarrowRows nr = narrow_rows(c, kvh0, kvh1, R, sc);
+  const int nh = nr.nh;
+  float *qn = nr.qn, *on = nr.on, *zero = nr.zero, *m = nr.m, *l = nr.l, *corr = nr.corr;
+  const int64_t* qpos = nr.qpos;
+  const int64_t qmin = nr.qmin, qmax = nr.qmax;
   float* sn = sc.s.get(static_cast<std::size_t>(R) * kBK);
-  float* zero = sc.zero.get(static_cast<std::size_t>(c.Dp));
-  float* m = sc.row.get(3 * rows);
-  float* l = m + rows;
-  float* corr = l + rows;
-  std::memset(zero, 0, static_cast<std::size_t>(c.Dp) * sizeof(float));
-  int64_t qpos[kNarrowMaxRows];
-  int64_t qmin = std::numeric_limits<int64_t>::max(), qmax = std::numeric_limits<int64_t>::min();
-  for (int r = 0; r < R; ++r) {
-    qpos[r] = c.q_pos[r / c.group];
-    qmin = std::min(qmin, qpos[r]);
-    qmax = std::max(qmax, qpos[r]);
-  }
-  for (int hh = 0; hh < nh; ++hh)
-    for (int r = 0; r < R; ++r) {
-      int64_t t;
-      int h;
-      row_of(c, kvh0 + hh, r, t, h);
-      load_q_row(c, t, h, qn + (hh * R + r) * c.Dp);
-    }
-  for (std::size_t i = 0; i < rows; ++i) {
-    m[i] = -std::numeric_limits<float>::infinity();
-    l[i] = 0.0f;
-  }
-  std::memset(on, 0, rows * c.Dp * sizeof(float));
   const __mmask16 tail = static_cast<__mmask16>(c.tail_mask);
   const float ninf = -std::numeric_limits<float>::infinity();
   for (const Tile& t : tiles) {
@@ -795,24 +843,7 @@ void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile>
         case 7: qk_narrow<7>(c, t, head_off, zero, qh, sn); break;
         default: qk_narrow<8>(c, t, head_off, zero, qh, sn); break;
       }
-      // Bias and mask with the wide kernel's operations (fma for ALiBi).
-      if (c.bias != LogitBias::none)
-        for (int rr = 0; rr < R; ++rr) {
-          const int h = kvh * c.group + rr % c.group;
-          for (int j = 0; j < n; ++j) {
-            float& x = sn[rr * kBK + j];
-            if (c.bias == LogitBias::alibi) {
-              const int64_t d = qpos[rr] >= t.pos[j] ? qpos[rr] - t.pos[j] : t.pos[j] - qpos[rr];
-              x = std::fma(c.slope_l2e[static_cast<std::size_t>(h)], static_cast<float>(d), x);
-            } else {
-              x += bias_l2e(c, h, qpos[rr], t.pos[j]);
-            }
-          }
-        }
-      if (cls == TileClass::partial)
-        for (int rr = 0; rr < R; ++rr)
-          for (int j = 0; j < n; ++j)
-            if (!visible(c, qpos[rr], t.pos[j])) sn[rr * kBK + j] = ninf;
+      narrow_bias_and_mask(c, kvh, R, qpos, t, cls, sn);
       // Online softmax per row: tile max, exp2 of the same arguments, the sum
       // in key order, l = fma(l, corr, sum) -- as softmax_wide per lane.
       for (int rr = 0; rr < R; ++rr) {
@@ -1167,7 +1198,7 @@ void wide_block(const Ctx& c, int kvh, int64_t g0, int nr, std::span<const Tile>
 // kernel goes, measured 7.4-8.5 GB/s here against 13.4-15.2 this way, with
 // the DRAM read rate at 14-16 GB/s; the wide kernel, 2.95 GB/s).
 
-constexpr int kNarrowMaxRows = 8;
+constexpr int kNarrowMaxRows = kNarrowRowsCap;
 
 /// Lanes [0, n) set, n in [0, 8] (a _mm256_maskload_ps mask).
 inline __m256i lanes8(int n) {
@@ -1302,35 +1333,12 @@ void pv_narrow_rows8(const Ctx& c, const float* p, const float* const* v, int64_
 /// here, std::max, than _mm256_max_ps does there, as in the AVX-512 kernels).
 void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile> tiles,
                   Scratch& sc) {
-  const int nh = kvh1 - kvh0;
-  const std::size_t rows = static_cast<std::size_t>(nh) * R;
-  float* qn = sc.qt.get(rows * c.Dp);
-  float* on = sc.o.get(rows * c.Dp);
-  float* sh = sc.s.get(rows * kBK);  // [head][row][key] scores, then P, of one tile
-  float* zero = sc.zero.get(static_cast<std::size_t>(c.Dp));
-  float* m = sc.row.get(3 * rows);
-  float* l = m + rows;
-  float* corr = l + rows;
-  std::memset(zero, 0, static_cast<std::size_t>(c.Dp) * sizeof(float));
-  int64_t qpos[kNarrowMaxRows];
-  int64_t qmin = std::numeric_limits<int64_t>::max(), qmax = std::numeric_limits<int64_t>::min();
-  for (int r = 0; r < R; ++r) {
-    qpos[r] = c.q_pos[r / c.group];
-    qmin = std::min(qmin, qpos[r]);
-    qmax = std::max(qmax, qpos[r]);
-  }
-  for (int hh = 0; hh < nh; ++hh)
-    for (int r = 0; r < R; ++r) {
-      int64_t t;
-      int h;
-      row_of(c, kvh0 + hh, r, t, h);
-      load_q_row(c, t, h, qn + (hh * R + r) * c.Dp);
-    }
-  for (std::size_t i = 0; i < rows; ++i) {
-    m[i] = -std::numeric_limits<float>::infinity();
-    l[i] = 0.0f;
-  }
-  std::memset(on, 0, rows * c.Dp * sizeof(float));
+  const NarrowRows nr = narrow_rows(c, kvh0, kvh1, R, sc);
+  const int nh = nr.nh;
+  float *qn = nr.qn, *on = nr.on, *zero = nr.zero, *m = nr.m, *l = nr.l, *corr = nr.corr;
+  const int64_t* qpos = nr.qpos;
+  const int64_t qmin = nr.qmin, qmax = nr.qmax;
+  float* sh = sc.s.get(nr.rows * kBK);  // [head][row][key] scores, then P, of one tile
   const float ninf = -std::numeric_limits<float>::infinity();
   for (const Tile& t : tiles) {
     const TileClass cls = classify(c, qmin, qmax, t);
@@ -1361,24 +1369,7 @@ void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile>
       float* mh = m + hh * R;
       float* lh = l + hh * R;
       float* ch = corr + hh * R;
-      // Bias and mask with bias_and_mask8's operations (fma for ALiBi).
-      if (c.bias != LogitBias::none)
-        for (int rr = 0; rr < R; ++rr) {
-          const int h = kvh * c.group + rr % c.group;
-          for (int j = 0; j < n; ++j) {
-            float& x = sn[rr * kBK + j];
-            if (c.bias == LogitBias::alibi) {
-              const int64_t d = qpos[rr] >= t.pos[j] ? qpos[rr] - t.pos[j] : t.pos[j] - qpos[rr];
-              x = std::fma(c.slope_l2e[static_cast<std::size_t>(h)], static_cast<float>(d), x);
-            } else {
-              x += bias_l2e(c, h, qpos[rr], t.pos[j]);
-            }
-          }
-        }
-      if (cls == TileClass::partial)
-        for (int rr = 0; rr < R; ++rr)
-          for (int j = 0; j < n; ++j)
-            if (!visible(c, qpos[rr], t.pos[j])) sn[rr * kBK + j] = ninf;
+      narrow_bias_and_mask(c, kvh, R, qpos, t, cls, sn);
       // Online softmax per row, as softmax_wide8 per lane: the tile max, exp2
       // of the same arguments, the canonical tile sum (part[k] = P[k] +
       // P[k+16] + ..., lanes 0-7 in a0 and 8-15 in a1; then the w = 8, 4, 2, 1

@@ -60,6 +60,24 @@ const WeightType kTypes[] = {WeightType::f32, WeightType::f16, WeightType::bf16,
 
 bool quantized(WeightType t) { return t == WeightType::q8_0 || t == WeightType::q4_0; }
 
+/// Path k against the scalar reference on one shape, y (+)= x W^T both without and with accumulating onto
+/// the same random y: the same bits, or a failure naming the shape.
+::testing::AssertionResult path_equals_reference(DenseKernel k, WeightType t, int64_t n, int64_t out, int64_t in,
+                                                 uint32_t w_seed, uint32_t x_seed, uint32_t y_seed) {
+  const Stored w(t, out, in, w_seed);
+  const auto x = randn(static_cast<std::size_t>(n * in), x_seed, 1.0f);
+  for (bool acc : {false, true}) {
+    const auto y0 = randn(static_cast<std::size_t>(n * out), y_seed, 1.0f);
+    std::vector<float> fast = y0, ref = y0;
+    matmul_w_with(k, x.data(), n, w.m, fast.data(), acc);
+    matmul_w_reference(x.data(), n, w.m, ref.data(), acc);
+    if (std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)) != 0)
+      return ::testing::AssertionFailure() << to_string(t) << " n " << n << " out " << out << " in " << in
+                                           << " accumulate " << acc;
+  }
+  return ::testing::AssertionSuccess();
+}
+
 }  // namespace
 
 class KernelsDensePath : public ::testing::TestWithParam<DenseKernel> {};
@@ -74,17 +92,9 @@ TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitOnAwkwardShapes) {
     for (int64_t in : ins)
       for (int64_t out : {1, 3, 4, 5, 13})
         for (int64_t n : {1, 2, 3, 4, 5, 9}) {
-          const Stored w(t, out, in, static_cast<uint32_t>(in * 131 + out * 7 + n));
-          const auto x = randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n + 1000), 1.0f);
-          for (bool acc : {false, true}) {
-            const auto y0 = randn(static_cast<std::size_t>(n * out), 77, 1.0f);
-            std::vector<float> fast = y0, ref = y0;
-            matmul_w_with(k, x.data(), n, w.m, fast.data(), acc);
-            matmul_w_reference(x.data(), n, w.m, ref.data(), acc);
-            ASSERT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)), 0)
-                << to_string(t) << " n " << n << " out " << out << " in " << in << " accumulate " << acc;
-            ++cases;
-          }
+          ASSERT_TRUE(path_equals_reference(k, t, n, out, in, static_cast<uint32_t>(in * 131 + out * 7 + n),
+                                            static_cast<uint32_t>(n + 1000), 77));
+          cases += 2;  // without and with accumulating
         }
   }
   EXPECT_EQ(cases, 3 * 8 * 5 * 6 * 2 + 2 * 4 * 5 * 6 * 2);
@@ -100,18 +110,9 @@ TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitAcrossPrefillBlocks) {
   if (!dense_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
   for (WeightType t : kTypes)
     for (auto [n, out, in] : {std::tuple<int64_t, int64_t, int64_t>{67, 7, 1056}, {29, 5, 4864}, {8, 3, 1056}, {133, 20, 1056},
-                                 {70, 7, 4864}}) {
-      const Stored w(t, out, in, static_cast<uint32_t>(in + out + n));
-      const auto x = randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n + 2000), 1.0f);
-      for (bool acc : {false, true}) {
-        const auto y0 = randn(static_cast<std::size_t>(n * out), 78, 1.0f);
-        std::vector<float> fast = y0, ref = y0;
-        matmul_w_with(k, x.data(), n, w.m, fast.data(), acc);
-        matmul_w_reference(x.data(), n, w.m, ref.data(), acc);
-        ASSERT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)), 0)
-            << to_string(t) << " n " << n << " out " << out << " in " << in << " accumulate " << acc;
-      }
-    }
+                                 {70, 7, 4864}})
+      ASSERT_TRUE(path_equals_reference(k, t, n, out, in, static_cast<uint32_t>(in + out + n),
+                                        static_cast<uint32_t>(n + 2000), 78));
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, KernelsDensePath, ::testing::Values(DenseKernel::avx2, DenseKernel::avx512),
