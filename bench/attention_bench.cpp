@@ -10,6 +10,8 @@
 //    the same formula for ITS size, so the GFLOPs columns compare directly.
 //  - decode: 1 query x 4096 cached tokens; GBps = bytes of K and V read
 //    (2 * 4096 * kv_heads * d * 4) per call, tokens/s = calls per second.
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -18,6 +20,8 @@
 #include "../tests/attention/attention_reference.hpp"
 #include "bench_util.hpp"
 #include "posenc/attention.hpp"
+#include "posenc/float16.hpp"
+#include "posenc/kv_cache.hpp"
 #include "posenc/rope.hpp"
 
 namespace {
@@ -159,6 +163,103 @@ BENCHMARK(BM_AttentionDecode)
     ->Args({8, 2})
     ->UseRealTime()
     ->Unit(benchmark::kMicrosecond);
+
+// Decode against a long cache in a 16-bit dtype: 1 query, 32 query heads, 32 KV heads, d = 128, 32768
+// cached tokens in 256-token blocks (the shape of the ggml comparison: tools/refs/ggml_fa_decode.cpp
+// times ggml_flash_attn_ext on it). Arguments: mode, threads.
+//  - mode 0: f32 blocks (1 GiB of K and V);
+//  - mode 1: f16 blocks read in place (512 MiB);
+//  - mode 2: f16 blocks widened to a float32 copy first, with the scalar f16_to_f32 loop the model ran per
+//    layer before the kernel read 16-bit blocks (KvCache::blocks with a widening buffer), then attention.
+// GBps counts the bytes of K and V as stored (2 * 32768 * 32 * 128 * 4 or 2), so modes 1 and 2 compare
+// directly; BM_DramRead (real_size_bench.cpp) is the machine's read rate in the same process.
+void BM_AttentionDecodeLong(benchmark::State& state) {
+  constexpr int kHeads = 32, kKvHeads = 32, kDim = 128, kBlock = 256;
+  constexpr int64_t kTokens = 32768;
+  const int mode = static_cast<int>(state.range(0));
+  struct Long {
+    std::vector<uint16_t> k16, v16;
+    std::vector<float> q, out, wide;
+    std::vector<int64_t> pos;
+  };
+  static Long L = [] {
+    Long l;
+    const std::size_t n = static_cast<std::size_t>(kTokens) * kKvHeads * kDim;
+    FloatBuffer k(n), v(n);
+    k.fill_normal(2);
+    v.fill_normal(3);
+    l.k16.resize(n);
+    l.v16.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      l.k16[i] = posenc::f32_to_f16(k.get()[i]);
+      l.v16[i] = posenc::f32_to_f16(v.get()[i]);
+    }
+    FloatBuffer q(static_cast<std::size_t>(kHeads * kDim));
+    q.fill_normal(1);
+    l.q.assign(q.get(), q.get() + kHeads * kDim);
+    l.out.resize(l.q.size());
+    l.pos.resize(static_cast<std::size_t>(kTokens));
+    std::iota(l.pos.begin(), l.pos.end(), int64_t{0});
+    return l;
+  }();
+  const std::size_t n = L.k16.size();
+  const int64_t row = int64_t{kKvHeads} * kDim;
+  std::vector<float> f32;  // mode 0: the widened values, resident
+  if (mode == 0) {
+    f32.resize(2 * n);
+    for (std::size_t i = 0; i < n; ++i) {
+      f32[i] = posenc::f16_to_f32(L.k16[i]);
+      f32[n + i] = posenc::f16_to_f32(L.v16[i]);
+    }
+  }
+  if (mode == 2) L.wide.resize(2 * n);
+  std::vector<posenc::KvBlock> blocks;
+  for (int64_t j = 0; j < kTokens; j += kBlock) {
+    posenc::KvBlock b;
+    b.position_ids = L.pos.data() + j;
+    b.n_tokens = std::min<int64_t>(kBlock, kTokens - j);
+    if (mode == 1) {
+      b.dtype = posenc::KvCacheDtype::f16;
+      b.k16 = L.k16.data() + j * row;
+      b.v16 = L.v16.data() + j * row;
+    } else {
+      const float* base = mode == 0 ? f32.data() : L.wide.data();
+      b.k = base + j * row;
+      b.v = base + n + j * row;
+    }
+    blocks.push_back(b);
+  }
+  posenc::AttentionSpec spec;
+  spec.heads = kHeads;
+  spec.kv_heads = kKvHeads;
+  spec.head_dim = kDim;
+  spec.mask = posenc::MaskKind::causal;
+  const std::vector<int64_t> q_pos{kTokens};
+  posenc::AttentionOptions opt;
+  opt.num_threads = static_cast<int>(state.range(1));
+  for (auto _ : state) {
+    if (mode == 2)
+      for (std::size_t i = 0; i < n; ++i) {
+        L.wide[i] = posenc::f16_to_f32(L.k16[i]);
+        L.wide[n + i] = posenc::f16_to_f32(L.v16[i]);
+      }
+    posenc::attention_forward(spec, L.q.data(), q_pos, blocks, L.out.data(), opt);
+    benchmark::ClobberMemory();
+  }
+  if (mode == 2) std::vector<float>().swap(L.wide);
+  state.counters["GBps"] = giga_rate(2.0 * static_cast<double>(n) * (mode == 0 ? 4 : 2), state);
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_AttentionDecodeLong)
+    ->ArgNames({"mode", "threads"})
+    ->Args({0, 1})
+    ->Args({1, 1})
+    ->Args({2, 1})
+    ->Args({0, 2})
+    ->Args({1, 2})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // The lead's tiny model shape (stories260K: 8 heads, 4 KV heads, head_dim 8):
 // one decode step at 512 cached tokens; shows the per-call overhead.

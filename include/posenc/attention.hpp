@@ -58,15 +58,36 @@ struct AttentionSpec {
   void validate() const;
 };
 
+/// The element type the KV cache stores keys and values in.
+///  - f32:  float32, exactly what the model computed (the default).
+///  - f16:  IEEE binary16; each element rounded to nearest, ties to even, on
+///          write (float16.hpp f32_to_f16: |x| >= 65520 becomes inf) and widened
+///          exactly on read, as llama.cpp's `--cache-type-k f16` (its default)
+///          and a torch.float16 cache of Hugging Face / vLLM store them.
+///  - bf16: bfloat16 (8 exponent bits, 7 mantissa bits); the same rounding
+///          (float16.hpp f32_to_bf16), as `--cache-type-k bf16` / a
+///          torch.bfloat16 cache.
+/// f16 and bf16 take 2 bytes per element, half of f32's 4.
+enum class KvCacheDtype { f32, f16, bf16 };
+
 /// A run of cached (or fresh) keys and values with their position ids.
-/// k, v: [n_tokens, kv_heads, head_dim] float32, contiguous. A key whose
-/// position id is negative is an empty slot (padding, evicted): it never
-/// receives attention.
+/// k, v: [n_tokens, kv_heads, head_dim], contiguous, in `dtype`:
+///  - f32:       k, v point at float32 values (k16, v16 unused);
+///  - f16, bf16: k16, v16 point at binary16 / bfloat16 bits (k, v unused),
+///               read as their exact float32 values: attention over such a
+///               block gives bit for bit the output over the same block
+///               widened to float32 (decode rows read the 16-bit values in
+///               place on AVX2; other calls widen the blocks once per call).
+/// A key whose position id is negative is an empty slot (padding, evicted):
+/// it never receives attention.
 struct KvBlock {
   const float* k = nullptr;
   const float* v = nullptr;
   const int64_t* position_ids = nullptr;
   int64_t n_tokens = 0;
+  KvCacheDtype dtype = KvCacheDtype::f32;
+  const uint16_t* k16 = nullptr;
+  const uint16_t* v16 = nullptr;
 };
 
 /// Execution options of one attention call (they never change the result
@@ -104,8 +125,9 @@ struct AttentionOptions {
 /// decode, chunked prefill and full prefill over a cache that appends keys
 /// give bit-identical outputs. Key sets not in position order are sorted by
 /// position (when a mask is set) before tiling, which costs a sort per call.
-/// Throws InvalidArgument on inconsistent shapes (see AttentionSpec::validate)
-/// or a T5 table/bucket configuration t5_relative_position_bucket rejects.
+/// Throws InvalidArgument on inconsistent shapes (see AttentionSpec::validate),
+/// a block whose data pointers for its dtype are null, or a T5 table/bucket
+/// configuration t5_relative_position_bucket rejects.
 void attention_forward(const AttentionSpec& spec, const float* q,
                        std::span<const int64_t> q_position_ids, std::span<const KvBlock> kv,
                        float* out);

@@ -24,17 +24,8 @@
 
 namespace posenc {
 
-/// The element type the KV cache stores keys and values in.
-///  - f32:  float32, exactly what the model computed (the default).
-///  - f16:  IEEE binary16; each element rounded to nearest, ties to even, on
-///          write (float16.hpp f32_to_f16: |x| >= 65520 becomes inf) and widened
-///          exactly on read, as llama.cpp's `--cache-type-k f16` (its default)
-///          and a torch.float16 cache of Hugging Face / vLLM store them.
-///  - bf16: bfloat16 (8 exponent bits, 7 mantissa bits); the same rounding
-///          (float16.hpp f32_to_bf16), as `--cache-type-k bf16` / a
-///          torch.bfloat16 cache.
-/// f16 and bf16 take 2 bytes per element, half of f32's 4.
-enum class KvCacheDtype { f32, f16, bf16 };
+// KvCacheDtype (f32 | f16 | bf16, the cache's element type and its rounding) is declared in attention.hpp,
+// whose KvBlock carries it.
 
 std::string_view to_string(KvCacheDtype dtype);
 /// "f32" | "f16" | "bf16" (also "float32", "float16", "bfloat16"). Throws
@@ -171,6 +162,13 @@ class KvCache {
   /// head_dim] float32; the KvBlocks point into it and stay valid until it is
   /// changed). Appends to `out`.
   void blocks(int layer, SeqId seq, std::vector<KvBlock>& out, std::vector<float>& widened) const;
+  /// As blocks(layer, seq, out) for any dtype, without a copy: every KvBlock
+  /// points into the cache in its stored dtype (f32: k, v; f16/bf16: k16,
+  /// v16 and dtype set), valid until the cache is next changed. What the
+  /// model's forward pass hands attention_forward, which reads 16-bit blocks
+  /// in place for decode. Appends to `out`. Throws InvalidArgument for a
+  /// layer outside the cache.
+  void blocks_as_stored(int layer, SeqId seq, std::vector<KvBlock>& out) const;
 
   /// Empties every slot whose position id p satisfies begin <= p < end
   /// (positions of the other tokens are unchanged). Blocks left without tokens

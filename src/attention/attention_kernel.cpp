@@ -48,6 +48,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <fmt/format.h>
@@ -56,6 +59,7 @@
 #include "encoding/rope_kernels.hpp"
 #include "posenc/bias.hpp"
 #include "posenc/error.hpp"
+#include "posenc/float16.hpp"
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #include <immintrin.h>
@@ -123,19 +127,25 @@ Scratch& thread_scratch() {
 
 // Keys of all blocks, flattened (empty slots dropped: they are never
 // attended): row pointers at kv head 0 and positions. Tiles are runs of up to
-// kBK consecutive entries, so they span small paged blocks.
-struct KeyTable {
-  std::vector<const float*> k, v;
+// kBK consecutive entries, so they span small paged blocks. T: the stored
+// element, float or uint16_t (the bits of an f16/bf16 block, which only the
+// AVX2 narrow kernel reads in place).
+template <class T>
+struct KeyTableOf {
+  std::vector<const T*> k, v;
   std::vector<int64_t> pos;
 };
 
-struct Tile {
-  const float* const* k;  // [n] key rows, kv head 0
-  const float* const* v;  // [n]
-  const int64_t* pos;     // [n], all >= 0
+template <class T>
+struct TileOf {
+  const T* const* k;   // [n] key rows, kv head 0
+  const T* const* v;   // [n]
+  const int64_t* pos;  // [n], all >= 0
   int n;
   int64_t kmin, kmax;
 };
+using KeyTable = KeyTableOf<float>;
+using Tile = TileOf<float>;
 
 enum class TileClass { skip, full, partial };
 
@@ -159,7 +169,8 @@ struct Ctx {
   std::vector<float> t5_lut;     // [H][2R+1], bias * log2(e)
 };
 
-TileClass classify(const Ctx& c, int64_t qmin, int64_t qmax, const Tile& t) {
+template <class T>
+TileClass classify(const Ctx& c, int64_t qmin, int64_t qmax, const TileOf<T>& t) {
   switch (c.mask) {
     case MaskKind::none:
       return TileClass::full;
@@ -222,6 +233,20 @@ inline void row_of(const Ctx& c, int kvh, int64_t g, int64_t& t, int& h) {
   h = kvh * c.group + static_cast<int>(g % c.group);
 }
 
+/// How the narrow kernels read a stored key or value element, each an exact
+/// widening to float32 (the value KvCache::blocks' widening copy holds, so
+/// the same bits follow; the AVX-512 narrow kernel takes F32 only): float32
+/// as is; IEEE binary16 by F16C's vcvtph2ps; bfloat16 by moving its 16 bits to the top of a float32.
+struct F32 {
+  using T = float;
+};
+struct F16 {
+  using T = uint16_t;
+};
+struct BF16 {
+  using T = uint16_t;
+};
+
 /// Most rows per KV head the narrow (decode) kernels take.
 constexpr int kNarrowRowsCap = 8;
 
@@ -243,11 +268,12 @@ struct NarrowRows {
   n.rows = static_cast<std::size_t>(n.nh) * R;
   n.qn = sc.qt.get(n.rows * c.Dp);
   n.on = sc.o.get(n.rows * c.Dp);
-  n.zero = sc.zero.get(static_cast<std::size_t>(c.Dp));
+  const std::size_t zero_len = static_cast<std::size_t>(c.D + c.Dp);  // qk_narrow8 (AVX2) reads 2 heads at once
+  n.zero = sc.zero.get(zero_len);
   n.m = sc.row.get(3 * n.rows);
   n.l = n.m + n.rows;
   n.corr = n.l + n.rows;
-  std::memset(n.zero, 0, static_cast<std::size_t>(c.Dp) * sizeof(float));
+  std::memset(n.zero, 0, zero_len * sizeof(float));
   for (int r = 0; r < R; ++r) {
     n.qpos[r] = c.q_pos[r / c.group];
     n.qmin = std::min(n.qmin, n.qpos[r]);
@@ -271,8 +297,9 @@ struct NarrowRows {
 /// Biases and the mask on the scores s[R][kBK] of KV head kvh against tile t,
 /// with the wide kernels' operations (fma(slope, distance, s) for ALiBi, s +
 /// table for T5; masked scores -inf).
-[[maybe_unused]] void narrow_bias_and_mask(const Ctx& c, int kvh, int R, const int64_t* qpos, const Tile& t,
-                                           TileClass cls, float* s) {
+template <class T>
+void narrow_bias_and_mask(const Ctx& c, int kvh, int R, const int64_t* qpos, const TileOf<T>& t, TileClass cls,
+                          float* s) {
   const int n = t.n;
   if (c.bias != LogitBias::none)
     for (int rr = 0; rr < R; ++rr) {
@@ -811,8 +838,10 @@ void qk_narrow(const Ctx& c, const Tile& t, int64_t head_off, const float* zero,
 /// exp2, same sequential sums, same P·V chains), so a token decoded against a
 /// cache gets bit-for-bit the output it gets inside a prefill over the same
 /// keys in the same order.
-void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile> tiles,
+template <class E>
+void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const TileOf<typename E::T>> tiles,
                   Scratch& sc) {
+  static_assert(std::is_same_v<E, F32>, "the AVX-512 narrow kernel reads float32 blocks");
   const NarrowRows nr = narrow_rows(c, kvh0, kvh1, R, sc);
   const int nh = nr.nh;
   float *qn = nr.qn, *on = nr.on, *zero = nr.zero, *m = nr.m, *l = nr.l, *corr = nr.corr;
@@ -1206,7 +1235,7 @@ inline __m256i lanes8(int n) {
 }
 
 /// In-place transpose of an 8x8 float block (r[i] lane d -> r[d] lane i).
-inline void transpose8(__m256 r[8]) {
+[[gnu::always_inline]] inline void transpose8(__m256 r[8]) {
   __m256 t[8], u[8];
   for (int i = 0; i < 4; ++i) {
     t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);      // a0 b0 a1 b1 | a4 b4 a5 b5
@@ -1224,51 +1253,113 @@ inline void transpose8(__m256 r[8]) {
   }
 }
 
-/// Scores of the R rows against the groups of 8 keys starting in [j0, j1) (j0 a multiple of 8; a group past
-/// the tile's end is cut there), keys in lanes:
-///   s[r][j] = fma chain over d = 0..D-1 of q[r][d] * K[j][d],
-/// the chain qk_micro8 computes for the same (row, key): the same bits.
-template <int R>
-void qk_narrow8(const Ctx& c, const Tile& t, int j0, int j1, int64_t head_off, const float* zero,
-                const float* q /*[R][Dp]*/, float* s /*[R][kBK]*/) {
-  for (int jg = j0; jg < j1; jg += 8) {
-    const int cnt = std::min(8, t.n - jg);
-    const float* kp[8];
-    for (int i = 0; i < 8; ++i) kp[i] = i < cnt ? t.k[jg + i] + head_off : zero;
-    __m256 acc[R];
+/// 8 consecutive elements at p, widened.
+template <class E>
+inline __m256 load8(const typename E::T* p) {
+  if constexpr (std::is_same_v<E, F32>) {
+    return _mm256_loadu_ps(p);
+  } else {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if constexpr (std::is_same_v<E, F16>)
+      return _mm256_cvtph_ps(h);
+    else
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  }
+}
+
+/// The first n (1..7) elements at p widened, zeros in the other lanes; reads only those n.
+template <class E>
+inline __m256 load8_first(const typename E::T* p, int n) {
+  if constexpr (std::is_same_v<E, F32>) {
+    return _mm256_maskload_ps(p, lanes8(n));
+  } else {
+    alignas(16) uint16_t b[8] = {};  // +0.0 in both 16-bit formats
+    std::memcpy(b, p, static_cast<std::size_t>(n) * sizeof(uint16_t));
+    return load8<E>(b);
+  }
+}
+
+/// Scores of the R rows of each of NH consecutive KV heads against the group of 8 keys at jg (cut at the
+/// tile's end), keys in lanes:
+///   s[h][r][j] = fma chain over d = 0..D-1 of q[h][r][d] * K[j][head h][d],
+/// the chain qk_micro8 computes for the same (row, key): the same bits. The NH * R chains are independent;
+/// several heads at once keep the FMA unit busy where one head of R = 1 row would wait on a single chain's
+/// latency (4 cycles per FMA: the bound once the keys are 16-bit and half the bytes come in).
+/// head_off: channels from a key row's start to the first head; zero: a zero key row of at least
+/// (NH - 1) * D + Dp elements (the padding lanes' keys).
+template <int R, int NH, class E>
+void qk_narrow8(const Ctx& c, const TileOf<typename E::T>& t, int jg, int64_t head_off, const typename E::T* zero,
+                const float* q /*[NH][R][Dp]*/, float* s /*[NH][R][kBK]*/) {
+  const int cnt = std::min(8, t.n - jg);
+  const typename E::T* kp[8];
+  for (int i = 0; i < 8; ++i) kp[i] = i < cnt ? t.k[jg + i] + head_off : zero;
+  __m256 acc[NH][R];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int d0 = 0; d0 < c.D; d0 += 8) {
-      const int dn = std::min(8, c.D - d0);
+  for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[h][r] = _mm256_setzero_ps();
+  for (int d0 = 0; d0 < c.D; d0 += 8) {
+    const int dn = std::min(8, c.D - d0);
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; ++h) {
+      const int64_t o = static_cast<int64_t>(h) * c.D + d0;
       __m256 kt[8];
+      const float* qh = q + h * R * c.Dp + d0;
       if (dn == 8) {
 #pragma GCC unroll 8
-        for (int i = 0; i < 8; ++i) kt[i] = _mm256_loadu_ps(kp[i] + d0);
+        for (int i = 0; i < 8; ++i) kt[i] = load8<E>(kp[i] + o);
+        transpose8(kt);
+#pragma GCC unroll 8
+        for (int dd = 0; dd < 8; ++dd)
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r)
+            acc[h][r] = _mm256_fmadd_ps(kt[dd], _mm256_broadcast_ss(qh + r * c.Dp + dd), acc[h][r]);
       } else {
-        const __m256i dm = lanes8(dn);
-        for (int i = 0; i < 8; ++i) kt[i] = _mm256_maskload_ps(kp[i] + d0, dm);
+        for (int i = 0; i < 8; ++i) kt[i] = load8_first<E>(kp[i] + o, dn);
+        transpose8(kt);
+        for (int dd = 0; dd < dn; ++dd)
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r)
+            acc[h][r] = _mm256_fmadd_ps(kt[dd], _mm256_broadcast_ss(qh + r * c.Dp + dd), acc[h][r]);
       }
-      transpose8(kt);
-      for (int dd = 0; dd < dn; ++dd)
-#pragma GCC unroll 8
-        for (int r = 0; r < R; ++r)
-          acc[r] = _mm256_fmadd_ps(kt[dd], _mm256_broadcast_ss(q + r * c.Dp + d0 + dd), acc[r]);
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) _mm256_storeu_ps(s + r * kBK + jg, acc[r]);
   }
+#pragma GCC unroll 4
+  for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(s + (h * R + r) * kBK + jg, acc[h][r]);
+}
+
+/// Most KV heads qk_narrow8 takes at once (the zero key row covers them).
+constexpr int kNarrowHeadsAtOnce = 2;
+
+/// The scores of every head in [kvh0, kvh0 + nh) against the group of 8 keys at jg: two heads at a time
+/// for R = 1 (a decode step without GQA: 32 KV heads x 32768 f16 keys, 40 -> 33 ns per key and head with
+/// the keys in L3, 72 -> 67 from DRAM; four heads at once spilled and read 32 interleaved streams: slower,
+/// 4 for f32 in L3 twice as slow), one for R >= 2, whose R rows are chains enough.
+template <int R, class E>
+void qk_narrow_heads8(const Ctx& c, const TileOf<typename E::T>& t, int jg, int kvh0, int nh,
+                      const typename E::T* zero, const float* qn /*[nh][R][Dp]*/, float* sh /*[nh][R][kBK]*/) {
+  constexpr int NH = R == 1 ? kNarrowHeadsAtOnce : 1;
+  int hh = 0;
+  for (; hh + NH <= nh; hh += NH)
+    qk_narrow8<R, NH, E>(c, t, jg, static_cast<int64_t>(kvh0 + hh) * c.D, zero, qn + hh * R * c.Dp,
+                         sh + hh * R * kBK);
+  for (; hh < nh; ++hh)
+    qk_narrow8<R, 1, E>(c, t, jg, static_cast<int64_t>(kvh0 + hh) * c.D, zero, qn + hh * R * c.Dp,
+                        sh + hh * R * kBK);
 }
 
 /// O[i][8*c0 + ...] = corr * O + sum_j P[i][j] V[j] for MR rows and ND
 /// vectors (without the corr * when not `first`: a later group of the tile's
 /// keys continues the chains), one product-sum chain per element over the
 /// keys in order: the chain pv_micro8 computes for the same row. The last
-/// vector of a head row is loaded under `last` when head_dim is not a
-/// multiple of 8.
-template <int MR, int ND>
-inline void pv_narrow_micro8(const float* p /*[MR][kBK]*/, const float* const* v, int64_t off,
+/// vector of a head row holds only its first `rem` channels under `tail`
+/// (head_dim not a multiple of 8).
+template <int MR, int ND, class E>
+inline void pv_narrow_micro8(const float* p /*[MR][kBK]*/, const typename E::T* const* v, int64_t off,
                              int n, float* o /*[MR][Dp]*/, int Dp, const float* corr, bool first,
-                             bool tail, __m256i last) {
+                             bool tail, int rem) {
   __m256 acc[MR][ND];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
@@ -1280,11 +1371,11 @@ inline void pv_narrow_micro8(const float* p /*[MR][kBK]*/, const float* const* v
     }
   }
   for (int j = 0; j < n; ++j) {
-    const float* vj = v[j] + off;
+    const typename E::T* vj = v[j] + off;
     __m256 vv[ND];
 #pragma GCC unroll 8
     for (int cc = 0; cc < ND; ++cc)
-      vv[cc] = tail && cc == ND - 1 ? _mm256_maskload_ps(vj + 8 * cc, last) : _mm256_loadu_ps(vj + 8 * cc);
+      vv[cc] = tail && cc == ND - 1 ? load8_first<E>(vj + 8 * cc, rem) : load8<E>(vj + 8 * cc);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m256 b = _mm256_broadcast_ss(p + i * kBK + j);
@@ -1300,27 +1391,26 @@ inline void pv_narrow_micro8(const float* p /*[MR][kBK]*/, const float* const* v
 
 /// Rows r0.. r0+MR-1 (MR <= 2 here) against a group of n <= 8 keys, as many
 /// channel vectors per pass as fit 16 ymm registers.
-template <int MR>
-void pv_narrow_rows8(const Ctx& c, const float* p, const float* const* v, int64_t off, int n,
+template <int MR, class E>
+void pv_narrow_rows8(const Ctx& c, const float* p, const typename E::T* const* v, int64_t off, int n,
                      float* o, const float* corr, bool first) {
   constexpr int kMaxNd = MR >= 2 ? 4 : 8;
   const int dv = (c.D + 7) / 8;  // vectors of 8 channels holding head_dim
   const int rem = c.D - 8 * (dv - 1);
-  const __m256i last = lanes8(rem);
   for (int c0 = 0; c0 < dv; c0 += kMaxNd) {
     const int nd = std::min(kMaxNd, dv - c0);
     const bool tail = c0 + nd == dv && rem < 8;
     const int64_t oc = off + 8 * c0;
     float* op = o + 8 * c0;
     switch (nd) {
-      case 1: pv_narrow_micro8<MR, 1>(p, v, oc, n, op, c.Dp, corr, first, tail, last); break;
-      case 2: pv_narrow_micro8<MR, 2>(p, v, oc, n, op, c.Dp, corr, first, tail, last); break;
-      case 3: pv_narrow_micro8<MR, 3>(p, v, oc, n, op, c.Dp, corr, first, tail, last); break;
-      case 4: pv_narrow_micro8<MR, 4>(p, v, oc, n, op, c.Dp, corr, first, tail, last); break;
-      case 5: pv_narrow_micro8<MR, (kMaxNd >= 5 ? 5 : 1)>(p, v, oc, n, op, c.Dp, corr, first, tail, last); break;
-      case 6: pv_narrow_micro8<MR, (kMaxNd >= 6 ? 6 : 1)>(p, v, oc, n, op, c.Dp, corr, first, tail, last); break;
-      case 7: pv_narrow_micro8<MR, (kMaxNd >= 7 ? 7 : 1)>(p, v, oc, n, op, c.Dp, corr, first, tail, last); break;
-      default: pv_narrow_micro8<MR, (kMaxNd >= 8 ? 8 : 1)>(p, v, oc, n, op, c.Dp, corr, first, tail, last); break;
+      case 1: pv_narrow_micro8<MR, 1, E>(p, v, oc, n, op, c.Dp, corr, first, tail, rem); break;
+      case 2: pv_narrow_micro8<MR, 2, E>(p, v, oc, n, op, c.Dp, corr, first, tail, rem); break;
+      case 3: pv_narrow_micro8<MR, 3, E>(p, v, oc, n, op, c.Dp, corr, first, tail, rem); break;
+      case 4: pv_narrow_micro8<MR, 4, E>(p, v, oc, n, op, c.Dp, corr, first, tail, rem); break;
+      case 5: pv_narrow_micro8<MR, (kMaxNd >= 5 ? 5 : 1), E>(p, v, oc, n, op, c.Dp, corr, first, tail, rem); break;
+      case 6: pv_narrow_micro8<MR, (kMaxNd >= 6 ? 6 : 1), E>(p, v, oc, n, op, c.Dp, corr, first, tail, rem); break;
+      case 7: pv_narrow_micro8<MR, (kMaxNd >= 7 ? 7 : 1), E>(p, v, oc, n, op, c.Dp, corr, first, tail, rem); break;
+      default: pv_narrow_micro8<MR, (kMaxNd >= 8 ? 8 : 1), E>(p, v, oc, n, op, c.Dp, corr, first, tail, rem); break;
     }
   }
 }
@@ -1331,37 +1421,34 @@ void pv_narrow_rows8(const Ctx& c, const float* p, const float* const* v, int64_
 /// a prefill over the same keys in the same order (for finite scores: a NaN
 /// score, from a non-finite q or key, takes the tile max apart differently
 /// here, std::max, than _mm256_max_ps does there, as in the AVX-512 kernels).
-void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile> tiles,
+template <class E>
+void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const TileOf<typename E::T>> tiles,
                   Scratch& sc) {
   const NarrowRows nr = narrow_rows(c, kvh0, kvh1, R, sc);
   const int nh = nr.nh;
-  float *qn = nr.qn, *on = nr.on, *zero = nr.zero, *m = nr.m, *l = nr.l, *corr = nr.corr;
+  float *qn = nr.qn, *on = nr.on, *m = nr.m, *l = nr.l, *corr = nr.corr;
+  // The padding lanes' key row: zero bits, +0.0 in every stored format.
+  const auto* zero = reinterpret_cast<const typename E::T*>(nr.zero);
   const int64_t* qpos = nr.qpos;
   const int64_t qmin = nr.qmin, qmax = nr.qmax;
   float* sh = sc.s.get(nr.rows * kBK);  // [head][row][key] scores, then P, of one tile
   const float ninf = -std::numeric_limits<float>::infinity();
-  for (const Tile& t : tiles) {
+  for (const TileOf<typename E::T>& t : tiles) {
     const TileClass cls = classify(c, qmin, qmax, t);
     if (cls == TileClass::skip) continue;
     const int n = t.n;
     // Scores, 8 keys at a time for every head: each key row (kv_heads *
     // head_dim floats) is read in order, as the P V pass below reads V.
     for (int jg = 0; jg < n; jg += 8)
-      for (int hh = 0; hh < nh; ++hh) {
-        const int64_t head_off = static_cast<int64_t>(kvh0 + hh) * c.D;
-        const float* qh = qn + hh * R * c.Dp;
-        float* sn = sh + hh * R * kBK;
-        const int j1 = std::min(n, jg + 8);
-        switch (R) {
-          case 1: qk_narrow8<1>(c, t, jg, j1, head_off, zero, qh, sn); break;
-          case 2: qk_narrow8<2>(c, t, jg, j1, head_off, zero, qh, sn); break;
-          case 3: qk_narrow8<3>(c, t, jg, j1, head_off, zero, qh, sn); break;
-          case 4: qk_narrow8<4>(c, t, jg, j1, head_off, zero, qh, sn); break;
-          case 5: qk_narrow8<5>(c, t, jg, j1, head_off, zero, qh, sn); break;
-          case 6: qk_narrow8<6>(c, t, jg, j1, head_off, zero, qh, sn); break;
-          case 7: qk_narrow8<7>(c, t, jg, j1, head_off, zero, qh, sn); break;
-          default: qk_narrow8<8>(c, t, jg, j1, head_off, zero, qh, sn); break;
-        }
+      switch (R) {
+        case 1: qk_narrow_heads8<1, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
+        case 2: qk_narrow_heads8<2, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
+        case 3: qk_narrow_heads8<3, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
+        case 4: qk_narrow_heads8<4, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
+        case 5: qk_narrow_heads8<5, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
+        case 6: qk_narrow_heads8<6, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
+        case 7: qk_narrow_heads8<7, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
+        default: qk_narrow_heads8<8, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
       }
     for (int hh = 0; hh < nh; ++hh) {
       const int kvh = kvh0 + hh;
@@ -1421,8 +1508,8 @@ void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const Tile>
         const float* ch = corr + hh * R;
         int r2 = 0;
         for (; r2 + 2 <= R; r2 += 2)
-          pv_narrow_rows8<2>(c, sn + r2 * kBK, t.v + jg, head_off, cnt, oh + r2 * c.Dp, ch + r2, jg == 0);
-        if (r2 < R) pv_narrow_rows8<1>(c, sn + r2 * kBK, t.v + jg, head_off, cnt, oh + r2 * c.Dp, ch + r2, jg == 0);
+          pv_narrow_rows8<2, E>(c, sn + r2 * kBK, t.v + jg, head_off, cnt, oh + r2 * c.Dp, ch + r2, jg == 0);
+        if (r2 < R) pv_narrow_rows8<1, E>(c, sn + r2 * kBK, t.v + jg, head_off, cnt, oh + r2 * c.Dp, ch + r2, jg == 0);
       }
     }
   }
@@ -1489,8 +1576,10 @@ constexpr int kNarrowMaxRows = 0;
 /// by position first, so that tiles cover narrow position ranges and masks
 /// can skip or leave them unmasked; the order of keys does not change the
 /// result beyond float rounding.
-void build_tiles(std::span<const KvBlock> kv, int64_t ks, bool sort_keys, KeyTable& keys,
-                 std::vector<Tile>& tiles) {
+/// T = float reads the blocks' k/v, T = uint16_t their k16/v16 (blocks of one 16-bit dtype).
+template <class T>
+void build_tiles(std::span<const KvBlock> kv, int64_t ks, bool sort_keys, KeyTableOf<T>& keys,
+                 std::vector<TileOf<T>>& tiles) {
   int64_t total = 0;
   for (const KvBlock& b : kv) total += b.n_tokens;
   if (static_cast<int64_t>(keys.pos.size()) < total) {
@@ -1501,8 +1590,15 @@ void build_tiles(std::span<const KvBlock> kv, int64_t ks, bool sort_keys, KeyTab
   tiles.clear();
   int64_t n_keys = 0;
   for (const KvBlock& b : kv) {
-    const float* k = b.k;
-    const float* v = b.v;
+    const T* k;
+    const T* v;
+    if constexpr (std::is_same_v<T, float>) {
+      k = b.k;
+      v = b.v;
+    } else {
+      k = b.k16;
+      v = b.v16;
+    }
     for (int64_t j = 0; j < b.n_tokens; ++j, k += ks, v += ks) {
       const int64_t p = b.position_ids[j];
       keys.k[static_cast<std::size_t>(n_keys)] = k;
@@ -1516,7 +1612,7 @@ void build_tiles(std::span<const KvBlock> kv, int64_t ks, bool sort_keys, KeyTab
     for (int64_t i = 0; i < n_keys; ++i) order[static_cast<std::size_t>(i)] = static_cast<int32_t>(i);
     std::stable_sort(order.begin(), order.end(),
                      [&](int32_t a, int32_t b) { return keys.pos[static_cast<std::size_t>(a)] < keys.pos[static_cast<std::size_t>(b)]; });
-    std::vector<const float*> k2(static_cast<std::size_t>(n_keys)), v2(k2.size());
+    std::vector<const T*> k2(static_cast<std::size_t>(n_keys)), v2(k2.size());
     std::vector<int64_t> p2(k2.size());
     for (std::size_t i = 0; i < k2.size(); ++i) {
       const auto o = static_cast<std::size_t>(order[i]);
@@ -1530,7 +1626,7 @@ void build_tiles(std::span<const KvBlock> kv, int64_t ks, bool sort_keys, KeyTab
   }
   for (int64_t j0 = 0; j0 < n_keys; j0 += kBK) {
     const int n = static_cast<int>(std::min<int64_t>(kBK, n_keys - j0));
-    Tile t{keys.k.data() + j0, keys.v.data() + j0, keys.pos.data() + j0, n,
+    TileOf<T> t{keys.k.data() + j0, keys.v.data() + j0, keys.pos.data() + j0, n,
            std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()};
     for (int j = 0; j < n; ++j) {
       t.kmin = std::min(t.kmin, t.pos[j]);
@@ -1542,6 +1638,55 @@ void build_tiles(std::span<const KvBlock> kv, int64_t ks, bool sort_keys, KeyTab
 
 }  // namespace
 
+int64_t check_kv_blocks(std::span<const KvBlock> kv, std::string_view caller) {
+  int64_t kv_tokens = 0;
+  for (const auto& b : kv) {
+    if (b.n_tokens < 0)
+      throw InvalidArgument(fmt::format("{}: KvBlock with negative n_tokens ({})", caller, b.n_tokens));
+    if (b.dtype != KvCacheDtype::f32 && b.dtype != KvCacheDtype::f16 && b.dtype != KvCacheDtype::bf16)
+      throw InvalidArgument(fmt::format("{}: KvBlock dtype {} is not f32, f16 or bf16", caller,
+                                        static_cast<int>(b.dtype)));
+    const bool f32 = b.dtype == KvCacheDtype::f32;
+    if (b.n_tokens > 0 && (!b.position_ids || (f32 ? (!b.k || !b.v) : (!b.k16 || !b.v16))))
+      throw InvalidArgument(fmt::format("{}: KvBlock of {} tokens with null data ({} for dtype {}) or position_ids",
+                                        caller, b.n_tokens, f32 ? "k/v" : "k16/v16", f32 ? "f32" : (b.dtype == KvCacheDtype::f16 ? "f16" : "bf16")));
+    kv_tokens += b.n_tokens;
+  }
+  return kv_tokens;
+}
+
+std::span<const KvBlock> widen_kv_blocks(std::span<const KvBlock> kv, int64_t row, std::vector<float>& storage,
+                                         std::vector<KvBlock>& widened) {
+  std::size_t need = 0;
+  for (const KvBlock& b : kv)
+    if (b.dtype != KvCacheDtype::f32) need += 2 * static_cast<std::size_t>(b.n_tokens) * static_cast<std::size_t>(row);
+  if (need == 0) return kv;
+  storage.resize(need);  // before taking pointers into it
+  widened.assign(kv.begin(), kv.end());
+  float* dst = storage.data();
+  for (KvBlock& b : widened) {
+    if (b.dtype == KvCacheDtype::f32) continue;
+    const std::size_t n = static_cast<std::size_t>(b.n_tokens) * static_cast<std::size_t>(row);
+    for (int kv_i = 0; kv_i < 2; ++kv_i) {
+      const uint16_t* src = kv_i == 0 ? b.k16 : b.v16;
+      float* out = dst + kv_i * n;
+      std::size_t i = 0;
+#if defined(__AVX2__) && defined(__F16C__)
+      if (b.dtype == KvCacheDtype::f16)
+        for (; i + 8 <= n; i += 8)
+          _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+      for (; i < n; ++i) out[i] = b.dtype == KvCacheDtype::f16 ? f16_to_f32(src[i]) : bf16_to_f32(src[i]);
+    }
+    b.k = dst;
+    b.v = dst + n;
+    b.dtype = KvCacheDtype::f32;
+    b.k16 = b.v16 = nullptr;
+    dst += 2 * n;
+  }
+  return widened;
+}
+
 void attention_kernel(const AttentionSpec& spec, const float* q,
                       std::span<const int64_t> q_position_ids, std::span<const KvBlock> kv,
                       float* out, const AttentionOptions& options, const QueryRope* q_rope) {
@@ -1550,12 +1695,7 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
   if (q_tokens == 0) return;
   if (!q || !out)
     throw InvalidArgument("attention_forward: q and out must not be null when q_tokens > 0");
-  int64_t kv_tokens = 0;
-  for (const auto& b : kv) {
-    if (b.n_tokens < 0 || (b.n_tokens > 0 && (!b.k || !b.v || !b.position_ids)))
-      throw InvalidArgument("attention_forward: KvBlock with null data or negative n_tokens");
-    kv_tokens += b.n_tokens;
-  }
+  const int64_t kv_tokens = check_kv_blocks(kv, "attention_forward");
   if (options.num_threads < 0)
     fail_field<InvalidArgument>("num_threads", "must be >= 0", options.num_threads);
 
@@ -1600,28 +1740,23 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
             kLog2e;
   }
 
-  thread_local KeyTable key_table;
-  thread_local std::vector<Tile> tile_storage;
   // Sorting pays off when a mask hides keys. It does not depend on the number
   // of queries, so a row's result stays independent of the rest of the call
   // (decode and prefill see the same key order, hence the same tiles).
   const bool sort_keys = spec.mask != MaskKind::none && kv_tokens <= INT32_MAX;
-  build_tiles(kv, c.ks, sort_keys, key_table, tile_storage);
-  const std::span<const Tile> tiles(tile_storage);
-
   const int64_t rows = q_tokens * c.group;  // per KV head
   const double work = static_cast<double>(q_tokens) * c.H * static_cast<double>(kv_tokens) * c.D;
   int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   if (work < kParallelMinWork || omp_in_parallel()) threads = 1;
 
 #if defined(POSENC_ATTN_AVX512) || defined(POSENC_ATTN_AVX2)
-  if (rows <= kNarrowMaxRows) {
-    // One item per thread: a contiguous range of KV heads each.
+  // The narrow kernel over tiles of element type T, one item per thread: a contiguous range of KV heads each.
+  auto run_narrow = [&]<class E>(std::span<const TileOf<typename E::T>> tiles) {
     const int n_items = std::min(threads, c.KVH);
     auto run = [&](int item) {
       const int h0 = static_cast<int>(static_cast<int64_t>(c.KVH) * item / n_items);
       const int h1 = static_cast<int>(static_cast<int64_t>(c.KVH) * (item + 1) / n_items);
-      narrow_heads(c, h0, h1, static_cast<int>(rows), tiles, thread_scratch());
+      narrow_heads<E>(c, h0, h1, static_cast<int>(rows), tiles, thread_scratch());
     };
     if (n_items <= 1) {
       run(0);
@@ -1629,6 +1764,45 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
 #pragma omp parallel for schedule(static, 1) num_threads(n_items)
       for (int i = 0; i < n_items; ++i) run(i);
     }
+  };
+#endif
+#if defined(POSENC_ATTN_AVX2) && defined(__F16C__)
+  // Decode over f16/bf16 blocks (all of one dtype): the AVX2 narrow kernel reads them in place, 2 bytes per
+  // element streamed instead of a float32 copy written and read back.
+  if (rows <= kNarrowMaxRows) {
+    std::optional<KvCacheDtype> stored;
+    bool one_dtype = true;
+    for (const KvBlock& b : kv) {
+      if (b.n_tokens == 0) continue;
+      if (stored && *stored != b.dtype) one_dtype = false;
+      stored = b.dtype;
+    }
+    if (stored && *stored != KvCacheDtype::f32 && one_dtype) {
+      thread_local KeyTableOf<uint16_t> key_table16;
+      thread_local std::vector<TileOf<uint16_t>> tile_storage16;
+      build_tiles(kv, c.ks, sort_keys, key_table16, tile_storage16);
+      const std::span<const TileOf<uint16_t>> tiles16(tile_storage16);
+      if (*stored == KvCacheDtype::f16)
+        run_narrow.template operator()<F16>(tiles16);
+      else
+        run_narrow.template operator()<BF16>(tiles16);
+      return;
+    }
+  }
+#endif
+  // Every other call over f16/bf16 blocks reads an exact float32 copy of them (per thread, reused).
+  thread_local std::vector<float> widened_storage;
+  thread_local std::vector<KvBlock> widened_blocks;
+  kv = widen_kv_blocks(kv, c.ks, widened_storage, widened_blocks);
+
+  thread_local KeyTable key_table;
+  thread_local std::vector<Tile> tile_storage;
+  build_tiles(kv, c.ks, sort_keys, key_table, tile_storage);
+  const std::span<const Tile> tiles(tile_storage);
+
+#if defined(POSENC_ATTN_AVX512) || defined(POSENC_ATTN_AVX2)
+  if (rows <= kNarrowMaxRows) {
+    run_narrow.template operator()<F32>(tiles);
     return;
   }
 #endif

@@ -3,6 +3,8 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
+#include <vector>
 
 #include "posenc/attention.hpp"
 #include "posenc/rope.hpp"
@@ -17,6 +19,19 @@ struct QueryRope {
   int n_pairs = 0;
   RopeLayout layout = RopeLayout::half;
 };
+
+/// Checks every block (n_tokens >= 0; non-null position_ids and the data
+/// pointers of its dtype, k/v or k16/v16) and returns the total n_tokens.
+/// Throws InvalidArgument naming `caller`, the block's size and dtype.
+int64_t check_kv_blocks(std::span<const KvBlock> kv, std::string_view caller);
+
+/// kv with every f16/bf16 block widened exactly to float32: the copies are
+/// written to `storage` (resized) and the blocks, pointing at them, to
+/// `widened`; returns a span over `widened`, or kv itself when every block is
+/// float32 already (nothing written). row: kv_heads * head_dim elements per
+/// token.
+std::span<const KvBlock> widen_kv_blocks(std::span<const KvBlock> kv, int64_t row, std::vector<float>& storage,
+                                         std::vector<KvBlock>& widened);
 
 /// attention_forward with an optional query rotation (nullptr: none).
 /// Validates its arguments (InvalidArgument).

@@ -44,16 +44,15 @@ void attention_with_rope(const AttentionSpec& spec, const RopeFrequencies& freqs
         freqs.head_dim, spec.head_dim));
   if (options.num_threads < 0)
     fail_field<InvalidArgument>("num_threads", "must be >= 0", options.num_threads);
-  int64_t kv_tokens = 0;
-  for (const auto& b : kv) {
-    if (b.n_tokens < 0 || (b.n_tokens > 0 && (!b.k || !b.v || !b.position_ids)))
-      throw InvalidArgument("attention_with_rope: KvBlock with null data or negative n_tokens");
-    kv_tokens += b.n_tokens;
-  }
+  const int64_t kv_tokens = detail::check_kv_blocks(kv, "attention_with_rope");
   const int64_t q_tokens = static_cast<int64_t>(q_position_ids.size());
   const int np = freqs.n_pairs();
   const int D = spec.head_dim;
   const int64_t row = static_cast<int64_t>(spec.kv_heads) * D;
+  // f16/bf16 blocks: rotated from (and their values read from) an exact float32 copy.
+  std::vector<float> widened_storage;
+  std::vector<KvBlock> widened_blocks;
+  kv = detail::widen_kv_blocks(kv, row, widened_storage, widened_blocks);
 
   // Rotated copy of the keys, in chunks of up to 32 keys (one cos/sin row per key).
   constexpr int64_t kChunk = 32;

@@ -355,6 +355,25 @@ void KvCache::blocks(int layer, SeqId seq, std::vector<KvBlock>& out, std::vecto
   }
 }
 
+void KvCache::blocks_as_stored(int layer, SeqId seq, std::vector<KvBlock>& out) const {
+  if (config_.dtype == KvCacheDtype::f32) {
+    blocks(layer, seq, out);
+    return;
+  }
+  if (layer < 0 || layer >= config_.n_layers)
+    fail_field<InvalidArgument>("layer", fmt::format("must be in [0, {})", config_.n_layers), layer);
+  for (int32_t b : seq_ref(seq).table) {
+    const Block& blk = *blocks_[static_cast<std::size_t>(b)];
+    KvBlock kb;
+    kb.position_ids = blk.pos.data();
+    kb.n_tokens = blk.used;
+    kb.dtype = config_.dtype;
+    kb.k16 = blk.half.data() + element_index(layer, 0, 0);
+    kb.v16 = blk.half.data() + element_index(layer, 1, 0);
+    out.push_back(kb);
+  }
+}
+
 void KvCache::drop_empty_blocks(Sequence& s) {
   std::vector<int32_t> kept;
   kept.reserve(s.table.size());

@@ -68,7 +68,6 @@ struct Scratch {
   std::vector<float> x, xb, q, k, v, att, h1, h3, rows;
   std::vector<std::byte> xq;  // quantized activations
   std::vector<KvBlock> blocks;
-  std::vector<float> widened;  // an f16/bf16 cache's k/v of one sequence and layer, widened for attention
 };
 
 /// y[n, l.out] (+)= x[n, l.in] W^T + b.
@@ -807,7 +806,7 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
       const int64_t r0 = offset[b], n = offset[b + 1] - offset[b];
       if (n == 0) continue;
       s.blocks.clear();
-      cache.blocks(l, batch[b].seq, s.blocks, s.widened);
+      cache.blocks_as_stored(l, batch[b].seq, s.blocks);  // f16/bf16: attention reads them (decode) or widens them
       attention_forward(spec, s.q.data() + r0 * Q,
                         std::span<const int64_t>(pos).subspan(static_cast<std::size_t>(r0), static_cast<std::size_t>(n)),
                         s.blocks, s.att.data() + r0 * Q);

@@ -4,6 +4,8 @@
 // slots) and thread counts.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -17,6 +19,8 @@
 #include "posenc/attention.hpp"
 #include "posenc/bias.hpp"
 #include "posenc/error.hpp"
+#include "posenc/float16.hpp"
+#include "posenc/kv_cache.hpp"
 #include "posenc/rope.hpp"
 
 using namespace posenc;
@@ -366,7 +370,8 @@ TEST(Attention, PrefillChunkedAndDecodeAreBitIdentical) {
                       {4, 4, 128, MaskKind::causal, 0, LogitBias::alibi},
                       {8, 8, 80, MaskKind::sliding_window, 21, LogitBias::none},
                       {6, 3, 17, MaskKind::causal, 0, LogitBias::t5},
-                      {32, 1, 64, MaskKind::causal, 0, LogitBias::none}};  // MQA: decode is wide too
+                      {32, 1, 64, MaskKind::causal, 0, LogitBias::none},   // MQA: decode is wide too
+                      {7, 7, 20, MaskKind::causal, 0, LogitBias::none}};   // decode 2 heads at a time, 1 left
   constexpr int64_t T = 150;
   for (const P& pr : params) {
     Case c{pr.heads, pr.kv_heads, pr.head_dim, static_cast<int>(T), pr.mask, pr.window, pr.bias,
@@ -415,4 +420,120 @@ TEST(Attention, PrefillChunkedAndDecodeAreBitIdentical) {
       reversed = false;
     }
   }
+}
+
+// f16/bf16 blocks (a 16-bit KV cache handed over as stored) are read as their exact float32 values: the
+// output equals, bit for bit, the output over the same blocks widened to float32 — in decode (the AVX2
+// narrow kernel reads the 16-bit rows in place, group sizes 1..8), in prefill (wide kernel over a widened
+// copy), with masks, biases, empty slots, shuffled pages, head_dims with a partial last vector, both thread
+// counts, blocks of mixed dtypes and attention_with_rope. Some keys and values are binary16 subnormals
+// (|x| < 6.1e-5), whose widening F16C does in hardware.
+TEST(Attention, SixteenBitBlocksGiveTheBitsOfTheirWidenedCopies) {
+  struct P {
+    int heads, kv_heads, head_dim;
+    MaskKind mask;
+    int64_t window;
+    LogitBias bias;
+  };
+  const P params[] = {{8, 8, 8, MaskKind::causal, 0, LogitBias::none},       // group 1
+                      {8, 4, 17, MaskKind::causal, 0, LogitBias::t5},        // 2, tail of 1 channel
+                      {12, 4, 64, MaskKind::sliding_window, 90, LogitBias::none},  // 3
+                      {8, 2, 80, MaskKind::causal, 0, LogitBias::alibi},     // 4
+                      {10, 2, 36, MaskKind::none, 0, LogitBias::none},       // 5, tail of 4
+                      {32, 4, 128, MaskKind::causal, 0, LogitBias::none},    // 8: the largest decode group
+                      {32, 32, 128, MaskKind::causal, 0, LogitBias::none},   // 1, the 32-KV-head shape
+                      {7, 7, 20, MaskKind::causal, 0, LogitBias::alibi}};    // 1, odd KV heads: a pair and one left
+  for (const P& pr : params)
+    for (KvCacheDtype dtype : {KvCacheDtype::f16, KvCacheDtype::bf16})
+      for (int q_tokens : {1, 2, 9}) {
+        Case c{pr.heads, pr.kv_heads, pr.head_dim, q_tokens, pr.mask, pr.window, pr.bias,
+               false, {64, 16, 100, 7, 130}, true, 0.1, 5};
+        Data d = make(c);
+        const auto to16 = [&](float x) { return dtype == KvCacheDtype::f16 ? f32_to_f16(x) : f32_to_bf16(x); };
+        const auto to32 = [&](uint16_t h) { return dtype == KvCacheDtype::f16 ? f16_to_f32(h) : bf16_to_f32(h); };
+        std::vector<std::vector<uint16_t>> k16, v16;
+        std::vector<std::vector<float>> kw, vw;
+        std::size_t subnormal = 0;
+        for (std::size_t b = 0; b < d.k.size(); ++b) {
+          k16.emplace_back(d.k[b].size());
+          v16.emplace_back(d.v[b].size());
+          for (std::size_t i = 0; i < d.k[b].size(); ++i) {
+            const float scale = i % 29 == 3 ? 1e-6f : 1.0f;  // binary16 subnormals
+            k16[b][i] = to16(d.k[b][i] * scale);
+            v16[b][i] = to16(d.v[b][i] * scale);
+            subnormal += dtype == KvCacheDtype::f16 && (k16[b][i] & 0x7C00u) == 0 && (k16[b][i] & 0x3FFu) != 0;
+          }
+          kw.emplace_back(k16[b].size());
+          vw.emplace_back(v16[b].size());
+          std::transform(k16[b].begin(), k16[b].end(), kw[b].begin(), to32);
+          std::transform(v16[b].begin(), v16[b].end(), vw[b].begin(), to32);
+        }
+        if (dtype == KvCacheDtype::f16) ASSERT_GT(subnormal, 0u);
+        std::vector<KvBlock> stored, widened, mixed;
+        for (std::size_t b = 0; b < d.k.size(); ++b) {
+          KvBlock s16;
+          s16.position_ids = d.pos[b].data();
+          s16.n_tokens = d.blocks[b].n_tokens;
+          s16.dtype = dtype;
+          s16.k16 = k16[b].data();
+          s16.v16 = v16[b].data();
+          stored.push_back(s16);
+          widened.push_back({kw[b].data(), vw[b].data(), d.pos[b].data(), d.blocks[b].n_tokens});
+          mixed.push_back(b % 2 ? widened.back() : s16);
+        }
+        const std::string what = fmt::format("{} {}", to_string(dtype), c.describe());
+        const auto same_bits = [&](const std::vector<float>& a, const std::vector<float>& b, const char* path) {
+          ASSERT_EQ(a.size(), b.size());
+          EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << path << ", " << what;
+        };
+        std::vector<float> want(d.q.size()), got(d.q.size());
+        attention_forward(d.spec, d.q.data(), d.q_pos, widened, want.data());
+        for (int threads : {1, 2}) {
+          AttentionOptions opt;
+          opt.num_threads = threads;
+          std::fill(got.begin(), got.end(), 7.0f);
+          attention_forward(d.spec, d.q.data(), d.q_pos, stored, got.data(), opt);
+          same_bits(got, want, threads == 1 ? "16-bit blocks, 1 thread" : "16-bit blocks, 2 threads");
+        }
+        std::fill(got.begin(), got.end(), 7.0f);
+        attention_forward(d.spec, d.q.data(), d.q_pos, mixed, got.data());
+        same_bits(got, want, "f32 and 16-bit blocks mixed");
+        if (q_tokens == 1 && pr.bias == LogitBias::none) {
+          const RopeFrequencies f = default_rope_frequencies(pr.head_dim, pr.head_dim / 2 * 2, 10000.0);
+          std::vector<float> rope_want(d.q.size()), rope_got(d.q.size());
+          attention_with_rope(d.spec, f, RopeLayout::half, AnglePrecision::float32, d.q.data(), d.q_pos, widened,
+                              rope_want.data());
+          attention_with_rope(d.spec, f, RopeLayout::half, AnglePrecision::float32, d.q.data(), d.q_pos, stored,
+                              rope_got.data());
+          same_bits(rope_got, rope_want, "attention_with_rope");
+        }
+        // The 16-bit rounding is real: the output is not the float32 blocks' output.
+        std::vector<float> exact(d.q.size());
+        attention_forward(d.spec, d.q.data(), d.q_pos, d.blocks, exact.data());
+        EXPECT_NE(exact, want) << what;
+      }
+}
+
+TEST(Attention, SixteenBitBlocksWithoutTheirDataAreRejected) {
+  Case c{4, 2, 16, 1, MaskKind::causal, 0, LogitBias::none, false, {8}};
+  Data d = make(c);
+  std::vector<float> out(d.q.size());
+  std::vector<uint16_t> bits(d.k[0].size());
+  KvBlock b = d.blocks[0];  // k and v set, but the dtype says the data is in k16/v16
+  b.dtype = KvCacheDtype::f16;
+  b.k16 = bits.data();
+  std::vector<KvBlock> kv{b};
+  try {
+    attention_forward(d.spec, d.q.data(), d.q_pos, kv, out.data());
+    ADD_FAILURE() << "no exception";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("k16/v16"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("f16"), std::string::npos) << e.what();
+  }
+  kv[0].v16 = bits.data();
+  kv[0].dtype = static_cast<KvCacheDtype>(7);
+  EXPECT_THROW(attention_forward(d.spec, d.q.data(), d.q_pos, kv, out.data()), InvalidArgument);
+  EXPECT_THROW(attention_with_rope(d.spec, default_rope_frequencies(16, 16, 1e4), RopeLayout::half,
+                                   AnglePrecision::float32, d.q.data(), d.q_pos, kv, out.data()),
+               InvalidArgument);
 }

@@ -229,12 +229,18 @@ TEST(KvCacheDtype, AttentionOverARoundedCacheEqualsAttentionOverRoundedFloat32) 
   const int64_t q_tokens = 5;
   const std::vector<float> q = random_vector(q_tokens * 4 * kDim, 13, 2.0f);
   const std::vector<int64_t> q_pos{3, 17, 30, 35, 36};
-  auto run = [&](const KvCache& c, KvCache::SeqId s, int layer) {
+  // as_stored: the blocks in the cache's dtype (16-bit rows read in place), as the model hands them over.
+  auto run = [&](const KvCache& c, KvCache::SeqId s, int layer, bool as_stored = false) {
     std::vector<KvBlock> blocks;
     std::vector<float> widened;
-    c.blocks(layer, s, blocks, widened);
+    if (as_stored)
+      c.blocks_as_stored(layer, s, blocks);
+    else
+      c.blocks(layer, s, blocks, widened);
     std::vector<float> out(q.size());
     attention_forward(spec, q.data(), q_pos, blocks, out.data());
+    if (as_stored && c.config().dtype != KvCacheDtype::f32)
+      for (const KvBlock& b : blocks) EXPECT_TRUE(b.dtype == c.config().dtype && b.k16 && b.v16 && !b.k && !b.v);
     return out;
   };
   KvCache exact = make(KvCacheDtype::f32);
@@ -252,12 +258,15 @@ TEST(KvCacheDtype, AttentionOverARoundedCacheEqualsAttentionOverRoundedFloat32) 
     fill(rounded, rounded.append(sr, pos), kr, vr);
     for (int l = 0; l < kLayers; ++l) {
       const auto a = run(half, sh, l), b = run(rounded, sr, l), e = run(exact, se, l);
-      std::size_t differ = 0, from_exact = 0;
+      const auto in_place = run(half, sh, l, true);
+      std::size_t differ = 0, differ_in_place = 0, from_exact = 0;
       for (std::size_t i = 0; i < a.size(); ++i) {
         differ += bits(a[i]) != bits(b[i]);
+        differ_in_place += bits(in_place[i]) != bits(b[i]);
         from_exact += a[i] != e[i];
       }
       EXPECT_EQ(differ, 0u) << to_string(d) << " layer " << l;
+      EXPECT_EQ(differ_in_place, 0u) << to_string(d) << " layer " << l << " (blocks_as_stored)";
       EXPECT_GT(from_exact, a.size() / 2) << to_string(d) << " layer " << l;  // the rounding is real
     }
   }
