@@ -76,8 +76,11 @@ enum class KvCacheDtype { f32, f16, bf16 };
 ///  - f16, bf16: k16, v16 point at binary16 / bfloat16 bits (k, v unused),
 ///               read as their exact float32 values: attention over such a
 ///               block gives bit for bit the output over the same block
-///               widened to float32 (decode rows read the 16-bit values in
-///               place on AVX2; other calls widen the blocks once per call).
+///               widened to float32 by f16_to_f32 / bf16_to_f32 (NaN
+///               payloads aside: F16C quiets a signalling NaN). Decode calls
+///               of an AVX2 + F16C build read the 16-bit values in place;
+///               every other call (prefill, AVX-512 and scalar builds) widens
+///               the blocks into a float32 copy once per call.
 /// A key whose position id is negative is an empty slot (padding, evicted):
 /// it never receives attention.
 struct KvBlock {
@@ -126,7 +129,8 @@ struct AttentionOptions {
 /// give bit-identical outputs. Key sets not in position order are sorted by
 /// position (when a mask is set) before tiling, which costs a sort per call.
 /// Throws InvalidArgument on inconsistent shapes (see AttentionSpec::validate),
-/// a block whose data pointers for its dtype are null, or a T5 table/bucket
+/// a block (named kv[i].field) with negative n_tokens, an unknown dtype or a
+/// null position_ids / data pointer of its dtype, or a T5 table/bucket
 /// configuration t5_relative_position_bucket rejects.
 void attention_forward(const AttentionSpec& spec, const float* q,
                        std::span<const int64_t> q_position_ids, std::span<const KvBlock> kv,

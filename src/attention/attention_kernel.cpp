@@ -1640,16 +1640,26 @@ void build_tiles(std::span<const KvBlock> kv, int64_t ks, bool sort_keys, KeyTab
 
 int64_t check_kv_blocks(std::span<const KvBlock> kv, std::string_view caller) {
   int64_t kv_tokens = 0;
-  for (const auto& b : kv) {
+  for (std::size_t i = 0; i < kv.size(); ++i) {
+    const KvBlock& b = kv[i];
     if (b.n_tokens < 0)
-      throw InvalidArgument(fmt::format("{}: KvBlock with negative n_tokens ({})", caller, b.n_tokens));
+      throw InvalidArgument(fmt::format("{}: kv[{}].n_tokens must be >= 0 (got {})", caller, i, b.n_tokens));
     if (b.dtype != KvCacheDtype::f32 && b.dtype != KvCacheDtype::f16 && b.dtype != KvCacheDtype::bf16)
-      throw InvalidArgument(fmt::format("{}: KvBlock dtype {} is not f32, f16 or bf16", caller,
+      throw InvalidArgument(fmt::format("{}: kv[{}].dtype must be f32, f16 or bf16 (got {})", caller, i,
                                         static_cast<int>(b.dtype)));
+    if (b.n_tokens == 0) continue;
+    const char* dtype = b.dtype == KvCacheDtype::f32 ? "f32" : b.dtype == KvCacheDtype::f16 ? "f16" : "bf16";
     const bool f32 = b.dtype == KvCacheDtype::f32;
-    if (b.n_tokens > 0 && (!b.position_ids || (f32 ? (!b.k || !b.v) : (!b.k16 || !b.v16))))
-      throw InvalidArgument(fmt::format("{}: KvBlock of {} tokens with null data ({} for dtype {}) or position_ids",
-                                        caller, b.n_tokens, f32 ? "k/v" : "k16/v16", f32 ? "f32" : (b.dtype == KvCacheDtype::f16 ? "f16" : "bf16")));
+    const char* null_field = !b.position_ids          ? "position_ids"
+                             : f32 && !b.k           ? "k"
+                             : f32 && !b.v           ? "v"
+                             : !f32 && !b.k16        ? "k16"
+                             : !f32 && !b.v16        ? "v16"
+                                                     : nullptr;
+    if (null_field)
+      throw InvalidArgument(fmt::format("{}: kv[{}].{} is null (a block of {} tokens, dtype {}{})", caller, i,
+                                        null_field, b.n_tokens, dtype,
+                                        f32 ? "" : ": 16-bit blocks carry their data in k16/v16"));
     kv_tokens += b.n_tokens;
   }
   return kv_tokens;
@@ -1671,7 +1681,7 @@ std::span<const KvBlock> widen_kv_blocks(std::span<const KvBlock> kv, int64_t ro
       const uint16_t* src = kv_i == 0 ? b.k16 : b.v16;
       float* out = dst + kv_i * n;
       std::size_t i = 0;
-#if defined(__AVX2__) && defined(__F16C__)
+#if (defined(POSENC_ATTN_AVX2) || defined(POSENC_ATTN_AVX512)) && defined(__F16C__)
       if (b.dtype == KvCacheDtype::f16)
         for (; i + 8 <= n; i += 8)
           _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));

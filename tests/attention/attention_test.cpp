@@ -371,7 +371,10 @@ TEST(Attention, PrefillChunkedAndDecodeAreBitIdentical) {
                       {8, 8, 80, MaskKind::sliding_window, 21, LogitBias::none},
                       {6, 3, 17, MaskKind::causal, 0, LogitBias::t5},
                       {32, 1, 64, MaskKind::causal, 0, LogitBias::none},   // MQA: decode is wide too
-                      {7, 7, 20, MaskKind::causal, 0, LogitBias::none}};   // decode 2 heads at a time, 1 left
+                      {7, 7, 20, MaskKind::causal, 0, LogitBias::none},    // decode 2 heads at a time, 1 left
+                      {10, 2, 36, MaskKind::causal, 0, LogitBias::alibi},  // decode groups of 5, 7 and 8 rows
+                      {14, 2, 24, MaskKind::sliding_window, 33, LogitBias::none},
+                      {32, 4, 128, MaskKind::causal, 0, LogitBias::none}};
   constexpr int64_t T = 150;
   for (const P& pr : params) {
     Case c{pr.heads, pr.kv_heads, pr.head_dim, static_cast<int>(T), pr.mask, pr.window, pr.bias,
@@ -426,7 +429,8 @@ TEST(Attention, PrefillChunkedAndDecodeAreBitIdentical) {
 // output equals, bit for bit, the output over the same blocks widened to float32 — in decode (the AVX2
 // narrow kernel reads the 16-bit rows in place, group sizes 1..8), in prefill (wide kernel over a widened
 // copy), with masks, biases, empty slots, shuffled pages, head_dims with a partial last vector, both thread
-// counts, blocks of mixed dtypes and attention_with_rope. Some keys and values are binary16 subnormals
+// counts (with a 2 + 3 split of KV heads over the threads), blocks of mixed dtypes, empty blocks and
+// attention_with_rope. Some keys and values are binary16 subnormals
 // (|x| < 6.1e-5), whose widening F16C does in hardware.
 TEST(Attention, SixteenBitBlocksGiveTheBitsOfTheirWidenedCopies) {
   struct P {
@@ -434,6 +438,7 @@ TEST(Attention, SixteenBitBlocksGiveTheBitsOfTheirWidenedCopies) {
     MaskKind mask;
     int64_t window;
     LogitBias bias;
+    std::vector<int> blocks = {64, 16, 100, 7, 130};
   };
   const P params[] = {{8, 8, 8, MaskKind::causal, 0, LogitBias::none},       // group 1
                       {8, 4, 17, MaskKind::causal, 0, LogitBias::t5},        // 2, tail of 1 channel
@@ -442,12 +447,17 @@ TEST(Attention, SixteenBitBlocksGiveTheBitsOfTheirWidenedCopies) {
                       {10, 2, 36, MaskKind::none, 0, LogitBias::none},       // 5, tail of 4
                       {32, 4, 128, MaskKind::causal, 0, LogitBias::none},    // 8: the largest decode group
                       {32, 32, 128, MaskKind::causal, 0, LogitBias::none},   // 1, the 32-KV-head shape
-                      {7, 7, 20, MaskKind::causal, 0, LogitBias::alibi}};    // 1, odd KV heads: a pair and one left
+                      {7, 7, 20, MaskKind::causal, 0, LogitBias::alibi},     // 1, odd KV heads: a pair and one left
+                      // Enough keys (work >= 2^20) that 2 threads split the 5 KV heads 2 + 3 (a pair and
+                      // one left on the second), head_dim 20 ending in a partial vector, 0-token blocks
+                      // (given as f32) among the 16-bit ones.
+                      {5, 5, 20, MaskKind::causal, 0, LogitBias::none, {4096, 0, 3000, 5000, 0, 77}},
+                      {10, 5, 20, MaskKind::sliding_window, 6000, LogitBias::none, {6000, 0, 6100}}};
   for (const P& pr : params)
     for (KvCacheDtype dtype : {KvCacheDtype::f16, KvCacheDtype::bf16})
       for (int q_tokens : {1, 2, 9}) {
         Case c{pr.heads, pr.kv_heads, pr.head_dim, q_tokens, pr.mask, pr.window, pr.bias,
-               false, {64, 16, 100, 7, 130}, true, 0.1, 5};
+               false, pr.blocks, true, 0.1, 5};
         Data d = make(c);
         const auto to16 = [&](float x) { return dtype == KvCacheDtype::f16 ? f32_to_f16(x) : f32_to_bf16(x); };
         const auto to32 = [&](uint16_t h) { return dtype == KvCacheDtype::f16 ? f16_to_f32(h) : bf16_to_f32(h); };
@@ -471,6 +481,12 @@ TEST(Attention, SixteenBitBlocksGiveTheBitsOfTheirWidenedCopies) {
         if (dtype == KvCacheDtype::f16) ASSERT_GT(subnormal, 0u);
         std::vector<KvBlock> stored, widened, mixed;
         for (std::size_t b = 0; b < d.k.size(); ++b) {
+          if (d.blocks[b].n_tokens == 0) {  // an empty f32 block (null data) among the 16-bit ones
+            stored.push_back({});
+            widened.push_back({});
+            mixed.push_back({});
+            continue;
+          }
           KvBlock s16;
           s16.position_ids = d.pos[b].data();
           s16.n_tokens = d.blocks[b].n_tokens;
@@ -527,8 +543,8 @@ TEST(Attention, SixteenBitBlocksWithoutTheirDataAreRejected) {
     attention_forward(d.spec, d.q.data(), d.q_pos, kv, out.data());
     ADD_FAILURE() << "no exception";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("k16/v16"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("f16"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("kv[0].v16 is null"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dtype f16"), std::string::npos) << e.what();
   }
   kv[0].v16 = bits.data();
   kv[0].dtype = static_cast<KvCacheDtype>(7);

@@ -267,6 +267,17 @@ TEST(KvCacheDtype, AttentionOverARoundedCacheEqualsAttentionOverRoundedFloat32) 
       }
       EXPECT_EQ(differ, 0u) << to_string(d) << " layer " << l;
       EXPECT_EQ(differ_in_place, 0u) << to_string(d) << " layer " << l << " (blocks_as_stored)";
+      // A decode step (1 query token: 2 rows per KV head), where an AVX2 build reads the 16-bit rows in place.
+      const std::vector<int64_t> one{36};
+      std::vector<KvBlock> stored, widened_blocks;
+      std::vector<float> wbuf;
+      half.blocks_as_stored(l, sh, stored);
+      half.blocks(l, sh, widened_blocks, wbuf);
+      std::vector<float> o16(4 * kDim), o32(4 * kDim);
+      attention_forward(spec, q.data(), one, stored, o16.data());
+      attention_forward(spec, q.data(), one, widened_blocks, o32.data());
+      for (std::size_t i = 0; i < o16.size(); ++i)
+        EXPECT_EQ(bits(o16[i]), bits(o32[i])) << to_string(d) << " layer " << l << " decode, element " << i;
       EXPECT_GT(from_exact, a.size() / 2) << to_string(d) << " layer " << l;  // the rounding is real
     }
   }
