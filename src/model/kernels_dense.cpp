@@ -4,6 +4,7 @@
 #include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
+#include <unistd.h>
 
 // GCC 12 flags the undefined pass-through vectors inside its own AVX-512 intrinsics (_mm512_maskz_*, the
 // reductions) as uninitialized.
@@ -22,6 +23,7 @@
 
 #include <fmt/format.h>
 
+#include "core/aligned.hpp"
 #include "model/kernels.hpp"
 #include "posenc/float16.hpp"
 
@@ -437,6 +439,243 @@ void matmul_avx2(const float* x, int64_t n, const RawMatrix& w, float* y, bool a
   }
 }
 
+// ---- AVX-512 prefill: weight panels widened once ----------------------------------------------------------
+// The tiles above widen each weight once per 4 rows of x (vcvtph2ps, or Q8_0/Q4_0's integer unpacking, on the
+// ports the FMAs need) and stream x from L2/L3 for every 4 weight rows: the 487M model's F16 prefill at 34% of
+// the FMA peak on a Sapphire Rapids core. So, as on AVX2, each thread widens a panel of kZCols weight rows into
+// float32 once per block of x rows, a block of kZChunks chunks at a time laid out [chunk][weight row][16] (32 KiB,
+// in L1 while every tile of the block passes it), and runs tiles of kZRows x rows by the panel's rows on it: the
+// tile holds its 3 x vectors in registers and takes the panel's 8 one at a time (24 accumulators, 4 more zmm;
+// 11 loads per 24 fmas), x comes from L2, prefetched a few chunks ahead, and the 24 outputs are summed 16 at a time
+// by reduce16. Rows of at most 64 chunks (1024 weights) are one block of chunks: a block of x rows is the rows that
+// fill half of the L2 (255 on a 2 MiB L2, about a whole 256-token prompt), and a tile runs its row from end to end.
+// Longer rows go a block of chunks at a time over a group of panels, each tile's lanes kept in memory between
+// blocks (zpanel_block_rows says how the L2 is shared). Every lane takes the fmas of tile_Avx512 in the same order
+// from the same +0, and the tree is the same: the reference's bits, for every n and thread count. Measured on the
+// 487M model's shapes at one thread (BM_MatmulPrefill, weights in L3): F16 185-189 GFLOP/s (77% of the FMA peak)
+// for rows of 1024 weights and 155 (63%) for the down projection's 4864, against 130 and 58 for the tiles above.
+
+/// How many chunks ahead the tiles prefetch x (measured 4, 8, 16: 8 best).
+constexpr int64_t kXPrefetch = 8;
+constexpr int64_t kZRows = 3, kZCols = 8, kZChunks = 64;
+
+/// The tile's accumulators between blocks of chunks.
+struct ZTileAcc {
+  __m512 v[kZRows][kZCols];
+};
+
+/// Half of this CPU's L2 (sysconf; 1 MiB when it does not say), the budget of a block of x rows.
+int64_t l2_half_bytes() {
+  static const int64_t half = [] {
+    const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return l2 >= (int64_t{256} << 10) && l2 <= (int64_t{64} << 20) ? int64_t{l2} / 2 : int64_t{1} << 20;
+  }();
+  return half;
+}
+
+/// x rows per block (each weight is widened once per block of rows): a multiple of the tile whose rows fill half of
+/// the L2 when they are one block of chunks, and whose block of chunks (kZChunks of each row) fills a quarter of it
+/// otherwise (the accumulators of a group of panels take another quarter). Measured on the 4864-weight rows of an
+/// FFN's down projection: 130 GFLOP/s with half of the L2 for x and 4 panels a group, 137 with a quarter and 8.
+int64_t zpanel_block_rows(int64_t cols) {
+  const int64_t budget = cols <= kZChunks * kLanes ? l2_half_bytes() : l2_half_bytes() / 2;
+  return std::max<int64_t>(kZRows, budget / (std::min(cols, kZChunks * kLanes) * 4) / kZRows * kZRows);
+}
+
+/// p[c][j][16]: chunk c0 + c (c < count) of weight row j (j < rows) of the panel at w, widened.
+template <WeightType T>
+POSENC_TARGET_AVX512 void pack_panel_avx512(const std::byte* w, int64_t row_bytes, int64_t rows, int64_t c0,
+                                            int64_t count, float* p) {
+  for (int64_t j = 0; j < rows; ++j)
+    for (int64_t c = 0; c < count; ++c) _mm512_store_ps(p + (c * rows + j) * kLanes, Avx512::load_w<T>(w + j * row_bytes, c0 + c));
+}
+
+/// The tree of kernels_dense.hpp (a_k + a_{k+8}, then + 4 apart, + 2 apart, the last two) for 16 accumulators at
+/// once, in shuffles that pair whole vectors: element e of the result is Avx512::reduce(a[e]), bit for bit (the
+/// same additions of the same pairs), in 45 + 1 instructions instead of 16 x 8.
+POSENC_TARGET_AVX512 inline __m512 reduce16(const __m512* a) {
+  __m512 v1[8], v2[4], v3[2];
+  for (int i = 0; i < 8; ++i)  // [a_k + a_{k+8} of a[2i] | of a[2i+1]], k < 8
+    v1[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int i = 0; i < 4; ++i)  // 128-bit lane L: + 4 apart, of a[4i + L]
+    v2[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v1[2 * i], v1[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4(v1[2 * i], v1[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int i = 0; i < 2; ++i) {  // lane L: [s2a, s2b of a[8i + L], s2a, s2b of a[8i + 4 + L]]
+    const __m512d x = _mm512_castps_pd(v2[2 * i]), y = _mm512_castps_pd(v2[2 * i + 1]);
+    v3[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // lane L: the sums of a[L], a[4 + L], a[8 + L], a[12 + L]: element 4L + m holds a[4m + L]'s.
+  const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(v3[0], v3[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(v3[0], v3[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), t);
+}
+
+/// Chunks [c0, c1) of a tile of R x rows (stride ldx, from chunk 0 of the panel's segment) by the panel's C
+/// weight rows (p: [chunk][C][16] from the segment's chunk 0): the lanes continue from `acc_io` (+0 when
+/// `first`) and are left there, or (`last`) summed by the tree into y[R rows, C] (+)=.
+template <int R, int C>
+POSENC_TARGET_AVX512 void zpanel_tile(const float* x, int64_t ldx, const float* p, int64_t c0, int64_t c1,
+                                      ZTileAcc& acc_io, bool first, bool last, float* y, int64_t ldy,
+                                      bool accumulate) {
+  // Every loop over r and j unrolled before GCC's scalar replacement of aggregates, so that acc stays in
+  // registers (otherwise each call zeroes or copies it through the stack: 10-15% of the tile's time).
+  __m512 acc[R][C];
+  if (first) {
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+      for (int j = 0; j < C; ++j) acc[r][j] = _mm512_setzero_ps();
+  } else {
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+      for (int j = 0; j < C; ++j) acc[r][j] = _mm512_load_ps(reinterpret_cast<const float*>(&acc_io.v[r][j]));
+  }
+  for (int64_t c = c0; c < c1; ++c) {
+    __m512 xv[R];
+    // x comes from L2: its rows a few chunks ahead into L1 (measured: +5%).
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+      _mm_prefetch(reinterpret_cast<const char*>(x + r * ldx + (c + kXPrefetch) * kLanes), _MM_HINT_T0);
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      xv[r] = _mm512_loadu_ps(x + r * ldx + c * kLanes);
+      // In a register, loaded once per chunk (GCC would otherwise fold x into each of the C fmas as a memory operand).
+      asm("" : "+v"(xv[r]));
+    }
+    const float* pc = p + c * C * kLanes;
+#pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) {
+      __m512 wv = _mm512_load_ps(pc + j * kLanes);
+      asm("" : "+v"(wv));  // likewise: one load of each weight vector per chunk, not one per row
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) acc[r][j] = _mm512_fmadd_ps(xv[r], wv, acc[r][j]);
+    }
+  }
+  if (!last) {
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+      for (int j = 0; j < C; ++j) _mm512_store_ps(reinterpret_cast<float*>(&acc_io.v[r][j]), acc[r][j]);
+    return;
+  }
+  if constexpr (C == 8) {
+    // Two rows' 8 outputs per reduce16 (the last row of an odd R twice).
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r += 2) {
+      const int r2 = r + 1 < R ? r + 1 : r;
+      const __m512 a[16] = {acc[r][0],  acc[r][1],  acc[r][2],  acc[r][3],  acc[r][4],  acc[r][5],
+                            acc[r][6],  acc[r][7],  acc[r2][0], acc[r2][1], acc[r2][2], acc[r2][3],
+                            acc[r2][4], acc[r2][5], acc[r2][6], acc[r2][7]};
+      const __m512 s = reduce16(a);
+      float* out0 = y + r * ldy;
+      __m256 v0 = _mm512_castps512_ps256(s);
+      if (accumulate) v0 = _mm256_add_ps(_mm256_loadu_ps(out0), v0);
+      _mm256_storeu_ps(out0, v0);
+      if (r + 1 < R) {
+        float* out1 = out0 + ldy;
+        __m256 v1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1));
+        if (accumulate) v1 = _mm256_add_ps(_mm256_loadu_ps(out1), v1);
+        _mm256_storeu_ps(out1, v1);
+      }
+    }
+  } else {
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
+      for (int j = 0; j < C; ++j) {
+        const float s = Avx512::reduce(acc[r][j]);
+        float& out = y[r * ldy + j];
+        out = accumulate ? out + s : s;
+      }
+  }
+}
+
+/// zpanel_tile for any R <= kZRows, C <= kZCols (the block's last rows, the matrix's last weight rows).
+template <int R>
+void zpanel_tile_c(int64_t cols_in_panel, const float* x, int64_t ldx, const float* p, int64_t c0, int64_t c1,
+                   ZTileAcc& acc, bool first, bool last, float* y, int64_t ldy, bool accumulate) {
+  switch (cols_in_panel) {
+#define POSENC_ZCASE(CC) \
+  case CC: zpanel_tile<R, CC>(x, ldx, p, c0, c1, acc, first, last, y, ldy, accumulate); return;
+    POSENC_ZCASE(1) POSENC_ZCASE(2) POSENC_ZCASE(3) POSENC_ZCASE(4) POSENC_ZCASE(5) POSENC_ZCASE(6) POSENC_ZCASE(7)
+    POSENC_ZCASE(8)
+#undef POSENC_ZCASE
+  }
+}
+static_assert(kZCols == 8 && kZRows == 3, "zpanel_tile_any's cases");
+void zpanel_tile_any(int64_t rows, int64_t cols_in_panel, const float* x, int64_t ldx, const float* p, int64_t c0,
+                     int64_t c1, ZTileAcc& acc, bool first, bool last, float* y, int64_t ldy, bool accumulate) {
+  switch (rows) {
+    case 1: zpanel_tile_c<1>(cols_in_panel, x, ldx, p, c0, c1, acc, first, last, y, ldy, accumulate); return;
+    case 2: zpanel_tile_c<2>(cols_in_panel, x, ldx, p, c0, c1, acc, first, last, y, ldy, accumulate); return;
+    case 3: zpanel_tile_c<3>(cols_in_panel, x, ldx, p, c0, c1, acc, first, last, y, ldy, accumulate); return;
+  }
+}
+
+bool zpanels_pay(int64_t n, const RawMatrix& w) { return n >= 2 * kZRows && w.cols % kLanes == 0; }
+
+template <WeightType T>
+void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
+  const int64_t out = w.rows, in = w.cols, rb = w.row_bytes(), chunks = in / kLanes;
+  const int64_t panels = (out + kZCols - 1) / kZCols, cblocks = (chunks + kZChunks - 1) / kZChunks;
+  const int64_t block = zpanel_block_rows(in);
+#pragma omp parallel if (parallel_pays(n, w))
+  {
+    // This thread's panels (the same ones for every block of rows: it widens only its own weight rows).
+    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
+    AlignedFloatVector panel(static_cast<std::size_t>(std::min(chunks, kZChunks) * kZCols * kLanes));
+    // Rows of more than one block of chunks go a block of chunks at a time over a group of panels, each tile's
+    // lanes kept between blocks: the group's accumulators in a quarter of the L2 (x's block of chunks has another).
+    const int64_t tiles_max = (std::min(block, n) + kZRows - 1) / kZRows;
+    const int64_t group =
+        cblocks == 1 ? 1
+                     : std::max<int64_t>(1, l2_half_bytes() / 2 / (tiles_max * static_cast<int64_t>(sizeof(ZTileAcc))));
+    const std::unique_ptr<ZTileAcc[]> acc(new ZTileAcc[static_cast<std::size_t>(tiles_max * std::min(group, std::max<int64_t>(p1 - p0, 1)))]);
+    for (int64_t b0 = 0; b0 < n; b0 += block) {
+      const int64_t b1 = std::min(n, b0 + block), tiles = (b1 - b0 + kZRows - 1) / kZRows;
+      for (int64_t g0 = p0; g0 < p1; g0 += group) {
+        const int64_t g1 = std::min(p1, g0 + group);
+        for (int64_t c0 = 0; c0 < chunks; c0 += kZChunks) {
+          const int64_t c1 = std::min(chunks, c0 + kZChunks);
+          for (int64_t pi = g0; pi < g1; ++pi) {
+            const int64_t o0 = pi * kZCols, cols_here = std::min(kZCols, out - o0);
+            pack_panel_avx512<T>(w.data + o0 * rb, rb, cols_here, c0, c1 - c0, panel.data());
+            for (int64_t t = 0; t < tiles; ++t) {
+              const int64_t r = b0 + t * kZRows, rows = std::min(kZRows, b1 - r);
+              const float* xt = x + r * in + c0 * kLanes;
+              float* yt = y + r * out + o0;
+              ZTileAcc& a = acc[static_cast<std::size_t>((pi - g0) * tiles_max + t)];
+              if (rows == kZRows && cols_here == kZCols)
+                zpanel_tile<kZRows, kZCols>(xt, in, panel.data(), 0, c1 - c0, a, c0 == 0, c1 == chunks, yt, out,
+                                            accumulate);
+              else
+                zpanel_tile_any(rows, cols_here, xt, in, panel.data(), 0, c1 - c0, a, c0 == 0, c1 == chunks, yt, out,
+                                accumulate);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+void matmul_avx512(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
+  if (!zpanels_pay(n, w)) {
+    matmul_any_Avx512(x, n, w, y, accumulate);
+    return;
+  }
+  switch (w.type) {
+    case WeightType::f32: matmul_panels_avx512<WeightType::f32>(x, n, w, y, accumulate); return;
+    case WeightType::f16: matmul_panels_avx512<WeightType::f16>(x, n, w, y, accumulate); return;
+    case WeightType::bf16: matmul_panels_avx512<WeightType::bf16>(x, n, w, y, accumulate); return;
+    case WeightType::q8_0: matmul_panels_avx512<WeightType::q8_0>(x, n, w, y, accumulate); return;
+    case WeightType::q4_0: matmul_panels_avx512<WeightType::q4_0>(x, n, w, y, accumulate); return;
+  }
+}
+
 }  // namespace
 
 DenseKernel dense_kernel() {
@@ -493,7 +732,7 @@ void matmul_w_with(DenseKernel k, const float* x, int64_t n, const RawMatrix& w,
   switch (k) {
     case DenseKernel::reference: matmul_w_reference(x, n, w, y, accumulate); return;
     case DenseKernel::avx2: matmul_avx2(x, n, w, y, accumulate); return;
-    case DenseKernel::avx512: matmul_any_Avx512(x, n, w, y, accumulate); return;
+    case DenseKernel::avx512: matmul_avx512(x, n, w, y, accumulate); return;
   }
 }
 
@@ -502,7 +741,7 @@ void matmul_w(const float* x, int64_t n, const RawMatrix& w, float* y, bool accu
   switch (dense_kernel()) {
     case DenseKernel::reference: matmul_w_reference(x, n, w, y, accumulate); return;
     case DenseKernel::avx2: matmul_avx2(x, n, w, y, accumulate); return;
-    case DenseKernel::avx512: matmul_any_Avx512(x, n, w, y, accumulate); return;
+    case DenseKernel::avx512: matmul_avx512(x, n, w, y, accumulate); return;
   }
 }
 

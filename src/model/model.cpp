@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "core/aligned.hpp"
 #include "model/kernels.hpp"
 #include "model/kernels_dense.hpp"
 #include "model/raw_model.hpp"
@@ -65,7 +66,7 @@ struct LayerWeights {
 };
 
 struct Scratch {
-  std::vector<float> x, xb, q, k, v, att, h1, h3, rows;
+  detail::AlignedFloatVector x, xb, q, k, v, att, h1, h3, rows;  // 64-byte aligned rows (core/aligned.hpp)
   std::vector<std::byte> xq;  // quantized activations
   std::vector<KvBlock> blocks;
 };

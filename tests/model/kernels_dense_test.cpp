@@ -101,16 +101,20 @@ TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitOnAwkwardShapes) {
 }
 
 TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitAcrossPrefillBlocks) {
-  // Prefill shapes for the AVX2 panel path: x rows past one block (64 rows for rows of 1024 weights or more:
+  // Prefill shapes for the panel paths. AVX2: x rows past one block (64 rows for rows of 1024 weights or more:
   // 133 rows are blocks of 64, 64 and 5, each with full 4-row tiles), rows of 66 and 304 chunks (segments of
   // 64 chunks and blocks of 32, the last partial), weight rows not a multiple of the 3-row panel, x rows not
   // a multiple of the tile, and products large enough for the parallel region (two threads, each its own
-  // panels across segments).
+  // panels across segments). AVX-512 (8-row panels, 3-row tiles, blocks of 64 chunks): rows of 66 and 304
+  // chunks (2 and 5 blocks of chunks, the last partial), 133 x rows past a block of rows on a 2 MiB L2
+  // (126 rows for rows of more than 64 chunks), weight rows not a multiple of 8 (a last panel of 4, 5 or
+  // 7), x rows not a multiple of 3, and 300 x 1056 for several groups of panels per thread (8 panels a
+  // group at 42 tiles: 19 panels each).
   const DenseKernel k = GetParam();
   if (!dense_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
   for (WeightType t : kTypes)
     for (auto [n, out, in] : {std::tuple<int64_t, int64_t, int64_t>{67, 7, 1056}, {29, 5, 4864}, {8, 3, 1056}, {133, 20, 1056},
-                                 {70, 7, 4864}})
+                                 {70, 7, 4864}, {133, 300, 1056}, {256, 13, 1024}})
       ASSERT_TRUE(path_equals_reference(k, t, n, out, in, static_cast<uint32_t>(in + out + n),
                                         static_cast<uint32_t>(n + 2000), 78));
 }
