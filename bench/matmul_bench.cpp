@@ -8,8 +8,8 @@
 //   BM_MatmulDecode/<dtype>/<path>/<out>x<in>/threads:T    one row of x against a 64 MiB+ stack of the matrix
 //                                                          (so that it comes from DRAM, as a model's does):
 //                                                          weight_GB_per_s
-// <path> is a DenseKernel (reference is left out: minutes per iteration), or q8_activations (Q8_0 weights with
-// activations quantized to Q8_0: matmul_q8, the quantization included in the time).
+// <path> is a DenseKernel (reference is left out: minutes per iteration), or q8_<Q8Kernel> (Q8_0/Q4_0 weights
+// with activations quantized to Q8_0: matmul_q8_with, the quantization included in the time).
 #include <string>
 #include <vector>
 
@@ -74,11 +74,14 @@ void run(benchmark::State& state, WeightType t, const std::string& path, Shape s
   posenc::bench::FloatBuffer x(static_cast<std::size_t>(n * s.in)), y(static_cast<std::size_t>(n * s.out));
   x.fill_normal(2);
   std::vector<std::byte> xq(static_cast<std::size_t>(n * (s.in / kQBlock) * kQ8Bytes));
-  const bool q8 = path == "q8_activations";
+  const bool q8 = path.starts_with("q8_");
   DenseKernel k = DenseKernel::reference;
   for (DenseKernel c : {DenseKernel::avx2, DenseKernel::avx512})
     if (path == to_string(c)) k = c;
-  if (!q8 && !dense_kernel_supported(k)) {
+  Q8Kernel qk = Q8Kernel::reference;
+  for (Q8Kernel c : {Q8Kernel::avx2, Q8Kernel::avx512_vnni, Q8Kernel::amx})
+    if (path == "q8_" + std::string(to_string(c))) qk = c;
+  if (q8 ? !q8_kernel_supported(qk) : !dense_kernel_supported(k)) {
     state.SkipWithError("this CPU cannot run the path");
     return;
   }
@@ -87,7 +90,7 @@ void run(benchmark::State& state, WeightType t, const std::string& path, Shape s
     const RawMatrix& m = w.m[static_cast<std::size_t>(i++ % copies)];
     if (q8) {
       quantize_rows_q8_0(x.get(), n, s.in, xq.data());
-      matmul_q8(xq.data(), n, s.in, m.data, t == WeightType::q4_0, s.out, y.get(), false);
+      matmul_q8_with(qk, xq.data(), n, s.in, m.data, t == WeightType::q4_0, s.out, y.get(), false);
     } else {
       matmul_w_with(k, x.get(), n, m, y.get(), false);
     }
@@ -102,7 +105,8 @@ void run(benchmark::State& state, WeightType t, const std::string& path, Shape s
 const bool registered = [] {
   for (WeightType t : {WeightType::f32, WeightType::f16, WeightType::bf16, WeightType::q8_0, WeightType::q4_0}) {
     std::vector<std::string> paths = {"avx2", "avx512"};
-    if (t == WeightType::q8_0 || t == WeightType::q4_0) paths.push_back("q8_activations");
+    if (t == WeightType::q8_0 || t == WeightType::q4_0)
+      for (const char* q : {"q8_avx2", "q8_avx512_vnni", "q8_amx"}) paths.push_back(q);
     for (const std::string& path : paths)
       for (const Shape& s : kShapes)
         for (int threads : {1, 2})

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 namespace posenc::detail {
@@ -36,7 +37,32 @@ void dequantize_q4_0_row(const std::byte* row, int64_t cols, float* out);
 /// arithmetic of llama.cpp's products with Q8_0/Q4_0 weights): per block of
 /// 32, amax = max|x|, d = fp16(amax / 127), q = round-half-even(x * (127 / amax)).
 /// x: [n, in] (in % 32 == 0); out: n * in/32 blocks of 34 bytes.
+/// Runs an AVX-512 version (the same bits, in parallel over rows) when the CPU has it and dense_kernel() is not
+/// DenseKernel::reference.
 void quantize_rows_q8_0(const float* x, int64_t n, int64_t in, std::byte* out);
+/// The same in scalar C++ (the reference the AVX-512 version is tested against).
+void quantize_rows_q8_0_reference(const float* x, int64_t n, int64_t in, std::byte* out);
+
+/// Which implementation matmul_q8 runs on this CPU.
+enum class Q8Kernel {
+  reference,    ///< matmul_q8_reference (any x86-64)
+  avx2,         ///< matmul_q8_avx2 (AVX2 + FMA + F16C)
+  avx512_vnni,  ///< AVX-512 VNNI: one row of x (decode) against 16 runs of weight rows read side by side, one
+                ///< 256-bit dpbusd per row and block; more rows against panels of 16 weight rows repacked per
+                ///< call (8 x 16 x 4 int8 per block) and dpbusd on x + 128
+  amx,          ///< AMX-INT8 for n >= kAmxMinRows rows (one tdpbssd per block of 16 rows of x by a panel's 16
+                ///< weight rows, the block sums' epilogue in AVX-512), avx512_vnni below
+};
+/// Rows of x from which the amx path uses AMX.
+constexpr int64_t kAmxMinRows = 16;
+std::string_view to_string(Q8Kernel k);
+/// Whether this CPU (and, for amx, the kernel: Linux's arch_prctl permission for the tile data) runs path k.
+bool q8_kernel_supported(Q8Kernel k);
+/// The path matmul_q8 dispatches to, chosen once: reference when dense_kernel() is (POSENC_DENSE_KERNEL=
+/// reference), otherwise the widest this CPU runs (amx, avx512_vnni, avx2, reference); the environment variable
+/// POSENC_Q8_KERNEL=reference|avx2|avx512_vnni|amx asks for one (one this CPU lacks is reported on stderr once
+/// and the widest runs instead).
+Q8Kernel q8_kernel();
 
 /// y[n, out] (+)= x_q[n, in] · W[out, in]^T for W in Q8_0 or Q4_0 blocks and x
 /// quantized by quantize_rows_q8_0: over the blocks in ascending order,
@@ -45,11 +71,14 @@ void quantize_rows_q8_0(const float* x, int64_t n, int64_t in, std::byte* out);
 /// the path its x86 builds take on CPUs with AMX; its AVX2 vec_dot keeps eight
 /// partial lanes instead and differs in the last bits). Every path gives the
 /// same bits (and so does a row alone or in a batch, on any thread count).
-/// `q4` selects the weight format; W is read where it lies (no copy).
-/// Runs matmul_q8_avx2 when the CPU has it and dense_kernel() is not
-/// DenseKernel::reference (POSENC_DENSE_KERNEL=reference), else the reference.
+/// `q4` selects the weight format; W is read where it lies (no copy outlives
+/// the call). Runs the q8_kernel() path.
 void matmul_q8(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,
                bool accumulate);
+/// matmul_q8 through path k (tests and benchmarks compare the paths). Throws std::logic_error when this CPU
+/// cannot run k.
+void matmul_q8_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out,
+                    float* y, bool accumulate);
 /// The same arithmetic in scalar C++: the reference the SIMD paths are tested against.
 void matmul_q8_reference(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out,
                          float* y, bool accumulate);
@@ -63,25 +92,6 @@ bool q8_avx2_supported();
 /// std::logic_error when the CPU lacks AVX2/FMA/F16C.
 void matmul_q8_avx2(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,
                     bool accumulate);
-
-/// Q8_0/Q4_0 weights repacked for the AVX-512 VNNI product: tiles of 16
-/// output rows; per (tile, block): 8 groups x 16 rows x 4 int8 weights (the
-/// layout _mm512_dpbusd_epi32 reads), the 16 rows' scales as float, and their
-/// int32 weight sums (for the +128 offset that makes activations unsigned).
-/// Same results, bit for bit, as matmul_q8 on the original blocks.
-struct PackedQ8 {
-  int64_t out = 0, in = 0;
-  std::vector<std::byte> data;  // tiles * blocks * kPackedBlockBytes, 64-byte aligned start
-  static constexpr int kTile = 16;
-  static constexpr int kPackedBlockBytes = 8 * 16 * 4 + 16 * 4 + 16 * 4;  // qs, d (f32), wsum (i32)
-  bool empty() const { return data.empty(); }
-};
-/// True when this CPU runs the packed kernel (AVX-512 F/BW/VL + VNNI).
-bool packed_q8_supported();
-/// Repacks W[out, in] (Q8_0 or Q4_0 blocks). Requires packed_q8_supported().
-PackedQ8 pack_q8(const std::byte* w, bool q4, int64_t out, int64_t in);
-/// y[n, out] (+)= x_q[n, in] · W^T with x quantized by quantize_rows_q8_0.
-void matmul_q8_packed(const std::byte* x_q, int64_t n, const PackedQ8& w, float* y, bool accumulate);
 
 /// y[r, :] += bias for n rows of width d.
 void add_bias(float* y, int64_t n, int64_t d, const float* bias);

@@ -3,17 +3,27 @@
 // but every rounding that matters is written out (std::fma, explicit casts).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
+#include <cpuid.h>
 #include <immintrin.h>
+#include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
 
 // GCC 12 flags the undefined pass-through vectors inside its own AVX-512 intrinsics as uninitialized.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+#include "core/aligned.hpp"
 #include "model/kernels.hpp"
 #include "model/kernels_dense.hpp"
 #include "posenc/safetensors.hpp"
@@ -83,7 +93,7 @@ void dequantize_q4_0_row(const std::byte* row, int64_t cols, float* out) {
   }
 }
 
-void quantize_rows_q8_0(const float* x, int64_t n, int64_t in, std::byte* out) {
+void quantize_rows_q8_0_reference(const float* x, int64_t n, int64_t in, std::byte* out) {
   const int64_t blocks = in / kQBlock;
   for (int64_t r = 0; r < n; ++r)
     for (int64_t b = 0; b < blocks; ++b) {
@@ -108,6 +118,61 @@ void quantize_rows_q8_0(const float* x, int64_t n, int64_t in, std::byte* out) {
         qs[j] = std::isfinite(v) ? static_cast<int8_t>(std::nearbyint(v)) : int8_t{0};  // nearest, ties to even
       }
     }
+}
+
+namespace {
+
+/// quantize_rows_q8_0 for rows [r0, r1) in AVX-512: the same operations lane by lane (|x| maxed with NaN ignored as
+/// std::max ignores it, the scale and multiplier in scalar float, x * multiplier rounded to nearest even by
+/// vcvtps2dq, non-finite products to 0).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void quantize_rows_avx512(const float* x, int64_t r0,
+                                                                                      int64_t r1, int64_t in,
+                                                                                      std::byte* out) {
+  const int64_t blocks = in / kQBlock;
+  const __m512 sign = _mm512_set1_ps(-0.0f);
+  for (int64_t r = r0; r < r1; ++r)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const float* xb = x + r * in + b * kQBlock;
+      std::byte* ob = out + (r * blocks + b) * kQ8Bytes;
+      const __m512 x0 = _mm512_loadu_ps(xb), x1 = _mm512_loadu_ps(xb + 16);
+      const __m512 a0 = _mm512_andnot_ps(sign, x0), a1 = _mm512_andnot_ps(sign, x1);
+      // maxps returns its second operand when either is NaN: a NaN |x| leaves the running max, as std::max(amax, |x|).
+      const __m512 m = _mm512_max_ps(a1, _mm512_max_ps(a0, _mm512_setzero_ps()));
+      const float amax = _mm512_reduce_max_ps(m);  // of non-NaN values: exact in any order
+      const bool nan = (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) != 0;
+      const float d = nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
+      const uint16_t h = f32_to_f16(d);
+      std::memcpy(ob, &h, 2);
+      const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+      const __m512 v0 = _mm512_mul_ps(x0, _mm512_set1_ps(id)), v1 = _mm512_mul_ps(x1, _mm512_set1_ps(id));
+      constexpr int kNonFinite = 0x01 | 0x08 | 0x10 | 0x80;  // QNaN, +inf, -inf, SNaN
+      const __m512i q0 = _mm512_maskz_cvt_roundps_epi32(static_cast<__mmask16>(~_mm512_fpclass_ps_mask(v0, kNonFinite)), v0,
+                                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m512i q1 = _mm512_maskz_cvt_roundps_epi32(static_cast<__mmask16>(~_mm512_fpclass_ps_mask(v1, kNonFinite)), v1,
+                                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(ob + 2), _mm512_cvtepi32_epi8(q0));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(ob + 18), _mm512_cvtepi32_epi8(q1));
+    }
+}
+
+bool quantize_avx512_supported() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  return ok;
+}
+
+}  // namespace
+
+void quantize_rows_q8_0(const float* x, int64_t n, int64_t in, std::byte* out) {
+  if (dense_kernel() == DenseKernel::reference || !quantize_avx512_supported()) {
+    quantize_rows_q8_0_reference(x, n, in, out);
+    return;
+  }
+#pragma omp parallel if (n * in >= (int64_t{1} << 16))
+  {
+    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+    quantize_rows_avx512(x, n * me / nt, n * (me + 1) / nt, in, out);
+  }
 }
 
 void matmul_q8_reference(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out,
@@ -287,126 +352,427 @@ void matmul_q8_avx2(const std::byte* x_q, int64_t n, int64_t in, const std::byte
     matmul_q8_avx2_impl<false>(x_q, n, in, w, out, y, accumulate);
 }
 
-void matmul_q8(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,
-               bool accumulate) {
-  if (dense_kernel() != DenseKernel::reference && q8_avx2_supported())
-    matmul_q8_avx2(x_q, n, in, w, q4, out, y, accumulate);
-  else
-    matmul_q8_reference(x_q, n, in, w, q4, out, y, accumulate);
-}
-
-// ---- AVX-512 VNNI: 16 output rows per tile, weights repacked at load ----
-
-bool packed_q8_supported() {
-  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
-  return ok;
-}
-
-PackedQ8 pack_q8(const std::byte* w, bool q4, int64_t out, int64_t in) {
-  PackedQ8 p;
-  p.out = out;
-  p.in = in;
-  const int64_t blocks = in / kQBlock, tiles = (out + PackedQ8::kTile - 1) / PackedQ8::kTile;
-  const int64_t wrow = blocks * (q4 ? kQ4Bytes : kQ8Bytes);
-  p.data.assign(static_cast<std::size_t>(tiles * blocks * PackedQ8::kPackedBlockBytes), std::byte{0});
-  int8_t q[kQBlock];
-  for (int64_t t = 0; t < tiles; ++t)
-    for (int64_t b = 0; b < blocks; ++b) {
-      std::byte* dst = p.data.data() + (t * blocks + b) * PackedQ8::kPackedBlockBytes;
-      auto* qs = reinterpret_cast<int8_t*>(dst);
-      float d[PackedQ8::kTile] = {};
-      int32_t sum[PackedQ8::kTile] = {};
-      for (int r = 0; r < PackedQ8::kTile; ++r) {
-        const int64_t o = t * PackedQ8::kTile + r;
-        if (o >= out) break;  // padding rows stay zero
-        const std::byte* blk = w + o * wrow + b * (q4 ? kQ4Bytes : kQ8Bytes);
-        d[r] = load_fp16(blk);
-        if (q4) {
-          const auto* nib = reinterpret_cast<const uint8_t*>(blk + 2);
-          for (int j = 0; j < 16; ++j) {
-            q[j] = static_cast<int8_t>((nib[j] & 0x0F) - 8);
-            q[j + 16] = static_cast<int8_t>((nib[j] >> 4) - 8);
-          }
-        } else {
-          std::memcpy(q, blk + 2, kQBlock);
-        }
-        for (int g = 0; g < 8; ++g)
-          for (int k = 0; k < 4; ++k) {
-            qs[(g * PackedQ8::kTile + r) * 4 + k] = q[4 * g + k];
-            sum[r] += q[4 * g + k];
-          }
-      }
-      std::memcpy(dst + 512, d, sizeof d);
-      std::memcpy(dst + 512 + 64, sum, sizeof sum);
-    }
-  return p;
-}
+// ---- AVX-512 VNNI and AMX-INT8, on the blocks as stored ----------------------------------------------------
+// Both read the weights where the file keeps them: no copy outlives a call. A panel of 16 weight rows is repacked
+// per call into the layout the instructions read (per block: the 16 rows' 32 int8 as 8 groups x 16 rows x 4 bytes,
+// which is both _mm512_dpbusd_epi32's operand and AMX's B tile; the 16 scales as float; the rows' int8 sums),
+// used by every row of x, and dropped. Decode (one row of x) reads the blocks directly, 16 runs of rows side by
+// side as the dense decode does. Every path computes each output as the reference: over the blocks in ascending
+// order, acc = fmaf((float) isum, d_w * d_x, acc), isum the exact int32 block dot product; integer sums are exact
+// in any order, so the bits are the reference's.
 
 namespace {
 
-/// Rows [r0, r0+R) of x_q against tile t; acc[R][16] per (row, tile row), in
-/// block order: acc = fma((float) isum, d_w * d_x, acc) — matmul_q8's arithmetic.
+constexpr int64_t kPanel = 16;                                  // weight rows per panel
+constexpr int64_t kPanelBlockBytes = 8 * 16 * 4 + 16 * 4 + 16 * 4;  // qs, d (f32), wsum (i32)
+
+#define POSENC_TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
+#define POSENC_TARGET_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma,amx-tile,amx-int8")))
+
+bool cpu_has_vnni() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") && q8_avx2_supported();
+}
+
+/// AMX-INT8: CPUID.(EAX=7,ECX=0):EDX bits 24 (AMX-TILE) and 25 (AMX-INT8), and the kernel's permission to use the
+/// tile data (Linux 5.16+: arch_prctl ARCH_REQ_XCOMP_PERM, asked once per process).
+bool cpu_has_amx() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+  if ((d & (1u << 24)) == 0 || (d & (1u << 25)) == 0) return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0 && cpu_has_vnni();
+}
+
+/// Panel [o0, o0 + rows) (rows <= 16; the others are zero) of W, blocks [0, blocks), into dst (blocks x
+/// kPanelBlockBytes, 64-byte aligned).
+template <bool Q4>
+POSENC_TARGET_VNNI void pack_panel(const std::byte* w, int64_t wrow, int64_t o0, int64_t rows, int64_t blocks,
+                                   std::byte* dst) {
+  constexpr int64_t wb = Q4 ? kQ4Bytes : kQ8Bytes;
+  const __mmask16 valid = static_cast<__mmask16>((1u << rows) - 1u);
+  // Byte offsets of the 16 rows' blocks (rows past the last one are masked off). A panel spans at most 16 rows of
+  // blocks: int32 offsets hold it for rows under 128 MiB.
+  const __m512i row_off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32(static_cast<int32_t>(wrow)));
+  const std::byte* base = w + o0 * wrow;
+  const __m512i ones = _mm512_set1_epi8(1);
+  for (int64_t b = 0; b < blocks; ++b) {
+    std::byte* pb = dst + b * kPanelBlockBytes;
+    const __m512i off = _mm512_add_epi32(row_off, _mm512_set1_epi32(static_cast<int32_t>(b * wb)));
+    __m512i wsum = _mm512_setzero_si512();
+    // Scales: the first two bytes of each row's block, widened exactly.
+    const __m512i dwords = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, off, base, 1);
+    _mm512_store_ps(reinterpret_cast<float*>(pb + 512), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dwords)));
+    if constexpr (Q4) {
+      for (int k = 0; k < 4; ++k) {  // bytes 4k..4k+3 of the nibbles: weights 4k.. (low) and 16 + 4k.. (high)
+        const __m512i v =
+            _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, _mm512_add_epi32(off, _mm512_set1_epi32(2 + 4 * k)), base, 1);
+        const __m512i eight = _mm512_set1_epi8(8), m = _mm512_set1_epi8(0x0F);
+        const __m512i lo = _mm512_maskz_sub_epi8(static_cast<__mmask64>(_pdep_u64(valid, 0x1111111111111111ull) * 15),
+                                                 _mm512_and_si512(v, m), eight);
+        const __m512i hi = _mm512_maskz_sub_epi8(static_cast<__mmask64>(_pdep_u64(valid, 0x1111111111111111ull) * 15),
+                                                 _mm512_and_si512(_mm512_srli_epi16(v, 4), m), eight);
+        _mm512_store_si512(pb + k * 64, lo);
+        _mm512_store_si512(pb + (4 + k) * 64, hi);
+        wsum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(wsum, ones, lo), ones, hi);
+      }
+    } else {
+      for (int g = 0; g < 8; ++g) {
+        const __m512i v =
+            _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, _mm512_add_epi32(off, _mm512_set1_epi32(2 + 4 * g)), base, 1);
+        _mm512_store_si512(pb + g * 64, v);
+        wsum = _mm512_dpbusd_epi32(wsum, ones, v);
+      }
+    }
+    _mm512_store_si512(pb + 512 + 64, wsum);
+  }
+}
+
+/// Rows [0, R) of x (xq rows at stride xrow; dxf: their scales as float, [R][blocks]) against a packed panel:
+/// y[i, 0..cols) (+)= over the blocks, fmaf(isum, d_w * d_x, acc), with dpbusd on x + 128 (unsigned) and the
+/// weights, minus 128 x the row sums.
 template <int R>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) void tile_rows(const std::byte* x_q, int64_t r0,
-                                                                               int64_t blocks, const std::byte* tile,
-                                                                               float* y, int64_t out, int64_t o0,
-                                                                               bool accumulate) {
+POSENC_TARGET_VNNI void vnni_panel_rows(const std::byte* xq, int64_t xrow, const float* dxf, int64_t blocks,
+                                        const std::byte* panel, float* y, int64_t ldy, int64_t cols,
+                                        bool accumulate) {
   __m512 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
   const __m512i offset = _mm512_set1_epi32(128);
   for (int64_t b = 0; b < blocks; ++b) {
-    const std::byte* pb = tile + b * PackedQ8::kPackedBlockBytes;
-    const __m512 dw = _mm512_loadu_ps(reinterpret_cast<const float*>(pb + 512));
-    const __m512i wsum = _mm512_mullo_epi32(_mm512_loadu_si512(pb + 512 + 64), offset);
+    const std::byte* pb = panel + b * kPanelBlockBytes;
+    const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(pb + 512));
+    const __m512i wsum = _mm512_mullo_epi32(_mm512_load_si512(pb + 512 + 64), offset);
     __m512i isum[R];
     for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
     for (int g = 0; g < 8; ++g) {
-      const __m512i wv = _mm512_loadu_si512(pb + g * 64);
+      const __m512i wv = _mm512_load_si512(pb + g * 64);
       for (int i = 0; i < R; ++i) {
-        const std::byte* xb = x_q + ((r0 + i) * blocks + b) * kQ8Bytes + 2 + 4 * g;
         uint32_t quad;
-        std::memcpy(&quad, xb, 4);
+        std::memcpy(&quad, xq + i * xrow + b * kQ8Bytes + 2 + 4 * g, 4);
         const __m512i xu = _mm512_set1_epi32(static_cast<int32_t>(quad ^ 0x80808080u));  // x + 128 as u8
         isum[i] = _mm512_dpbusd_epi32(isum[i], xu, wv);
       }
     }
     for (int i = 0; i < R; ++i) {
-      const float dx = load_fp16(x_q + ((r0 + i) * blocks + b) * kQ8Bytes);
-      const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(dx));
+      const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(dxf[i * blocks + b]));
       const __m512i exact = _mm512_sub_epi32(isum[i], wsum);  // sum (x+128) w - 128 sum w
       acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), dd, acc[i]);
     }
   }
-  const int valid = static_cast<int>(std::min<int64_t>(PackedQ8::kTile, out - o0));
-  const __mmask16 m = static_cast<__mmask16>((1u << valid) - 1u);
+  const __mmask16 m = static_cast<__mmask16>((1u << cols) - 1u);
   for (int i = 0; i < R; ++i) {
-    float* yr = y + (r0 + i) * out + o0;
+    float* yr = y + i * ldy;
     __m512 v = acc[i];
-    if (accumulate) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, yr));
+    if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, yr), v);
     _mm512_mask_storeu_ps(yr, m, v);
+  }
+}
+
+/// x's block scales as float, [n][blocks] (exact).
+std::vector<float> x_scales(const std::byte* x_q, int64_t n, int64_t blocks) {
+  std::vector<float> dxf(static_cast<std::size_t>(n * blocks));
+  for (int64_t i = 0; i < n * blocks; ++i) dxf[static_cast<std::size_t>(i)] = load_fp16(x_q + i * kQ8Bytes);
+  return dxf;
+}
+
+/// Enough work for a parallel region.
+bool q8_parallel(int64_t n, int64_t in, int64_t out) { return n * in * out > (int64_t{1} << 20); }
+
+/// A panel buffer, 64-byte aligned.
+struct PanelBuffer {
+  explicit PanelBuffer(int64_t blocks) : bytes(static_cast<std::size_t>(blocks * kPanelBlockBytes)) {}
+  std::vector<std::byte, AlignedAllocator<std::byte>> bytes;
+  std::byte* data() { return bytes.data(); }
+};
+
+template <bool Q4>
+void matmul_q8_vnni_panels(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, int64_t out, float* y,
+                           bool accumulate) {
+  constexpr int64_t kR = 4;
+  const int64_t blocks = in / kQBlock, xrow = blocks * kQ8Bytes, wrow = blocks * (Q4 ? kQ4Bytes : kQ8Bytes);
+  const std::vector<float> dxf = x_scales(x_q, n, blocks);
+  const int64_t panels = (out + kPanel - 1) / kPanel;
+#pragma omp parallel if (q8_parallel(n, in, out))
+  {
+    PanelBuffer panel(blocks);
+#pragma omp for schedule(static)
+    for (int64_t p = 0; p < panels; ++p) {
+      const int64_t o0 = p * kPanel, cols = std::min(kPanel, out - o0);
+      pack_panel<Q4>(w, wrow, o0, cols, blocks, panel.data());
+      for (int64_t r0 = 0; r0 < n; r0 += kR) {
+        const std::byte* xr = x_q + r0 * xrow;
+        const float* dr = dxf.data() + r0 * blocks;
+        float* yr = y + r0 * out + o0;
+        switch (std::min(kR, n - r0)) {
+          case 4: vnni_panel_rows<4>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, accumulate); break;
+          case 3: vnni_panel_rows<3>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, accumulate); break;
+          case 2: vnni_panel_rows<2>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, accumulate); break;
+          default: vnni_panel_rows<1>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, accumulate); break;
+        }
+      }
+    }
+  }
+}
+
+/// Lane j of the result = the sum of v[j]'s eight int32 lanes (exact, so in any order).
+POSENC_TARGET_VNNI inline __m512i sum_lanes8x16(const __m256i* v) {
+  __m512i z[8], u[4], t[2];
+  for (int i = 0; i < 8; ++i) z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(v[2 * i]), v[2 * i + 1], 1);
+  for (int i = 0; i < 4; ++i)  // 128-bit lane L: 4 partial sums of v[4i + L]
+    u[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(z[2 * i], z[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_i32x4(z[2 * i], z[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int i = 0; i < 2; ++i)  // lane L: 2 partial sums of v[8i + L], then 2 of v[8i + 4 + L]
+    t[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2 * i], u[2 * i + 1]), _mm512_unpackhi_epi64(u[2 * i], u[2 * i + 1]));
+  const __m512i s = _mm512_add_epi32(
+      _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(t[0]), _mm512_castsi512_ps(t[1]), _MM_SHUFFLE(2, 0, 2, 0))),
+      _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(t[0]), _mm512_castsi512_ps(t[1]), _MM_SHUFFLE(3, 1, 3, 1))));
+  // element 4L + m holds v[4m + L]'s sum
+  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s);
+}
+
+/// Decode: one row of x (xq, dxf: its scales as float) against the 16 rows o_j = o_0 + j * stride (w: row o_0);
+/// outputs to y[j * stride]. Per row and block: |w| (u8) and x with w's sign (s8) into one 256-bit dpbusd.
+template <bool Q4>
+POSENC_TARGET_VNNI void vnni_decode_tile16(const std::byte* xq, const float* dxf, int64_t blocks, const std::byte* w,
+                                           int64_t wrow, int64_t stride, float* y, bool accumulate) {
+  constexpr int64_t wb = Q4 ? kQ4Bytes : kQ8Bytes;
+  __m512 acc = _mm512_setzero_ps();
+  alignas(32) uint16_t h[16];
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kQ8Bytes + 2));
+    __m256i part[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) {
+      const std::byte* blk = w + j * stride * wrow + b * wb;
+      _mm_prefetch(reinterpret_cast<const char*>(blk + 1024), _MM_HINT_T0);  // as the dense decode
+      std::memcpy(&h[j], blk, 2);
+      __m256i wv;
+      if constexpr (Q4) {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+        const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
+        wv = _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+      } else {
+        wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+      }
+      // |w| as u8 (-128 gives 128) times x with w's sign (x in [-127, 127]): the products w x, exactly.
+      part[j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+    }
+    const __m512 isum = _mm512_cvtepi32_ps(sum_lanes8x16(part));  // exact: |isum| <= 32 * 127 * 128 < 2^24
+    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h)));
+    acc = _mm512_fmadd_ps(isum, _mm512_mul_ps(dw, _mm512_set1_ps(dxf[b])), acc);
+  }
+  alignas(64) float v[16];
+  _mm512_store_ps(v, acc);
+  for (int j = 0; j < 16; ++j) y[j * stride] = accumulate ? y[j * stride] + v[j] : v[j];
+}
+
+template <bool Q4>
+void matmul_q8_vnni_decode(const std::byte* x_q, int64_t in, const std::byte* w, int64_t out, float* y,
+                           bool accumulate) {
+  const int64_t blocks = in / kQBlock, wrow = blocks * (Q4 ? kQ4Bytes : kQ8Bytes);
+  const std::vector<float> dxf = x_scales(x_q, 1, blocks);
+#pragma omp parallel if (out * wrow >= (int64_t{1} << 17))
+  {
+    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t r0 = out * me / nt, r1 = out * (me + 1) / nt, stride = (r1 - r0) / 16;
+    for (int64_t g = 0; g < stride; ++g)
+      vnni_decode_tile16<Q4>(x_q, dxf.data(), blocks, w + (r0 + g) * wrow, wrow, stride, y + r0 + g, accumulate);
+    for (int64_t o = r0 + stride * 16; o < r1; ++o) {
+      const float v = dot_row(w + o * wrow, Q4, x_q, blocks);
+      y[o] = accumulate ? y[o] + v : v;
+    }
+  }
+}
+
+void matmul_q8_vnni(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,
+                    bool accumulate) {
+  if (n == 1) {
+    if (q4)
+      matmul_q8_vnni_decode<true>(x_q, in, w, out, y, accumulate);
+    else
+      matmul_q8_vnni_decode<false>(x_q, in, w, out, y, accumulate);
+  } else if (q4) {
+    matmul_q8_vnni_panels<true>(x_q, n, in, w, out, y, accumulate);
+  } else {
+    matmul_q8_vnni_panels<false>(x_q, n, in, w, out, y, accumulate);
+  }
+}
+
+// ---- AMX-INT8 ----
+// Per block, one tdpbssd of a 16 x 32 int8 tile of x (16 rows, one block each; tileloadd at x's row stride) by the
+// panel's 8 x 64 block (16 weight rows) gives the 16 x 16 exact int32 block dot products; the AVX-512 epilogue
+// then takes acc = fmaf((float) isum, d_w * d_x, acc) per row of x (16 outputs in a zmm). Two C tiles alternate,
+// so the next block's product runs while this one's epilogue does.
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+constexpr int kTileC0 = 0, kTileC1 = 1, kTileA = 2, kTileB = 3;  // as amx_panel_tile uses them
+
+/// 16 rows of x (xq at stride xrow, dxf [16][blocks]) against a packed panel: y[i, 0..cols) (+)=.
+POSENC_TARGET_AMX void amx_panel_tile(const std::byte* xq, int64_t xrow, const float* dxf, int64_t blocks,
+                                      const std::byte* panel, int rows, float* y, int64_t ldy, int64_t cols,
+                                      bool accumulate) {
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  alignas(64) int32_t c[2][16][16];
+  // Tiles (GCC's _tile_* macros take literal numbers): tmm0, tmm1 the alternating C, tmm2 x's A, tmm3 the panel's B.
+  const auto product = [&](int64_t b, int which) {
+    if (which == 0) {
+      _tile_zero(0);
+      _tile_loadd(2, xq + b * kQ8Bytes + 2, xrow);
+      _tile_loadd(3, panel + b * kPanelBlockBytes, 64);
+      _tile_dpbssd(0, 2, 3);
+      _tile_stored(0, c[0], 64);
+    } else {
+      _tile_zero(1);
+      _tile_loadd(2, xq + b * kQ8Bytes + 2, xrow);
+      _tile_loadd(3, panel + b * kPanelBlockBytes, 64);
+      _tile_dpbssd(1, 2, 3);
+      _tile_stored(1, c[1], 64);
+    }
+  };
+  if (blocks > 0) product(0, 0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (b + 1 < blocks) product(b + 1, static_cast<int>((b + 1) & 1));
+    const int32_t(*cb)[16] = c[b & 1];
+    const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(panel + b * kPanelBlockBytes + 512));
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i)
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[i])),
+                               _mm512_mul_ps(dw, _mm512_set1_ps(dxf[i * blocks + b])), acc[i]);
+  }
+  const __mmask16 m = static_cast<__mmask16>((1u << cols) - 1u);
+  for (int i = 0; i < rows; ++i) {
+    float* yr = y + i * ldy;
+    __m512 v = acc[i];
+    if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, yr), v);
+    _mm512_mask_storeu_ps(yr, m, v);
+  }
+}
+
+POSENC_TARGET_AMX void amx_begin() {
+  TileConfig cfg;
+  cfg.rows[kTileC0] = cfg.rows[kTileC1] = 16;
+  cfg.colsb[kTileC0] = cfg.colsb[kTileC1] = 64;
+  cfg.rows[kTileA] = 16;
+  cfg.colsb[kTileA] = kQBlock;
+  cfg.rows[kTileB] = kQBlock / 4;
+  cfg.colsb[kTileB] = 64;
+  _tile_loadconfig(&cfg);
+}
+POSENC_TARGET_AMX void amx_end() { _tile_release(); }
+
+template <bool Q4>
+void matmul_q8_amx_impl(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, int64_t out, float* y,
+                        bool accumulate) {
+  const int64_t blocks = in / kQBlock, xrow = blocks * kQ8Bytes, wrow = blocks * (Q4 ? kQ4Bytes : kQ8Bytes);
+  const int64_t tiles = (n + 15) / 16, full = n / 16;
+  // The last, partial tile of x rows padded to 16 (zero rows, whose outputs are dropped), and the scales.
+  std::vector<std::byte> pad;
+  std::vector<float> dxf = x_scales(x_q, n, blocks);
+  if (full < tiles) {
+    pad.assign(static_cast<std::size_t>(16 * xrow), std::byte{0});
+    std::memcpy(pad.data(), x_q + full * 16 * xrow, static_cast<std::size_t>((n - full * 16) * xrow));
+    dxf.resize(static_cast<std::size_t>(tiles * 16 * blocks), 0.0f);
+  }
+  // Rows of x a block at a time (the block's quantized rows in half of a 2 MiB L2), panels inside it: each
+  // panel is repacked once per block of rows.
+  const int64_t block_tiles = std::max<int64_t>(1, (int64_t{1} << 20) / (16 * xrow));
+  const int64_t panels = (out + kPanel - 1) / kPanel;
+#pragma omp parallel if (q8_parallel(n, in, out))
+  {
+    amx_begin();
+    PanelBuffer panel(blocks);
+    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
+    for (int64_t t0 = 0; t0 < tiles; t0 += block_tiles)
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t o0 = p * kPanel, cols = std::min(kPanel, out - o0);
+        pack_panel<Q4>(w, wrow, o0, cols, blocks, panel.data());
+        for (int64_t t = t0; t < std::min(tiles, t0 + block_tiles); ++t) {
+          const std::byte* xt = t < full ? x_q + t * 16 * xrow : pad.data();
+          const int rows = static_cast<int>(std::min<int64_t>(16, n - t * 16));
+          amx_panel_tile(xt, xrow, dxf.data() + t * 16 * blocks, blocks, panel.data(), rows, y + t * 16 * out + o0, out,
+                         cols, accumulate);
+        }
+      }
+    amx_end();
   }
 }
 
 }  // namespace
 
-void matmul_q8_packed(const std::byte* x_q, int64_t n, const PackedQ8& w, float* y, bool accumulate) {
-  const int64_t blocks = w.in / kQBlock, tiles = (w.out + PackedQ8::kTile - 1) / PackedQ8::kTile;
-  constexpr int64_t kR = 4;
-  const int64_t row_groups = (n + kR - 1) / kR;
-  const int64_t work = n * w.in * w.out;
-#pragma omp parallel for collapse(2) schedule(static) if (work > (1 << 20))
-  for (int64_t rg = 0; rg < row_groups; ++rg)
-    for (int64_t t = 0; t < tiles; ++t) {
-      const std::byte* tile = w.data.data() + t * blocks * PackedQ8::kPackedBlockBytes;
-      const int64_t r0 = rg * kR, rows = std::min(kR, n - r0), o0 = t * PackedQ8::kTile;
-      switch (rows) {
-        case 4: tile_rows<4>(x_q, r0, blocks, tile, y, w.out, o0, accumulate); break;
-        case 3: tile_rows<3>(x_q, r0, blocks, tile, y, w.out, o0, accumulate); break;
-        case 2: tile_rows<2>(x_q, r0, blocks, tile, y, w.out, o0, accumulate); break;
-        default: tile_rows<1>(x_q, r0, blocks, tile, y, w.out, o0, accumulate); break;
-      }
-    }
+std::string_view to_string(Q8Kernel k) {
+  switch (k) {
+    case Q8Kernel::reference: return "reference";
+    case Q8Kernel::avx2: return "avx2";
+    case Q8Kernel::avx512_vnni: return "avx512_vnni";
+    case Q8Kernel::amx: return "amx";
+  }
+  return "?";
+}
+
+bool q8_kernel_supported(Q8Kernel k) {
+  static const bool vnni = cpu_has_vnni(), amx = cpu_has_amx();
+  switch (k) {
+    case Q8Kernel::reference: return true;
+    case Q8Kernel::avx2: return q8_avx2_supported();
+    case Q8Kernel::avx512_vnni: return vnni;
+    case Q8Kernel::amx: return amx;
+  }
+  return false;
+}
+
+Q8Kernel q8_kernel() {
+  static const Q8Kernel k = [] {
+    if (dense_kernel() == DenseKernel::reference) return Q8Kernel::reference;
+    const char* env = std::getenv("POSENC_Q8_KERNEL");
+    const std::string want = env != nullptr ? env : "";
+    for (Q8Kernel c : {Q8Kernel::amx, Q8Kernel::avx512_vnni, Q8Kernel::avx2, Q8Kernel::reference})
+      if (q8_kernel_supported(c) && (want.empty() || want == to_string(c))) return c;
+    const Q8Kernel best = q8_kernel_supported(Q8Kernel::amx)           ? Q8Kernel::amx
+                          : q8_kernel_supported(Q8Kernel::avx512_vnni) ? Q8Kernel::avx512_vnni
+                          : q8_kernel_supported(Q8Kernel::avx2)        ? Q8Kernel::avx2
+                                                                       : Q8Kernel::reference;
+    std::fprintf(stderr,
+                 "posenc: POSENC_Q8_KERNEL=%s is not a path this CPU runs (reference, avx2, avx512_vnni, amx); using %s\n",
+                 want.c_str(), std::string(to_string(best)).c_str());
+    return best;
+  }();
+  return k;
+}
+
+void matmul_q8_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out,
+                    float* y, bool accumulate) {
+  if (!q8_kernel_supported(k))
+    throw std::logic_error(fmt::format("matmul_q8_with: this CPU cannot run the {} path", to_string(k)));
+  if (n <= 0 || out <= 0) return;
+  switch (k) {
+    case Q8Kernel::reference: matmul_q8_reference(x_q, n, in, w, q4, out, y, accumulate); return;
+    case Q8Kernel::avx2: matmul_q8_avx2(x_q, n, in, w, q4, out, y, accumulate); return;
+    case Q8Kernel::avx512_vnni: matmul_q8_vnni(x_q, n, in, w, q4, out, y, accumulate); return;
+    case Q8Kernel::amx:
+      if (n < kAmxMinRows)
+        matmul_q8_vnni(x_q, n, in, w, q4, out, y, accumulate);
+      else if (q4)
+        matmul_q8_amx_impl<true>(x_q, n, in, w, out, y, accumulate);
+      else
+        matmul_q8_amx_impl<false>(x_q, n, in, w, out, y, accumulate);
+      return;
+  }
+}
+
+void matmul_q8(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,
+               bool accumulate) {
+  matmul_q8_with(q8_kernel(), x_q, n, in, w, q4, out, y, accumulate);
 }
 
 void add_bias(float* y, int64_t n, int64_t d, const float* bias) {

@@ -36,7 +36,6 @@ struct Linear {
   int64_t out = 0, in = 0;
   detail::RawMatrix w;                 // [out, in] as stored
   bool q8_activations = false;         // Q8_0/Q4_0 with the quantized-activation kernel
-  detail::PackedQ8 packed;             // the same blocks repacked for the AVX-512 VNNI kernel when the CPU has it
   const float* bias = nullptr;         // [out] or nullptr
   /// [out, in] float32 (for export).
   std::vector<float> rows_f32() const { return w.to_f32(); }
@@ -49,11 +48,7 @@ Linear make_linear(const detail::RawMatrix& m, const float* bias, const LoadOpti
   l.bias = bias;
   l.w = m;
   const bool q = m.type == detail::WeightType::q8_0 || m.type == detail::WeightType::q4_0;
-  if (q && opt.quantized_matmul == QuantizedMatmul::q8_activations) {
-    l.q8_activations = true;
-    if (detail::packed_q8_supported())
-      l.packed = detail::pack_q8(m.data, m.type == detail::WeightType::q4_0, m.rows, m.cols);
-  }
+  if (q && opt.quantized_matmul == QuantizedMatmul::q8_activations) l.q8_activations = true;
   return l;
 }
 
@@ -71,16 +66,17 @@ struct Scratch {
   std::vector<KvBlock> blocks;
 };
 
-/// y[n, l.out] (+)= x[n, l.in] W^T + b.
-void project(const Linear& l, const float* x, int64_t n, float* y, bool accumulate, Scratch& s) {
+/// y[n, l.out] (+)= x[n, l.in] W^T + b. `same_input`: x is the input of the previous call, unchanged (Q, K and V
+/// of one normed input; the FFN's gate and up), so its Q8_0 quantization is reused.
+void project(const Linear& l, const float* x, int64_t n, float* y, bool accumulate, Scratch& s,
+             bool same_input = false) {
   if (l.q8_activations) {
-    s.xq.resize(static_cast<std::size_t>(n * (l.in / detail::kQBlock) * detail::kQ8Bytes));
-    detail::quantize_rows_q8_0(x, n, l.in, s.xq.data());
-    if (!l.packed.empty())
-      detail::matmul_q8_packed(s.xq.data(), n, l.packed, y, accumulate);
-    else
-      detail::matmul_q8(s.xq.data(), n, l.in, l.w.data, l.w.type == detail::WeightType::q4_0, l.out, y,
-                        accumulate);
+    const std::size_t bytes = static_cast<std::size_t>(n * (l.in / detail::kQBlock) * detail::kQ8Bytes);
+    if (!same_input || s.xq.size() != bytes) {
+      s.xq.resize(bytes);
+      detail::quantize_rows_q8_0(x, n, l.in, s.xq.data());
+    }
+    detail::matmul_q8(s.xq.data(), n, l.in, l.w.data, l.w.type == detail::WeightType::q4_0, l.out, y, accumulate);
   } else {
     detail::matmul_w(x, n, l.w, y, accumulate);
   }
@@ -783,8 +779,8 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     const LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
     detail::rmsnorm(s.x.data(), w.rms_att, N, D, c.norm_eps, s.xb.data());
     project(w.wq, s.xb.data(), N, s.q.data(), false, s);
-    project(w.wk, s.xb.data(), N, s.k.data(), false, s);
-    project(w.wv, s.xb.data(), N, s.v.data(), false, s);
+    project(w.wk, s.xb.data(), N, s.k.data(), false, s, true);
+    project(w.wv, s.xb.data(), N, s.v.data(), false, s, true);
     if (w.q_norm != nullptr) {  // Qwen3: RMSNorm over each head's channels, before RoPE
       detail::rmsnorm(s.q.data(), w.q_norm, N * c.n_heads, HD, c.norm_eps, s.q.data());
       detail::rmsnorm(s.k.data(), w.k_norm, N * c.n_kv_heads, HD, c.norm_eps, s.k.data());
@@ -815,7 +811,7 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     project(w.wo, s.att.data(), N, s.x.data(), true, s);
     detail::rmsnorm(s.x.data(), w.rms_ffn, N, D, c.norm_eps, s.xb.data());
     project(w.w1, s.xb.data(), N, s.h1.data(), false, s);
-    project(w.w3, s.xb.data(), N, s.h3.data(), false, s);
+    project(w.w3, s.xb.data(), N, s.h3.data(), false, s, true);
     detail::swiglu(s.h1.data(), s.h3.data(), N * HID);
     project(w.w2, s.h1.data(), N, s.x.data(), true, s);
   }

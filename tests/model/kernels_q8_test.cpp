@@ -1,7 +1,9 @@
-// The quantized products: the packed AVX-512 VNNI kernel gives the scalar
-// reference kernel's bits on awkward shapes, and the reference kernel is the
-// exact block arithmetic (int8 dot products, fma over blocks in order).
+// The quantized products: every SIMD path (AVX2, AVX-512 VNNI, AMX) gives the
+// scalar reference kernel's bits on awkward shapes, at the int8 extremes and
+// for any thread count or batch, and the reference kernel is the exact block
+// arithmetic (int8 dot products, fma over blocks in order).
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -72,28 +74,6 @@ TEST(KernelsQ8, ReferenceIsExactBlockArithmetic) {
   }
 }
 
-TEST(KernelsQ8, PackedKernelGivesTheReferenceBits) {
-  if (!packed_q8_supported()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
-  for (bool q4 : {false, true})
-    for (int64_t out : {1, 15, 16, 17, 48, 2048})
-      for (int64_t in : {32, 128, 384})
-        for (int64_t n : {1, 2, 3, 4, 5, 9}) {
-          const auto w = randn(static_cast<std::size_t>(out * in), static_cast<uint32_t>(out * 7 + in), 0.05f);
-          const auto wq = ggml_quantize(q4 ? GgmlType::q4_0 : GgmlType::q8_0, w);
-          const auto x = randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n + 99), 2.0f);
-          std::vector<std::byte> xq(static_cast<std::size_t>(n * (in / 32) * kQ8Bytes));
-          quantize_rows_q8_0(x.data(), n, in, xq.data());
-          for (bool acc : {false, true}) {
-            std::vector<float> a(static_cast<std::size_t>(n * out), 0.5f), b = a;
-            matmul_q8_reference(xq.data(), n, in, wq.data(), q4, out, a.data(), acc);
-            const PackedQ8 p = pack_q8(wq.data(), q4, out, in);
-            matmul_q8_packed(xq.data(), n, p, b.data(), acc);
-            ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
-                << "q4 " << q4 << " out " << out << " in " << in << " n " << n << " acc " << acc;
-          }
-        }
-}
-
 // Activation quantization as ggml-cpu's x86 quantize_row_q8_0: scale amax/127
 // rounded to fp16, multiplier 127/amax (not 1/d), ties to even.
 TEST(KernelsQ8, ActivationQuantizationRoundsTiesToEven) {
@@ -114,37 +94,70 @@ TEST(KernelsQ8, ActivationQuantizationRoundsTiesToEven) {
   EXPECT_EQ(h, 0x3C00);  // fp16 1.0
 }
 
-// The AVX2 kernel reads the blocks where they lie (tiles of 4 rows x 2 weight rows, 1 x 8 for the rows left
-// over, the reference for the weight rows no tile takes) and must give the reference's bits on every shape
-// that exercises those edges, accumulating or not.
-TEST(KernelsQ8, Avx2KernelGivesTheReferenceBits) {
-  if (!q8_avx2_supported()) GTEST_SKIP() << "this CPU has no AVX2 + FMA";
+// The AVX-512 activation quantizer gives the scalar one's bytes: random rows of several scales, exact ties
+// (x * 127 / amax = k + 0.5), zeros, subnormals, all-zero blocks, and blocks with inf, -inf or NaN.
+TEST(KernelsQ8, QuantizerGivesTheReferenceBytes) {
+  const int64_t n = 41, in = 256;
+  auto x = randn(static_cast<std::size_t>(n * in), 17, 1.0f);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < in; ++j) x[static_cast<std::size_t>(r * in + j)] *= std::ldexp(1.0f, static_cast<int>(r % 9) * 8 - 40);
+  for (int j = 0; j < 32; ++j) {
+    x[static_cast<std::size_t>(1 * in + j)] = j == 0 ? 127.0f : static_cast<float>(j % 7) + 0.5f;  // ties
+    x[static_cast<std::size_t>(2 * in + j)] = 0.0f;
+    x[static_cast<std::size_t>(3 * in + j)] = std::numeric_limits<float>::denorm_min() * static_cast<float>(j);
+  }
+  x[static_cast<std::size_t>(4 * in + 5)] = std::numeric_limits<float>::infinity();
+  x[static_cast<std::size_t>(5 * in + 40)] = -std::numeric_limits<float>::infinity();
+  x[static_cast<std::size_t>(6 * in + 70)] = std::numeric_limits<float>::quiet_NaN();
+  x[static_cast<std::size_t>(7 * in + 100)] = -std::numeric_limits<float>::quiet_NaN();
+  x[static_cast<std::size_t>(7 * in + 101)] = std::numeric_limits<float>::infinity();
+  std::vector<std::byte> a(static_cast<std::size_t>(n * (in / 32) * kQ8Bytes)), b(a.size(), std::byte{0x55});
+  quantize_rows_q8_0_reference(x.data(), n, in, a.data());
+  quantize_rows_q8_0(x.data(), n, in, b.data());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    ASSERT_EQ(a[i], b[i]) << "byte " << i << " (row " << i / (in / 32 * kQ8Bytes) << ")";
+}
+
+// Every SIMD path reads the blocks where they lie and must give the reference's bits on every shape that exercises
+// its edges, accumulating or not. AVX2: tiles of 4 rows x 2 weight rows, 1 x 8 for the rows left over, the
+// reference for the weight rows no tile takes. AVX-512 VNNI: one row against 16 runs of weight rows per thread
+// (2048 rows: 64 rows per run on two threads; 17, 26: a run of 1 and rows left over), panels of 16 weight rows
+// for 2 or more (the last panel partial: 1..15 rows). AMX: 16 rows of x or more in tiles of 16 (17, 33: a partial
+// last tile padded with zero rows), below that the VNNI path.
+class KernelsQ8Path : public ::testing::TestWithParam<Q8Kernel> {};
+
+TEST_P(KernelsQ8Path, GivesTheReferenceBits) {
+  const Q8Kernel k = GetParam();
+  if (!q8_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
   int checked = 0;
   for (bool q4 : {false, true})
     for (int64_t out : {1, 2, 3, 7, 8, 9, 15, 16, 17, 26, 2048})
       for (int64_t in : {32, 96, 384})
-        for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 13}) {
+        for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 33}) {
           const auto w = randn(static_cast<std::size_t>(out * in), static_cast<uint32_t>(out * 7 + in), 0.05f);
           const auto wq = ggml_quantize(q4 ? GgmlType::q4_0 : GgmlType::q8_0, w);
           const auto xq = quantized(randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n + 99), 2.0f), n, in);
           for (bool acc : {false, true}) {
             std::vector<float> a(static_cast<std::size_t>(n * out), 0.5f), b = a;
             matmul_q8_reference(xq.data(), n, in, wq.data(), q4, out, a.data(), acc);
-            matmul_q8_avx2(xq.data(), n, in, wq.data(), q4, out, b.data(), acc);
+            matmul_q8_with(k, xq.data(), n, in, wq.data(), q4, out, b.data(), acc);
             ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
-                << "q4 " << q4 << " out " << out << " in " << in << " n " << n << " acc " << acc;
+                << to_string(k) << " q4 " << q4 << " out " << out << " in " << in << " n " << n << " acc " << acc;
             ++checked;
           }
         }
-  EXPECT_EQ(checked, 2 * 11 * 3 * 9 * 2);
+  EXPECT_EQ(checked, 2 * 11 * 3 * 12 * 2);
 }
 
 // The extremes of the int8 arithmetic: weights of -128 (a Q8_0 file may hold them; ggml's quantizer does not
 // write them) against activations of +-127 give the largest pair sums _mm256_maddubs_epi16 sees (2 * 128 * 127,
-// below its int16 saturation), and a block whose activations overflowed carries a NaN/inf scale.
-TEST(KernelsQ8, Avx2KernelExtremesAndNonFinite) {
-  if (!q8_avx2_supported()) GTEST_SKIP() << "this CPU has no AVX2 + FMA";
-  const int64_t out = 16, in = 64, n = 5;
+// below its int16 saturation) and the largest |w| VNNI's unsigned operand takes (|-128| = 128), and a block whose
+// activations overflowed carries a NaN/inf scale. 5 rows (VNNI panels, AVX2 tiles), 1 row (decode) and 18 rows
+// (AMX).
+TEST_P(KernelsQ8Path, ExtremesAndNonFinite) {
+  const Q8Kernel k = GetParam();
+  if (!q8_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
+  const int64_t out = 16, in = 64, n = 18;
   std::vector<std::byte> wq(static_cast<std::size_t>(out * (in / 32) * kQ8Bytes));
   for (int64_t blk = 0; blk < out * (in / 32); ++blk) {
     std::byte* p = wq.data() + blk * kQ8Bytes;
@@ -157,49 +170,65 @@ TEST(KernelsQ8, Avx2KernelExtremesAndNonFinite) {
   x[2 * in + 40] = std::numeric_limits<float>::infinity();
   x[3 * in + 3] = std::numeric_limits<float>::quiet_NaN();
   const auto xq = quantized(x, n, in);
-  std::vector<float> a(static_cast<std::size_t>(n * out)), b(a.size());
-  matmul_q8_reference(xq.data(), n, in, wq.data(), false, out, a.data(), false);
-  matmul_q8_avx2(xq.data(), n, in, wq.data(), false, out, b.data(), false);
-  int nonfinite = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    EXPECT_TRUE(same(a[i], b[i])) << i << ": " << a[i] << " vs " << b[i];
-    nonfinite += !std::isfinite(a[i]);
-  }
-  EXPECT_EQ(nonfinite, 2 * out);  // rows 2 and 3
-  // Row 0, weight row 0, by hand: the exact int32 block sums (every pair +-127 * -128 or +-127 * +-127), each
-  // times d_w * d_x = 1 * fp16(1/127), fma'd over the two blocks.
-  const float dx = f16_to_f32(f32_to_f16(1.0f / 127.0f));
-  float expect = 0.0f;
-  for (int blk = 0; blk < in / 32; ++blk) {
-    int32_t isum = 0;
-    for (int k = 0; k < 32; ++k) {
-      const int j = blk * 32 + k;
-      const int wv = k % 3 == 0 ? -128 : (blk + k) % 2 ? 127 : -127;
-      isum += wv * (j % 5 == 0 ? -127 : 127);
+  for (int64_t rows : {int64_t{5}, int64_t{1}, n}) {
+    std::vector<float> a(static_cast<std::size_t>(rows * out)), b(a.size());
+    matmul_q8_reference(xq.data(), rows, in, wq.data(), false, out, a.data(), false);
+    matmul_q8_with(k, xq.data(), rows, in, wq.data(), false, out, b.data(), false);
+    int nonfinite = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(same(a[i], b[i])) << rows << " rows, " << i << ": " << a[i] << " vs " << b[i];
+      nonfinite += !std::isfinite(a[i]);
     }
-    expect = std::fma(static_cast<float>(isum), dx, expect);
+    EXPECT_EQ(nonfinite, rows > 3 ? 2 * out : 0) << rows;  // rows 2 and 3
+    // Row 0, weight row 0, by hand: the exact int32 block sums (every pair +-127 * -128 or +-127 * +-127), each
+    // times d_w * d_x = 1 * fp16(1/127), fma'd over the two blocks.
+    const float dx = f16_to_f32(f32_to_f16(1.0f / 127.0f));
+    float expect = 0.0f;
+    for (int blk = 0; blk < in / 32; ++blk) {
+      int32_t isum = 0;
+      for (int kk = 0; kk < 32; ++kk) {
+        const int j = blk * 32 + kk;
+        const int wv = kk % 3 == 0 ? -128 : (blk + kk) % 2 ? 127 : -127;
+        isum += wv * (j % 5 == 0 ? -127 : 127);
+      }
+      expect = std::fma(static_cast<float>(isum), dx, expect);
+    }
+    EXPECT_EQ(b[0], expect) << rows;
   }
-  EXPECT_EQ(b[0], expect);
 }
 
-// The same bits whatever the thread count, and a row alone (decode's 1 x 8 tiles) gives what it gives in a
-// batch (the 4 x 2 tiles): the batch invariance the runtime's decode = prefill rests on.
-TEST(KernelsQ8, Avx2KernelThreadAndBatchInvariant) {
-  if (!q8_avx2_supported()) GTEST_SKIP() << "this CPU has no AVX2 + FMA";
-  const int64_t out = 1032, in = 1024, n = 12;
+// The same bits whatever the thread count, and a row alone (decode's kernels) gives what it gives in a batch
+// (the tiles, panels or AMX tiles): the batch invariance the runtime's decode = prefill rests on.
+TEST_P(KernelsQ8Path, ThreadAndBatchInvariant) {
+  const Q8Kernel k = GetParam();
+  if (!q8_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
+  const int64_t out = 1032, in = 1024, n = 20;
   for (bool q4 : {false, true}) {
     const auto wq = ggml_quantize(q4 ? GgmlType::q4_0 : GgmlType::q8_0, randn(static_cast<std::size_t>(out * in), 5, 0.05f));
     const auto xq = quantized(randn(static_cast<std::size_t>(n * in), 6, 1.0f), n, in);
     std::vector<float> one(static_cast<std::size_t>(n * out)), two(one.size()), alone(one.size());
     const int threads = omp_get_max_threads();
     omp_set_num_threads(1);
-    matmul_q8_avx2(xq.data(), n, in, wq.data(), q4, out, one.data(), false);
+    matmul_q8_with(k, xq.data(), n, in, wq.data(), q4, out, one.data(), false);
     omp_set_num_threads(2);
-    matmul_q8_avx2(xq.data(), n, in, wq.data(), q4, out, two.data(), false);
-    omp_set_num_threads(threads);
+    matmul_q8_with(k, xq.data(), n, in, wq.data(), q4, out, two.data(), false);
     for (int64_t r = 0; r < n; ++r)
-      matmul_q8_avx2(xq.data() + r * (in / 32) * kQ8Bytes, 1, in, wq.data(), q4, out, alone.data() + r * out, false);
+      matmul_q8_with(k, xq.data() + r * (in / 32) * kQ8Bytes, 1, in, wq.data(), q4, out, alone.data() + r * out, false);
+    omp_set_num_threads(threads);
     EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0) << q4;
     EXPECT_EQ(std::memcmp(one.data(), alone.data(), one.size() * sizeof(float)), 0) << q4;
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, KernelsQ8Path, ::testing::Values(Q8Kernel::avx2, Q8Kernel::avx512_vnni, Q8Kernel::amx),
+                         [](const auto& info) { return std::string(to_string(info.param)); });
+
+TEST(KernelsQ8, DispatchTakesTheWidestPathThisCpuRuns) {
+  if (std::getenv("POSENC_Q8_KERNEL") != nullptr || std::getenv("POSENC_DENSE_KERNEL") != nullptr)
+    GTEST_SKIP() << "POSENC_Q8_KERNEL or POSENC_DENSE_KERNEL is set";
+  Q8Kernel want = Q8Kernel::reference;
+  for (Q8Kernel k : {Q8Kernel::avx2, Q8Kernel::avx512_vnni, Q8Kernel::amx})
+    if (q8_kernel_supported(k)) want = k;
+  EXPECT_EQ(q8_kernel(), want) << to_string(q8_kernel());
+  RecordProperty("q8_kernel", std::string(to_string(q8_kernel())));
 }
