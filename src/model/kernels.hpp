@@ -16,8 +16,15 @@ namespace posenc::detail {
 /// arithmetic (ggml_compute_forward_rms_norm_f32). `out` may alias `x`.
 void rmsnorm(const float* x, const float* weight, int64_t n, int d, float eps, float* out);
 
-/// h1 = silu(h1) * h3 elementwise (SwiGLU), count elements.
+/// h1 = silu(h1) * h3 elementwise (SwiGLU), count elements: h1 / (1 + expf(-h1)) * h3 in float32, with the
+/// libm's expf (glibc's, as llama.cpp's scalar tail): on AVX-512 CPUs whose libm is glibc's FMA expf (checked at
+/// first use: swiglu_uses_avx512) 8 lanes at a time with the same bits, otherwise std::exp per element. In
+/// parallel (OpenMP) for large counts; the bits do not depend on the thread count.
 void swiglu(float* h1, const float* h3, int64_t count);
+/// std::exp per element (the reference swiglu is tested against).
+void swiglu_reference(float* h1, const float* h3, int64_t count);
+/// Whether swiglu takes its AVX-512 path here.
+bool swiglu_uses_avx512();
 
 }  // namespace posenc::detail
 

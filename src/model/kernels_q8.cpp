@@ -125,7 +125,7 @@ namespace {
 /// quantize_rows_q8_0 for rows [r0, r1) in AVX-512: the same operations lane by lane (|x| maxed with NaN ignored as
 /// std::max ignores it, the scale and multiplier in scalar float, x * multiplier rounded to nearest even by
 /// vcvtps2dq, non-finite products to 0).
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void quantize_rows_avx512(const float* x, int64_t r0,
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c"))) void quantize_rows_avx512(const float* x, int64_t r0,
                                                                                       int64_t r1, int64_t in,
                                                                                       std::byte* out) {
   const int64_t blocks = in / kQBlock;
@@ -138,10 +138,15 @@ __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq"))) void quantize_rows
       const __m512 a0 = _mm512_andnot_ps(sign, x0), a1 = _mm512_andnot_ps(sign, x1);
       // maxps returns its second operand when either is NaN: a NaN |x| leaves the running max, as std::max(amax, |x|).
       const __m512 m = _mm512_max_ps(a1, _mm512_max_ps(a0, _mm512_setzero_ps()));
-      const float amax = _mm512_reduce_max_ps(m);  // of non-NaN values: exact in any order
+      // The max of 16 lanes of non-NaN values: exact in any order.
+      __m256 m8 = _mm256_max_ps(_mm512_castps512_ps256(m), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(m), 1)));
+      __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+      m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+      const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1)));
       const bool nan = (_mm512_cmp_ps_mask(x0, x0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(x1, x1, _CMP_UNORD_Q)) != 0;
       const float d = nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
-      const uint16_t h = f32_to_f16(d);
+      // vcvtps2ph rounds to nearest even as f32_to_f16 does (and quiets a NaN keeping its high payload bits alike).
+      const uint16_t h = static_cast<uint16_t>(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT));
       std::memcpy(ob, &h, 2);
       const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
       const __m512 v0 = _mm512_mul_ps(x0, _mm512_set1_ps(id)), v1 = _mm512_mul_ps(x1, _mm512_set1_ps(id));
@@ -615,7 +620,7 @@ struct alignas(64) TileConfig {
 
 /// Blocks whose products are stored before their epilogues run (16 KiB of int32 sums; measured 4 to 32 on the 487M
 /// shapes: 16 and 18 best).
-constexpr int64_t kAmxGroup = 16;
+constexpr int64_t kAmxGroup = 4;
 
 /// A tile of 16 rows of x (xa: [block][16][32] int8, dxf [16][blocks]) against a packed panel: y[i, 0..cols) (+)=. The products of
 /// kAmxGroup blocks are stored first, then their epilogues run: with the epilogue of each block right after its
@@ -626,17 +631,16 @@ POSENC_TARGET_AMX void amx_panel_tile(const std::byte* xa, const float* dxf, int
   __m512 acc[16];
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-  alignas(64) int32_t c[kAmxGroup][16][16];
-  for (int64_t g0 = 0; g0 < blocks; g0 += kAmxGroup) {
-    const int64_t g1 = std::min(blocks, g0 + kAmxGroup);
-    // Tiles (GCC's _tile_* macros take literal numbers): tmm0..tmm5 take turns as C, so that six products are in
-    // flight; tmm6 is x's A, tmm7 the panel's B.
-#define POSENC_AMX_BLOCK(C)                                                   \
-  _tile_zero(C);                                                              \
-  _tile_loadd(6, xa + b * 512, kQBlock);                                      \
-  _tile_loadd(7, panel + b * kPanelBlockBytes, 64);                           \
-  _tile_dpbssd(C, 6, 7);                                                      \
-  _tile_stored(C, c[b - g0], 64);
+  alignas(64) int32_t c[2][kAmxGroup][16][16];
+  // The products of blocks [g0, g1) into c[buf]. Tiles (GCC's _tile_* macros take literal numbers): tmm0..tmm5
+  // take turns as C, so that six products are in flight; tmm6 is x's A, tmm7 the panel's B.
+  const auto products = [&](int64_t g0, int64_t g1, int buf) {
+#define POSENC_AMX_BLOCK(C)                     \
+  _tile_zero(C);                                \
+  _tile_loadd(6, xa + b * 512, kQBlock);        \
+  _tile_loadd(7, panel + b * kPanelBlockBytes, 64); \
+  _tile_dpbssd(C, 6, 7);                        \
+  _tile_stored(C, c[buf][b - g0], 64);
     for (int64_t b = g0; b < g1; ++b) {
       switch ((b - g0) % 6) {
         case 0: POSENC_AMX_BLOCK(0) break;
@@ -648,11 +652,19 @@ POSENC_TARGET_AMX void amx_panel_tile(const std::byte* xa, const float* dxf, int
       }
     }
 #undef POSENC_AMX_BLOCK
+  };
+  // Software-pipelined by groups: the next group's products are issued before this group's epilogues, so the AMX
+  // unit and the vector ports work at the same time.
+  if (blocks > 0) products(0, std::min(blocks, kAmxGroup), 0);
+  for (int64_t g0 = 0, gi = 0; g0 < blocks; g0 += kAmxGroup, ++gi) {
+    const int64_t g1 = std::min(blocks, g0 + kAmxGroup);
+    if (g1 < blocks) products(g1, std::min(blocks, g1 + kAmxGroup), static_cast<int>((gi + 1) & 1));
+    const int buf = static_cast<int>(gi & 1);
     for (int64_t b = g0; b < g1; ++b) {
       const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(panel + b * kPanelBlockBytes + 512));
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i)
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[b - g0][i])),
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[buf][b - g0][i])),
                                  _mm512_mul_ps(dw, _mm512_set1_ps(dxf[i * blocks + b])), acc[i]);
     }
   }
