@@ -21,10 +21,10 @@
 //  - narrow (decode: few rows per KV head): keys in lanes. Each group of 16
 //    keys is transposed in registers (16x16 blocks) and every row's scores
 //    are fma chains over head_dim; softmax per row over the key lanes; P V
-//    with V rows as vectors. Tiles outer, KV heads inner (on AVX2 groups of
-//    8 keys between them, so cache rows are read in order), threads own
-//    contiguous ranges of KV heads, so the [token][kv_head][d] cache streams
-//    in order.
+//    with V rows as vectors. Tiles outer, then groups of 16 keys (8 on AVX2),
+//    KV heads inner, so cache rows are read in order; threads own contiguous
+//    ranges of KV heads, so the [token][kv_head][d] cache streams in order.
+//    f16/bf16 blocks are read in place, widened in registers.
 // Both exist for AVX-512 (16 lanes, compiled when the build targets it) and
 // for AVX2 + FMA (8 lanes: 8x8 transposes in the narrow kernel); without
 // either, a portable scalar path (scalar_rows).
@@ -235,8 +235,8 @@ inline void row_of(const Ctx& c, int kvh, int64_t g, int64_t& t, int& h) {
 
 /// How the narrow kernels read a stored key or value element, each an exact
 /// widening to float32 (the value KvCache::blocks' widening copy holds, so
-/// the same bits follow; the AVX-512 narrow kernel takes F32 only): float32
-/// as is; IEEE binary16 by F16C's vcvtph2ps; bfloat16 by moving its 16 bits to the top of a float32.
+/// the same bits follow): float32 as is; IEEE binary16 by F16C's vcvtph2ps;
+/// bfloat16 by moving its 16 bits to the top of a float32.
 struct F32 {
   using T = float;
 };
@@ -268,7 +268,7 @@ struct NarrowRows {
   n.rows = static_cast<std::size_t>(n.nh) * R;
   n.qn = sc.qt.get(n.rows * c.Dp);
   n.on = sc.o.get(n.rows * c.Dp);
-  const std::size_t zero_len = static_cast<std::size_t>(c.D + c.Dp);  // qk_narrow8 (AVX2) reads 2 heads at once
+  const std::size_t zero_len = static_cast<std::size_t>(c.D + c.Dp);  // qk_narrow / qk_narrow8 read 2 heads at once
   n.zero = sc.zero.get(zero_len);
   n.m = sc.row.get(3 * n.rows);
   n.l = n.m + n.rows;
@@ -733,31 +733,72 @@ void wide_block(const Ctx& c, int kvh, int64_t g0, int nr, std::span<const Tile>
 }
 
 // ---------------------------------------------------------------------------
-// Narrow kernel: vectorised over head_dim, for few rows per KV head.
+// Narrow kernel (AVX-512): keys in lanes, for few rows per KV head (decode).
+// Groups of 16 keys transposed 16x16 in registers, every row's scores fma
+// chains over head_dim, the softmax per row over the key lanes, P V with V
+// rows as vectors. Within a tile, groups of 16 keys are outer and KV heads
+// inner, for the scores and again for P V (the chains over keys continue from
+// one group to the next), so each [token][kv_head][d] cache row is read front
+// to back, and f16/bf16 blocks are read in place, widened in registers. (A KV
+// head at a time over the tile's 64 keys, and f16/bf16 widened to a float32
+// copy per call, as this kernel went before: 726 ms per decode step against a
+// 32768-token f16 cache of 32 KV heads on one Sapphire Rapids core, 122 ms for
+// the f32 cache of the same values.)
 
 constexpr int kNarrowMaxRows = kNarrowRowsCap;
 
-/// O[i][16*c0 + ...] = corr * O + sum_j P[i][j] V[j] for MR rows and ND
-/// vectors, one product-sum chain per element over the keys in order: the
-/// chain pv_micro computes for the same row in the wide kernel.
-template <int MR, int ND>
-inline void pv_narrow_micro(const float* p /*[MR][kBK]*/, const float* const* v, int64_t off,
-                            int n, float* o /*[MR][Dp]*/, int Dp, const float* corr,
-                            __mmask16 last) {
+/// 16 consecutive elements at p, widened exactly.
+template <class E>
+inline __m512 load16(const typename E::T* p) {
+  if constexpr (std::is_same_v<E, F32>) {
+    return _mm512_loadu_ps(p);
+  } else {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    if constexpr (std::is_same_v<E, F16>)
+      return _mm512_cvtph_ps(h);
+    else
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+/// The lanes of m at p widened, zeros (+0.0) elsewhere; reads only those lanes.
+template <class E>
+inline __m512 load16_mask(__mmask16 m, const typename E::T* p) {
+  if constexpr (std::is_same_v<E, F32>) {
+    return _mm512_maskz_loadu_ps(m, p);
+  } else {
+    const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+    if constexpr (std::is_same_v<E, F16>)
+      return _mm512_cvtph_ps(h);
+    else
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+/// O[i][16*c0 + ...] = corr * O + sum_j P[i][j] V[j] for MR rows, ND vectors
+/// and the n <= 16 keys of one group (without the corr * when not `first`:
+/// the tile's later groups continue the chains), one product-sum chain per
+/// element over the keys in order: the chain pv_micro computes for the same
+/// row in the wide kernel.
+template <int MR, int ND, class E>
+inline void pv_narrow_micro(const float* p /*[MR][kBK]*/, const typename E::T* const* v, int64_t off, int n,
+                            float* o /*[MR][Dp]*/, int Dp, const float* corr, bool first, __mmask16 last) {
   __m512 acc[MR][ND];
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
     const __m512 cr = _mm512_set1_ps(corr[i]);
 #pragma GCC unroll 8
-    for (int cc = 0; cc < ND; ++cc)
-      acc[i][cc] = _mm512_mul_ps(_mm512_load_ps(o + i * Dp + 16 * cc), cr);
+    for (int cc = 0; cc < ND; ++cc) {
+      const __m512 ov = _mm512_load_ps(o + i * Dp + 16 * cc);
+      acc[i][cc] = first ? _mm512_mul_ps(ov, cr) : ov;
+    }
   }
   for (int j = 0; j < n; ++j) {
-    const float* vj = v[j] + off;
+    const typename E::T* vj = v[j] + off;
     __m512 vv[ND];
 #pragma GCC unroll 8
     for (int cc = 0; cc < ND; ++cc)
-      vv[cc] = cc == ND - 1 ? _mm512_maskz_loadu_ps(last, vj + 16 * cc) : _mm512_loadu_ps(vj + 16 * cc);
+      vv[cc] = cc == ND - 1 ? load16_mask<E>(last, vj + 16 * cc) : load16<E>(vj + 16 * cc);
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
       const __m512 b = _mm512_set1_ps(p[i * kBK + j]);
@@ -771,11 +812,11 @@ inline void pv_narrow_micro(const float* p /*[MR][kBK]*/, const float* const* v,
     for (int cc = 0; cc < ND; ++cc) _mm512_store_ps(o + i * Dp + 16 * cc, acc[i][cc]);
 }
 
-/// Rows r0.. r0+MR-1 (MR <= 8) against all keys of the tile, with as many
+/// Rows r0.. r0+MR-1 (MR <= 8) against a group of n <= 16 keys, with as many
 /// channel vectors per pass as keep MR*ND <= 16 accumulators.
-template <int MR>
-void pv_narrow_rows(const Ctx& c, const float* p, const float* const* v, int64_t off, int n,
-                    float* o, const float* corr) {
+template <int MR, class E>
+void pv_narrow_rows(const Ctx& c, const float* p, const typename E::T* const* v, int64_t off, int n, float* o,
+                    const float* corr, bool first) {
   constexpr int kMaxNd = MR >= 8 ? 2 : MR >= 4 ? 4 : 8;
   for (int c0 = 0; c0 < c.Dv; c0 += kMaxNd) {
     const int nd = std::min(kMaxNd, c.Dv - c0);
@@ -783,95 +824,133 @@ void pv_narrow_rows(const Ctx& c, const float* p, const float* const* v, int64_t
     const int64_t oc = off + 16 * c0;
     float* op = o + 16 * c0;
     switch (nd) {
-      case 1: pv_narrow_micro<MR, 1>(p, v, oc, n, op, c.Dp, corr, last); break;
-      case 2: pv_narrow_micro<MR, 2>(p, v, oc, n, op, c.Dp, corr, last); break;
-      case 3: pv_narrow_micro<MR, (kMaxNd >= 3 ? 3 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
-      case 4: pv_narrow_micro<MR, (kMaxNd >= 4 ? 4 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
-      case 5: pv_narrow_micro<MR, (kMaxNd >= 5 ? 5 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
-      case 6: pv_narrow_micro<MR, (kMaxNd >= 6 ? 6 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
-      case 7: pv_narrow_micro<MR, (kMaxNd >= 7 ? 7 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
-      default: pv_narrow_micro<MR, (kMaxNd >= 8 ? 8 : 1)>(p, v, oc, n, op, c.Dp, corr, last); break;
+      case 1: pv_narrow_micro<MR, 1, E>(p, v, oc, n, op, c.Dp, corr, first, last); break;
+      case 2: pv_narrow_micro<MR, 2, E>(p, v, oc, n, op, c.Dp, corr, first, last); break;
+      case 3: pv_narrow_micro<MR, (kMaxNd >= 3 ? 3 : 1), E>(p, v, oc, n, op, c.Dp, corr, first, last); break;
+      case 4: pv_narrow_micro<MR, (kMaxNd >= 4 ? 4 : 1), E>(p, v, oc, n, op, c.Dp, corr, first, last); break;
+      case 5: pv_narrow_micro<MR, (kMaxNd >= 5 ? 5 : 1), E>(p, v, oc, n, op, c.Dp, corr, first, last); break;
+      case 6: pv_narrow_micro<MR, (kMaxNd >= 6 ? 6 : 1), E>(p, v, oc, n, op, c.Dp, corr, first, last); break;
+      case 7: pv_narrow_micro<MR, (kMaxNd >= 7 ? 7 : 1), E>(p, v, oc, n, op, c.Dp, corr, first, last); break;
+      default: pv_narrow_micro<MR, (kMaxNd >= 8 ? 8 : 1), E>(p, v, oc, n, op, c.Dp, corr, first, last); break;
     }
   }
 }
 
-/// Scores of the R rows against the tile, keys in lanes:
-///   s[r][j] = fma chain over d = 0..D-1 of q[r][d] * K[j][d].
-/// Each group of 16 keys is transposed 16 channels at a time in registers
-/// and consumed at once. The chain and its order are those of qk_micro for
-/// the same (row, key), so the scores are bit-identical to the wide kernel's.
-template <int R>
-void qk_narrow(const Ctx& c, const Tile& t, int64_t head_off, const float* zero,
-               const float* q /*[R][Dp]*/, float* s /*[R][kBK]*/) {
-  for (int jg = 0; jg < t.n; jg += 16) {
-    const int cnt = std::min(16, t.n - jg);
-    const float* kp[16];
-    for (int i = 0; i < 16; ++i) kp[i] = i < cnt ? t.k[jg + i] + head_off : zero;
-    __m512 acc[R];
+/// Scores of the R rows of each of NH consecutive KV heads against the group
+/// of 16 keys at jg (cut at the tile's end), keys in lanes:
+///   s[h][r][j] = fma chain over d = 0..D-1 of q[h][r][d] * K[j][head h][d].
+/// The chain and its order are those of qk_micro for the same (row, key), so
+/// the scores are bit-identical to the wide kernel's. The NH * R chains are
+/// independent: two heads at once for R = 1 keep two FMA chains in flight.
+/// head_off: channels from a key row's start to the first head; zero: a zero
+/// key row of at least (NH - 1) * D + Dp elements (the padding lanes' keys).
+template <int R, int NH, class E>
+void qk_narrow(const Ctx& c, const TileOf<typename E::T>& t, int jg, int64_t head_off, const typename E::T* zero,
+               const float* q /*[NH][R][Dp]*/, float* s /*[NH][R][kBK]*/) {
+  const int cnt = std::min(16, t.n - jg);
+  const typename E::T* kp[16];
+  for (int i = 0; i < 16; ++i) kp[i] = i < cnt ? t.k[jg + i] + head_off : zero;
+  __m512 acc[NH][R];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-    for (int d0 = 0; d0 < c.D; d0 += 16) {
-      const __mmask16 dm = d0 + 16 <= c.D ? static_cast<__mmask16>(0xFFFF)
-                                          : static_cast<__mmask16>(c.tail_mask);
+  for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[h][r] = _mm512_setzero_ps();
+  for (int d0 = 0; d0 < c.D; d0 += 16) {
+    const int dn = std::min(16, c.D - d0);
+#pragma GCC unroll 4
+    for (int h = 0; h < NH; ++h) {
+      const int64_t o = static_cast<int64_t>(h) * c.D + d0;
+      const float* qh = q + h * R * c.Dp + d0;
       __m512 kt[16];
+      if (dn == 16) {
 #pragma GCC unroll 16
-      for (int i = 0; i < 16; ++i) kt[i] = _mm512_maskz_loadu_ps(dm, kp[i] + d0);
-      transpose16(kt);
-      const int dn = std::min(16, c.D - d0);
-      for (int dd = 0; dd < dn; ++dd)
+        for (int i = 0; i < 16; ++i) kt[i] = load16<E>(kp[i] + o);
+        transpose16(kt);
+#pragma GCC unroll 16
+        for (int dd = 0; dd < 16; ++dd)
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r)
-          acc[r] = _mm512_fmadd_ps(kt[dd], _mm512_set1_ps(q[r * c.Dp + d0 + dd]), acc[r]);
+          for (int r = 0; r < R; ++r)
+            acc[h][r] = _mm512_fmadd_ps(kt[dd], _mm512_set1_ps(qh[r * c.Dp + dd]), acc[h][r]);
+      } else {
+        const __mmask16 dm = static_cast<__mmask16>(c.tail_mask);
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; ++i) kt[i] = load16_mask<E>(dm, kp[i] + o);
+        transpose16(kt);
+        for (int dd = 0; dd < dn; ++dd)
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r)
+            acc[h][r] = _mm512_fmadd_ps(kt[dd], _mm512_set1_ps(qh[r * c.Dp + dd]), acc[h][r]);
+      }
     }
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + r * kBK + jg, acc[r]);
   }
+#pragma GCC unroll 4
+  for (int h = 0; h < NH; ++h)
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(s + (h * R + r) * kBK + jg, acc[h][r]);
 }
 
-/// All R (<= kNarrowMaxRows) rows of the KV heads [kvh0, kvh1). Tiles are
-/// the outer loop and heads the inner one, so consecutive heads read adjacent
-/// parts of the same key rows (the cache layout is [token][kv_head][d]).
+/// The scores of every head in [kvh0, kvh0 + nh) against the group of 16 keys
+/// at jg: two heads at a time for R = 1 (a decode step without GQA), one for
+/// R >= 2, whose R rows are chains enough.
+template <int R, class E>
+void qk_narrow_heads(const Ctx& c, const TileOf<typename E::T>& t, int jg, int kvh0, int nh,
+                     const typename E::T* zero, const float* qn /*[nh][R][Dp]*/, float* sh /*[nh][R][kBK]*/) {
+  constexpr int NH = R == 1 ? 2 : 1;
+  int hh = 0;
+  for (; hh + NH <= nh; hh += NH)
+    qk_narrow<R, NH, E>(c, t, jg, static_cast<int64_t>(kvh0 + hh) * c.D, zero, qn + hh * R * c.Dp,
+                        sh + hh * R * kBK);
+  for (; hh < nh; ++hh)
+    qk_narrow<R, 1, E>(c, t, jg, static_cast<int64_t>(kvh0 + hh) * c.D, zero, qn + hh * R * c.Dp,
+                       sh + hh * R * kBK);
+}
+
+/// All R (<= kNarrowMaxRows) rows of the KV heads [kvh0, kvh1), over tiles of
+/// float32, f16 or bf16 keys and values (E).
 ///
 /// Batch invariance: for every row this computes exactly the operations the
 /// wide kernel performs for that row (same score chains, same masks and
 /// biases with the same fused operations, same running max per tile, same
 /// exp2, same sequential sums, same P·V chains), so a token decoded against a
 /// cache gets bit-for-bit the output it gets inside a prefill over the same
-/// keys in the same order.
+/// keys in the same order (for finite scores; and the f16/bf16 elements are
+/// the values of the widened copy the wide kernel reads).
 template <class E>
 void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const TileOf<typename E::T>> tiles,
                   Scratch& sc) {
-  static_assert(std::is_same_v<E, F32>, "the AVX-512 narrow kernel reads float32 blocks");
   const NarrowRows nr = narrow_rows(c, kvh0, kvh1, R, sc);
   const int nh = nr.nh;
-  float *qn = nr.qn, *on = nr.on, *zero = nr.zero, *m = nr.m, *l = nr.l, *corr = nr.corr;
+  float *qn = nr.qn, *on = nr.on, *m = nr.m, *l = nr.l, *corr = nr.corr;
+  // The padding lanes' key row: zero bits, +0.0 in every stored format.
+  const auto* zero = reinterpret_cast<const typename E::T*>(nr.zero);
   const int64_t* qpos = nr.qpos;
   const int64_t qmin = nr.qmin, qmax = nr.qmax;
-  float* sn = sc.s.get(static_cast<std::size_t>(R) * kBK);
+  float* sh = sc.s.get(nr.rows * kBK);  // [head][row][key] scores, then P, of one tile
   const __mmask16 tail = static_cast<__mmask16>(c.tail_mask);
   const float ninf = -std::numeric_limits<float>::infinity();
-  for (const Tile& t : tiles) {
+  for (const TileOf<typename E::T>& t : tiles) {
     const TileClass cls = classify(c, qmin, qmax, t);
     if (cls == TileClass::skip) continue;
     const int n = t.n;
+    // Scores, 16 keys at a time for every head: each key row (kv_heads *
+    // head_dim elements) is read in order, as the P V pass below reads V.
+    for (int jg = 0; jg < n; jg += 16)
+      switch (R) {
+        case 1: qk_narrow_heads<1, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
+        case 2: qk_narrow_heads<2, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
+        case 3: qk_narrow_heads<3, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
+        case 4: qk_narrow_heads<4, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
+        case 5: qk_narrow_heads<5, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
+        case 6: qk_narrow_heads<6, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
+        case 7: qk_narrow_heads<7, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
+        default: qk_narrow_heads<8, E>(c, t, jg, kvh0, nh, zero, qn, sh); break;
+      }
     for (int hh = 0; hh < nh; ++hh) {
       const int kvh = kvh0 + hh;
-      const int64_t head_off = static_cast<int64_t>(kvh) * c.D;
-      const float* qh = qn + hh * R * c.Dp;
-      float* oh = on + hh * R * c.Dp;
+      float* sn = sh + hh * R * kBK;
       float* mh = m + hh * R;
       float* lh = l + hh * R;
       float* ch = corr + hh * R;
-      switch (R) {
-        case 1: qk_narrow<1>(c, t, head_off, zero, qh, sn); break;
-        case 2: qk_narrow<2>(c, t, head_off, zero, qh, sn); break;
-        case 3: qk_narrow<3>(c, t, head_off, zero, qh, sn); break;
-        case 4: qk_narrow<4>(c, t, head_off, zero, qh, sn); break;
-        case 5: qk_narrow<5>(c, t, head_off, zero, qh, sn); break;
-        case 6: qk_narrow<6>(c, t, head_off, zero, qh, sn); break;
-        case 7: qk_narrow<7>(c, t, head_off, zero, qh, sn); break;
-        default: qk_narrow<8>(c, t, head_off, zero, qh, sn); break;
-      }
       narrow_bias_and_mask(c, kvh, R, qpos, t, cls, sn);
       // Online softmax per row: tile max, exp2 of the same arguments, the sum
       // in key order, l = fma(l, corr, sum) -- as softmax_wide per lane.
@@ -901,24 +980,36 @@ void narrow_heads(const Ctx& c, int kvh0, int kvh1, int R, std::span<const TileO
           for (int k = 0; k < w; ++k) part[k] = part[k] + part[k + w];
         lh[rr] = std::fma(lh[rr], ch[rr], part[0]);
       }
-      int r2 = 0;
-      if (c.Dv == 1) {
-        // Short rows: all rows in one pass, more independent chains.
-        switch (R) {
-          case 1: pv_narrow_rows<1>(c, sn, t.v, head_off, n, oh, ch); break;
-          case 2: pv_narrow_rows<2>(c, sn, t.v, head_off, n, oh, ch); break;
-          case 3: pv_narrow_rows<3>(c, sn, t.v, head_off, n, oh, ch); break;
-          case 4: pv_narrow_rows<4>(c, sn, t.v, head_off, n, oh, ch); break;
-          case 5: pv_narrow_rows<5>(c, sn, t.v, head_off, n, oh, ch); break;
-          case 6: pv_narrow_rows<6>(c, sn, t.v, head_off, n, oh, ch); break;
-          case 7: pv_narrow_rows<7>(c, sn, t.v, head_off, n, oh, ch); break;
-          default: pv_narrow_rows<8>(c, sn, t.v, head_off, n, oh, ch); break;
+    }
+    // O = corr * O + P V, 16 keys at a time for every head (the chains over
+    // the keys continue in order from one group to the next).
+    for (int jg = 0; jg < n; jg += 16) {
+      const int cnt = std::min(16, n - jg);
+      const bool first = jg == 0;
+      for (int hh = 0; hh < nh; ++hh) {
+        const int64_t head_off = static_cast<int64_t>(kvh0 + hh) * c.D;
+        const float* sn = sh + hh * R * kBK + jg;
+        float* oh = on + hh * R * c.Dp;
+        const float* ch = corr + hh * R;
+        if (c.Dv == 1) {
+          // Short rows: all rows in one pass, more independent chains.
+          switch (R) {
+            case 1: pv_narrow_rows<1, E>(c, sn, t.v + jg, head_off, cnt, oh, ch, first); break;
+            case 2: pv_narrow_rows<2, E>(c, sn, t.v + jg, head_off, cnt, oh, ch, first); break;
+            case 3: pv_narrow_rows<3, E>(c, sn, t.v + jg, head_off, cnt, oh, ch, first); break;
+            case 4: pv_narrow_rows<4, E>(c, sn, t.v + jg, head_off, cnt, oh, ch, first); break;
+            case 5: pv_narrow_rows<5, E>(c, sn, t.v + jg, head_off, cnt, oh, ch, first); break;
+            case 6: pv_narrow_rows<6, E>(c, sn, t.v + jg, head_off, cnt, oh, ch, first); break;
+            case 7: pv_narrow_rows<7, E>(c, sn, t.v + jg, head_off, cnt, oh, ch, first); break;
+            default: pv_narrow_rows<8, E>(c, sn, t.v + jg, head_off, cnt, oh, ch, first); break;
+          }
+          continue;
         }
-        continue;
+        int r2 = 0;
+        for (; r2 + 2 <= R; r2 += 2)
+          pv_narrow_rows<2, E>(c, sn + r2 * kBK, t.v + jg, head_off, cnt, oh + r2 * c.Dp, ch + r2, first);
+        if (r2 < R) pv_narrow_rows<1, E>(c, sn + r2 * kBK, t.v + jg, head_off, cnt, oh + r2 * c.Dp, ch + r2, first);
       }
-      for (; r2 + 2 <= R; r2 += 2)
-        pv_narrow_rows<2>(c, sn + r2 * kBK, t.v, head_off, n, oh + r2 * c.Dp, ch + r2);
-      if (r2 < R) pv_narrow_rows<1>(c, sn + r2 * kBK, t.v, head_off, n, oh + r2 * c.Dp, ch + r2);
     }
   }
   for (int hh = 0; hh < nh; ++hh)
@@ -1224,8 +1315,8 @@ void wide_block(const Ctx& c, int kvh, int64_t g0, int nr, std::span<const Tile>
 // keys are outer and KV heads inner, for the scores and again for P V, so
 // each [token][kv_head][d] cache row is read front to back: 8 sequential
 // streams (a KV head at a time over the tile's 64 keys, as the AVX-512
-// kernel goes, measured 7.4-8.5 GB/s here against 13.4-15.2 this way, with
-// the DRAM read rate at 14-16 GB/s; the wide kernel, 2.95 GB/s).
+// kernel went then, measured 7.4-8.5 GB/s on Zen 3 against 13.4-15.2 this
+// way, with the DRAM read rate at 14-16 GB/s; the wide kernel, 2.95 GB/s).
 
 constexpr int kNarrowMaxRows = kNarrowRowsCap;
 
@@ -1776,8 +1867,8 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
     }
   };
 #endif
-#if defined(POSENC_ATTN_AVX2) && defined(__F16C__)
-  // Decode over f16/bf16 blocks (all of one dtype): the AVX2 narrow kernel reads them in place, 2 bytes per
+#if defined(POSENC_ATTN_AVX512) || (defined(POSENC_ATTN_AVX2) && defined(__F16C__))
+  // Decode over f16/bf16 blocks (all of one dtype): the narrow kernels read them in place, 2 bytes per
   // element streamed instead of a float32 copy written and read back.
   if (rows <= kNarrowMaxRows) {
     std::optional<KvCacheDtype> stored;
