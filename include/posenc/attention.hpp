@@ -78,10 +78,11 @@ enum class KvCacheDtype { f32, f16, bf16 };
 ///               block gives bit for bit the output over the same block
 ///               widened to float32 by f16_to_f32 / bf16_to_f32 (NaN
 ///               payloads aside: F16C quiets a signalling NaN). Decode calls
-///               (at most 8 rows per KV head) of an AVX-512 or AVX2 + F16C
-///               build read the 16-bit values in place; every other call
-///               (prefill, scalar builds) widens the blocks into a float32
-///               copy once per call.
+///               (at most 8 rows per KV head) over blocks of one dtype, of an
+///               AVX-512 or AVX2 + F16C build, read the 16-bit values in
+///               place; every other call (prefill, blocks of mixed dtypes,
+///               scalar builds) widens the blocks into a float32 copy once
+///               per call.
 /// A key whose position id is negative is an empty slot (padding, evicted):
 /// it never receives attention.
 struct KvBlock {

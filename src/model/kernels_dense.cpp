@@ -368,7 +368,7 @@ POSENC_TARGET_AVX2 void panel_tile_avx2(const float* x, int64_t cols, const floa
 }
 
 bool panels_pay(int64_t n, const RawMatrix& w) {
-  return n >= kPanelTileRows && w.cols % kLanes == 0 && w.rows >= kPanelRows;
+  return n >= kPanelTileRows && w.cols > 0 && w.cols % kLanes == 0 && w.rows >= kPanelRows;
 }
 
 template <WeightType T>
@@ -616,7 +616,7 @@ void zpanel_tile_any(int64_t rows, int64_t cols_in_panel, const float* x, int64_
   }
 }
 
-bool zpanels_pay(int64_t n, const RawMatrix& w) { return n >= 2 * kZRows && w.cols % kLanes == 0; }
+bool zpanels_pay(int64_t n, const RawMatrix& w) { return n >= 2 * kZRows && w.cols > 0 && w.cols % kLanes == 0; }
 
 template <WeightType T>
 void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
@@ -752,7 +752,7 @@ void decode_avx512(const float* x, const RawMatrix& w, float* y, bool accumulate
 }
 
 void matmul_avx512(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
-  if (n == 1 && w.cols % kLanes == 0) {
+  if (n == 1 && w.cols > 0 && w.cols % kLanes == 0) {
     switch (w.type) {
       case WeightType::f32: decode_avx512<WeightType::f32>(x, w, y, accumulate); return;
       case WeightType::f16: decode_avx512<WeightType::f16>(x, w, y, accumulate); return;

@@ -32,9 +32,10 @@ enum class DenseKernel {
   avx2,       ///< AVX2 + FMA + F16C: two 8-lane halves per accumulator, tiles of 2 x rows by 3 weight rows;
               ///< for n >= 4 rows of a multiple of 16 (prefill), 3-row weight panels widened once per 64 x
               ///< rows (per 1024-weight segment) and tiles of 4 x rows by 3, one half of the lanes per pass
-  avx512,     ///< AVX-512 F/BW/VL + F16C: 16-lane accumulators, tiles of 4 x rows by 4 weight rows; for n >= 6
-              ///< rows of a multiple of 16 (prefill), 8-row weight panels widened once per block of x rows
-              ///< (the rows that fill half of the L2) and tiles of 3 x rows by 8
+  avx512,     ///< AVX-512 F/BW/VL + F16C: 16-lane accumulators, tiles of 4 x rows by 4 weight rows; for rows
+              ///< of a multiple of 16: one row of x (decode) against 16 runs of a thread's weight rows read side
+              ///< by side, and for n >= 6 (prefill) 8-row weight panels widened once per block of x rows (the
+              ///< rows that fill half of the L2) and tiles of 3 x rows by 8
 };
 std::string_view to_string(DenseKernel k);
 /// Whether this CPU runs path k (cpuid, through __builtin_cpu_supports).

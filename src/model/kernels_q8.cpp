@@ -2,6 +2,7 @@
 // of llama.cpp's CPU backend; see kernels.hpp. Compiled with FMA contraction,
 // but every rounding that matters is written out (std::fma, explicit casts).
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -414,10 +415,10 @@ POSENC_TARGET_VNNI void pack_panel(const std::byte* w, int64_t wrow, int64_t o0,
         const __m512i v =
             _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, _mm512_add_epi32(off, _mm512_set1_epi32(2 + 4 * k)), base, 1);
         const __m512i eight = _mm512_set1_epi8(8), m = _mm512_set1_epi8(0x0F);
-        const __m512i lo = _mm512_maskz_sub_epi8(static_cast<__mmask64>(_pdep_u64(valid, 0x1111111111111111ull) * 15),
-                                                 _mm512_and_si512(v, m), eight);
-        const __m512i hi = _mm512_maskz_sub_epi8(static_cast<__mmask64>(_pdep_u64(valid, 0x1111111111111111ull) * 15),
-                                                 _mm512_and_si512(_mm512_srli_epi16(v, 4), m), eight);
+        // The rows past the panel's (masked off: their 4 bytes per lane zero) stay zero.
+        const __m512i lo = _mm512_maskz_mov_epi32(valid, _mm512_sub_epi8(_mm512_and_si512(v, m), eight));
+        const __m512i hi =
+            _mm512_maskz_mov_epi32(valid, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m), eight));
         _mm512_store_si512(pb + k * 64, lo);
         _mm512_store_si512(pb + (4 + k) * 64, hi);
         wsum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(wsum, ones, lo), ones, hi);
@@ -605,10 +606,10 @@ void matmul_q8_vnni(const std::byte* x_q, int64_t n, int64_t in, const std::byte
 }
 
 // ---- AMX-INT8 ----
-// Per block, one tdpbssd of a 16 x 32 int8 tile of x (16 rows, one block each; tileloadd at x's row stride) by the
-// panel's 8 x 64 block (16 weight rows) gives the 16 x 16 exact int32 block dot products; the AVX-512 epilogue
-// then takes acc = fmaf((float) isum, d_w * d_x, acc) per row of x (16 outputs in a zmm). Two C tiles alternate,
-// so the next block's product runs while this one's epilogue does.
+// Per block, one tdpbssd of a 16 x 32 int8 tile of x (16 rows, one block each, repacked per call so that the
+// tileloadd reads 512 contiguous bytes) by the panel's 8 x 64 block (16 weight rows) gives the 16 x 16 exact int32
+// block dot products; the AVX-512 epilogue then takes acc = fmaf((float) isum, d_w * d_x, acc) per row of x (16
+// outputs in a zmm), a group of blocks behind the products.
 
 struct alignas(64) TileConfig {
   uint8_t palette_id = 1;
@@ -618,53 +619,54 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-/// Blocks whose products are stored before their epilogues run (16 KiB of int32 sums; measured 4 to 32 on the 487M
-/// shapes: 16 and 18 best).
+/// Blocks per group of the pipeline (4 KiB of int32 sums each; measured 4, 8, 16 on the 487M shapes: 4 best, by a
+/// few percent).
 constexpr int64_t kAmxGroup = 4;
 
-/// A tile of 16 rows of x (xa: [block][16][32] int8, dxf [16][blocks]) against a packed panel: y[i, 0..cols) (+)=. The products of
-/// kAmxGroup blocks are stored first, then their epilogues run: with the epilogue of each block right after its
-/// tilestored, the loads waited on that store (and it on tdpbssd) every block (measured: 40% of the time at the
-/// instruction after tilestored).
+/// The products of blocks [g0, g1) of a tile of x (xa) by a panel into c[b - g0]. Tiles (GCC's _tile_* macros take
+/// literal numbers): tmm0..tmm3 take turns as C, so that a group's four products are in flight; tmm6 is x's A,
+/// tmm7 the panel's B.
+POSENC_TARGET_AMX inline void amx_products(const std::byte* xa, const std::byte* panel, int64_t g0, int64_t g1,
+                                           int32_t (*c)[16][16]) {
+#define POSENC_AMX_BLOCK(C)                              \
+  _tile_zero(C);                                         \
+  _tile_loadd(6, xa + b * 512, kQBlock);                 \
+  _tile_loadd(7, panel + b * kPanelBlockBytes, 64);      \
+  _tile_dpbssd(C, 6, 7);                                 \
+  _tile_stored(C, c[b - g0], 64);
+  for (int64_t b = g0; b < g1; ++b) {
+    switch ((b - g0) % 4) {
+      case 0: POSENC_AMX_BLOCK(0) break;
+      case 1: POSENC_AMX_BLOCK(1) break;
+      case 2: POSENC_AMX_BLOCK(2) break;
+      default: POSENC_AMX_BLOCK(3) break;
+    }
+  }
+#undef POSENC_AMX_BLOCK
+}
+
+/// A tile of 16 rows of x (xa: [block][16][32] int8, dxf [16][blocks]) against a packed panel: y[i, 0..cols) (+)=.
+/// Software-pipelined by groups of kAmxGroup blocks: the next group's products are issued (tdpbssd, then
+/// tilestored into a buffer) before this group's epilogues run (acc = fmaf(isum, d_w d_x, acc) per row, in
+/// AVX-512), so the AMX unit and the vector ports work at the same time. With the epilogue of each block right
+/// after its own tilestored, the loads waited on that store (and it on tdpbssd) every block (measured: 40% of the
+/// time at the instruction after tilestored).
 POSENC_TARGET_AMX void amx_panel_tile(const std::byte* xa, const float* dxf, int64_t blocks, const std::byte* panel,
                                       int rows, float* y, int64_t ldy, int64_t cols, bool accumulate) {
   __m512 acc[16];
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
   alignas(64) int32_t c[2][kAmxGroup][16][16];
-  // The products of blocks [g0, g1) into c[buf]. Tiles (GCC's _tile_* macros take literal numbers): tmm0..tmm5
-  // take turns as C, so that six products are in flight; tmm6 is x's A, tmm7 the panel's B.
-  const auto products = [&](int64_t g0, int64_t g1, int buf) {
-#define POSENC_AMX_BLOCK(C)                     \
-  _tile_zero(C);                                \
-  _tile_loadd(6, xa + b * 512, kQBlock);        \
-  _tile_loadd(7, panel + b * kPanelBlockBytes, 64); \
-  _tile_dpbssd(C, 6, 7);                        \
-  _tile_stored(C, c[buf][b - g0], 64);
-    for (int64_t b = g0; b < g1; ++b) {
-      switch ((b - g0) % 6) {
-        case 0: POSENC_AMX_BLOCK(0) break;
-        case 1: POSENC_AMX_BLOCK(1) break;
-        case 2: POSENC_AMX_BLOCK(2) break;
-        case 3: POSENC_AMX_BLOCK(3) break;
-        case 4: POSENC_AMX_BLOCK(4) break;
-        default: POSENC_AMX_BLOCK(5) break;
-      }
-    }
-#undef POSENC_AMX_BLOCK
-  };
-  // Software-pipelined by groups: the next group's products are issued before this group's epilogues, so the AMX
-  // unit and the vector ports work at the same time.
-  if (blocks > 0) products(0, std::min(blocks, kAmxGroup), 0);
+  if (blocks > 0) amx_products(xa, panel, 0, std::min(blocks, kAmxGroup), c[0]);
   for (int64_t g0 = 0, gi = 0; g0 < blocks; g0 += kAmxGroup, ++gi) {
     const int64_t g1 = std::min(blocks, g0 + kAmxGroup);
-    if (g1 < blocks) products(g1, std::min(blocks, g1 + kAmxGroup), static_cast<int>((gi + 1) & 1));
-    const int buf = static_cast<int>(gi & 1);
+    if (g1 < blocks) amx_products(xa, panel, g1, std::min(blocks, g1 + kAmxGroup), c[(gi + 1) & 1]);
+    const int32_t(*cb)[16][16] = c[gi & 1];
     for (int64_t b = g0; b < g1; ++b) {
       const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(panel + b * kPanelBlockBytes + 512));
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i)
-        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(c[buf][b - g0][i])),
+        acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(cb[b - g0][i])),
                                  _mm512_mul_ps(dw, _mm512_set1_ps(dxf[i * blocks + b])), acc[i]);
     }
   }
@@ -681,7 +683,7 @@ POSENC_TARGET_AMX void amx_panel_tile(const std::byte* xa, const float* dxf, int
 
 POSENC_TARGET_AMX void amx_begin() {
   TileConfig cfg;
-  for (int t = 0; t < 6; ++t) {  // C: 16 rows of 16 int32
+  for (int t = 0; t < 4; ++t) {  // C: 16 rows of 16 int32
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
@@ -689,6 +691,9 @@ POSENC_TARGET_AMX void amx_begin() {
   cfg.colsb[6] = kQBlock;
   cfg.rows[7] = kQBlock / 4;  // B: a block of 16 weight rows, 8 groups of 16 x 4 int8
   cfg.colsb[7] = 64;
+  // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of cfg: make the whole 64 visible, or the
+  // stores above may be dropped as dead (seen in a standalone -O2 compile of this function).
+  asm volatile("" : : "m"(cfg) : "memory");
   _tile_loadconfig(&cfg);
 }
 POSENC_TARGET_AMX void amx_end() { _tile_release(); }
@@ -781,6 +786,11 @@ void matmul_q8_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t in, con
   if (!q8_kernel_supported(k))
     throw std::logic_error(fmt::format("matmul_q8_with: this CPU cannot run the {} path", to_string(k)));
   if (n <= 0 || out <= 0) return;
+  // The panel repacking gathers a panel's 16 rows with int32 byte offsets: rows of 128 MiB or more (and rows of no
+  // blocks) take the AVX2 or scalar path.
+  const int64_t wrow = in / kQBlock * (q4 ? kQ4Bytes : kQ8Bytes);
+  if ((k == Q8Kernel::avx512_vnni || k == Q8Kernel::amx) && (in <= 0 || 16 * wrow > INT32_MAX))
+    k = q8_avx2_supported() && in > 0 ? Q8Kernel::avx2 : Q8Kernel::reference;
   switch (k) {
     case Q8Kernel::reference: matmul_q8_reference(x_q, n, in, w, q4, out, y, accumulate); return;
     case Q8Kernel::avx2: matmul_q8_avx2(x_q, n, in, w, q4, out, y, accumulate); return;

@@ -63,21 +63,25 @@ struct LayerWeights {
 struct Scratch {
   detail::AlignedFloatVector x, xb, q, k, v, att, h1, h3, rows;  // 64-byte aligned rows (core/aligned.hpp)
   std::vector<std::byte> xq;  // quantized activations
+  const float* xq_of = nullptr;  // the input xq holds the quantization of, as the last project() call saw it
   std::vector<KvBlock> blocks;
 };
 
-/// y[n, l.out] (+)= x[n, l.in] W^T + b. `same_input`: x is the input of the previous call, unchanged (Q, K and V
-/// of one normed input; the FFN's gate and up), so its Q8_0 quantization is reused.
+/// y[n, l.out] (+)= x[n, l.in] W^T + b. `same_input`: x is the input of the previous project() call, unchanged
+/// since (Q, K and V of one normed input; the FFN's gate and up), so its Q8_0 quantization is reused when that
+/// call made it (it did not when its weights were not Q8_0/Q4_0: a file may mix types).
 void project(const Linear& l, const float* x, int64_t n, float* y, bool accumulate, Scratch& s,
              bool same_input = false) {
   if (l.q8_activations) {
     const std::size_t bytes = static_cast<std::size_t>(n * (l.in / detail::kQBlock) * detail::kQ8Bytes);
-    if (!same_input || s.xq.size() != bytes) {
+    if (!same_input || s.xq_of != x || s.xq.size() != bytes) {
       s.xq.resize(bytes);
       detail::quantize_rows_q8_0(x, n, l.in, s.xq.data());
     }
+    s.xq_of = x;
     detail::matmul_q8(s.xq.data(), n, l.in, l.w.data, l.w.type == detail::WeightType::q4_0, l.out, y, accumulate);
   } else {
+    s.xq_of = nullptr;
     detail::matmul_w(x, n, l.w, y, accumulate);
   }
   if (l.bias != nullptr) detail::add_bias(y, n, l.out, l.bias);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <tuple>
 
@@ -16,6 +17,7 @@
 
 #include "model/kernels.hpp"
 #include "model/kernels_dense.hpp"
+#include "posenc/float16.hpp"
 #include "posenc/gguf.hpp"
 
 using namespace posenc;
@@ -88,7 +90,7 @@ TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitOnAwkwardShapes) {
   int cases = 0;
   for (WeightType t : kTypes) {
     const std::vector<int64_t> ins = quantized(t) ? std::vector<int64_t>{32, 96, 160, 1056}
-                                                  : std::vector<int64_t>{1, 7, 15, 16, 17, 33, 100, 1029};
+                                                  : std::vector<int64_t>{1, 7, 15, 16, 17, 32, 33, 48, 100, 1029, 1040};
     for (int64_t in : ins)
       for (int64_t out : {1, 3, 4, 5, 13, 37})  // 37: AVX-512 decode's two runs of 16 rows and 5 rows left over
         for (int64_t n : {1, 2, 3, 4, 5, 9}) {
@@ -97,7 +99,7 @@ TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitOnAwkwardShapes) {
           cases += 2;  // without and with accumulating
         }
   }
-  EXPECT_EQ(cases, 3 * 8 * 6 * 6 * 2 + 2 * 4 * 6 * 6 * 2);
+  EXPECT_EQ(cases, 3 * 11 * 6 * 6 * 2 + 2 * 4 * 6 * 6 * 2);
 }
 
 TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitAcrossPrefillBlocks) {
@@ -117,6 +119,51 @@ TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitAcrossPrefillBlocks) {
                                  {70, 7, 4864}, {133, 300, 1056}, {256, 13, 1024}})
       ASSERT_TRUE(path_equals_reference(k, t, n, out, in, static_cast<uint32_t>(in + out + n),
                                         static_cast<uint32_t>(n + 2000), 78));
+}
+
+// Non-finite values take the reference's path through every kernel: NaN and inf in x, in F32/F16/BF16 weights and
+// in Q8_0/Q4_0 block scales, for decode (one row; 20 weight rows on two threads: fewer than 16 a thread, the plain
+// tiles), small batches and prefill panels. NaN payloads are not part of the contract (F16C quiets them).
+TEST_P(KernelsDensePath, NonFiniteValuesGiveTheReferenceBits) {
+  const DenseKernel k = GetParam();
+  if (!dense_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  for (WeightType t : kTypes)
+    for (auto [n, out, in] : {std::tuple<int64_t, int64_t, int64_t>{1, 37, 64}, {1, 20, 16384}, {3, 37, 1040},
+                              {40, 37, 1056}}) {
+      if (quantized(t) && in % 32 != 0) continue;
+      Stored w(t, out, in, static_cast<uint32_t>(in + out));
+      auto x = randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n + 5), 1.0f);
+      x[static_cast<std::size_t>(in / 3)] = nan;  // row 0
+      if (n > 2) x[static_cast<std::size_t>(2 * in + 5)] = inf;
+      // Weights: row 3 gets a NaN, row 5 an inf (as stored values, or as block scales).
+      auto poke = [&](int64_t row, float v) {
+        std::byte* r = w.bytes.data() + row * w.m.row_bytes();
+        if (t == WeightType::f32) {
+          std::memcpy(r + 4 * 7, &v, 4);
+        } else if (t == WeightType::f16 || t == WeightType::bf16) {
+          const uint16_t h = t == WeightType::f16 ? f32_to_f16(v) : f32_to_bf16(v);
+          std::memcpy(r + 2 * 7, &h, 2);
+        } else {
+          const uint16_t h = f32_to_f16(v);
+          std::memcpy(r, &h, 2);  // the first block's scale
+        }
+      };
+      poke(3, nan);
+      poke(5, inf);
+      std::vector<float> fast(static_cast<std::size_t>(n * out)), ref(fast.size());
+      matmul_w_with(k, x.data(), n, w.m, fast.data(), false);
+      matmul_w_reference(x.data(), n, w.m, ref.data(), false);
+      int nonfinite = 0;
+      for (std::size_t i = 0; i < ref.size(); ++i) {
+        const bool both_nan = std::isnan(fast[i]) && std::isnan(ref[i]);
+        ASSERT_TRUE(both_nan || std::memcmp(&fast[i], &ref[i], sizeof(float)) == 0)
+            << to_string(t) << " n " << n << " out " << out << " in " << in << " element " << i << ": " << fast[i]
+            << " vs " << ref[i];
+        nonfinite += !std::isfinite(ref[i]);
+      }
+      EXPECT_GE(nonfinite, out + 2 * (n - 1)) << to_string(t);  // row 0 of x, weight rows 3 and 5 of the others
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Paths, KernelsDensePath, ::testing::Values(DenseKernel::avx2, DenseKernel::avx512),

@@ -97,7 +97,7 @@ TEST(KernelsQ8, ActivationQuantizationRoundsTiesToEven) {
 // The AVX-512 activation quantizer gives the scalar one's bytes: random rows of several scales, exact ties
 // (x * 127 / amax = k + 0.5), zeros, subnormals, all-zero blocks, and blocks with inf, -inf or NaN.
 TEST(KernelsQ8, QuantizerGivesTheReferenceBytes) {
-  const int64_t n = 41, in = 256;
+  const int64_t n = 41, in = 2048;  // 84K elements: the AVX-512 quantizer's rows shared by the threads
   auto x = randn(static_cast<std::size_t>(n * in), 17, 1.0f);
   for (int64_t r = 0; r < n; ++r)
     for (int64_t j = 0; j < in; ++j) x[static_cast<std::size_t>(r * in + j)] *= std::ldexp(1.0f, static_cast<int>(r % 9) * 8 - 40);
@@ -132,7 +132,7 @@ TEST_P(KernelsQ8Path, GivesTheReferenceBits) {
   int checked = 0;
   for (bool q4 : {false, true})
     for (int64_t out : {1, 2, 3, 7, 8, 9, 15, 16, 17, 26, 2048})
-      for (int64_t in : {32, 96, 384})
+      for (int64_t in : {32, 96, 160, 384})  // 1, 3, 5, 12 blocks: AMX's pipeline of 4-block groups, partial or not
         for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17, 33}) {
           const auto w = randn(static_cast<std::size_t>(out * in), static_cast<uint32_t>(out * 7 + in), 0.05f);
           const auto wq = ggml_quantize(q4 ? GgmlType::q4_0 : GgmlType::q8_0, w);
@@ -146,7 +146,7 @@ TEST_P(KernelsQ8Path, GivesTheReferenceBits) {
             ++checked;
           }
         }
-  EXPECT_EQ(checked, 2 * 11 * 3 * 12 * 2);
+  EXPECT_EQ(checked, 2 * 11 * 4 * 12 * 2);
 }
 
 // The extremes of the int8 arithmetic: weights of -128 (a Q8_0 file may hold them; ggml's quantizer does not
@@ -165,6 +165,10 @@ TEST_P(KernelsQ8Path, ExtremesAndNonFinite) {
     std::memcpy(p, &d, 2);
     for (int j = 0; j < 32; ++j) p[2 + j] = static_cast<std::byte>(j % 3 == 0 ? 0x80 : (blk + j) % 2 ? 0x7F : 0x81);
   }
+  // Weight row 9's second block has a NaN scale, row 11's an infinite one.
+  const uint16_t nan_h = 0x7E00, inf_h = 0x7C00;
+  std::memcpy(wq.data() + (9 * (in / 32) + 1) * kQ8Bytes, &nan_h, 2);
+  std::memcpy(wq.data() + (11 * (in / 32) + 1) * kQ8Bytes, &inf_h, 2);
   std::vector<float> x(static_cast<std::size_t>(n * in));
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = (i % 5 == 0) ? -1.0f : 1.0f;  // quantizes to +-127
   x[2 * in + 40] = std::numeric_limits<float>::infinity();
@@ -179,7 +183,8 @@ TEST_P(KernelsQ8Path, ExtremesAndNonFinite) {
       EXPECT_TRUE(same(a[i], b[i])) << rows << " rows, " << i << ": " << a[i] << " vs " << b[i];
       nonfinite += !std::isfinite(a[i]);
     }
-    EXPECT_EQ(nonfinite, rows > 3 ? 2 * out : 0) << rows;  // rows 2 and 3
+    // Rows 2 and 3 of x, and weight rows 9 and 11 of the others.
+    EXPECT_EQ(nonfinite, rows > 3 ? 2 * out + 2 * (rows - 2) : 2 * rows) << rows;
     // Row 0, weight row 0, by hand: the exact int32 block sums (every pair +-127 * -128 or +-127 * +-127), each
     // times d_w * d_x = 1 * fp16(1/127), fma'd over the two blocks.
     const float dx = f16_to_f32(f32_to_f16(1.0f / 127.0f));
@@ -217,6 +222,25 @@ TEST_P(KernelsQ8Path, ThreadAndBatchInvariant) {
     omp_set_num_threads(threads);
     EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0) << q4;
     EXPECT_EQ(std::memcmp(one.data(), alone.data(), one.size() * sizeof(float)), 0) << q4;
+  }
+}
+
+// Shapes of real size: AMX with more tiles of x than one block of them holds (4864-weight rows, 256 rows of x: two
+// blocks of tiles, each panel repacked per block), and decode on two threads with fewer than 16 weight rows each
+// (the rows left over go one at a time) and with runs of 16.
+TEST_P(KernelsQ8Path, RealSizeShapesGiveTheReferenceBits) {
+  const Q8Kernel k = GetParam();
+  if (!q8_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
+  for (auto [n, out, in] : {std::tuple<int64_t, int64_t, int64_t>{256, 17, 4864}, {1, 20, 16384}, {1, 70, 4096}}) {
+    const auto wq = ggml_quantize(GgmlType::q8_0, randn(static_cast<std::size_t>(out * in), static_cast<uint32_t>(out), 0.05f));
+    const auto xq = quantized(randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n), 1.0f), n, in);
+    std::vector<float> a(static_cast<std::size_t>(n * out)), b(a.size());
+    matmul_q8_reference(xq.data(), n, in, wq.data(), false, out, a.data(), false);
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(2);
+    matmul_q8_with(k, xq.data(), n, in, wq.data(), false, out, b.data(), false);
+    omp_set_num_threads(threads);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << n << " x " << out << " x " << in;
   }
 }
 

@@ -19,6 +19,7 @@
 #include "posenc/model.hpp"
 #include "posenc/tokenizer.hpp"
 #include "test_support.hpp"
+#include "formats/tiny_models.hpp"
 
 using namespace posenc;
 
@@ -171,6 +172,40 @@ TEST(WeightsAsStored, F16AndQ8WeightsGiveTheLogitsOfTheirWidenedWeights) {
       std::printf("F16 vs F32 logits: max |d| %.4g, mean |d| %.4g\n", worst, mean);
     }
   }
+}
+
+// A file that mixes types within a layer (F16 attn_q and ffn_gate, every other matrix Q8_0, as llama.cpp's
+// quantizer writes mixtures) under --quantized-matmul q8_activations: K, V and the FFN's up projection quantize
+// their input themselves when the projection before them did not (it reused a stale quantization from the call
+// before until this was fixed). Token-by-token decode must give the one-call prefill's logits, bit for bit.
+TEST(WeightsAsStored, MixedTypesUnderQ8ActivationsDecodeAsTheyPrefill) {
+  test::TempDir dir;
+  const auto path = dir.path() / "mixed.gguf";
+  test::tiny::gguf_writer({}, GgmlType::q8_0,
+                          {{"blk.0.attn_q.weight", GgmlType::f16}, {"blk.0.ffn_gate.weight", GgmlType::f16}})
+      .write(path);
+  LoadOptions options;
+  options.quantized_matmul = QuantizedMatmul::q8_activations;
+  const Model m = Model::load(path, options);
+  const std::vector<int32_t> ids = {1, 7, 12, 30, 5, 19, 3, 25};
+  std::vector<float> prefill, step, last;
+  {
+    KvCache cache = m.make_cache(16);
+    const auto seq = cache.create();
+    Model::SequenceInput in{seq, ids, {}};
+    m.forward(cache, std::span(&in, 1), Model::LogitsMode::all, prefill);
+  }
+  KvCache cache = m.make_cache(16);
+  const auto seq = cache.create();
+  const std::size_t vocab = static_cast<std::size_t>(m.config().vocab_size);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    Model::SequenceInput in{seq, std::span(ids.data() + i, 1), {}};
+    m.forward(cache, std::span(&in, 1), Model::LogitsMode::last, last);
+    step.insert(step.end(), last.begin(), last.end());
+  }
+  ASSERT_EQ(prefill.size(), ids.size() * vocab);
+  ASSERT_EQ(step.size(), prefill.size());
+  EXPECT_EQ(std::memcmp(step.data(), prefill.data(), step.size() * sizeof(float)), 0);
 }
 
 TEST(WeightsAsStored, RandomModelRefusesShapesItCannotWriteNamingTheField) {

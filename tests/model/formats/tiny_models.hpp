@@ -164,8 +164,11 @@ inline std::vector<float> to_interleaved(const Tensor& x, int heads) {
 }
 
 /// The same model as a GGUF llama file (matrices in `type`: f32, f16, bf16,
-/// q8_0 or q4_0; norms and biases F32), with the vocabulary embedded.
-inline GgufWriter gguf_writer(const Parts& p, GgmlType type = GgmlType::f32) {
+/// q8_0 or q4_0, or the type `per_tensor` gives a tensor by its GGUF name, as
+/// llama.cpp's quantizer mixes them; norms and biases F32), with the
+/// vocabulary embedded.
+inline GgufWriter gguf_writer(const Parts& p, GgmlType type = GgmlType::f32,
+                              const std::map<std::string, GgmlType>& per_tensor = {}) {
   GgufWriter w;
   w.add_string("general.architecture", "llama");
   w.add_string("general.name", "posenc tiny");
@@ -195,7 +198,8 @@ inline GgufWriter gguf_writer(const Parts& p, GgmlType type = GgmlType::f32) {
   auto t = hf_tensors(p);
   auto put = [&](const std::string& name, const std::vector<int64_t>& shape, const std::vector<float>& data,
                  bool matrix) {
-    const GgmlType ty = matrix ? type : GgmlType::f32;
+    const auto it = per_tensor.find(name);
+    const GgmlType ty = it != per_tensor.end() ? it->second : matrix ? type : GgmlType::f32;
     w.add_tensor(name, ggml_ne(shape), ty, ggml_quantize(ty, data));
   };
   auto& emb = t.at("model.embed_tokens.weight");
