@@ -201,8 +201,9 @@ struct PositionWarning {
 class Model {
  public:
   /// Which loader reads `path`: a directory is a Hugging Face directory; a
-  /// file starting with "GGUF" is GGUF, with "POSENC01" a posenc checkpoint;
-  /// anything else is read as llama2.c. Throws IoError if the path does not exist.
+  /// file starting with "GGUF" or named *.gguf is GGUF (whose reader refuses a
+  /// wrong magic, naming it), with "POSENC01" a posenc checkpoint; anything
+  /// else is read as llama2.c. Throws IoError if the path does not exist.
   static ModelFormat detect_format(const std::filesystem::path& path);
 
   /// Loads a model of any supported format (detect_format). Throws IoError,

@@ -199,8 +199,12 @@ TEST(CliFormats, PositionalOverrides) {
   expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --rope-theta -1"), 2, "--rope-theta");  // out of range: a usage error (exit 2)
   expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --trained-context 0"), 2,
                  "--trained-context");
-  expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --quantized-matmul int4"), 1,
-                 "--quantized-matmul");
+  expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --quantized-matmul int4"), 2,
+                 "--quantized-matmul");  // a malformed flag value: a usage error, as the exit-code rule says
+  expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --angle-precision fp8"), 2,
+                 "--angle-precision");
+  expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --rope-layout diagonal"), 2,
+                 "--rope-layout");
   expect_failure(run_cli("ppl --model " + q(hf()) + " --text " + q(text()) + " --config " +
                          q(d.file("bad.json", R"({"rope_type": "su2"})"))),
                  1, "su2");

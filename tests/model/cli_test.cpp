@@ -54,6 +54,34 @@ TEST(Cli, PplBadInputs) {
   expect_clean_failure(run_cli("ppl " + model_args() + " --text " + text + " --rope-layout neox"), "neox");
 }
 
+// Results that cannot be written (standard output on a full disk) are a failure naming it, not a silent exit 0.
+TEST(Cli, StandardOutputThatCannotBeWrittenIsAFailure) {
+  TempDir d;
+  const auto err = d.path() / "err";
+  const std::string cmd = std::string("'") + POSENC_CLI_PATH + "' tokenize --tokenizer " +
+                          q(posenc::test::tokenizer_path()) + " --pieces --prompt 'Once upon a time' >/dev/full 2>" +
+                          q(err);
+  const int st = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 1);
+  EXPECT_NE(posenc::test::slurp(err).find("writing standard output failed"), std::string::npos)
+      << posenc::test::slurp(err);
+}
+
+// A file named .gguf without the GGUF magic (damaged, or not a GGUF at all) is refused by the GGUF reader, naming
+// the magic, rather than read as a llama2.c header ("dim must be in [1, 65536] (got 1196771143)").
+TEST(Cli, GgufWithoutItsMagicIsRefusedAsAGguf) {
+  TempDir d;
+  std::string bytes = posenc::test::slurp(posenc::test::shared_dir() / "models/stories260K/stories260K.gguf");
+  bytes[0] = 'X';
+  for (const auto& [name, content] : std::vector<std::pair<std::string, std::string>>{
+           {"damaged.gguf", bytes}, {"text.GGUF", "hello\n"}, {"empty.gguf", ""}}) {
+    const auto r = run_cli("generate --model " + q(d.file(name, content)) + " --prompt 'Once' --max-tokens 2");
+    expect_clean_failure(r, "GGUF");
+    EXPECT_EQ(r.err.find("llama2.c"), std::string::npos) << r.err;
+  }
+}
+
 TEST(Cli, PplWritesJsonAtomically) {
   TempDir d;
   const auto out = d.path() / "sub" / "ppl.json";

@@ -1,5 +1,8 @@
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <iostream>
 #include <new>
 #include <string>
 
@@ -54,6 +57,15 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fflush(stdout);
     fmt::print(stderr, "posenc: error: {}\n", e.what());
+    return 1;
+  }
+  // Results that never reached standard output (a full disk, a closed pipe) are a failure, not a success.
+  std::cout.flush();
+  errno = 0;
+  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    const int err = errno;
+    fmt::print(stderr, "posenc: error: writing standard output failed{}\n",
+               err != 0 ? fmt::format(": {}", std::strerror(err)) : std::string());
     return 1;
   }
   return 0;

@@ -499,9 +499,9 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
   Reader r(bytes, f.source_);
 
   // header
-  r.need(4, "magic");
+  r.need(4, "GGUF magic");
   const auto magic = r.bytes(4);
-  if (std::memcmp(magic.data(), "GGUF", 4) != 0) r.fail("magic", "not a GGUF file, expected 'GGUF'", printable(magic));
+  if (std::memcmp(magic.data(), "GGUF", 4) != 0) r.fail("GGUF magic", "not a GGUF file, expected 'GGUF'", printable(magic));
   const uint32_t version = r.u32("version");
   if (version == 1)
     r.fail("version", "GGUF version 1 (32-bit counts and lengths) is not supported; this reader reads versions 2 and 3",

@@ -150,10 +150,10 @@ TEST(GgufBadInput, TruncatedRealFilesAreRefusedAtEveryCut) {
     EXPECT_GT(n, 100);
   }
   // specific cuts name their field
-  expect_refused(stories_bytes().substr(0, 2), "s.gguf", {"magic: truncated file", "a file of 2 bytes"});
+  expect_refused(stories_bytes().substr(0, 2), "s.gguf", {"GGUF magic: truncated file", "a file of 2 bytes"});
   expect_refused(stories_bytes().substr(0, 10), "s.gguf", {"tensor_count: truncated file: 8 bytes needed at offset 8"});
   expect_refused(stories_bytes().substr(0, 20), "s.gguf", {"kv_count: truncated file"});
-  expect_refused("", "empty.gguf", {"magic: truncated file", "a file of 0 bytes"});
+  expect_refused("", "empty.gguf", {"GGUF magic: truncated file", "a file of 0 bytes"});
   const uint64_t data = data_offset_of(stories_bytes());
   expect_refused(stories_bytes().substr(0, data + 100), "s.gguf",
                  {"tensor 'token_embd.weight' offset", "past the end of the file", "(got 0)"});
