@@ -116,6 +116,9 @@ std::string printable(std::span<const std::byte> b) {
   }
   return s + "'";
 }
+/// A name or key from the file, quoted for a message: control bytes (a NUL would end the message) and bytes
+/// >= 0x7f escaped as \xNN, so a malformed name is shown whole and cannot corrupt the terminal.
+std::string printable(std::string_view text) { return printable(std::as_bytes(std::span(text.data(), text.size()))); }
 
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
 
@@ -527,8 +530,8 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
     const std::string kfield = fmt::format("metadata[{}] key", i);
     std::string key = r.string(kfield);
     if (key.empty()) r.fail(kfield, "empty key", "''");
-    if (f.kv_.contains(key)) r.fail(kfield, "duplicate key", fmt::format("'{}'", key));
-    const std::string field = fmt::format("metadata '{}'", key);
+    if (f.kv_.contains(key)) r.fail(kfield, "duplicate key", printable(key));
+    const std::string field = fmt::format("metadata {}", printable(key));
     const uint64_t at = r.pos();
     const uint32_t t = r.u32(field + " type");
     if (t > kMaxValueType) r.fail(field + " type", fmt::format("unknown GGUF value type at offset {}", at), t);
@@ -554,9 +557,9 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
     const std::string nfield = fmt::format("tensor[{}] name", i);
     t.name = r.string(nfield);
     if (t.name.empty()) r.fail(nfield, "empty tensor name", "''");
-    if (names.contains(t.name)) r.fail(nfield, "duplicate tensor name", fmt::format("'{}'", t.name));
+    if (names.contains(t.name)) r.fail(nfield, "duplicate tensor name", printable(t.name));
     names.insert(t.name);
-    const std::string field = fmt::format("tensor '{}'", t.name);
+    const std::string field = fmt::format("tensor {}", printable(t.name));
     const uint32_t n_dims = r.u32(field + " n_dims");
     if (n_dims > kMaxDims) r.fail(field + " n_dims", fmt::format("at most {} dimensions are allowed", kMaxDims), n_dims);
     uint64_t n_el = 1;
@@ -595,7 +598,7 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
   std::vector<std::size_t> order;
   for (std::size_t i = 0; i < f.tensors_.size(); ++i) {
     const auto& t = f.tensors_[i];
-    const std::string field = fmt::format("tensor '{}' offset", t.name);
+    const std::string field = fmt::format("tensor {} offset", printable(t.name));
     if (t.offset % f.alignment_ != 0)
       r.fail(field, fmt::format("must be a multiple of the alignment {}", f.alignment_), t.offset);
     if (t.offset > data_size || t.n_bytes > data_size - t.offset)
@@ -611,8 +614,8 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
     const auto& prev = f.tensors_[order[k - 1]];
     const auto& t = f.tensors_[order[k]];
     if (t.offset < prev.offset + prev.n_bytes)
-      r.fail(fmt::format("tensor '{}' offset", t.name),
-             fmt::format("overlaps tensor '{}' (data bytes [{}, {}))", prev.name, prev.offset, prev.offset + prev.n_bytes),
+      r.fail(fmt::format("tensor {} offset", printable(t.name)),
+             fmt::format("overlaps tensor {} (data bytes [{}, {}))", printable(prev.name), prev.offset, prev.offset + prev.n_bytes),
              t.offset);
   }
   return f;
@@ -626,7 +629,7 @@ const GgufValue* GgufFile::find(std::string_view key) const {
 namespace {
 template <class V>
 [[noreturn]] void fail_key(const std::string& source, std::string_view key, std::string_view reason, const V& value) {
-  throw CheckpointError(fmt::format("{}: metadata '{}': {} (got {})", source, key, reason, value));
+  throw CheckpointError(fmt::format("{}: metadata {}: {} (got {})", source, printable(key), reason, value));
 }
 std::string type_text(const GgufValue& v) {
   return v.type == VT::array ? fmt::format("array of {}", to_string(v.array_type)) : std::string(to_string(v.type));
@@ -706,12 +709,12 @@ const GgufTensorInfo* GgufFile::find_tensor(std::string_view name) const {
 std::span<const std::byte> GgufFile::tensor_data(const GgufTensorInfo& t) const {
   const auto type = static_cast<uint32_t>(t.type);
   if (!ggml_type_supported(type))
-    throw CheckpointError(fmt::format("{}: tensor '{}': ggml type {} is not supported ({})", source_, t.name,
+    throw CheckpointError(fmt::format("{}: tensor {}: ggml type {} is not supported ({})", source_, printable(t.name),
                                       ggml_type_name(type), kSupported));
   const uint64_t size = bytes_.size();
   if (data_offset_ > size || t.offset > size - data_offset_ || t.n_bytes > size - data_offset_ - t.offset)
-    throw InvalidArgument(fmt::format("{}: tensor '{}' (offset {}, {} bytes) is not a tensor of this file", source_,
-                                      t.name, t.offset, t.n_bytes));
+    throw InvalidArgument(fmt::format("{}: tensor {} (offset {}, {} bytes) is not a tensor of this file", source_,
+                                      printable(t.name), t.offset, t.n_bytes));
   return bytes_.subspan(data_offset_ + t.offset, t.n_bytes);
 }
 
@@ -721,7 +724,7 @@ std::vector<float> GgufFile::to_float32(const GgufTensorInfo& t) const {
   try {
     ggml_dequantize(t.type, data, out);
   } catch (const CheckpointError& e) {
-    throw CheckpointError(fmt::format("{}: tensor '{}': {}", source_, t.name, e.what()));
+    throw CheckpointError(fmt::format("{}: tensor {}: {}", source_, printable(t.name), e.what()));
   }
   return out;
 }

@@ -52,6 +52,18 @@ const DtypeInfo& info(SafetensorsDtype d) {
   throw InvalidArgument(fmt::format("dtype: not a SafetensorsDtype (got {})", static_cast<int>(d)));
 }
 
+/// A tensor name or key from the header as shown in a message: control bytes (an escaped NUL in the JSON decodes to a NUL byte,
+/// which would end the message) escaped as \xNN; other text unchanged.
+std::string shown(std::string_view text) {
+  std::string out;
+  for (const char ch : text) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u < 0x20 || u == 0x7f) out += fmt::format("\\x{:02x}", u);
+    else out += ch;
+  }
+  return out;
+}
+
 std::string known_dtypes() {
   std::vector<std::string_view> names;
   for (const auto& i : kDtypes) names.push_back(i.name);
@@ -161,9 +173,9 @@ SafetensorsFile SafetensorsFile::parse(std::span<const std::byte> bytes, std::st
     throw CheckpointError(fmt::format("{}: unusable JSON value in the header: {}", src, e.what()));
   }
   if (!dup.empty()) {
-    if (dup.size() == 1) throw CheckpointError(fmt::format("{}: tensor {} is listed twice in the header", src, dup[0]));
+    if (dup.size() == 1) throw CheckpointError(fmt::format("{}: tensor {} is listed twice in the header", src, shown(dup[0])));
     throw CheckpointError(
-        fmt::format("{}: {}: key {} appears twice", src, fmt::join(dup.begin(), dup.end() - 1, "."), dup.back()));
+        fmt::format("{}: {}: key {} appears twice", src, fmt::join(dup.begin(), dup.end() - 1, "."), shown(dup.back())));
   }
   if (!h.is_object()) throw CheckpointError(fmt::format("{}: header must be a JSON object (got {})", src, show(h)));
 
@@ -177,13 +189,13 @@ SafetensorsFile SafetensorsFile::parse(std::span<const std::byte> bytes, std::st
         throw CheckpointError(fmt::format("{}: __metadata__ must be an object of strings (got {})", src, show(entry)));
       for (const auto& [k, v] : entry.items()) {
         if (!v.is_string())
-          throw CheckpointError(fmt::format("{}: __metadata__.{} must be a string (got {})", src, k, show(v)));
+          throw CheckpointError(fmt::format("{}: __metadata__.{} must be a string (got {})", src, shown(k), show(v)));
         f.metadata_.emplace(k, v.get<std::string>());
       }
       continue;
     }
     auto fail = [&](const std::string& what) {
-      throw CheckpointError(fmt::format("{}: tensor {}: {}", src, name, what));
+      throw CheckpointError(fmt::format("{}: tensor {}: {}", src, shown(name), what));
     };
     if (!entry.is_object())
       fail(fmt::format("entry must be an object with dtype, shape and data_offsets (got {})", show(entry)));
@@ -243,7 +255,7 @@ SafetensorsFile SafetensorsFile::parse(std::span<const std::byte> bytes, std::st
   for (const auto* t : by_offset) {
     if (reach != nullptr && t->begin < reach->end)
       throw CheckpointError(fmt::format("{}: tensor {}: data_offsets [{}, {}] overlap tensor {}'s [{}, {}]", src,
-                                        t->name, t->begin, t->end, reach->name, reach->begin, reach->end));
+                                        shown(t->name), t->begin, t->end, shown(reach->name), reach->begin, reach->end));
     if (reach == nullptr || t->end > reach->end) reach = t;
   }
   return f;
@@ -258,7 +270,7 @@ const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {
 std::span<const std::byte> SafetensorsFile::data(const SafetensorsTensor& t) const {
   const uint64_t data_size = bytes_.size() - data_start_;
   if (t.begin > t.end || t.end > data_size)
-    throw InvalidArgument(fmt::format("tensor {}: byte range [{}, {}] is not in {} (data section {} bytes)", t.name,
+    throw InvalidArgument(fmt::format("tensor {}: byte range [{}, {}] is not in {} (data section {} bytes)", shown(t.name),
                                       t.begin, t.end, source_, data_size));
   return bytes_.subspan(static_cast<std::size_t>(data_start_ + t.begin), static_cast<std::size_t>(t.end - t.begin));
 }
@@ -269,10 +281,10 @@ std::vector<float> SafetensorsFile::to_float32(const SafetensorsTensor& t) const
   if (t.dtype != SafetensorsDtype::F32 && t.dtype != SafetensorsDtype::F16 && t.dtype != SafetensorsDtype::BF16)
     throw CheckpointError(
         fmt::format("{}: tensor {}: dtype {} cannot be converted to float32 (supported: F32, F16, BF16)", source_,
-                    t.name, to_string(t.dtype)));
+                    shown(t.name), to_string(t.dtype)));
   const std::size_t n = bytes.size() / static_cast<std::size_t>(size);
   if (static_cast<uint64_t>(t.n_elements()) != n)
-    throw InvalidArgument(fmt::format("tensor {}: shape [{}] does not match its {} bytes in {}", t.name,
+    throw InvalidArgument(fmt::format("tensor {}: shape [{}] does not match its {} bytes in {}", shown(t.name),
                                       fmt::join(t.shape, ", "), bytes.size(), source_));
   std::vector<float> out(n);
   if (t.dtype == SafetensorsDtype::F32) {

@@ -382,6 +382,25 @@ TEST(GgufBadInput, DuplicateAndEmptyTensorNames) {
   const uint64_t data = data_offset_of(good);
   x[tensor_info_at(good, "t.b", data).start + 8 + 2] = 'a';
   expect_refused(x, "t.gguf", {"tensor[1] name", "duplicate tensor name", "(got 't.a')"});
+  // A NUL or control byte in a name is shown escaped: the whole message survives (a raw NUL would end what()).
+  x = good;
+  x[tensor_info_at(good, "t.b", data).start + 8 + 1] = '\0';
+  x[tensor_info_at(good, "t.b", data).start + 8 + 2] = 'a';
+  const GgufFile f = GgufFile::parse(as_bytes(x), "t.gguf");
+  const GgufTensorInfo* t = nullptr;
+  for (const auto& ti : f.tensors())
+    if (ti.name.size() == 3 && ti.name[1] == '\0') t = &ti;
+  ASSERT_NE(t, nullptr);
+  try {
+    GgufTensorInfo moved = *t;
+    moved.offset += 1000000;
+    (void)f.tensor_data(moved);
+    ADD_FAILURE() << "no exception";
+  } catch (const posenc::InvalidArgument& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("tensor 't\\x00a' (offset"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("is not a tensor of this file"), std::string::npos) << msg;
+  }
 }
 
 // Known-but-unsupported types parse (so the caller can say which tensor is the

@@ -399,6 +399,8 @@ TEST(Safetensors, BadJson) {
   expect_bad(raw_file("[1, 2]"), {"must be a JSON object", "[1,2]"});
   expect_bad(raw_file("{\"w\": 1e999}"), {"JSON"});
   expect_bad(raw_file("{\"w\": 3}"), {"tensor w", "must be an object", "got 3"});
+  // A NUL (an escaped NUL in the JSON) or control byte in a name is shown escaped, so the message survives whole.
+  expect_bad(raw_file("{\"w\\u0000x\\u001b\": 3}"), {"tensor w\\x00x\\x1b: ", "must be an object", "got 3"});
 }
 
 TEST(Safetensors, MissingOrMistypedFields) {
