@@ -256,13 +256,15 @@ class Tokenizer {
   void spm_encode(std::string_view text, bool prefix, std::vector<int32_t>& out) const;
 };
 
-/// A tokenizer file chosen by its content, not its name: a directory holding
-/// tokenizer.json, a tokenizer.json (text starting with '{'), or else a
-/// llama2.c tokenizer .bin. `what` prefixes the messages ("--tokenizer" for the
-/// CLI, "tokenizer" for the Python package). Throws IoError (unreadable, or a
-/// directory without tokenizer.json), TokenizerError (a posenc checkpoint given
-/// as a tokenizer, or a malformed tokenizer). The rule of every command's
-/// --tokenizer and of Model.load(tokenizer=...).
+/// A tokenizer file chosen by its content: a directory holding tokenizer.json,
+/// a GGUF file (magic "GGUF", or named *.gguf: its embedded tokenizer.ggml.*
+/// vocabulary, as when it is the model), a tokenizer.json (text starting with
+/// '{'), or else a llama2.c tokenizer .bin. `what` prefixes the messages
+/// ("--tokenizer" for the CLI, "tokenizer" for the Python package). Throws
+/// IoError (unreadable, or a directory without tokenizer.json), CheckpointError
+/// (a malformed GGUF), TokenizerError (a posenc checkpoint given as a
+/// tokenizer, a GGUF without an embedded tokenizer, or a malformed tokenizer).
+/// The rule of every command's --tokenizer and of Model.load(tokenizer=...).
 Tokenizer load_tokenizer_from_path(const std::filesystem::path& path, std::string_view what);
 
 /// Checks that `tok` can be used with a model of `model_vocab_size` ids: a llama2.c vocabulary is the model's whole

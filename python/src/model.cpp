@@ -45,8 +45,8 @@ struct PyModel {
   }
 };
 
-/// The tokenizer at `path`, as the CLI's --tokenizer reads it: a directory holding tokenizer.json, a tokenizer.json
-/// file (JSON text), or a llama2.c tokenizer .bin.
+/// The tokenizer at `path`, as the CLI's --tokenizer reads it: a directory holding tokenizer.json, a GGUF file (its
+/// embedded vocabulary), a tokenizer.json file (JSON text), or a llama2.c tokenizer .bin.
 /// A path argument (str or os.PathLike) as a string; TypeError naming `name` for anything else, ValueError for a
 /// NUL byte (the C++ side would open the path up to it: another file than the one named).
 std::string path_arg(const py::handle& obj, const char* name) {
@@ -188,8 +188,8 @@ Safe to call from several Python threads at once (the GIL is released around the
           py::arg("path"), py::arg("tokenizer") = py::none(), py::arg("quantized_matmul") = "dequantize", R"doc(
 Loads a model: a llama2.c .bin, a posenc checkpoint, a Hugging Face directory (config.json + model.safetensors +
 tokenizer.json) or a GGUF file (format detected from the contents); path and tokenizer are str or os.PathLike.
-tokenizer: a tokenizer.json (or its directory) or a llama2.c tokenizer .bin; default the one the model brings (HF
-directory, GGUF). A bundled tokenizer that cannot be used (e.g. a GGUF vocabulary with equal scores) does not stop
+tokenizer: a tokenizer.json (or its directory), a GGUF (its embedded vocabulary) or a llama2.c tokenizer .bin;
+default the one the model brings (HF directory, GGUF). A bundled tokenizer that cannot be used (e.g. a GGUF vocabulary with equal scores) does not stop
 the load: logits/forward work, and tokenize/score/generate raise posenc.TokenizerError with the reason. quantized_matmul:
 "dequantize" or "q8_activations" (llama.cpp's arithmetic for Q8_0/Q4_0 weights). Raises posenc.IoError,
 posenc.CheckpointError, posenc.ConfigError, posenc.TokenizerError naming the file and field.)doc")

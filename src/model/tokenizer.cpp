@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "model/raw_model.hpp"
 #include "model/tokenizer_bpe.hpp"
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
@@ -583,6 +584,20 @@ Tokenizer load_tokenizer_from_path(const std::filesystem::path& path, std::strin
     throw TokenizerError(fmt::format("{} {}: is a posenc checkpoint, not a tokenizer (its vocabulary is used when it "
                                      "is the model)",
                                      what, path.string()));
+  // A GGUF file (its magic, or a name ending .gguf, which the GGUF reader then checks) gives its embedded
+  // vocabulary (tokenizer.ggml.*), as it does when it is the model; read as llama2.c it would fail on a
+  // meaningless "max_token_length".
+  std::string ext = path.extension().string();
+  for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  if ((b.size() >= 4 && std::memcmp(b.data(), "GGUF", 4) == 0) || ext == ".gguf") {
+    std::string describe;
+    auto tok = detail::read_gguf_tokenizer(path, describe);
+    if (!tok)
+      throw TokenizerError(fmt::format("{} {}: this GGUF file has no embedded tokenizer (tokenizer.ggml.model is "
+                                       "missing or none); pass a tokenizer.json or a llama2.c tokenizer .bin",
+                                       what, path.string()));
+    return std::move(*tok);
+  }
   std::size_t i = 0;
   while (i < b.size() && std::isspace(static_cast<unsigned char>(b[i]))) ++i;
   if (i < b.size() && static_cast<char>(b[i]) == '{') return Tokenizer::load_tokenizer_json(path);

@@ -97,6 +97,9 @@ TEST(CliFormats, TokenizeGivesTheHuggingFaceIds) {
   // The GGUF's own vocabulary: stories260K.gguf encodes as tok512.bin (llama2.c's ids for the prompt).
   const auto g = run_cli("tokenize --model " + q(gguf260()) + " --prompt 'Once upon a time'");
   EXPECT_EQ(g.out, "1 403 407 261 378\n");
+  // ... and given as --tokenizer, a GGUF is its embedded vocabulary too (not a llama2.c .bin).
+  const auto gt = run_cli("tokenize --tokenizer " + q(gguf260()) + " --prompt 'Once upon a time'");
+  EXPECT_EQ(gt.out, "1 403 407 261 378\n") << gt.err;
   TempDir d;
   const auto j = run_cli("tokenize --tokenizer " + q(hf()) + " --prompt 'Once upon a time' --pieces --json " +
                          q(d.path() / "t.json"));

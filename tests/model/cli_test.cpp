@@ -79,6 +79,9 @@ TEST(Cli, GgufWithoutItsMagicIsRefusedAsAGguf) {
     const auto r = run_cli("generate --model " + q(d.file(name, content)) + " --prompt 'Once' --max-tokens 2");
     expect_clean_failure(r, "GGUF");
     EXPECT_EQ(r.err.find("llama2.c"), std::string::npos) << r.err;
+    // The same file as --tokenizer: the GGUF reader refuses it too.
+    const auto t = run_cli("tokenize --tokenizer " + q(d.path() / name) + " --prompt 'Once'");
+    expect_clean_failure(t, "GGUF magic");
   }
 }
 

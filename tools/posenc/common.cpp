@@ -165,9 +165,9 @@ void ModelArgs::add_to(CLI::App& cmd) {
                  "llama2.c .bin or a posenc checkpoint")
       ->required();
   cmd.add_option("--tokenizer", tokenizer_path,
-                 "tokenizer.json (or a directory holding one) or a llama2.c tokenizer .bin; default: the one the model "
-                 "brings (tokenizer.json of a HF directory, a GGUF's embedded vocabulary, a posenc checkpoint's "
-                 "symbols); required for llama2.c checkpoints")
+                 "tokenizer.json (or a directory holding one), a GGUF (its embedded vocabulary) or a llama2.c "
+                 "tokenizer .bin; default: the one the model brings (tokenizer.json of a HF directory, a GGUF's "
+                 "embedded vocabulary, a posenc checkpoint's symbols); required for llama2.c checkpoints")
       ->check(non_empty());
   cmd.add_option("--config", config_path,
                  "positional parameters from a config.json or a bare rope_scaling object "

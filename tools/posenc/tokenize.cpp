@@ -98,7 +98,7 @@ void add_tokenize_command(CLI::App& app) {
   from->add_option("--model", args->model_path, "use the tokenizer this model brings (HF directory, GGUF, posenc)")
       ->check(non_empty());
   from->add_option("--tokenizer", args->tokenizer_path,
-                   "tokenizer.json or llama2.c tokenizer .bin (overrides --model's)")
+                   "tokenizer.json, a GGUF (its embedded vocabulary) or llama2.c tokenizer .bin (overrides --model's)")
       ->check(non_empty());
   from->require_option(1, 2);
   CLI::Option_group* input =
