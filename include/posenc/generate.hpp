@@ -48,8 +48,9 @@ struct GenerateResult {
   std::vector<double> new_token_logprobs;
   std::string text;                    ///< decoded prompt + continuation, as run.c prints it
   /// "max_tokens", "bos", "eos", or "position_limit": the next token's
-  /// position is past the learned position table (learned-absolute models),
-  /// so nothing more can be generated.
+  /// position is past the learned position table (learned-absolute models)
+  /// or past Model::max_position (--max-position), so nothing more can be
+  /// generated.
   std::string stop_reason;
   /// Position of the first token fed at or past trained_position_bound (the
   /// sequence passed it there; on_warning was called), -1 if none was.
@@ -82,7 +83,8 @@ struct GenerateResult {
 /// it uses the long factors from the first token when that passes the
 /// original context). Generation stops at the tokenizer's
 /// BOS / EOS (stop_at_bos / stop_at_eos), after max_new_tokens, or where a
-/// learned position table ends (stop_reason "position_limit").
+/// learned position table or Model::max_position ends the positions
+/// (stop_reason "position_limit").
 /// Throws InvalidArgument for bad options (temperature < 0, top_p not in (0,1],
 /// max_new_tokens < 0, a RoPE scaling for a model without RoPE), ConfigError
 /// for an unknown scaling or one missing its parameters, PositionError for a

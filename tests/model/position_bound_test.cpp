@@ -205,6 +205,9 @@ TEST(PositionBoundCli, MaxPositionIsAnErrorNamingThePositionAndTheLimit) {
   const auto gr = nlohmann::json::parse(test::slurp(gj));
   EXPECT_EQ(gr["stop_reason"], "position_limit");
   EXPECT_EQ(gr["prompt_ids"].size() + gr["generated_ids"].size(), 22u) << gr.dump();
+  // ... and says which end it met: --max-position, not a learned table this RoPE model does not have.
+  EXPECT_NE(g.err.find("would pass --max-position 20"), std::string::npos) << g.err;
+  EXPECT_EQ(g.err.find("learned position table"), std::string::npos) << g.err;
   // A prompt past the limit is refused before anything runs.
   const auto p = run_cli("generate " + stories_args() + " --prompt 'Once upon a time' --max-tokens 4 --quiet "
                          "--max-position 2");

@@ -82,9 +82,16 @@ void run_generate(const GenerateArgs& a) {
   });
   std::fputc('\n', stdout);
   std::fflush(stdout);
-  if (res.stop_reason == "position_limit")
-    fmt::print(stderr, "stopped: the learned position table ends at {} positions (stop_reason position_limit)\n",
-               model.config().max_position_embeddings);
+  if (res.stop_reason == "position_limit") {
+    // The nearer of the two ends generate() stops at: --max-position, or a learned position table's last row.
+    const int64_t table = model.family() == PositionFamily::learned_absolute ? model.config().max_position_embeddings : -1;
+    if (model.max_position() >= 0 && (table <= 0 || model.max_position() + 1 < table))
+      fmt::print(stderr, "stopped: the next token would pass --max-position {} (positions 0 .. {} may be fed; "
+                 "stop_reason position_limit)\n", model.max_position(), model.max_position());
+    else
+      fmt::print(stderr, "stopped: the learned position table ends at {} positions (stop_reason position_limit)\n",
+                 table);
+  }
   if (!a.json_path.empty()) {
     nlohmann::json j;
     j["model"] = a.model.model_path;
