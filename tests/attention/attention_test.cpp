@@ -478,7 +478,9 @@ TEST(Attention, SixteenBitBlocksGiveTheBitsOfTheirWidenedCopies) {
           std::transform(k16[b].begin(), k16[b].end(), kw[b].begin(), to32);
           std::transform(v16[b].begin(), v16[b].end(), vw[b].begin(), to32);
         }
-        if (dtype == KvCacheDtype::f16) ASSERT_GT(subnormal, 0u);
+        if (dtype == KvCacheDtype::f16) {
+          ASSERT_GT(subnormal, 0u);
+        }
         std::vector<KvBlock> stored, widened, mixed;
         for (std::size_t b = 0; b < d.k.size(); ++b) {
           if (d.blocks[b].n_tokens == 0) {  // an empty f32 block (null data) among the 16-bit ones

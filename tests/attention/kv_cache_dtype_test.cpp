@@ -239,8 +239,9 @@ TEST(KvCacheDtype, AttentionOverARoundedCacheEqualsAttentionOverRoundedFloat32) 
       c.blocks(layer, s, blocks, widened);
     std::vector<float> out(q.size());
     attention_forward(spec, q.data(), q_pos, blocks, out.data());
-    if (as_stored && c.config().dtype != KvCacheDtype::f32)
+    if (as_stored && c.config().dtype != KvCacheDtype::f32) {
       for (const KvBlock& b : blocks) EXPECT_TRUE(b.dtype == c.config().dtype && b.k16 && b.v16 && !b.k && !b.v);
+    }
     return out;
   };
   KvCache exact = make(KvCacheDtype::f32);

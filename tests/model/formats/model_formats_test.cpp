@@ -344,12 +344,15 @@ TEST(LlamaCpp, Stories260KGgufLogitsNllAndGreedyTextMatch) {
   const std::size_t V = static_cast<std::size_t>(ref.vocab);
   for (std::size_t p = 0; p < 512; ++p) {
     const float* row = ours.data() + p * V;
-    if (p + 1 < 512) EXPECT_NEAR(row_nll(row, ref.vocab, ref.ids[p + 1]), nll[p], 1e-4) << "position " << p;
+    if (p + 1 < 512) {
+      EXPECT_NEAR(row_nll(row, ref.vocab, ref.ids[p + 1]), nll[p], 1e-4) << "position " << p;
+    }
     // Compared where the top two are apart (an exact tie could break either way).
     std::vector<float> sorted(row, row + V);
     std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-    if (sorted[0] - sorted[1] > 1e-3f)
+    if (sorted[0] - sorted[1] > 1e-3f) {
       EXPECT_EQ(std::max_element(row, row + V) - row, argmax[p]) << "position " << p;
+    }
   }
   // Greedy from "Once upon a time" (llama.cpp tokenized it with the file's own vocabulary).
   const auto& gr = ref.greedy.at(0);
