@@ -1173,6 +1173,17 @@ EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoin
       std::any_of(c.tasks.begin(), c.tasks.end(), [](const std::string& t) { return find_eval_task(t).uses_haystack; });
   const Haystack hay =
       need_haystack ? Haystack::build(haystack_text, tokenizer, TaskGenerator::candidate_names()) : Haystack{};
+  // Each sentence is used at most once per sample: a haystack shorter than the longest length would give contexts
+  // of a fraction of the length they are reported under.
+  if (need_haystack && !c.lengths.empty()) {
+    const int64_t longest = *std::max_element(c.lengths.begin(), c.lengths.end());
+    if (hay.total_tokens() < longest)
+      throw ConfigError(fmt::format(
+          "--haystack: its usable sentences hold {} tokens ({} sentences; {} dropped for a digit or a candidate "
+          "name), fewer than the longest length {}: a context would be shorter than the length it is reported "
+          "under; give a longer text or shorter lengths",
+          hay.total_tokens(), hay.size(), hay.dropped(), longest));
+  }
   TaskOptions topt;
   topt.seed = c.seed;
   topt.choices = c.choices;

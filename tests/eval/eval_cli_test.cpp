@@ -275,6 +275,22 @@ TEST(EvalCliSmall, CellsThatCannotFitAreRecordedNotFatal) {
   EXPECT_NE(bad2.err.find("--shard"), std::string::npos) << bad2.err;
 }
 
+// A haystack too short to fill the longest length is refused before anything runs (its contexts would be a
+// fraction of the length they are reported under), naming its token count and the length.
+TEST(EvalCliSmall, AHaystackShorterThanTheLongestLengthIsRefused) {
+  TempDir d;
+  std::ofstream(d.path() / "tiny.txt") << "The cat sat on the mat. The dog ran far away.\n";
+  const std::string base = "eval --model " + q(posenc::test::model_path()) + " --tokenizer " +
+                           q(posenc::test::tokenizer_path()) + " --haystack " + q(d.path() / "tiny.txt") +
+                           " --tasks name_recall --depths 0.5 --samples 2 --ppl-tokens -1 --quiet --out " +
+                           q(d.path() / "out");
+  const auto bad = run_cli(base + " --context 32,256");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--haystack: its usable sentences hold"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("fewer than the longest length 256"), std::string::npos) << bad.err;
+  EXPECT_FALSE(std::filesystem::exists(d.path() / "out" / "LATEST"));
+}
+
 // A run that fails on its input leaves the output directory as it was: no
 // new run directory, LATEST still names the last good run.
 TEST(EvalCliSmall, AFailedRunLeavesLatestOnTheGoodRun) {
