@@ -271,9 +271,7 @@ ModelFormat Model::detect_format(const std::filesystem::path& path) {
   if (read_file_prefix(path, 4) == "GGUF") return ModelFormat::gguf;
   // A file named .gguf that does not start with the magic is a damaged GGUF: its reader says so (magic, size),
   // where the llama2.c reader would report a meaningless header field.
-  std::string ext = path.extension().string();
-  for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  if (ext == ".gguf") return ModelFormat::gguf;
+  if (detail::named_gguf(path)) return ModelFormat::gguf;
   return ModelFormat::llama2c;
 }
 

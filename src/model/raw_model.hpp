@@ -99,6 +99,9 @@ RawModel read_gguf_model(const std::filesystem::path& path);
 /// A GGUF file's embedded tokenizer (nullopt when it has none); `describe`
 /// receives a description of it.
 std::optional<Tokenizer> read_gguf_tokenizer(const std::filesystem::path& path, std::string& describe);
+/// Whether `path` is named as a GGUF file (extension .gguf, any case): such a file without the magic is a damaged
+/// GGUF, which the GGUF reader refuses by name, not another format.
+bool named_gguf(const std::filesystem::path& path);
 
 /// Shared validation of architecture sizes (head_dim 0 -> dim / n_heads);
 /// throws CheckpointError prefixed with `name`.

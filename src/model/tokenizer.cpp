@@ -587,9 +587,7 @@ Tokenizer load_tokenizer_from_path(const std::filesystem::path& path, std::strin
   // A GGUF file (its magic, or a name ending .gguf, which the GGUF reader then checks) gives its embedded
   // vocabulary (tokenizer.ggml.*), as it does when it is the model; read as llama2.c it would fail on a
   // meaningless "max_token_length".
-  std::string ext = path.extension().string();
-  for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  if ((b.size() >= 4 && std::memcmp(b.data(), "GGUF", 4) == 0) || ext == ".gguf") {
+  if ((b.size() >= 4 && std::memcmp(b.data(), "GGUF", 4) == 0) || detail::named_gguf(path)) {
     std::string describe;
     auto tok = detail::read_gguf_tokenizer(path, describe);
     if (!tok)

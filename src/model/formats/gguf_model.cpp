@@ -8,6 +8,7 @@
 // rows of Hugging Face checkpoints back to Meta's interleaved pairs, and
 // llama.cpp rotates architecture llama with LLAMA_ROPE_TYPE_NORM (pairs 2i,
 // 2i+1): the layout of these files is `interleaved`.
+#include <cctype>
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -193,6 +194,12 @@ std::optional<Tokenizer> embedded_tokenizer(const GgufFile& f, std::string& desc
 }
 
 }  // namespace
+
+bool named_gguf(const std::filesystem::path& path) {
+  std::string ext = path.extension().string();
+  for (char& ch : ext) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return ext == ".gguf";
+}
 
 std::optional<Tokenizer> read_gguf_tokenizer(const std::filesystem::path& path, std::string& describe) {
   const GgufFile f = GgufFile::open(path);
