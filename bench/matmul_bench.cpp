@@ -23,17 +23,6 @@ namespace {
 using namespace posenc;
 using namespace posenc::detail;
 
-GgmlType ggml_of(WeightType t) {
-  switch (t) {
-    case WeightType::f32: return GgmlType::f32;
-    case WeightType::f16: return GgmlType::f16;
-    case WeightType::bf16: return GgmlType::bf16;
-    case WeightType::q8_0: return GgmlType::q8_0;
-    case WeightType::q4_0: return GgmlType::q4_0;
-  }
-  return GgmlType::f32;
-}
-
 /// `copies` matrices of [out, in] random weights stored as t, one after the other.
 struct Stack {
   std::vector<std::byte> bytes;
@@ -42,7 +31,7 @@ struct Stack {
     posenc::bench::FloatBuffer w(static_cast<std::size_t>(out * in));
     w.fill_normal(1, 0.05f);
     const std::vector<float> wv(w.get(), w.get() + w.size);
-    const std::vector<std::byte> one = ggml_quantize(ggml_of(t), wv);
+    const std::vector<std::byte> one = ggml_quantize(ggml_type(t), wv);
     bytes.resize(one.size() * static_cast<std::size_t>(copies));
     for (int i = 0; i < copies; ++i) std::copy(one.begin(), one.end(), bytes.begin() + static_cast<std::ptrdiff_t>(i * one.size()));
     for (int i = 0; i < copies; ++i) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "posenc/gguf.hpp"
 #include "posenc/io.hpp"
 #include "posenc/model.hpp"
 #include "posenc/tokenizer.hpp"
@@ -22,6 +23,8 @@ namespace posenc::detail {
 /// q4_0: blocks of 32 (fp16 d, 16 bytes of nibbles), ggml's layouts.
 enum class WeightType { f32, f16, bf16, q8_0, q4_0 };
 std::string_view to_string(WeightType t);
+/// The ggml type that stores a weight as `t` stores it (the same bytes per block).
+GgmlType ggml_type(WeightType t);
 
 /// A [rows, cols] row-major matrix (rows = out features, cols = in features,
 /// as PyTorch's nn.Linear stores it); quantized types are blocked along cols.

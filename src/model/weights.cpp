@@ -22,6 +22,17 @@ std::string_view to_string(WeightType t) {
   return "?";
 }
 
+GgmlType ggml_type(WeightType t) {
+  switch (t) {
+    case WeightType::f32: return GgmlType::f32;
+    case WeightType::f16: return GgmlType::f16;
+    case WeightType::bf16: return GgmlType::bf16;
+    case WeightType::q8_0: return GgmlType::q8_0;
+    case WeightType::q4_0: return GgmlType::q4_0;
+  }
+  return GgmlType::f32;
+}
+
 int64_t RawMatrix::row_bytes() const {
   switch (type) {
     case WeightType::f32: return cols * 4;

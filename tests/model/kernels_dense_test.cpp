@@ -33,23 +33,12 @@ std::vector<float> randn(std::size_t n, uint32_t seed, float scale) {
   return v;
 }
 
-GgmlType ggml_of(WeightType t) {
-  switch (t) {
-    case WeightType::f32: return GgmlType::f32;
-    case WeightType::f16: return GgmlType::f16;
-    case WeightType::bf16: return GgmlType::bf16;
-    case WeightType::q8_0: return GgmlType::q8_0;
-    case WeightType::q4_0: return GgmlType::q4_0;
-  }
-  return GgmlType::f32;
-}
-
 /// A [rows, cols] matrix of random weights stored as `t` (ggml's encoders).
 struct Stored {
   std::vector<std::byte> bytes;
   RawMatrix m;
   Stored(WeightType t, int64_t rows, int64_t cols, uint32_t seed) {
-    bytes = ggml_quantize(ggml_of(t), randn(static_cast<std::size_t>(rows * cols), seed, 0.05f));
+    bytes = ggml_quantize(ggml_type(t), randn(static_cast<std::size_t>(rows * cols), seed, 0.05f));
     m.type = t;
     m.data = bytes.data();
     m.rows = rows;
