@@ -291,6 +291,19 @@ TEST(EvalCliSmall, AHaystackShorterThanTheLongestLengthIsRefused) {
   EXPECT_FALSE(std::filesystem::exists(d.path() / "out" / "LATEST"));
 }
 
+// An --out that cannot be created (procfs refuses new directories, for root too): exit 1, the path first, not
+// the library's "filesystem error: ..." text.
+TEST(EvalCliSmall, AnOutputDirectoryThatCannotBeCreatedIsNamed) {
+  const auto r = run_cli("eval --model " + q(posenc::test::model_path()) + " --tokenizer " +
+                         q(posenc::test::tokenizer_path()) + " --haystack " + q(posenc::test::text_path()) +
+                         " --tasks name_recall --context 128 --depths 0.5 --samples 1 --ppl-tokens -1 --quiet "
+                         "--out /proc/posenc-nope");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.err.rfind("posenc: error: /proc/posenc-nope/", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find("cannot create directories"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("filesystem error"), std::string::npos) << r.err;
+}
+
 // A run that fails on its input leaves the output directory as it was: no
 // new run directory, LATEST still names the last good run.
 TEST(EvalCliSmall, AFailedRunLeavesLatestOnTheGoodRun) {

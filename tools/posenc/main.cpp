@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <new>
 #include <string>
@@ -49,6 +50,15 @@ int main(int argc, char** argv) {
   } catch (const posenc::Error& e) {
     std::fflush(stdout);
     fmt::print(stderr, "posenc: error: {}\n", e.what());
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    // libstdc++'s "filesystem error: <operation>: <reason> [<path>]": the path first, as every other message.
+    std::fflush(stdout);
+    std::string what = e.what();
+    if (const std::string_view pre = "filesystem error: "; what.rfind(pre, 0) == 0) what.erase(0, pre.size());
+    if (const auto cut = what.find(" [" + e.path1().string() + "]"); !e.path1().empty() && cut != std::string::npos)
+      what = e.path1().string() + ": " + what.substr(0, cut) + what.substr(cut + 3 + e.path1().string().size());
+    fmt::print(stderr, "posenc: error: {}\n", what);
     return 1;
   } catch (const std::bad_alloc&) {
     std::fflush(stdout);
