@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "core/text.hpp"
 #include "model/formats/gguf_quant.hpp"
 #include "posenc/error.hpp"
 
@@ -116,9 +117,14 @@ std::string printable(std::span<const std::byte> b) {
   }
   return s + "'";
 }
-/// A name or key from the file, quoted for a message: control bytes (a NUL would end the message) and bytes
-/// >= 0x7f escaped as \xNN, so a malformed name is shown whole and cannot corrupt the terminal.
-std::string printable(std::string_view text) { return printable(std::as_bytes(std::span(text.data(), text.size()))); }
+/// A name or key from the file, quoted for a message (detail::escaped: a malformed name is shown whole and
+/// cannot drive the terminal).
+std::string printable(std::string_view text) {
+  std::string s(1, '\'');  // appended, not "'" + ... + "'" (GCC 12 warns -Wrestrict on that, wrongly)
+  s += detail::escaped(text);
+  s += '\'';
+  return s;
+}
 
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
 

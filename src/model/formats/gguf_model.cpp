@@ -17,6 +17,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/text.hpp"
 #include "model/raw_model.hpp"
 #include "posenc/error.hpp"
 #include "posenc/gguf.hpp"
@@ -36,7 +37,7 @@ WeightType weight_type(const GgufFile& f, const GgufTensorInfo& t) {
     default: break;
   }
   throw CheckpointError(fmt::format("{}: tensor {}: ggml type {} is not supported (F32, F16, BF16, Q8_0, Q4_0 are)",
-                                    f.source(), t.name, ggml_type_name(static_cast<uint32_t>(t.type))));
+                                    f.source(), escaped(t.name), ggml_type_name(static_cast<uint32_t>(t.type))));
 }
 
 class Tensors {
@@ -130,7 +131,7 @@ std::optional<Tokenizer> embedded_tokenizer(const GgufFile& f, std::string& desc
   const std::vector<std::string>* tokens = f.get_string_array("tokenizer.ggml.tokens");
   if (tokens == nullptr)
     throw CheckpointError(fmt::format("{}: tokenizer.ggml.model is {} but tokenizer.ggml.tokens is missing", f.source(),
-                                      *model));
+                                      escaped(*model)));
   std::vector<int32_t> types;
   if (auto t = f.get_int_array("tokenizer.ggml.token_type")) {
     if (t->size() != tokens->size())
@@ -190,7 +191,7 @@ std::optional<Tokenizer> embedded_tokenizer(const GgufFile& f, std::string& desc
   }
   throw TokenizerError(fmt::format("{}: tokenizer.ggml.model {} is not supported (llama and gpt2 are); pass "
                                    "--tokenizer tokenizer.json",
-                                   f.source(), *model));
+                                   f.source(), escaped(*model)));
 }
 
 }  // namespace
@@ -217,7 +218,7 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
   if (arch != "llama")
     throw ConfigError(fmt::format("{}: general.architecture: {} is not supported yet (the runtime runs GGUF architecture "
                                   "llama)",
-                                  name, arch.empty() ? "(missing)" : arch));
+                                  name, arch.empty() ? "(missing)" : escaped(arch)));
   const std::string k = arch + ".";
   ModelConfig& c = raw.cfg;
   c.dim = static_cast<int>(required_int(f, k + "embedding_length", 1, 1 << 16));
@@ -286,7 +287,7 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
   if (const GgufTensorInfo* u = T.first_unused())
     throw CheckpointError(fmt::format("{}: tensor {} is not used by GGUF llama as the metadata describe it ({}block_count "
                                       "{}{}): refusing to run the model without it (llama.cpp refuses it too)",
-                                      name, u->name, k, c.n_layers,
+                                      name, escaped(u->name), k, c.n_layers,
                                       c.qkv_bias ? "" : "; no q/k/v bias, as blk.0 has none"));
 
   // Positions.
@@ -331,7 +332,7 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
     }
   } else {
     throw CheckpointError(fmt::format("{}: {}rope.scaling.type {} is not supported (none, linear, yarn are)", name, k,
-                                      scaling));
+                                      escaped(scaling)));
   }
   raw.positional.family = PositionFamily::rope;
   raw.positional.rope.params = rp;

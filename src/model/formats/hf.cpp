@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "core/text.hpp"
 #include "model/raw_model.hpp"
 #include "posenc/config.hpp"
 #include "posenc/error.hpp"
@@ -186,7 +187,7 @@ RawModel read_hf_directory(const std::filesystem::path& dir) {
     throw CheckpointError(fmt::format("{}: tensor {} is not used by {} as config.json describes it (num_hidden_layers "
                                       "{}, attention_bias/mlp_bias {}/{}, tie_word_embeddings {}): refusing to run the "
                                       "model without it",
-                                      name, u, d.architecture, c.n_layers, c.qkv_bias || c.o_bias, c.mlp_bias,
+                                      name, escaped(u), d.architecture, c.n_layers, c.qkv_bias || c.o_bias, c.mlp_bias,
                                       d.tie_word_embeddings));
 
   // Positions: the config's RoPE, layout from the architecture (half).

@@ -19,6 +19,7 @@
 #include <optional>
 #include <set>
 
+#include "core/text.hpp"
 #include "posenc/error.hpp"
 
 namespace posenc {
@@ -52,17 +53,9 @@ const DtypeInfo& info(SafetensorsDtype d) {
   throw InvalidArgument(fmt::format("dtype: not a SafetensorsDtype (got {})", static_cast<int>(d)));
 }
 
-/// A tensor name or key from the header as shown in a message: control bytes (an escaped NUL in the JSON decodes to a NUL byte,
-/// which would end the message) escaped as \xNN; other text unchanged.
-std::string shown(std::string_view text) {
-  std::string out;
-  for (const char ch : text) {
-    const auto u = static_cast<unsigned char>(ch);
-    if (u < 0x20 || u == 0x7f) out += fmt::format("\\x{:02x}", u);
-    else out += ch;
-  }
-  return out;
-}
+/// A tensor name or key from the header as shown in a message (an escaped NUL in the JSON decodes to a NUL byte,
+/// which would end it): detail::escaped.
+std::string shown(std::string_view text) { return detail::escaped(text); }
 
 std::string known_dtypes() {
   std::vector<std::string_view> names;

@@ -191,6 +191,10 @@ TEST(HfBadInput, TensorsTheConfigDoesNotUseAreRefused) {
   Tensors t = real_tensors();
   t["model.layers.0.self_attn.q_proj.bias"] = {{128}, std::vector<float>(128, 0.0f)};
   expect_refused(hf_dir(d, "bias", real_config(), &t), {"tensor model.layers.0.self_attn.q_proj.bias", "not used"});
+  // A name with a NUL (an escaped NUL in the header's JSON) and an ESC: escaped, and the message whole.
+  t = real_tensors();
+  t[std::string("extra\0tail\x1b[31m", 15)] = {{4}, std::vector<float>(4, 0.0f)};
+  expect_refused(hf_dir(d, "nul", real_config(), &t), {"tensor extra\\x00tail\\x1b[31m is not used", "refusing"});
 
   // Accepted: a rotary_emb.inv_freq buffer; lm_head stored next to embed_tokens with tied embeddings.
   t = real_tensors();
@@ -386,6 +390,9 @@ TEST(GgufModelBadInput, BlocksTheMetadataDoNotCountAreRefused) {
                  {"tensor blk.2.attn_norm.weight is missing"});
   expect_refused(gguf_copy(d, "bcs.gguf", q8_656(), {{"llama.block_count", str("two")}}),
                  {"llama.block_count", "expected an integer"});
+  // A string value with a NUL and an ESC: escaped, and the message whole.
+  expect_refused(gguf_copy(d, "arch.gguf", q8_656(), {{"general.architecture", str(std::string("lla\0ma\x1b", 7))}}),
+                 {"general.architecture: lla\\x00ma\\x1b is not supported yet"});
 }
 
 // value_length was compared with key_length only when key_length was present.
