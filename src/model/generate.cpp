@@ -81,14 +81,16 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::str
   // The text starts after the BOS the encoder added (as run.c prints it; some
   // tokenizer.json files would otherwise decode it as text).
   const std::size_t first = bos && res.prompt_tokens.front() == *bos ? 1 : 0;
+  // The prompt's pieces go to on_piece once the checks below have passed (a refused prompt prints nothing).
+  std::vector<std::string> prompt_pieces;
   for (std::size_t i = first; i < res.prompt_tokens.size(); ++i) {
     // The first piece decodes as the start of the text: after the BOS when the
     // tokenizer treats it as special (llama2.c strips the dummy-prefix space
     // there), else with no previous token (a decoder's Strip applies).
     const int32_t prev = i > first ? res.prompt_tokens[i - 1] : first == 1 && tokenizer.is_special(*bos) ? *bos : -1;
-    const auto piece = tokenizer.decode(prev, res.prompt_tokens[i]);
+    auto piece = tokenizer.decode(prev, res.prompt_tokens[i]);
     res.text += piece;
-    if (on_piece) on_piece(piece);
+    prompt_pieces.push_back(std::move(piece));
   }
   // The positional setup: the scaling as ppl applies it to a window of the
   // longest sequence this call can reach.
@@ -120,8 +122,8 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::str
   // --max-position N (Model::set_max_position) ends the positions too: the prompt must fit (a PositionError before
   // anything runs), and generation stops with stop_reason position_limit where the next token would pass N.
   if (model.max_position() >= 0 && prompt_len - 1 > model.max_position())
-    throw PositionError(fmt::format("prompt: {} tokens reach position {}, past the position limit {} (max_position; "
-                                    "positions 0 .. {} are allowed)",
+    throw PositionError(fmt::format("prompt: {} tokens reach position {}, past the position limit {} (max_position, "
+                                    "the CLI's --max-position; positions 0 .. {} are allowed)",
                                     prompt_len, prompt_len - 1, model.max_position(), model.max_position()));
   const int64_t limit = model.max_position() >= 0
                             ? (table >= 0 ? std::min(table, model.max_position() + 1) : model.max_position() + 1)
@@ -133,6 +135,8 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::str
     if (prev) prev(w);
     if (o.on_warning) o.on_warning(w.message);
   });
+  if (on_piece)
+    for (const auto& piece : prompt_pieces) on_piece(piece);
   KvCache cache = m.make_cache(o.block_size);
   const KvCache::SeqId seq = cache.create();
   cache.set_planned_length(seq, prompt_len + o.max_new_tokens);

@@ -213,6 +213,8 @@ TEST(PositionBoundCli, MaxPositionIsAnErrorNamingThePositionAndTheLimit) {
                          "--max-position 2");
   EXPECT_EQ(p.exit_code, 1) << p.err;
   EXPECT_NE(p.err.find("reach position 4, past the position limit 2"), std::string::npos) << p.err;
+  EXPECT_NE(p.err.find("--max-position"), std::string::npos) << p.err;
+  EXPECT_EQ(p.out, "") << "a refused prompt is not echoed";
   // Within the limit: runs.
   const auto ok = run_cli("generate " + stories_args() + " --prompt 'Once upon a time' --max-tokens 10 --quiet "
                           "--max-position 600");
