@@ -218,7 +218,8 @@ class Model {
 
   /// The tokenizer a model file brings, without loading its weights: a HF
   /// directory's tokenizer.json, a GGUF's embedded vocabulary (possibly not
-  /// usable()), a posenc checkpoint's symbols; nullopt for llama2.c. Throws as load.
+  /// usable()), a posenc checkpoint's symbols; nullopt for llama2.c. Throws as load
+  /// (CheckpointError for a directory without config.json).
   static std::optional<Tokenizer> load_bundled_tokenizer(const std::filesystem::path& path);
 
   /// Loads a llama2.c legacy (version 0) checkpoint: seven int32

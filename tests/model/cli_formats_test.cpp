@@ -115,6 +115,12 @@ TEST(CliFormats, TokenizeGivesTheHuggingFaceIds) {
   const auto o = run_cli("tokenize --model " + q(q8()) + " --tokenizer " + q(hf()) + " --prompt 'Once upon a time'");
   EXPECT_EQ(o.out, "1 80 147 201 282 57\n") << o.err;
   expect_failure(run_cli("tokenize --model " + q(q8()) + " --prompt x"), 1, "--tokenizer");
+  // Its equal-score vocabulary given as --tokenizer: refused, the file named once.
+  const auto eq = run_cli("tokenize --tokenizer " + q(q8()) + " --prompt x");
+  EXPECT_EQ(eq.exit_code, 1);
+  EXPECT_NE(eq.err.find("scores of the SentencePiece vocabulary are equal"), std::string::npos) << eq.err;
+  const std::string name = q8().filename().string();
+  EXPECT_EQ(eq.err.find(name), eq.err.rfind(name)) << eq.err;
   expect_failure(run_cli("tokenize --tokenizer " + q(posenc::test::shared_dir() / "tokenizers/bert-base-uncased") +
                          " --prompt x"),
                  1, "WordPiece");
@@ -234,6 +240,8 @@ TEST(CliFormats, BadModelDirectoriesAreTypedErrors) {
   TempDir d;
   fs::create_directories(d.path() / "empty");
   expect_failure(run_cli("generate --model " + q(d.path() / "empty") + " --prompt x"), 1, "config.json is missing");
+  // tokenize reads only the tokenizer, and says the same (not "brings no tokenizer").
+  expect_failure(run_cli("tokenize --model " + q(d.path() / "empty") + " --prompt x"), 1, "config.json is missing");
   fs::create_directories(d.path() / "gpt2");
   d.file("gpt2/config.json", R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768,
                                  "n_head": 12, "n_layer": 12, "n_positions": 1024, "vocab_size": 50257})");

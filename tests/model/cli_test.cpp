@@ -68,6 +68,17 @@ TEST(Cli, StandardOutputThatCannotBeWrittenIsAFailure) {
       << posenc::test::slurp(err);
 }
 
+// --help and --version whose text never reached standard output fail too.
+TEST(Cli, HelpAndVersionThatCannotBeWrittenAreAFailure) {
+  for (const std::string args : {"--version", "ppl --help", "--help-all"}) {
+    const std::string cmd = std::string("'") + POSENC_CLI_PATH + "' " + args + " >/dev/full 2>/dev/null";
+    const int st = std::system(cmd.c_str());
+    ASSERT_TRUE(WIFEXITED(st)) << args;
+    EXPECT_EQ(WEXITSTATUS(st), 1) << args;
+  }
+  EXPECT_EQ(run_cli("--version").exit_code, 0);
+}
+
 // A file named .gguf without the GGUF magic (damaged, or not a GGUF at all) is refused by the GGUF reader, naming
 // the magic, rather than read as a llama2.c header ("dim must be in [1, 65536] (got 1196771143)").
 TEST(Cli, GgufWithoutItsMagicIsRefusedAsAGguf) {

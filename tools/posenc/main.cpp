@@ -13,6 +13,22 @@
 #include "common.hpp"
 #include "posenc/error.hpp"
 
+namespace {
+/// Whether everything written to standard output reached it; says so on stderr when not. Results that never
+/// reached it (a full disk, a closed pipe) are a failure, not a success. The reason is known when the last flush
+/// fails; a write that failed earlier left only the stream's error flag.
+bool stdout_written() {
+  std::cout.flush();
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int err = flushed ? 0 : errno;
+  if (std::cout && flushed && std::ferror(stdout) == 0) return true;
+  fmt::print(stderr, "posenc: error: writing standard output failed{}\n",
+             err != 0 ? fmt::format(": {}", std::strerror(err)) : std::string(" (an earlier write failed)"));
+  return false;
+}
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"posenc: positional encodings of Transformer attention, measured"};
   app.require_subcommand(1);
@@ -41,7 +57,8 @@ int main(int argc, char** argv) {
     // --help and --version exit 0; a command line CLI11 rejects (unknown option, missing
     // required option, a failed check such as an unwritable output path) is a
     // usage error: exit 2. Bad input found while running exits 1.
-    return app.exit(e) == 0 ? 0 : 2;
+    if (app.exit(e) != 0) return 2;
+    return stdout_written() ? 0 : 1;  // --help or --version on a full disk is not a success either
   } catch (const posenc::cli::UsageError& e) {
     // A flag value refused after parsing (a list item, a length out of range): exit 2 as CLI11's own checks.
     std::fflush(stdout);
@@ -69,14 +86,5 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "posenc: error: {}\n", e.what());
     return 1;
   }
-  // Results that never reached standard output (a full disk, a closed pipe) are a failure, not a success.
-  std::cout.flush();
-  errno = 0;
-  if (!std::cout || std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
-    const int err = errno;
-    fmt::print(stderr, "posenc: error: writing standard output failed{}\n",
-               err != 0 ? fmt::format(": {}", std::strerror(err)) : std::string());
-    return 1;
-  }
-  return 0;
+  return stdout_written() ? 0 : 1;
 }
