@@ -263,7 +263,8 @@ class Tokenizer {
 /// ("--tokenizer" for the CLI, "tokenizer" for the Python package). Throws
 /// IoError (unreadable, or a directory without tokenizer.json), CheckpointError
 /// (a malformed GGUF), TokenizerError (a posenc checkpoint given as a
-/// tokenizer, a GGUF without an embedded tokenizer, or a malformed tokenizer).
+/// tokenizer, a GGUF without an embedded tokenizer, or a malformed tokenizer;
+/// a file read as llama2.c says so in its message).
 /// The rule of every command's --tokenizer and of Model.load(tokenizer=...).
 Tokenizer load_tokenizer_from_path(const std::filesystem::path& path, std::string_view what);
 

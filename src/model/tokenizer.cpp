@@ -599,7 +599,15 @@ Tokenizer load_tokenizer_from_path(const std::filesystem::path& path, std::strin
   std::size_t i = 0;
   while (i < b.size() && std::isspace(static_cast<unsigned char>(b[i]))) ++i;
   if (i < b.size() && static_cast<char>(b[i]) == '{') return Tokenizer::load_tokenizer_json(path);
-  return Tokenizer::load_llama2c(path);
+  try {
+    return Tokenizer::load_llama2c(path);
+  } catch (const TokenizerError& e) {
+    // Whatever is neither JSON nor GGUF is read as llama2.c: say so, or a field of a format the user never named
+    // is all they see.
+    throw TokenizerError(fmt::format("{} (read as a llama2.c tokenizer .bin: the file is neither a tokenizer.json "
+                                     "nor a GGUF)",
+                                     e.what()));
+  }
 }
 
 void require_tokenizer_fits(const Tokenizer& tok, int64_t model_vocab_size, std::string_view tok_source,

@@ -96,6 +96,16 @@ TEST(Cli, GgufWithoutItsMagicIsRefusedAsAGguf) {
   }
 }
 
+// A file that is neither JSON nor GGUF (nor named .gguf) is read as a llama2.c tokenizer, and the message says so.
+TEST(Cli, ATokenizerReadAsLlama2cSaysSo) {
+  TempDir d;
+  const auto r = run_cli("tokenize --tokenizer " + q(d.file("junk.bin", "GGUXjunkjunkjunk")) + " --prompt x");
+  expect_clean_failure(r, "max_token_length");
+  EXPECT_NE(r.err.find("read as a llama2.c tokenizer .bin: the file is neither a tokenizer.json nor a GGUF"),
+            std::string::npos)
+      << r.err;
+}
+
 TEST(Cli, PplWritesJsonAtomically) {
   TempDir d;
   const auto out = d.path() / "sub" / "ppl.json";

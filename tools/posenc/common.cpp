@@ -185,6 +185,7 @@ void ModelArgs::add_to(CLI::App& cmd) {
                  "float32 (reproduces training/reference numerics; default), exact (angle in double), fp64 "
                  "(inv_freq too: the reference), bf16 or fp16 (every stage in that dtype, as a rotary module cast "
                  "to it; positions collide from 257 / 2049)")
+      ->check(non_empty())
       ->check(CLI::IsMember({"float32", "exact", "fp64", "bf16", "fp16"}))
       ->capture_default_str();
   cmd.add_option("--trained-context", trained_context,
@@ -195,6 +196,7 @@ void ModelArgs::add_to(CLI::App& cmd) {
                  "products with Q8_0/Q4_0 weights: dequantize (each weight widened to float32 in registers, "
                  "float32 products; default) or q8_activations (activations quantized to Q8_0, exact int8 block "
                  "products: llama.cpp's CPU arithmetic, and faster in prefill)")
+      ->check(non_empty())
       ->check(CLI::IsMember({"dequantize", "q8_activations"}))
       ->capture_default_str();
   cmd.add_option("--max-position", max_position,
