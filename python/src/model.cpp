@@ -189,8 +189,8 @@ Safe to call from several Python threads at once (the GIL is released around the
 Loads a model: a llama2.c .bin, a posenc checkpoint, a Hugging Face directory (config.json + model.safetensors +
 tokenizer.json) or a GGUF file (format detected from the contents); path and tokenizer are str or os.PathLike.
 tokenizer: a tokenizer.json (or its directory), a GGUF (its embedded vocabulary) or a llama2.c tokenizer .bin;
-default the one the model brings (HF directory, GGUF). A bundled tokenizer that cannot be used (e.g. a GGUF vocabulary with equal scores) does not stop
-the load: logits/forward work, and tokenize/score/generate raise posenc.TokenizerError with the reason. quantized_matmul:
+default the one the model brings (HF directory, GGUF). A bundled tokenizer that cannot be used (e.g. a GGUF
+vocabulary with equal scores) does not stop the load: logits/forward work, and tokenize/score/generate raise posenc.TokenizerError with the reason. quantized_matmul:
 "dequantize" or "q8_activations" (llama.cpp's arithmetic for Q8_0/Q4_0 weights). Raises posenc.IoError,
 posenc.CheckpointError, posenc.ConfigError, posenc.TokenizerError naming the file and field.)doc")
       .def_property_readonly("config", [](const PyModel& p) { return config_dict(p.model.config()); },
