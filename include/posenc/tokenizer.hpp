@@ -139,7 +139,8 @@ class Tokenizer {
   /// "GGUF gpt2 (byte-level BPE)".
   std::string describe() const;
   /// false when encode() would throw for any non-empty text (see
-  /// from_sentencepiece_vocab); unusable_reason() says why.
+  /// from_sentencepiece_vocab); unusable_reason() says why, starting with the
+  /// file the vocabulary came from.
   bool usable() const;
   const std::string& unusable_reason() const;
 

@@ -170,7 +170,7 @@ Safe to call from several Python threads at once (the GIL is released around the
               pm.tokenizer = load_tokenizer_from_path(*tokenizer, "tokenizer");
               pm.tokenizer_source = *tokenizer;
               if (!pm.tokenizer->usable())
-                throw TokenizerError(fmt::format("{}: {}", pm.tokenizer_source, pm.tokenizer->unusable_reason()));
+                throw TokenizerError(pm.tokenizer->unusable_reason());  // it names the file
               require_tokenizer_fits(*pm.tokenizer, pm.model.config().vocab_size, pm.tokenizer_source, path);
             } else if (pm.model.bundled_tokenizer()) {
               // A bundled tokenizer that cannot be used does not stop the model from loading (logits, forward and

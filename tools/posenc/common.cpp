@@ -245,11 +245,6 @@ nlohmann::json position_warning_json() {
 
 Tokenizer load_tokenizer_file(const std::string& path) { return load_tokenizer_from_path(path, "--tokenizer"); }
 
-std::string unusable_tokenizer_message(const std::string& source, const Tokenizer& tok) {
-  const std::string& why = tok.unusable_reason();
-  return why.rfind(source + ": ", 0) == 0 ? why : fmt::format("{}: {}", source, why);
-}
-
 namespace {
 /// --config, --rope-theta, --rope-layout, --angle-precision, --trained-context applied to `model`.
 std::vector<std::string> apply_model_overrides(Model& model, const ModelArgs& args) {
@@ -292,8 +287,10 @@ LoadedModel load_model(const ModelArgs& args) {
                                            : "; pass --tokenizer with a tokenizer.json or llama2.c tokenizer .bin"));
     throw ConfigError(fmt::format("--tokenizer: required, {} brings no tokenizer", args.model_path));
   }();
+  // The reason names the tokenizer's file; a bundled one is also said to be the model's.
   if (!tok.usable())
-    throw TokenizerError(unusable_tokenizer_message(tok_source, tok));
+    throw TokenizerError(args.tokenizer_path.empty() ? fmt::format("{}: {}", tok_source, tok.unusable_reason())
+                                                     : tok.unusable_reason());
   require_tokenizer_fits(tok, c.vocab_size, tok_source, args.model_path);
   auto notes = apply_model_overrides(model, args);
   install_position_bounds(model, args);

@@ -59,8 +59,6 @@ struct LoadedModel {
 /// A tokenizer file by its content: a directory holding tokenizer.json, a
 /// tokenizer.json (JSON text), or a llama2.c tokenizer. Throws posenc::Error.
 Tokenizer load_tokenizer_file(const std::string& path);
-/// Why `tok` (read from `source`) cannot be used, naming the source once (a reason may already start with it).
-std::string unusable_tokenizer_message(const std::string& source, const Tokenizer& tok);
 
 /// Loads the model (any format) and its tokenizer (--tokenizer, else the one
 /// the model brings), checks that the tokenizer's ids fit the model, applies

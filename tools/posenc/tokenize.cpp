@@ -50,7 +50,10 @@ void run_tokenize(const TokenizeArgs& a) {
     source = a.model_path + " (bundled)";
     return std::move(*t);
   }();
-  if (!tok.usable()) throw TokenizerError(unusable_tokenizer_message(source, tok));
+  // The reason names the tokenizer's file; a bundled one is also said to be the model's.
+  if (!tok.usable())
+    throw TokenizerError(a.tokenizer_path.empty() ? fmt::format("{}: {}", source, tok.unusable_reason())
+                                                  : tok.unusable_reason());
   // The option groups admit exactly one of --text and --prompt (CLI11 leaves --prompt '' unset: the empty text).
   const std::string text = a.text_path.empty() ? a.prompt.value_or("") : read_file(a.text_path);
   const std::vector<int32_t> ids = tok.encode_hf(text, !a.no_special);

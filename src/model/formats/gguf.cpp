@@ -108,17 +108,8 @@ bool is_integer(VT t) {
 }
 bool is_float(VT t) { return t == VT::float32 || t == VT::float64; }
 
-/// Printable form of bytes that should have been text (the magic).
-std::string printable(std::span<const std::byte> b) {
-  std::string s = "'";
-  for (auto c : b) {
-    const auto u = static_cast<unsigned char>(c);
-    s += (u >= 0x20 && u < 0x7f) ? std::string(1, static_cast<char>(u)) : fmt::format("\\x{:02x}", u);
-  }
-  return s + "'";
-}
-/// A name or key from the file, quoted for a message (detail::escaped: a malformed name is shown whole and
-/// cannot drive the terminal).
+/// Text from the file (a name, a key, the magic), quoted for a message (detail::escaped: a malformed name is
+/// shown whole and cannot drive the terminal).
 std::string printable(std::string_view text) {
   std::string s(1, '\'');  // appended, not "'" + ... + "'" (GCC 12 warns -Wrestrict on that, wrongly)
   s += detail::escaped(text);
@@ -510,7 +501,9 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
   // header
   r.need(4, "GGUF magic");
   const auto magic = r.bytes(4);
-  if (std::memcmp(magic.data(), "GGUF", 4) != 0) r.fail("GGUF magic", "not a GGUF file, expected 'GGUF'", printable(magic));
+  if (std::memcmp(magic.data(), "GGUF", 4) != 0)
+    r.fail("GGUF magic", "not a GGUF file, expected 'GGUF'",
+           printable(std::string_view(reinterpret_cast<const char*>(magic.data()), magic.size())));
   const uint32_t version = r.u32("version");
   if (version == 1)
     r.fail("version", "GGUF version 1 (32-bit counts and lengths) is not supported; this reader reads versions 2 and 3",
@@ -621,7 +614,8 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
     const auto& t = f.tensors_[order[k]];
     if (t.offset < prev.offset + prev.n_bytes)
       r.fail(fmt::format("tensor {} offset", printable(t.name)),
-             fmt::format("overlaps tensor {} (data bytes [{}, {}))", printable(prev.name), prev.offset, prev.offset + prev.n_bytes),
+             fmt::format("overlaps tensor {} (data bytes [{}, {}))", printable(prev.name), prev.offset,
+                         prev.offset + prev.n_bytes),
              t.offset);
   }
   return f;

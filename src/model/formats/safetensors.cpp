@@ -24,6 +24,8 @@
 
 namespace posenc {
 
+using detail::escaped;
+
 static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian; so must the host be");
 
 using json = nlohmann::json;
@@ -52,10 +54,6 @@ const DtypeInfo& info(SafetensorsDtype d) {
     if (i.dtype == d) return i;
   throw InvalidArgument(fmt::format("dtype: not a SafetensorsDtype (got {})", static_cast<int>(d)));
 }
-
-/// A tensor name or key from the header as shown in a message (an escaped NUL in the JSON decodes to a NUL byte,
-/// which would end it): detail::escaped.
-std::string shown(std::string_view text) { return detail::escaped(text); }
 
 std::string known_dtypes() {
   std::vector<std::string_view> names;
@@ -166,9 +164,11 @@ SafetensorsFile SafetensorsFile::parse(std::span<const std::byte> bytes, std::st
     throw CheckpointError(fmt::format("{}: unusable JSON value in the header: {}", src, e.what()));
   }
   if (!dup.empty()) {
-    if (dup.size() == 1) throw CheckpointError(fmt::format("{}: tensor {} is listed twice in the header", src, shown(dup[0])));
+    if (dup.size() == 1)
+      throw CheckpointError(fmt::format("{}: tensor {} is listed twice in the header", src, escaped(dup[0])));
     throw CheckpointError(
-        fmt::format("{}: {}: key {} appears twice", src, fmt::join(dup.begin(), dup.end() - 1, "."), shown(dup.back())));
+        fmt::format("{}: {}: key {} appears twice", src, fmt::join(dup.begin(), dup.end() - 1, "."),
+                    escaped(dup.back())));
   }
   if (!h.is_object()) throw CheckpointError(fmt::format("{}: header must be a JSON object (got {})", src, show(h)));
 
@@ -182,13 +182,13 @@ SafetensorsFile SafetensorsFile::parse(std::span<const std::byte> bytes, std::st
         throw CheckpointError(fmt::format("{}: __metadata__ must be an object of strings (got {})", src, show(entry)));
       for (const auto& [k, v] : entry.items()) {
         if (!v.is_string())
-          throw CheckpointError(fmt::format("{}: __metadata__.{} must be a string (got {})", src, shown(k), show(v)));
+          throw CheckpointError(fmt::format("{}: __metadata__.{} must be a string (got {})", src, escaped(k), show(v)));
         f.metadata_.emplace(k, v.get<std::string>());
       }
       continue;
     }
     auto fail = [&](const std::string& what) {
-      throw CheckpointError(fmt::format("{}: tensor {}: {}", src, shown(name), what));
+      throw CheckpointError(fmt::format("{}: tensor {}: {}", src, escaped(name), what));
     };
     if (!entry.is_object())
       fail(fmt::format("entry must be an object with dtype, shape and data_offsets (got {})", show(entry)));
@@ -248,7 +248,8 @@ SafetensorsFile SafetensorsFile::parse(std::span<const std::byte> bytes, std::st
   for (const auto* t : by_offset) {
     if (reach != nullptr && t->begin < reach->end)
       throw CheckpointError(fmt::format("{}: tensor {}: data_offsets [{}, {}] overlap tensor {}'s [{}, {}]", src,
-                                        shown(t->name), t->begin, t->end, shown(reach->name), reach->begin, reach->end));
+                                        escaped(t->name), t->begin, t->end, escaped(reach->name), reach->begin,
+                                        reach->end));
     if (reach == nullptr || t->end > reach->end) reach = t;
   }
   return f;
@@ -263,8 +264,8 @@ const SafetensorsTensor* SafetensorsFile::find(std::string_view name) const {
 std::span<const std::byte> SafetensorsFile::data(const SafetensorsTensor& t) const {
   const uint64_t data_size = bytes_.size() - data_start_;
   if (t.begin > t.end || t.end > data_size)
-    throw InvalidArgument(fmt::format("tensor {}: byte range [{}, {}] is not in {} (data section {} bytes)", shown(t.name),
-                                      t.begin, t.end, source_, data_size));
+    throw InvalidArgument(fmt::format("tensor {}: byte range [{}, {}] is not in {} (data section {} bytes)",
+                                      escaped(t.name), t.begin, t.end, source_, data_size));
   return bytes_.subspan(static_cast<std::size_t>(data_start_ + t.begin), static_cast<std::size_t>(t.end - t.begin));
 }
 
@@ -274,10 +275,10 @@ std::vector<float> SafetensorsFile::to_float32(const SafetensorsTensor& t) const
   if (t.dtype != SafetensorsDtype::F32 && t.dtype != SafetensorsDtype::F16 && t.dtype != SafetensorsDtype::BF16)
     throw CheckpointError(
         fmt::format("{}: tensor {}: dtype {} cannot be converted to float32 (supported: F32, F16, BF16)", source_,
-                    shown(t.name), to_string(t.dtype)));
+                    escaped(t.name), to_string(t.dtype)));
   const std::size_t n = bytes.size() / static_cast<std::size_t>(size);
   if (static_cast<uint64_t>(t.n_elements()) != n)
-    throw InvalidArgument(fmt::format("tensor {}: shape [{}] does not match its {} bytes in {}", shown(t.name),
+    throw InvalidArgument(fmt::format("tensor {}: shape [{}] does not match its {} bytes in {}", escaped(t.name),
                                       fmt::join(t.shape, ", "), bytes.size(), source_));
   std::vector<float> out(n);
   if (t.dtype == SafetensorsDtype::F32) {
