@@ -72,9 +72,9 @@ int main(int argc, char** argv) {
     // libstdc++'s "filesystem error: <operation>: <reason> [<path>]": the path first, as every other message.
     std::fflush(stdout);
     std::string what = e.what();
-    if (const std::string_view pre = "filesystem error: "; what.rfind(pre, 0) == 0) what.erase(0, pre.size());
-    if (const auto cut = what.find(" [" + e.path1().string() + "]"); !e.path1().empty() && cut != std::string::npos)
-      what = e.path1().string() + ": " + what.substr(0, cut) + what.substr(cut + 3 + e.path1().string().size());
+    if (const std::string_view pre = "filesystem error: "; what.starts_with(pre)) what.erase(0, pre.size());
+    const std::string path = e.path1().string(), tail = " [" + path + "]";
+    if (!path.empty() && what.ends_with(tail)) what = path + ": " + what.substr(0, what.size() - tail.size());
     fmt::print(stderr, "posenc: error: {}\n", what);
     return 1;
   } catch (const std::bad_alloc&) {
