@@ -374,7 +374,8 @@ bool panels_pay(int64_t n, const RawMatrix& w) {
 template <WeightType T>
 void matmul_panels_avx2(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
   const int64_t out = w.rows, in = w.cols, rb = w.row_bytes(), chunks = in / kLanes;
-  const int64_t panels = out / kPanelRows, block = panel_block_rows(in);
+  const int64_t panels = out / kPanelRows;
+  const BalancedBlocks blocks(n, panel_block_rows(in), kPanelTileRows);
   const int64_t segments = (chunks + kPanelSegment - 1) / kPanelSegment;
 #pragma omp parallel if (parallel_pays(n, w))
   {
@@ -384,12 +385,12 @@ void matmul_panels_avx2(const float* x, int64_t n, const RawMatrix& w, float* y,
     std::vector<float> panel(static_cast<std::size_t>(std::min(chunks, kPanelSegment) * kPanelRows * kLanes));
     // Each tile's lanes between blocks of chunks: per tile of a block, and per panel when the rows span
     // several segments (the segment loop is outside the panel loop).
-    const int64_t tiles_max = std::min(block, n) / kPanelTileRows;  // in any block of this call
+    const int64_t tiles_max = std::min(blocks.max_size(), n) / kPanelTileRows;  // in any block of this call
     const std::size_t acc_count =
         static_cast<std::size_t>(std::max<int64_t>(tiles_max, 1) * (segments > 1 ? std::max<int64_t>(p1 - p0, 1) : 1));
     const std::unique_ptr<TileAcc[]> acc(new TileAcc[acc_count]);
-    for (int64_t b0 = 0; b0 < n; b0 += block) {
-      const int64_t b1 = std::min(n, b0 + block), tiles = (b1 - b0) / kPanelTileRows;
+    for (int64_t bi = 0; bi < blocks.count; ++bi) {
+      const int64_t b0 = blocks.begin(bi), b1 = blocks.begin(bi + 1), tiles = (b1 - b0) / kPanelTileRows;
       for (int64_t s0 = 0; s0 < chunks; s0 += kPanelSegment) {
         const int64_t s1 = std::min(chunks, s0 + kPanelSegment);
         for (int64_t pi = p0; pi < p1; ++pi) {
@@ -622,7 +623,7 @@ template <WeightType T>
 void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
   const int64_t out = w.rows, in = w.cols, rb = w.row_bytes(), chunks = in / kLanes;
   const int64_t panels = (out + kZCols - 1) / kZCols, cblocks = (chunks + kZChunks - 1) / kZChunks;
-  const int64_t block = zpanel_block_rows(in);
+  const BalancedBlocks blocks(n, zpanel_block_rows(in), kZRows);
 #pragma omp parallel if (parallel_pays(n, w))
   {
     // This thread's panels (the same ones for every block of rows: it widens only its own weight rows).
@@ -631,13 +632,13 @@ void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* 
     AlignedFloatVector panel(static_cast<std::size_t>(std::min(chunks, kZChunks) * kZCols * kLanes));
     // Rows of more than one block of chunks go a block of chunks at a time over a group of panels, each tile's
     // lanes kept between blocks: the group's accumulators in a quarter of the L2 (x's block of chunks has another).
-    const int64_t tiles_max = (std::min(block, n) + kZRows - 1) / kZRows;
+    const int64_t tiles_max = (std::min(blocks.max_size(), n) + kZRows - 1) / kZRows;
     const int64_t group =
         cblocks == 1 ? 1
                      : std::max<int64_t>(1, l2_half_bytes() / 2 / (tiles_max * static_cast<int64_t>(sizeof(ZTileAcc))));
     const std::unique_ptr<ZTileAcc[]> acc(new ZTileAcc[static_cast<std::size_t>(tiles_max * std::min(group, std::max<int64_t>(p1 - p0, 1)))]);
-    for (int64_t b0 = 0; b0 < n; b0 += block) {
-      const int64_t b1 = std::min(n, b0 + block), tiles = (b1 - b0 + kZRows - 1) / kZRows;
+    for (int64_t bi = 0; bi < blocks.count; ++bi) {
+      const int64_t b0 = blocks.begin(bi), b1 = blocks.begin(bi + 1), tiles = (b1 - b0 + kZRows - 1) / kZRows;
       for (int64_t g0 = p0; g0 < p1; g0 += group) {
         const int64_t g1 = std::min(p1, g0 + group);
         for (int64_t c0 = 0; c0 < chunks; c0 += kZChunks) {

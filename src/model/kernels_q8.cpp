@@ -715,9 +715,10 @@ void matmul_q8_amx_impl(const std::byte* x_q, int64_t n, int64_t in, const std::
       std::memcpy(xa.data() + ((r / 16 * blocks + b) * 16 + r % 16) * kQBlock, src + 2, kQBlock);
       dxf[static_cast<std::size_t>(r * blocks + b)] = load_fp16(src);
     }
-  // Tiles of x a block at a time (a block's A tiles in half of a 2 MiB L2), panels inside it: each panel is
-  // repacked once per block of tiles.
-  const int64_t block_tiles = std::max<int64_t>(1, (int64_t{1} << 20) / (blocks * 512));
+  // Tiles of x a block at a time (a block's A tiles in about half of a 2 MiB L2, balanced: the down projection's
+  // 16 tiles of a 256-token prompt were blocks of 13 and 3), panels inside it: each panel is repacked once per
+  // block of tiles.
+  const BalancedBlocks tile_blocks(tiles, std::max<int64_t>(1, (int64_t{1} << 20) / (blocks * 512)), 1);
   const int64_t panels = (out + kPanel - 1) / kPanel;
 #pragma omp parallel if (q8_parallel(n, in, out))
   {
@@ -725,11 +726,11 @@ void matmul_q8_amx_impl(const std::byte* x_q, int64_t n, int64_t in, const std::
     PanelBuffer panel(blocks);
     const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
     const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
-    for (int64_t t0 = 0; t0 < tiles; t0 += block_tiles)
+    for (int64_t bi = 0; bi < tile_blocks.count; ++bi)
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t o0 = p * kPanel, cols = std::min(kPanel, out - o0);
         pack_panel<Q4>(w, wrow, o0, cols, blocks, panel.data());
-        for (int64_t t = t0; t < std::min(tiles, t0 + block_tiles); ++t) {
+        for (int64_t t = tile_blocks.begin(bi); t < tile_blocks.begin(bi + 1); ++t) {
           const int rows = static_cast<int>(std::min<int64_t>(16, n - t * 16));
           amx_panel_tile(xa.data() + t * blocks * 512, dxf.data() + t * 16 * blocks, blocks, panel.data(), rows,
                          y + t * 16 * out + o0, out, cols, accumulate);

@@ -92,20 +92,21 @@ TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitOnAwkwardShapes) {
 }
 
 TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitAcrossPrefillBlocks) {
-  // Prefill shapes for the panel paths. AVX2: x rows past one block (64 rows for rows of 1024 weights or more:
-  // 133 rows are blocks of 64, 64 and 5, each with full 4-row tiles), rows of 66 and 304 chunks (segments of
-  // 64 chunks and blocks of 32, the last partial), weight rows not a multiple of the 3-row panel, x rows not
-  // a multiple of the tile, and products large enough for the parallel region (two threads, each its own
-  // panels across segments). AVX-512 (8-row panels, 3-row tiles, blocks of 64 chunks): rows of 66 and 304
-  // chunks (2 and 5 blocks of chunks, the last partial), 133 x rows past a block of rows on a 2 MiB L2
-  // (126 rows for rows of more than 64 chunks), weight rows not a multiple of 8 (a last panel of 4, 5 or
-  // 7), x rows not a multiple of 3, and 300 x 1056 for several groups of panels per thread (8 panels a
-  // group at 42 tiles: 19 panels each).
+  // Prefill shapes for the panel paths. AVX2: x rows past one block (64 rows for rows of 1024 weights or more,
+  // balanced: 133 rows are blocks of 68 and 65, 200 rows 64, 68 and 68, 400 rows six of 64-68), rows of 66 and 304
+  // chunks (segments of 64 chunks and blocks of 32, the last partial), weight rows not a multiple of the 3-row
+  // panel, x rows not a multiple of the tile, and products large enough for the parallel region (two threads, each
+  // its own panels across segments). AVX-512 (8-row panels, 3-row tiles, blocks of 64 chunks): rows of 66 and 304
+  // chunks (2 and 5 blocks of chunks, the last partial), x rows past a block of rows on a 2 MiB L2 (255 rows for
+  // rows of up to 64 chunks: 400 rows are blocks of 201 and 199; 126 rows for longer ones: 200 rows are blocks of
+  // 99 and 101; 133 rows stay one block), weight rows not a multiple of 8 (a last panel of 4, 5 or 7), x rows not a
+  // multiple of 3, and 300 x 1056 for several groups of panels per thread.
   const DenseKernel k = GetParam();
   if (!dense_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
   for (WeightType t : kTypes)
     for (auto [n, out, in] : {std::tuple<int64_t, int64_t, int64_t>{67, 7, 1056}, {29, 5, 4864}, {8, 3, 1056}, {133, 20, 1056},
-                                 {70, 7, 4864}, {133, 300, 1056}, {256, 13, 1024}})
+                                 {70, 7, 4864}, {133, 300, 1056}, {256, 13, 1024},
+                                 {200, 20, 1056}, {400, 13, 1024}})
       ASSERT_TRUE(path_equals_reference(k, t, n, out, in, static_cast<uint32_t>(in + out + n),
                                         static_cast<uint32_t>(n + 2000), 78));
 }
@@ -157,6 +158,42 @@ TEST_P(KernelsDensePath, NonFiniteValuesGiveTheReferenceBits) {
 
 INSTANTIATE_TEST_SUITE_P(Paths, KernelsDensePath, ::testing::Values(DenseKernel::avx2, DenseKernel::avx512),
                          [](const auto& info) { return std::string(to_string(info.param)); });
+
+// The prefill paths' blocks of x rows (and AMX's blocks of tiles): they cover [0, n) in order, each a multiple of
+// the tile but the last, none empty, none larger than max_size(), sizes within two tiles of each other (no short
+// remainder: 256 rows against a cap of 255 are one block, not 255 + 1), round(n / cap) of them.
+TEST(KernelsDense, BalancedBlocksCoverTheRowsWithoutAShortRemainder) {
+  EXPECT_EQ(BalancedBlocks(256, 255, 3).count, 1);
+  EXPECT_EQ(BalancedBlocks(256, 126, 3).begin(1), 129);  // 129 + 127, not 126 + 126 + 4
+  EXPECT_EQ(BalancedBlocks(16, 13, 1).count, 1);          // AMX: a 256-row prompt's 16 tiles on 4864-weight rows
+  int checked = 0;
+  for (int64_t cap : {1, 2, 3, 16, 64, 126, 255, 1000})
+    for (int64_t multiple : {1, 3, 4, 16})
+      for (int64_t n = 1; n <= 1200; n += 7) {
+        const BalancedBlocks b(n, cap, multiple);
+        ASSERT_GE(b.count, 1);
+        EXPECT_EQ(b.count, std::max<int64_t>(1, std::min((n + cap / 2) / cap, (n + multiple - 1) / multiple)));
+        EXPECT_EQ(b.begin(0), 0);
+        EXPECT_EQ(b.begin(b.count), n);
+        int64_t lo = n, hi = 0;
+        for (int64_t i = 0; i < b.count; ++i) {
+          const int64_t size = b.begin(i + 1) - b.begin(i);
+          ASSERT_GT(size, 0) << n << " " << cap << " " << multiple << " block " << i;
+          ASSERT_LE(size, b.max_size());
+          if (i + 1 < b.count) {
+            EXPECT_EQ(size % multiple, 0);
+          }
+          lo = std::min(lo, size);
+          hi = std::max(hi, size);
+        }
+        EXPECT_LT(hi - lo, 2 * multiple) << n << " " << cap << " " << multiple;
+        if (n >= cap) {
+          EXPECT_LE(b.max_size(), cap + cap / 2 + multiple) << n << " " << cap << " " << multiple;
+        }
+        ++checked;
+      }
+  EXPECT_EQ(checked, 8 * 4 * 172);
+}
 
 TEST(KernelsDense, DispatchTakesTheWidestPathThisCpuRuns) {
   const DenseKernel want = dense_kernel_supported(DenseKernel::avx512) ? DenseKernel::avx512

@@ -225,13 +225,15 @@ TEST_P(KernelsQ8Path, ThreadAndBatchInvariant) {
   }
 }
 
-// Shapes of real size: AMX with more tiles of x than one block of them holds (4864-weight rows, 256 rows of x: two
-// blocks of tiles, each panel repacked per block), and decode on two threads with fewer than 16 weight rows each
+// Shapes of real size: AMX with more tiles of x than one block of them holds (4864-weight rows: a block holds 13
+// tiles of 16 rows; 256 rows of x are 16 tiles, one balanced block; 410 rows are 26 tiles, the last of 10 rows, in two
+// blocks of 13, each panel repacked per block), and decode on two threads with fewer than 16 weight rows each
 // (the rows left over go one at a time) and with runs of 16.
 TEST_P(KernelsQ8Path, RealSizeShapesGiveTheReferenceBits) {
   const Q8Kernel k = GetParam();
   if (!q8_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
-  for (auto [n, out, in] : {std::tuple<int64_t, int64_t, int64_t>{256, 17, 4864}, {1, 20, 16384}, {1, 70, 4096}}) {
+  for (auto [n, out, in] : {std::tuple<int64_t, int64_t, int64_t>{256, 17, 4864}, {410, 17, 4864}, {1, 20, 16384},
+                                 {1, 70, 4096}}) {
     const auto wq = ggml_quantize(GgmlType::q8_0, randn(static_cast<std::size_t>(out * in), static_cast<uint32_t>(out), 0.05f));
     const auto xq = quantized(randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n), 1.0f), n, in);
     std::vector<float> a(static_cast<std::size_t>(n * out)), b(a.size());
