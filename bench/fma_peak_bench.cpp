@@ -3,6 +3,15 @@
 // AVX2 8-lane) on 24 accumulators, enough to cover the FMA latency (4 cycles)
 // on two FMA ports. GFLOPs counts 2 flops per lane per FMA.
 // Argument: threads (OpenMP).
+//
+// BM_FmaPeakWithLoads/loads:L: the same 24 FMAs per step, their first operands
+// L vectors loaded from L1 (each feeding 24/L accumulators, so every load is
+// needed and none is folded twice): the ceiling of a kernel that loads L vectors
+// per 24 FMAs even when everything it reads is in L1. L = 11 is the AVX-512
+// prefill tile's ratio (3 rows of x and 8 weight vectors per 24 FMAs,
+// kernels_dense.cpp); 10 is a 4 x 6 or 5 x 5 tile's. On the Sapphire Rapids
+// machine of the README's Speed section each 16-lane load took about 0.3 of an
+// FMA cycle: 11 loads cost about 20% of the peak.
 #include <cstdint>
 
 #include <immintrin.h>
@@ -63,6 +72,46 @@ void BM_FmaPeak(benchmark::State& state) {
   const double flops = 2.0 * kLanes * kAcc * static_cast<double>(kInner) * threads;
   state.counters["GFLOPs"] = posenc::bench::giga_rate(flops, state);
 }
+#if defined(__AVX512F__)
+/// 24 FMAs per step as fma_loop, their first operands L vectors loaded from a 24 KiB ring (16 steps of 24 vectors)
+/// in L1.
+template <int L>
+double fma_loads_loop(const float* ring, float seed) {
+  static_assert(L >= 1 && L <= kAcc);
+  __m512 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = _mm512_set1_ps(seed * static_cast<float>(i));
+  const __m512 a = _mm512_set1_ps(0.999999f);
+  for (int64_t it = 0; it < kInner; ++it) {
+    const float* q = ring + (it & 15) * kAcc * kLanes;
+#pragma GCC unroll 24
+    for (int l = 0; l < L; ++l) {
+      __m512 v = _mm512_load_ps(q + l * kLanes);
+      asm("" : "+v"(v));  // one load per vector, kept in a register for its accumulators
+#pragma GCC unroll 24
+      for (int i = l * kAcc / L; i < (l + 1) * kAcc / L; ++i) acc[i] = _mm512_fmadd_ps(v, a, acc[i]);
+    }
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < kAcc; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
+template <int L>
+void BM_FmaPeakWithLoads(benchmark::State& state) {
+  posenc::bench::FloatBuffer ring(16 * kAcc * kLanes);
+  ring.fill_normal(3, 1e-3f);
+  double sink = 0;
+  for (auto _ : state) {
+    sink += fma_loads_loop<L>(ring.get(), 1.0f);
+    benchmark::DoNotOptimize(sink);
+  }
+  state.counters["GFLOPs"] = posenc::bench::giga_rate(2.0 * kLanes * kAcc * static_cast<double>(kInner), state);
+}
+BENCHMARK(BM_FmaPeakWithLoads<10>)->Name("BM_FmaPeakWithLoads/loads:10")->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_FmaPeakWithLoads<11>)->Name("BM_FmaPeakWithLoads/loads:11")->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_FmaPeakWithLoads<24>)->Name("BM_FmaPeakWithLoads/loads:24")->UseRealTime()->Unit(benchmark::kMicrosecond);
+#endif
+
 BENCHMARK(BM_FmaPeak)->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
