@@ -4,7 +4,8 @@
 Usage: vs_llama_cpp_table.py OUT_DIR   (session.txt, posenc.json, llama-bench-<model>.json as the script writes them)
 Prints a Markdown table: tokens/s of each (posenc: median of the repetitions; llama.cpp: median of its samples),
 the ratio posenc / llama.cpp, decode's weight bytes per second as a share of the DRAM read bandwidth measured in
-the same posenc process, and prefill's projection GFLOP/s as a share of the measured FMA peak. A quantized model
+the same posenc process, and prefill's projection GFLOP/s as a share of the measured FMA peak (above the table: that
+peak when 11 vectors per 24 FMAs are loaded from L1, the AVX-512 prefill tile's ceiling). A quantized model
 measured also with --quantized-matmul q8_activations (llama.cpp's own arithmetic: int8 products on activations
 quantized to Q8_0) gets a second row, "(q8_activations)"; the first is the exact float32 products.
 """
@@ -27,6 +28,11 @@ def main(out_dir):
     peak = {t: med.get(f"BM_FmaPeak/threads:{t}/real_time", {}).get("GFLOPs") for t in (1, 2)}
     print(open(os.path.join(out_dir, "session.txt")).read().strip())
     print()
+    ceiling = med.get("BM_FmaPeakWithLoads/loads:11/real_time", {}).get("GFLOPs")
+    if ceiling and peak.get(1):
+        print(f"FMA peak with the AVX-512 prefill tile's loads (11 per 24 FMAs, from L1; one thread): {ceiling:.0f} "
+              f"GFLOP/s, {100 * ceiling / peak[1]:.0f}% of the FMA peak")
+        print()
     print("| model | test | threads | posenc t/s | llama.cpp t/s | posenc / llama.cpp | share of the machine's limit |")
     print("|---|---|--:|--:|--:|--:|--:|")
     for path in sorted(glob.glob(os.path.join(out_dir, "llama-bench-*.json"))):
