@@ -298,17 +298,17 @@ POSENC_DENSE_TILES(Avx2, POSENC_TARGET_AVX2)
 
 constexpr int64_t kPanelRows = 3, kPanelTileRows = 4, kPanelChunks = 32;
 /// Chunks per segment (1024 weights): rows longer than this are taken a segment at a time, each segment's
-/// x block (the rows' 4 KiB there) in L2, so that a block of x holds 64 rows for any length of 1024 or more and each
-/// weight is widened once per 64 rows (once per 12 rows for the 4864 weights of an FFN's down projection
-/// otherwise; measured: 15% of an F16 prefill in the widening).
+/// x block (the rows' 4 KiB there) in L2, so that a block of x holds up to 64 rows for any length of 1024 or more
+/// and each weight is widened once per block of up to 64 rows (once per 12 rows for the 4864 weights of an FFN's
+/// down projection otherwise; measured: 15% of an F16 prefill in the widening).
 constexpr int64_t kPanelSegment = 64;
 /// A tile's 16 lanes per output between blocks of chunks: [half][x row][weight row].
 struct TileAcc {
   __m256 v[2][kPanelTileRows][kPanelRows];
 };
-/// Rows of x per block: a multiple of the tile, about 256 KiB of them in a segment (half of Zen 3's 512 KiB L2, the
-/// other half for the panel and y), at least one tile. (Measured with 384 and 448 KiB: no faster at one
-/// thread, slower at two.)
+/// The cap of x rows per block (BalancedBlocks evens the blocks out): a multiple of the tile, about 256 KiB of them in
+/// a segment (half of Zen 3's 512 KiB L2, the other half for the panel and y), at least one tile. (Measured with 384
+/// and 448 KiB: no faster at one thread, slower at two.)
 int64_t panel_block_rows(int64_t cols) {
   const int64_t seg = std::min(cols, kPanelSegment * kLanes);
   return std::max<int64_t>(kPanelTileRows, (int64_t{256} * 1024 / (seg * 4)) / kPanelTileRows * kPanelTileRows);
@@ -375,7 +375,8 @@ template <WeightType T>
 void matmul_panels_avx2(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
   const int64_t out = w.rows, in = w.cols, rb = w.row_bytes(), chunks = in / kLanes;
   const int64_t panels = out / kPanelRows;
-  const BalancedBlocks blocks(n, panel_block_rows(in), kPanelTileRows);
+  // No slack: the cap was measured as the best block (384 and 448 KiB of rows: slower at two threads on Zen 3).
+  const BalancedBlocks blocks(n, panel_block_rows(in), kPanelTileRows, 0);
   const int64_t segments = (chunks + kPanelSegment - 1) / kPanelSegment;
 #pragma omp parallel if (parallel_pays(n, w))
   {
@@ -450,8 +451,9 @@ void matmul_avx2(const float* x, int64_t n, const RawMatrix& w, float* y, bool a
 // in L1 while every tile of the block passes it), and runs tiles of kZRows x rows by the panel's rows on it: the
 // tile holds its 3 x vectors in registers and takes the panel's 8 one at a time (24 accumulators, 4 more zmm;
 // 11 loads per 24 fmas), x comes from L2, prefetched a few chunks ahead, and the 24 outputs are summed 16 at a time
-// by reduce16. Rows of at most 64 chunks (1024 weights) are one block of chunks: a block of x rows is the rows that
-// fill half of the L2 (255 on a 2 MiB L2, about a whole 256-token prompt), and a tile runs its row from end to end.
+// by reduce16. Rows of at most 64 chunks (1024 weights) are one block of chunks: a block of x rows is about the rows
+// that fill half of the L2 (255 on a 2 MiB L2; BalancedBlocks, so a 256-token prompt is one block of 256, not 255
+// and 1), and a tile runs its row from end to end.
 // Longer rows go a block of chunks at a time over a group of panels, each tile's lanes kept in memory between
 // blocks (zpanel_block_rows says how the L2 is shared). Every lane takes the fmas of tile_Avx512 in the same order
 // from the same +0, and the tree is the same: the reference's bits, for every n and thread count. Measured on the
@@ -476,10 +478,11 @@ int64_t l2_half_bytes() {
   return half;
 }
 
-/// x rows per block (each weight is widened once per block of rows): a multiple of the tile whose rows fill half of
-/// the L2 when they are one block of chunks, and whose block of chunks (kZChunks of each row) fills a quarter of it
-/// otherwise (the accumulators of a group of panels take another quarter). Measured on the 4864-weight rows of an
-/// FFN's down projection: 130 GFLOP/s with half of the L2 for x and 4 panels a group, 137 with a quarter and 8.
+/// The cap of x rows per block (BalancedBlocks evens the blocks out, a quarter more allowed; each weight is widened
+/// once per block of rows): a multiple of the tile whose rows fill half of the L2 when they are one block of chunks,
+/// and whose block of chunks (kZChunks of each row) fills a quarter of it otherwise (the accumulators of a group of
+/// panels take another quarter). Measured on the 4864-weight rows of an FFN's down projection: 130 GFLOP/s with half
+/// of the L2 for x and 4 panels a group, 137 with a quarter and 8.
 int64_t zpanel_block_rows(int64_t cols) {
   const int64_t budget = cols <= kZChunks * kLanes ? l2_half_bytes() : l2_half_bytes() / 2;
   return std::max<int64_t>(kZRows, budget / (std::min(cols, kZChunks * kLanes) * 4) / kZRows * kZRows);
@@ -623,7 +626,10 @@ template <WeightType T>
 void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
   const int64_t out = w.rows, in = w.cols, rb = w.row_bytes(), chunks = in / kLanes;
   const int64_t panels = (out + kZCols - 1) / kZCols, cblocks = (chunks + kZChunks - 1) / kZChunks;
-  const BalancedBlocks blocks(n, zpanel_block_rows(in), kZRows);
+  // A quarter of the cap as slack: a 256-token prompt is one block of 256 rows against a cap of 255, rather than two
+  // blocks each widening every weight.
+  const int64_t cap = zpanel_block_rows(in);
+  const BalancedBlocks blocks(n, cap, kZRows, cap / 4);
 #pragma omp parallel if (parallel_pays(n, w))
   {
     // This thread's panels (the same ones for every block of rows: it widens only its own weight rows).

@@ -31,12 +31,13 @@ namespace posenc::detail {
 enum class DenseKernel {
   reference,  ///< the scalar loops of matmul_w_reference (any x86-64)
   avx2,       ///< AVX2 + FMA + F16C: two 8-lane halves per accumulator, tiles of 2 x rows by 3 weight rows;
-              ///< for n >= 4 rows of a multiple of 16 (prefill), 3-row weight panels widened once per 64 x
-              ///< rows (per 1024-weight segment) and tiles of 4 x rows by 3, one half of the lanes per pass
+              ///< for n >= 4 rows of a multiple of 16 (prefill), 3-row weight panels widened once per block of
+              ///< up to 64 x rows (per 1024-weight segment) and tiles of 4 x rows by 3, one half of the lanes per
+              ///< pass
   avx512,     ///< AVX-512 F/BW/VL + F16C: 16-lane accumulators, tiles of 4 x rows by 4 weight rows; for rows
               ///< of a multiple of 16: one row of x (decode) against 16 runs of a thread's weight rows read side
-              ///< by side, and for n >= 6 (prefill) 8-row weight panels widened once per block of x rows (the
-              ///< rows that fill half of the L2) and tiles of 3 x rows by 8
+              ///< by side, and for n >= 6 (prefill) 8-row weight panels widened once per block of x rows (about
+              ///< the rows that fill half of the L2, the blocks balanced) and tiles of 3 x rows by 8
 };
 std::string_view to_string(DenseKernel k);
 /// Whether this CPU runs path k (cpuid, through __builtin_cpu_supports).
@@ -64,18 +65,20 @@ void matmul_w_reference(const float* x, int64_t n, const RawMatrix& w, float* y,
 /// std::logic_error when this CPU cannot run k.
 void matmul_w_with(DenseKernel k, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate);
 
-/// n items (rows or tiles of x) taken a block at a time, when `cap` of them fill the cache budget: round(n / cap)
-/// blocks (at least one) whose sizes are multiples of `multiple` (the kernel's tile; the last block takes what is
-/// left) and differ by at most one multiple (two for the last), so that no block is a short remainder that costs a
-/// whole pass over the weights (with blocks of cap, a 256-token prompt against a cap of 255 rows made a block of
-/// one row, which widened every weight of the matrix a second time for it: measured 5-16% of the 487M model's F16
-/// prefill). A block holds at most about 1.5 x cap items. Block i is [begin(i), begin(i + 1)), i < count.
-/// n, cap, multiple > 0.
+/// n items (rows or tiles of x) taken a block at a time, when `cap` of them fill the cache budget and a block may
+/// hold `slack` more: ceil(n / (cap + slack)) blocks (at least one) whose sizes are multiples of `multiple` (the
+/// kernel's tile; the last block takes what is left) and differ by at most one multiple (two for the last), so that
+/// no block is a short remainder that costs a whole pass over the weights. With blocks of cap, a 256-token prompt
+/// against a cap of 255 rows made a block of one row, which widened every weight of the matrix a second time for it
+/// (the down projection's 126 + 126 + 4 rows, AMX's 13 + 3 tiles; measured: the 487M model's F16 prefill 3-9% and
+/// its Q8_0 q8_activations prefill 2.5-6% faster balanced). No block holds more than cap + slack items rounded up
+/// to the multiple; with no slack and cap a multiple, none more than cap. Block i is [begin(i), begin(i + 1)),
+/// i < count. n, cap, multiple > 0, slack >= 0.
 struct BalancedBlocks {
   int64_t n, multiple, units, count;
-  constexpr BalancedBlocks(int64_t n_, int64_t cap, int64_t multiple_)
+  constexpr BalancedBlocks(int64_t n_, int64_t cap, int64_t multiple_, int64_t slack)
       : n(n_), multiple(multiple_), units((n_ + multiple_ - 1) / multiple_),
-        count(std::max<int64_t>(1, std::min((n_ + cap / 2) / cap, (n_ + multiple_ - 1) / multiple_))) {}
+        count(std::max<int64_t>(1, std::min((n_ + cap + slack - 1) / (cap + slack), units))) {}
   constexpr int64_t begin(int64_t i) const { return std::min(n, i * units / count * multiple); }
   /// No block is larger: ceil(units / count) multiples.
   constexpr int64_t max_size() const { return (units + count - 1) / count * multiple; }

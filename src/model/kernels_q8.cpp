@@ -715,10 +715,11 @@ void matmul_q8_amx_impl(const std::byte* x_q, int64_t n, int64_t in, const std::
       std::memcpy(xa.data() + ((r / 16 * blocks + b) * 16 + r % 16) * kQBlock, src + 2, kQBlock);
       dxf[static_cast<std::size_t>(r * blocks + b)] = load_fp16(src);
     }
-  // Tiles of x a block at a time (a block's A tiles in about half of a 2 MiB L2, balanced: the down projection's
-  // 16 tiles of a 256-token prompt were blocks of 13 and 3), panels inside it: each panel is repacked once per
-  // block of tiles.
-  const BalancedBlocks tile_blocks(tiles, std::max<int64_t>(1, (int64_t{1} << 20) / (blocks * 512)), 1);
+  // Tiles of x a block at a time (a block's A tiles in half of a 2 MiB L2, a quarter more allowed and the blocks
+  // balanced: the down projection's 16 tiles of a 256-token prompt were blocks of 13 and 3, now one of 16, 1.2 MiB),
+  // panels inside it: each panel is repacked once per block of tiles.
+  const int64_t tile_cap = std::max<int64_t>(1, (int64_t{1} << 20) / (blocks * 512));
+  const BalancedBlocks tile_blocks(tiles, tile_cap, 1, tile_cap / 4);
   const int64_t panels = (out + kPanel - 1) / kPanel;
 #pragma omp parallel if (q8_parallel(n, in, out))
   {

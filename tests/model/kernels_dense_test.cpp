@@ -92,21 +92,22 @@ TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitOnAwkwardShapes) {
 }
 
 TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitAcrossPrefillBlocks) {
-  // Prefill shapes for the panel paths. AVX2: x rows past one block (64 rows for rows of 1024 weights or more,
-  // balanced: 133 rows are blocks of 68 and 65, 200 rows 64, 68 and 68, 400 rows six of 64-68), rows of 66 and 304
-  // chunks (segments of 64 chunks and blocks of 32, the last partial), weight rows not a multiple of the 3-row
-  // panel, x rows not a multiple of the tile, and products large enough for the parallel region (two threads, each
-  // its own panels across segments). AVX-512 (8-row panels, 3-row tiles, blocks of 64 chunks): rows of 66 and 304
-  // chunks (2 and 5 blocks of chunks, the last partial), x rows past a block of rows on a 2 MiB L2 (255 rows for
-  // rows of up to 64 chunks: 400 rows are blocks of 201 and 199; 126 rows for longer ones: 200 rows are blocks of
-  // 99 and 101; 133 rows stay one block), weight rows not a multiple of 8 (a last panel of 4, 5 or 7), x rows not a
-  // multiple of 3, and 300 x 1056 for several groups of panels per thread.
+  // Prefill shapes for the panel paths. AVX2: x rows past one block (at most 64 rows for rows of 1024 weights or
+  // more, balanced: 133 rows are blocks of 44, 44 and 45, 200 rows 48, 52, 48 and 52, 400 rows seven of 56-60), rows
+  // of 66 and 304 chunks (segments of 64 chunks and blocks of 32, the last partial), weight rows not a multiple of the
+  // 3-row panel, x rows not a multiple of the tile, and products large enough for the parallel region (two threads,
+  // each its own panels across segments). AVX-512 (8-row panels, 3-row tiles, blocks of 64 chunks): rows of 66 and
+  // 304 chunks (2 and 5 blocks of chunks, the last partial), x rows past a block of rows on a 2 MiB L2 (a cap of 255
+  // rows plus 63 for rows of up to 64 chunks: 400 rows are blocks of 201 and 199; 126 plus 31 for longer ones: 200
+  // rows are blocks of 99 and 101, 133 rows one block), weight rows not a multiple of 8 (a last panel of 4, 5 or 7),
+  // x rows not a multiple of 3, and 200 x 300 x 1056 for two blocks of rows, each over two groups of panels per
+  // thread (10 panels a group at 34 tiles: 19 panels each).
   const DenseKernel k = GetParam();
   if (!dense_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
   for (WeightType t : kTypes)
     for (auto [n, out, in] : {std::tuple<int64_t, int64_t, int64_t>{67, 7, 1056}, {29, 5, 4864}, {8, 3, 1056}, {133, 20, 1056},
                                  {70, 7, 4864}, {133, 300, 1056}, {256, 13, 1024},
-                                 {200, 20, 1056}, {400, 13, 1024}})
+                                 {200, 20, 1056}, {400, 13, 1024}, {200, 300, 1056}})
       ASSERT_TRUE(path_equals_reference(k, t, n, out, in, static_cast<uint32_t>(in + out + n),
                                         static_cast<uint32_t>(n + 2000), 78));
 }
@@ -160,39 +161,60 @@ INSTANTIATE_TEST_SUITE_P(Paths, KernelsDensePath, ::testing::Values(DenseKernel:
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
 // The prefill paths' blocks of x rows (and AMX's blocks of tiles): they cover [0, n) in order, each a multiple of
-// the tile but the last, none empty, none larger than max_size(), sizes within two tiles of each other (no short
-// remainder: 256 rows against a cap of 255 are one block, not 255 + 1), round(n / cap) of them.
+// the tile but the last, none empty, none larger than max_size() nor than cap + slack (rounded up to the tile), sizes
+// within two tiles of each other (no short remainder), and as few as the budget allows.
 TEST(KernelsDense, BalancedBlocksCoverTheRowsWithoutAShortRemainder) {
-  EXPECT_EQ(BalancedBlocks(256, 255, 3).count, 1);
-  EXPECT_EQ(BalancedBlocks(256, 126, 3).begin(1), 129);  // 129 + 127, not 126 + 126 + 4
-  EXPECT_EQ(BalancedBlocks(16, 13, 1).count, 1);          // AMX: a 256-row prompt's 16 tiles on 4864-weight rows
+  // AVX-512 (cap 255 rows for rows of 1024 weights, a quarter more allowed): a 256-token prompt is one block, not
+  // 255 + 1; the down projection's (cap 126) two blocks of 129 and 127, not 126 + 126 + 4.
+  EXPECT_EQ(BalancedBlocks(256, 255, 3, 63).count, 1);
+  EXPECT_EQ(BalancedBlocks(318, 255, 3, 63).count, 1);
+  EXPECT_EQ(BalancedBlocks(319, 255, 3, 63).count, 2);
+  EXPECT_EQ(BalancedBlocks(382, 255, 3, 63).begin(1), 192);
+  EXPECT_EQ(BalancedBlocks(256, 126, 3, 31).count, 2);
+  EXPECT_EQ(BalancedBlocks(256, 126, 3, 31).begin(1), 129);
+  // AMX: 16 tiles of a 256-row prompt on 4864-weight rows (cap 13 tiles) are one block, not 13 + 3.
+  EXPECT_EQ(BalancedBlocks(16, 13, 1, 3).count, 1);
+  // AVX2 (cap 64 rows, no slack): never more than 64 rows; 65 rows are 32 + 33, 133 rows 44 + 44 + 45.
+  EXPECT_EQ(BalancedBlocks(64, 64, 4, 0).count, 1);
+  EXPECT_EQ(BalancedBlocks(65, 64, 4, 0).begin(1), 32);
+  const BalancedBlocks b133(133, 64, 4, 0);
+  EXPECT_EQ(b133.count, 3);
+  EXPECT_EQ(b133.begin(1), 44);
+  EXPECT_EQ(b133.begin(2), 88);
+  EXPECT_EQ(b133.max_size(), 48);
   int checked = 0;
   for (int64_t cap : {1, 2, 3, 16, 64, 126, 255, 1000})
     for (int64_t multiple : {1, 3, 4, 16})
-      for (int64_t n = 1; n <= 1200; n += 7) {
-        const BalancedBlocks b(n, cap, multiple);
-        ASSERT_GE(b.count, 1);
-        EXPECT_EQ(b.count, std::max<int64_t>(1, std::min((n + cap / 2) / cap, (n + multiple - 1) / multiple)));
-        EXPECT_EQ(b.begin(0), 0);
-        EXPECT_EQ(b.begin(b.count), n);
-        int64_t lo = n, hi = 0;
-        for (int64_t i = 0; i < b.count; ++i) {
-          const int64_t size = b.begin(i + 1) - b.begin(i);
-          ASSERT_GT(size, 0) << n << " " << cap << " " << multiple << " block " << i;
-          ASSERT_LE(size, b.max_size());
-          if (i + 1 < b.count) {
-            EXPECT_EQ(size % multiple, 0);
+      for (int64_t slack : {int64_t{0}, cap / 4, cap})
+        for (int64_t n = 1; n <= 1200; n += 7) {
+          const BalancedBlocks b(n, cap, multiple, slack);
+          ASSERT_GE(b.count, 1);
+          EXPECT_EQ(b.begin(0), 0);
+          EXPECT_EQ(b.begin(b.count), n);
+          int64_t lo = n, hi = 0;
+          for (int64_t i = 0; i < b.count; ++i) {
+            const int64_t size = b.begin(i + 1) - b.begin(i);
+            ASSERT_GT(size, 0) << n << " " << cap << " " << multiple << " block " << i;
+            ASSERT_LE(size, b.max_size());
+            if (i + 1 < b.count) {
+              EXPECT_EQ(size % multiple, 0);
+            }
+            lo = std::min(lo, size);
+            hi = std::max(hi, size);
           }
-          lo = std::min(lo, size);
-          hi = std::max(hi, size);
+          EXPECT_LT(hi - lo, 2 * multiple) << n << " " << cap << " " << multiple;
+          const int64_t limit = (cap + slack + multiple - 1) / multiple * multiple;
+          EXPECT_LE(b.max_size(), limit) << n << " " << cap << " " << multiple << " " << slack;
+          if (slack == 0 && cap % multiple == 0) {
+            EXPECT_LE(b.max_size(), cap) << n << " " << cap << " " << multiple;
+          }
+          // As few blocks as the budget allows: one block fewer would not hold n (or would be one per tile).
+          if (b.count > 1 && b.count < (n + multiple - 1) / multiple) {
+            EXPECT_LT((b.count - 1) * (cap + slack), n) << n << " " << cap << " " << multiple << " " << slack;
+          }
+          ++checked;
         }
-        EXPECT_LT(hi - lo, 2 * multiple) << n << " " << cap << " " << multiple;
-        if (n >= cap) {
-          EXPECT_LE(b.max_size(), cap + cap / 2 + multiple) << n << " " << cap << " " << multiple;
-        }
-        ++checked;
-      }
-  EXPECT_EQ(checked, 8 * 4 * 172);
+  EXPECT_EQ(checked, 8 * 4 * 3 * 172);
 }
 
 TEST(KernelsDense, DispatchTakesTheWidestPathThisCpuRuns) {
