@@ -10,8 +10,8 @@
 // per 24 FMAs even when everything it reads is in L1. L = 11 is the AVX-512
 // prefill tile's ratio (3 rows of x and 8 weight vectors per 24 FMAs,
 // kernels_dense.cpp); 10 is a 4 x 6 or 5 x 5 tile's. On the Sapphire Rapids
-// machine of the README's Speed section, over one session: loads:11 at 82-88%
-// of BM_FmaPeak, loads:24 at 64-68% (a 16-lane load costing up to about a
+// machine of the README's Speed section, over one session: loads:11 at 77-88%
+// of BM_FmaPeak, loads:24 at 60-68% (a 16-lane load costing up to about a
 // third of an FMA cycle).
 #include <cstdint>
 
