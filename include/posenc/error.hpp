@@ -82,6 +82,15 @@ class DumpError : public Error {
   using Error::Error;
 };
 
+/// A forward pass gave a value that cannot be scored or sampled: a logit that is
+/// NaN or infinite (float32 overflowed inside the model: weights or activations
+/// too large for it, though every weight is finite). Message: "<where>: logit
+/// <index> is not finite (got <value>) ...".
+class NumericError : public Error {
+ public:
+  using Error::Error;
+};
+
 /// Throws E with "<field>: <reason> (got <value>)".
 template <class E, class V>
 [[noreturn]] void fail_field(std::string_view field, std::string_view reason, const V& value) {

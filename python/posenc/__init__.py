@@ -4,7 +4,8 @@ sinusoidal tables), a Llama-architecture model runtime and the eval lab's result
 Arrays are numpy: inputs are checked (dtype, shape, strides) with errors naming the argument, outputs are new
 float32/int arrays (or the caller's `out=`). Numerics are those of posenc's C++ core (bit-exact with Hugging Face
 transformers for the RoPE family, see the docstrings). Errors of the core are raised as posenc.Error subclasses:
-ConfigError, CheckpointError, TokenizerError, PositionError, InvalidArgument, IoError, CacheError, DataError.
+ConfigError, CheckpointError, TokenizerError, PositionError, InvalidArgument, IoError, CacheError, DataError,
+DumpError, NumericError.
 """
 
 import json as _json
@@ -22,6 +23,7 @@ from ._posenc import (  # noqa: F401  (the public API)
     IoError,
     KvCache,
     Model,
+    NumericError,
     PositionError,
     RopeFrequencies,
     RopeParams,
@@ -53,7 +55,7 @@ __version__ = _posenc.__version__
 
 __all__ = [
     "__version__", "Error", "ConfigError", "CheckpointError", "TokenizerError", "PositionError", "InvalidArgument",
-    "IoError", "CacheError", "DataError", "RopeParams", "RopeFrequencies", "RopeSchedule", "rope_frequencies",
+    "IoError", "CacheError", "DataError", "NumericError", "RopeParams", "RopeFrequencies", "RopeSchedule", "rope_frequencies",
     "rope_params", "rope_cos_sin", "apply_rope", "apply_rope_cos_sin", "mrope_cos_sin", "apply_mrope",
     "alibi_slopes", "alibi_bias", "bloom_alibi_tensor", "mpt_alibi_tensor", "t5_relative_buckets",
     "t5_relative_position_bucket", "t5_relative_position_bias", "sinusoidal_table", "sinusoidal_encoding",

@@ -78,6 +78,7 @@ void bind_errors(py::module_& m) {
   static py::object cache = sub("CacheError", "A KV-cache operation would break position semantics.");
   static py::object data = sub("DataError", "A file posenc wrote and reads back (eval run directory, study) is malformed.");
   static py::object dump = sub("DumpError", "A tensor dump given to posenc.verify (.npy, .npz, safetensors) is malformed or lacks an array.");
+  static py::object numeric = sub("NumericError", "A forward pass gave a NaN or infinite logit (float32 overflowed in the model): nothing can be scored or sampled from it.");
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -99,6 +100,8 @@ void bind_errors(py::module_& m) {
       PyErr_SetString(data.ptr(), e.what());
     } catch (const DumpError& e) {
       PyErr_SetString(dump.ptr(), e.what());
+    } catch (const NumericError& e) {
+      PyErr_SetString(numeric.ptr(), e.what());
     } catch (const Error& e) {
       PyErr_SetString(error.ptr(), e.what());
     }

@@ -31,6 +31,18 @@ int32_t argmax(const float* x, int n) {
   return best;
 }
 
+void check_logits_finite(const float* logits, int64_t count, int V, const std::function<std::string(int64_t row)>& where) {
+  bool bad = false;
+  for (int64_t i = 0; i < count; ++i) bad |= !std::isfinite(logits[i]);
+  if (!bad) return;
+  int64_t i = 0;
+  while (std::isfinite(logits[i])) ++i;
+  throw NumericError(fmt::format(
+      "{}: logit {} is not finite (got {}): float32 overflowed in the forward pass (weights or activations too large "
+      "for it), so no log probability or token can be taken from this row",
+      where(i / V), i % V, logits[i]));
+}
+
 }  // namespace detail
 
 namespace {
@@ -86,6 +98,8 @@ std::vector<double> score_candidates(const Model& model, KvCache& cache, KvCache
     if (t.empty()) fail_field<InvalidArgument>("candidate", "has no tokens (index)", c);
     for (int32_t id : t)
       if (id < 0 || id >= V) throw InvalidArgument(fmt::format("candidate token id: must be in [0, {}) (got {})", V, id));
+    if (c == 0)
+      detail::check_logits_finite(last_logits.data(), V, V, [](int64_t) { return std::string("the context's last position"); });
     lp[c] = log_prob(last_logits.data(), V, t[0]);
     if (t.size() > 1) {
       forks.push_back(cache.fork(seq));
@@ -100,6 +114,13 @@ std::vector<double> score_candidates(const Model& model, KvCache& cache, KvCache
     std::vector<float> rows;
     try {
       model.forward(cache, batch, Model::LogitsMode::all, rows);
+    } catch (...) {
+      for (auto f : forks) cache.free(f);
+      throw;
+    }
+    try {
+      detail::check_logits_finite(rows.data(), static_cast<int64_t>(rows.size()), V,
+                                  [](int64_t row) { return fmt::format("candidate continuation row {}", row); });
     } catch (...) {
       for (auto f : forks) cache.free(f);
       throw;
@@ -122,6 +143,7 @@ std::vector<int32_t> greedy_continue(const Model& model, KvCache& cache, KvCache
     throw InvalidArgument(fmt::format("last_logits: {} values for vocab_size {}", logits.size(), V));
   std::vector<int32_t> out;
   for (int step = 0; step < max_new_tokens; ++step) {
+    detail::check_logits_finite(logits.data(), V, V, [&](int64_t) { return fmt::format("greedy continuation step {}", step); });
     const int32_t next = argmax(logits.data(), V);
     if (std::find(stop_ids.begin(), stop_ids.end(), next) != stop_ids.end()) break;
     out.push_back(next);

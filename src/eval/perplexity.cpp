@@ -342,6 +342,12 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
       logits = model.score_window(stream.subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(n)));
     });
     if (error.failed()) continue;
+    error.run([&] {
+      detail::check_logits_finite(logits.data(), (n - 1) * V, V, [&](int64_t p) {
+        return fmt::format("window of tokens [{}, {}), position {}", s, s + n, p);
+      });
+    });
+    if (error.failed()) continue;
     window_nll[w].resize(static_cast<std::size_t>(n - 1));
     for (int64_t p = 0; p + 1 < n; ++p) {
       // -log_softmax, with the very function posenc serve computes prompt logprobs with, so a window scored

@@ -12,6 +12,8 @@
 #include "posenc/perplexity.hpp"
 #include "posenc/scaling.hpp"
 
+#include "eval/logprob.hpp"
+
 namespace posenc {
 
 namespace {
@@ -150,6 +152,9 @@ GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::str
   int32_t prev = res.prompt_tokens.size() > first ? res.prompt_tokens.back() : -1;
   res.stop_reason = "max_tokens";
   for (int step = 0; step < o.max_new_tokens; ++step) {
+    detail::check_logits_finite(logits.data(), V, V, [&](int64_t) {
+      return fmt::format("position {} (the logits after it, for generated token {})", prompt_len + step - 1, step);
+    });
     const int32_t next = o.temperature == 0.0f ? argmax(logits.data(), V)
                                                : sample(logits.data(), V, o.temperature, o.top_p, rng);
     if (o.stop_at_bos && bos && next == *bos) {

@@ -9,6 +9,7 @@
 #include <omp.h>
 
 #include "eval/logprob.hpp"
+#include "posenc/error.hpp"
 
 namespace posenc::serve::detail {
 
@@ -301,6 +302,20 @@ void Scheduler::step() {
     Job& j = *w.job;
     const std::size_t n = w.tokens.size();
     const std::size_t last = all_rows ? row + n - 1 : row;
+    // This request's rows: a NaN or infinite logit (float32 overflowed in the model) fails it alone (500, naming
+    // the position), not the others of the step.
+    const std::size_t own = all_rows ? n : 1;
+    try {
+      ::posenc::detail::check_logits_finite(
+          logits_.data() + row * static_cast<std::size_t>(V_), static_cast<int64_t>(own * static_cast<std::size_t>(V_)),
+          V_, [&](int64_t r) {
+            return fmt::format("position {}", all_rows ? w.positions[static_cast<std::size_t>(r)] : w.positions.back());
+          });
+    } catch (const NumericError& e) {
+      fail(w.job, 500, fmt::format("the model's output is not finite: {}", e.what()));
+      row += own;
+      continue;
+    }
     if (w.prefill && j.prompt_rows())
       for (std::size_t i = 0; i < n; ++i) {
         const int64_t target = j.fed + static_cast<int64_t>(i) + 1;  // the prompt token this row predicts
