@@ -202,6 +202,9 @@ def test_argument_errors_name_the_argument():
     with pytest.raises(posenc.InvalidArgument):
         posenc.RopeFrequencies(np.ones(16, dtype=np.float32), head_dim=16, rotary_dim=33)
     assert issubclass(posenc.InvalidArgument, posenc.Error) and issubclass(posenc.Error, RuntimeError)
+    for name in ("ConfigError", "CheckpointError", "TokenizerError", "PositionError", "IoError", "CacheError",
+                 "DataError", "DumpError", "NumericError"):
+        assert issubclass(getattr(posenc, name), posenc.Error), name
 
 
 def test_library_errors_are_typed():
