@@ -309,6 +309,34 @@ TEST(PplBuckets, CliWarnsOfAForeignTokenizer) {
   EXPECT_TRUE(json::parse(read_file(d.path() / "good.json")).at("tokenizer_mismatch").is_null());
 }
 
+// A context longer than the text is refused (it was scored as the whole text in one shorter window and reported
+// under the longer context, with a zero-width interval): by the library, naming both lengths, and by the CLI before
+// any context's work, so that a long run does not fail after its shorter contexts.
+TEST(PplBuckets, AContextLongerThanTheTextIsRefused) {
+  const auto& s = stories();
+  const std::span<const int32_t> text(s.stream.data(), 168);
+  PplOptions o;
+  o.context = 512;
+  try {
+    evaluate_perplexity(s.model, text, o);
+    ADD_FAILURE() << "a 512-token context on a 168-token text was scored";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("context 512: the text has only 168 tokens"), std::string::npos) << e.what();
+  }
+  o.context = 168;
+  EXPECT_EQ(evaluate_perplexity(s.model, text, o).windows, 1);
+
+  test::TempDir d;
+  const fs::path model = test::shared_dir() / "models/TinyStories-656K";
+  const fs::path txt = d.file("text.txt", read_file(test::text_path()).substr(0, 3000));  // 696 tokens
+  const auto r = test::run_cli(fmt::format("ppl --model {} --text {} --context 256,2048 --json {}", model.string(),
+                                           txt.string(), (d.path() / "o.json").string()));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("--context 2048: the text has only 696 tokens"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("ppl L=256"), std::string::npos) << r.err;  // refused before the 256-token windows ran
+  EXPECT_FALSE(fs::exists(d.path() / "o.json"));
+}
+
 // eval runs the same check on its perplexity matrix: a run whose tokenizer is
 // not the model's warns (every task score of that run means nothing).
 TEST(PplBuckets, EvalWarnsOfAForeignTokenizer) {

@@ -100,6 +100,13 @@ void run_ppl(const PplArgs& a) {
                                         "config.json or a bare rope_scaling object)",
                                         s, e.what()));
         }
+  // And every context against the text: evaluate_perplexity refuses one longer than the text (it would be the
+  // whole text as one shorter window, reported under L); here that fails before the shorter contexts' work.
+  for (int64_t L : contexts)
+    if (static_cast<int64_t>(stream.size()) < L)
+      throw InvalidArgument(fmt::format("--context {}: the text has only {} tokens, so no window would be {} tokens "
+                                        "long (give a longer text or contexts of at most {})",
+                                        L, stream.size(), L, stream.size()));
   std::vector<PplResult> results;
   for (int64_t L : contexts)
     for (const auto& s : scalings) {
