@@ -77,7 +77,8 @@ RopeSetup eval_rope_setup(const Model& model, std::string_view rope_scaling, int
 /// thread, sharing the KV cache of common prompt prefixes between consecutive
 /// samples (best when they are one sample index at increasing depths).
 /// Throws InvalidArgument if a prompt plus its answer budget exceeds the
-/// sample's length or a candidate list is empty.
+/// sample's length or a candidate list is empty, NumericError for logits that
+/// are not finite (as score_candidates and greedy_continue).
 std::vector<SampleOutcome> evaluate_samples(const Model& model, const Tokenizer& tokenizer,
                                             std::span<const TaskSample> samples);
 
@@ -96,14 +97,17 @@ SampleOutcome generation_outcome(const TaskSample& s, std::string prediction);
 /// Forced choice on a prompt whose last-token logits are `last_logits` and
 /// whose KV state is sequence `seq` of `cache`: summed log-probabilities of
 /// each candidate (one fork of `seq` per multi-token candidate, one batched
-/// forward for all of them). `seq` is left unchanged.
+/// forward for all of them). `seq` is left unchanged. Throws NumericError
+/// naming the row (the context's last position, or a candidate and its token)
+/// when logits are not finite (float32 overflowed in the model).
 std::vector<double> score_candidates(const Model& model, KvCache& cache, KvCache::SeqId seq,
                                      std::span<const float> last_logits,
                                      std::span<const std::vector<int32_t>> candidates);
 
 /// Greedy continuation of sequence `seq` whose last-token logits are given:
 /// at most max_new_tokens, stopping before any of `stop_ids` (the tokenizer's
-/// BOS and EOS). Appends to `seq`.
+/// BOS and EOS). Appends to `seq`. Throws NumericError naming the step when
+/// the logits are not finite.
 std::vector<int32_t> greedy_continue(const Model& model, KvCache& cache, KvCache::SeqId seq,
                                      std::vector<float> last_logits, int max_new_tokens,
                                      std::span<const int32_t> stop_ids);

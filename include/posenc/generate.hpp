@@ -88,7 +88,8 @@ struct GenerateResult {
 /// Throws InvalidArgument for bad options (temperature < 0, top_p not in (0,1],
 /// max_new_tokens < 0, a RoPE scaling for a model without RoPE), ConfigError
 /// for an unknown scaling or one missing its parameters, PositionError for a
-/// prompt longer than a learned position table.
+/// prompt longer than a learned position table, NumericError when the logits a
+/// token would be taken from are not finite (float32 overflowed in the model).
 GenerateResult generate(const Model& model, const Tokenizer& tokenizer, std::string_view prompt,
                         const GenerateOptions& options,
                         const std::function<void(std::string_view)>& on_piece = {});

@@ -118,11 +118,12 @@ struct PplOptions {
 /// runs after the loop on one thread, so the result (intervals included) does
 /// not depend on the thread count. Throws InvalidArgument for a context outside
 /// [2, 1048576], max_tokens < 0, bad bucket_edges, bootstrap_resamples outside
-/// [1, 1000000], a stream shorter than 2 tokens, or one shorter than the context (it would be scored as one
-/// shorter window reported under the context);
+/// [1, 1000000], or a stream shorter than 2 tokens;
 /// PositionError (before any window runs) when a learned-position model's
-/// table is shorter than the windows; any error of Model::score_window is
-/// rethrown after the parallel loop (never terminate()).
+/// table is shorter than the windows; NumericError naming the window and
+/// position when a window's logits are not finite (float32 overflowed in the
+/// model); any error of Model::score_window is rethrown after the parallel loop
+/// (never terminate()).
 PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> stream,
                               const PplOptions& options);
 

@@ -320,7 +320,8 @@ Continues prompt through the KV cache, as `posenc generate` (greedy at temperatu
 temperature 1), text, stop_reason ("max_tokens", "bos", "eos", "position_limit"), rope_* for RoPE models.
 Errors: posenc.TokenizerError (no usable tokenizer), posenc.InvalidArgument (max_new_tokens < 0, temperature not
 finite and >= 0, top_p outside (0, 1]), posenc.ConfigError (rope_scaling / rope_factor), posenc.PositionError (a
-prompt past the position limit).)doc")
+prompt past the position limit), posenc.NumericError (logits that are not finite: float32 overflowed in the
+model).)doc")
       .def(
           "new_cache",
           [](const PyModel& p, int block_size, const std::string& kv_dtype) {

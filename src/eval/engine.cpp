@@ -119,8 +119,16 @@ std::vector<double> score_candidates(const Model& model, KvCache& cache, KvCache
       throw;
     }
     try {
-      detail::check_logits_finite(rows.data(), static_cast<int64_t>(rows.size()), V,
-                                  [](int64_t row) { return fmt::format("candidate continuation row {}", row); });
+      detail::check_logits_finite(rows.data(), static_cast<int64_t>(rows.size()), V, [&](int64_t row) {
+        // Row r belongs to the fork whose rows (its candidate's tokens but the last) cover it.
+        std::size_t i = 0;
+        for (int64_t first = 0; i < forks.size(); ++i) {
+          const int64_t count = static_cast<int64_t>(candidates[which[i]].size()) - 1;
+          if (row < first + count) return fmt::format("candidate {}, its token {}", which[i], row - first + 1);
+          first += count;
+        }
+        return fmt::format("candidate row {}", row);
+      });
     } catch (...) {
       for (auto f : forks) cache.free(f);
       throw;

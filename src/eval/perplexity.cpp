@@ -225,13 +225,6 @@ PplPlan plan_perplexity(int64_t trained_context, int64_t stream_size, const PplO
   plan.edges = o.bucket_edges.empty() ? position_buckets(trained, L) : buckets_from_edges(o.bucket_edges, L);
   const int64_t T = stream_size;
   if (T < 2) fail_field<InvalidArgument>("text", "needs at least 2 tokens to score (tokens)", T);
-  // A context longer than the text would score the whole text as one shorter window and report it under L (eval
-  // refuses the same: a context shorter than the length it is reported under).
-  if (T < L)
-    throw InvalidArgument(fmt::format(
-        "context {}: the text has only {} tokens, so no window would be {} tokens long and its numbers would be "
-        "the whole text's under that label (give a longer text or a context of at most {})",
-        L, T, L, T));
 
   // Window starts; the last shorter window is kept if it has >= 2 tokens.
   std::vector<int64_t> starts;

@@ -302,18 +302,26 @@ void Scheduler::step() {
     Job& j = *w.job;
     const std::size_t n = w.tokens.size();
     const std::size_t last = all_rows ? row + n - 1 : row;
-    // This request's rows: a NaN or infinite logit (float32 overflowed in the model) fails it alone (500, naming
-    // the position), not the others of the step.
-    const std::size_t own = all_rows ? n : 1;
+    // The rows this request reads (its prompt rows that predict a prompt token; the row it samples from): a NaN or
+    // infinite logit there (float32 overflowed in the model) fails it alone (500, naming the position), not the
+    // others of the step.
+    const int64_t P = static_cast<int64_t>(j.prompt.size());
+    const bool samples = !(w.prefill && j.fed + static_cast<int64_t>(n) < P) && j.max_tokens != 0;
     try {
-      ::posenc::detail::check_logits_finite(
-          logits_.data() + row * static_cast<std::size_t>(V_), static_cast<int64_t>(own * static_cast<std::size_t>(V_)),
-          V_, [&](int64_t r) {
-            return fmt::format("position {}", all_rows ? w.positions[static_cast<std::size_t>(r)] : w.positions.back());
-          });
+      const auto where = [&](std::size_t i) {
+        return [&, i](int64_t) { return fmt::format("position {}", w.positions[i]); };
+      };
+      if (w.prefill && j.prompt_rows())
+        for (std::size_t i = 0; i < n; ++i)
+          if (j.fed + static_cast<int64_t>(i) + 1 < P)
+            ::posenc::detail::check_logits_finite(logits_.data() + (row + i) * static_cast<std::size_t>(V_), V_, V_,
+                                                  where(i));
+      if (samples)
+        ::posenc::detail::check_logits_finite(logits_.data() + last * static_cast<std::size_t>(V_), V_, V_,
+                                              where(n - 1));
     } catch (const NumericError& e) {
       fail(w.job, 500, fmt::format("the model's output is not finite: {}", e.what()));
-      row += own;
+      row = all_rows ? row + n : row + 1;
       continue;
     }
     if (w.prefill && j.prompt_rows())

@@ -87,7 +87,9 @@ TEST(NonFiniteLogits, EveryScorerRefusesThemNamingWhere) {
   EXPECT_FALSE(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); }));
 
   const std::string ppl = message_of([&] { evaluate_perplexity(bad, stream, o); });
-  EXPECT_NE(ppl.find("window of tokens [0, 32), position 0: logit "), std::string::npos) << ppl;
+  // Every window overflows; on several threads whichever fails first is named.
+  EXPECT_NE(ppl.find("window of tokens ["), std::string::npos) << ppl;
+  EXPECT_NE(ppl.find("), position 0: logit "), std::string::npos) << ppl;
   EXPECT_NE(ppl.find("is not finite"), std::string::npos) << ppl;
   const PplResult ok = evaluate_perplexity(good, stream, o);
   EXPECT_TRUE(std::isfinite(ok.nll));

@@ -309,25 +309,12 @@ TEST(PplBuckets, CliWarnsOfAForeignTokenizer) {
   EXPECT_TRUE(json::parse(read_file(d.path() / "good.json")).at("tokenizer_mismatch").is_null());
 }
 
-// A context longer than the text is refused (it was scored as the whole text in one shorter window and reported
-// under the longer context, with a zero-width interval): by the library, naming both lengths, and by the CLI before
-// any context's work, so that a long run does not fail after its shorter contexts.
-TEST(PplBuckets, AContextLongerThanTheTextIsRefused) {
-  const auto& s = stories();
-  const std::span<const int32_t> text(s.stream.data(), 168);
-  PplOptions o;
-  o.context = 512;
-  try {
-    evaluate_perplexity(s.model, text, o);
-    ADD_FAILURE() << "a 512-token context on a 168-token text was scored";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("context 512: the text has only 168 tokens"), std::string::npos) << e.what();
-  }
-  o.context = 168;
-  EXPECT_EQ(evaluate_perplexity(s.model, text, o).windows, 1);
-
+// The ppl CLI and a context longer than the text (it would score the whole text as one shorter window and report
+// it under the longer context, with a zero-width interval): a --context given so is refused before any context's
+// work; default contexts (multiples of the trained context) longer than the text are left out, said on stderr.
+TEST(PplBuckets, CliRefusesAContextLongerThanTheText) {
   test::TempDir d;
-  const fs::path model = test::shared_dir() / "models/TinyStories-656K";
+  const fs::path model = test::shared_dir() / "models/TinyStories-656K";  // trained context 512
   const fs::path txt = d.file("text.txt", read_file(test::text_path()).substr(0, 3000));  // 696 tokens
   const auto r = test::run_cli(fmt::format("ppl --model {} --text {} --context 256,2048 --json {}", model.string(),
                                            txt.string(), (d.path() / "o.json").string()));
@@ -335,6 +322,17 @@ TEST(PplBuckets, AContextLongerThanTheTextIsRefused) {
   EXPECT_NE(r.err.find("--context 2048: the text has only 696 tokens"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("ppl L=256"), std::string::npos) << r.err;  // refused before the 256-token windows ran
   EXPECT_FALSE(fs::exists(d.path() / "o.json"));
+
+  const auto dflt = test::run_cli(fmt::format("ppl --model {} --text {} --rope-scaling default --quiet --json {}",
+                                              model.string(), txt.string(), (d.path() / "d.json").string()));
+  ASSERT_EQ(dflt.exit_code, 0) << dflt.err;
+  EXPECT_NE(dflt.err.find("ppl: note: default contexts 1024, 2048 left out: the text has only 696 tokens"),
+            std::string::npos)
+      << dflt.err;
+  std::vector<int64_t> contexts;
+  const json out = json::parse(read_file(d.path() / "d.json"));
+  for (const auto& row : out.at("results")) contexts.push_back(row.at("context"));
+  EXPECT_EQ(contexts, (std::vector<int64_t>{256, 512}));
 }
 
 // eval runs the same check on its perplexity matrix: a run whose tokenizer is

@@ -6,6 +6,7 @@
 #include <map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "commands.hpp"
@@ -66,7 +67,8 @@ void run_ppl(const PplArgs& a) {
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
-  if (contexts.empty()) contexts = default_contexts(model);
+  const bool default_context = contexts.empty();
+  if (default_context) contexts = default_contexts(model);
   for (int64_t L : contexts) check_learned_table(model, a.model.model_path, L, "--context");
   check_rope_factor_applies(model, a.rope_factor);
   if (model.family() != PositionFamily::rope) {
@@ -100,13 +102,28 @@ void run_ppl(const PplArgs& a) {
                                         "config.json or a bare rope_scaling object)",
                                         s, e.what()));
         }
-  // And every context against the text: evaluate_perplexity refuses one longer than the text (it would be the
-  // whole text as one shorter window, reported under L); here that fails before the shorter contexts' work.
+  // And every context against the text, before any work: a context longer than the text would score the whole text
+  // as one shorter window and report it under L. A --context given so is refused; the default contexts (multiples
+  // of the trained context) longer than the text are left out, said on stderr.
+  const int64_t text_tokens = static_cast<int64_t>(stream.size());
+  std::vector<int64_t> dropped;
   for (int64_t L : contexts)
-    if (static_cast<int64_t>(stream.size()) < L)
-      throw InvalidArgument(fmt::format("--context {}: the text has only {} tokens, so no window would be {} tokens "
-                                        "long (give a longer text or contexts of at most {})",
-                                        L, stream.size(), L, stream.size()));
+    if (text_tokens < L) {
+      if (!default_context)
+        throw InvalidArgument(fmt::format("--context {}: the text has only {} tokens, so no window would be {} "
+                                          "tokens long (give a longer text or contexts of at most {})",
+                                          L, text_tokens, L, text_tokens));
+      dropped.push_back(L);
+    }
+  if (!dropped.empty()) {
+    std::erase_if(contexts, [&](int64_t L) { return text_tokens < L; });
+    if (contexts.empty())
+      throw InvalidArgument(fmt::format("text: {} tokens, shorter than every default context ({}); give a longer "
+                                        "text or --context",
+                                        text_tokens, fmt::join(dropped, ", ")));
+    fmt::print(stderr, "ppl: note: default contexts {} left out: the text has only {} tokens\n",
+               fmt::join(dropped, ", "), text_tokens);
+  }
   std::vector<PplResult> results;
   for (int64_t L : contexts)
     for (const auto& s : scalings) {
