@@ -32,16 +32,7 @@ namespace {
 /// the final norm 3e38 (finite), so that the logits overflow float32.
 PosencCheckpoint checkpoint(bool overflow) {
   PosencCheckpoint ck;
-  ModelConfig& c = ck.config;
-  c.dim = 32;
-  c.hidden_dim = 48;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.vocab_size = 16;
-  c.max_position_embeddings = 64;
-  c.shared_classifier = false;
-  c.head_dim = 8;
+  posenc::test::set_tiny_llama(ck.config, 64);
   ck.positional.family = PositionFamily::rope;
   RopeParams p;
   p.head_dim = 8;

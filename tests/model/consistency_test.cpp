@@ -44,16 +44,7 @@ const ConsistencyScenario& find(const ConsistencyReport& r, const std::string& n
 /// runs in milliseconds.
 PosencCheckpoint random_checkpoint(PositionFamily family, int64_t T, uint32_t seed = 11) {
   PosencCheckpoint ck;
-  ModelConfig& c = ck.config;
-  c.dim = 32;
-  c.hidden_dim = 48;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.vocab_size = 16;
-  c.max_position_embeddings = T;
-  c.shared_classifier = false;
-  c.head_dim = 8;
+  posenc::test::set_tiny_llama(ck.config, T);
   ck.positional.family = family;
   if (family == PositionFamily::rope) {
     RopeParams p;

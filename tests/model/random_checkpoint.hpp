@@ -12,6 +12,20 @@
 
 namespace posenc::test {
 
+/// The shape of the tiny Llama checkpoints the tests build: dim 32, hidden 48, 2 layers, 4 heads / 2 KV heads of
+/// head_dim 8, vocabulary 16, trained context T (max_position_embeddings), an untied classifier.
+inline void set_tiny_llama(ModelConfig& c, int64_t T) {
+  c.dim = 32;
+  c.hidden_dim = 48;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.vocab_size = 16;
+  c.max_position_embeddings = T;
+  c.shared_classifier = false;
+  c.head_dim = 8;
+}
+
 class RandomTensors {
  public:
   /// Weights ~ N(0, sigma) from a std::mt19937 seeded with `seed`, appended to ck.tensors.
