@@ -114,11 +114,6 @@ std::vector<double> score_candidates(const Model& model, KvCache& cache, KvCache
     std::vector<float> rows;
     try {
       model.forward(cache, batch, Model::LogitsMode::all, rows);
-    } catch (...) {
-      for (auto f : forks) cache.free(f);
-      throw;
-    }
-    try {
       detail::check_logits_finite(rows.data(), static_cast<int64_t>(rows.size()), V, [&](int64_t row) {
         // Row r belongs to the fork whose rows (its candidate's tokens but the last) cover it.
         std::size_t i = 0;
