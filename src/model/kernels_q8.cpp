@@ -506,7 +506,11 @@ void matmul_q8_vnni_panels(const std::byte* x_q, int64_t n, int64_t in, const st
     for (int64_t p = 0; p < panels; ++p) {
       const int64_t o0 = p * kPanel, cols = std::min(kPanel, out - o0);
       pack_panel<Q4>(w, wrow, o0, cols, blocks, panel.data());
+      // The next panel's rows towards L2, a slice per group of rows (static schedule: usually this thread's next).
+      const int64_t next_bytes = p + 1 < panels ? std::min(kPanel, out - o0 - kPanel) * wrow : 0;
+      const int64_t groups = (n + kR - 1) / kR;
       for (int64_t r0 = 0; r0 < n; r0 += kR) {
+        prefetch_l2_part(w + (o0 + kPanel) * wrow, next_bytes, r0 / kR, groups);
         const std::byte* xr = x_q + r0 * xrow;
         const float* dr = dxf.data() + r0 * blocks;
         float* yr = y + r0 * out + o0;
@@ -652,7 +656,8 @@ POSENC_TARGET_AMX inline void amx_products(const std::byte* xa, const std::byte*
 /// after its own tilestored, the loads waited on that store (and it on tdpbssd) every block (measured: 40% of the
 /// time at the instruction after tilestored).
 POSENC_TARGET_AMX void amx_panel_tile(const std::byte* xa, const float* dxf, int64_t blocks, const std::byte* panel,
-                                      int rows, float* y, int64_t ldy, int64_t cols, bool accumulate) {
+                                      int rows, float* y, int64_t ldy, int64_t cols, bool accumulate,
+                                      const PrefetchSlice& next) {
   __m512 acc[16];
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
@@ -663,6 +668,7 @@ POSENC_TARGET_AMX void amx_panel_tile(const std::byte* xa, const float* dxf, int
     if (g1 < blocks) amx_products(xa, panel, g1, std::min(blocks, g1 + kAmxGroup), c[(gi + 1) & 1]);
     const int32_t(*cb)[16][16] = c[gi & 1];
     for (int64_t b = g0; b < g1; ++b) {
+      next.issue(b, blocks);
       const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(panel + b * kPanelBlockBytes + 512));
 #pragma GCC unroll 16
       for (int i = 0; i < 16; ++i)
@@ -731,10 +737,14 @@ void matmul_q8_amx_impl(const std::byte* x_q, int64_t n, int64_t in, const std::
       for (int64_t p = p0; p < p1; ++p) {
         const int64_t o0 = p * kPanel, cols = std::min(kPanel, out - o0);
         pack_panel<Q4>(w, wrow, o0, cols, blocks, panel.data());
-        for (int64_t t = tile_blocks.begin(bi); t < tile_blocks.begin(bi + 1); ++t) {
+        // The next panel's rows (contiguous in w) towards L2, a slice per tile.
+        const int64_t t0 = tile_blocks.begin(bi), t1 = tile_blocks.begin(bi + 1);
+        const int64_t next_bytes = p + 1 < p1 ? std::min(kPanel, out - o0 - kPanel) * wrow : 0;
+        for (int64_t t = t0; t < t1; ++t) {
           const int rows = static_cast<int>(std::min<int64_t>(16, n - t * 16));
           amx_panel_tile(xa.data() + t * blocks * 512, dxf.data() + t * 16 * blocks, blocks, panel.data(), rows,
-                         y + t * 16 * out + o0, out, cols, accumulate);
+                         y + t * 16 * out + o0, out, cols, accumulate,
+                         {w + (o0 + kPanel) * wrow, next_bytes, t - t0, t1 - t0});
         }
       }
     amx_end();
