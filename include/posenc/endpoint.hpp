@@ -37,9 +37,17 @@
 //  - Retries: connection errors, 429 and 5xx, exponential backoff with full
 //    jitter (uniform in [0, min(max, initial x 2^attempt)]), a Retry-After
 //    header honoured (seconds, capped at 120). Other 4xx and malformed answers
-//    are not retried: EndpointProtocolError. A circuit breaker stops the run
-//    after `breaker_failures` consecutive requests failed after their retries:
-//    EndpointUnavailable (what finished is kept; the same command resumes).
+//    are not retried: EndpointProtocolError. An error body of type
+//    "numeric_error" (posenc serve's answer, 500 or a 200 with code 500, when
+//    the model's logits for that input are not finite: serve::numeric_error_type)
+//    is not retried either: the same input overflows the same way.
+//    EndpointNumericError, at once, and no breaker failure (the endpoint
+//    answered). A circuit breaker stops the run after `breaker_failures`
+//    consecutive requests failed after their retries: EndpointUnavailable
+//    (what finished is kept; the same command resumes).
+//  - A non-retried error (EndpointProtocolError, EndpointNumericError) stops
+//    the run like the in-process lab's NumericError: the samples finished
+//    before it are kept in the run's journal, the failed one is not written.
 #pragma once
 
 #include <cstdint>
@@ -62,7 +70,8 @@
 namespace posenc {
 
 /// The endpoint stayed down (connection errors, 429 or 5xx through every
-/// retry, for `breaker_failures` consecutive requests). Message: the endpoint,
+/// retry, for `breaker_failures` consecutive requests; never for a
+/// "numeric_error" answer: EndpointNumericError). Message: the endpoint,
 /// the last error, and "resume with the same command".
 class EndpointUnavailable : public IoError {
  public:
@@ -76,6 +85,18 @@ class EndpointUnavailable : public IoError {
 class EndpointProtocolError : public DataError {
  public:
   using DataError::DataError;
+};
+
+/// The served model's logits for a request were not finite: the server
+/// answered with an error body of type "numeric_error" (posenc serve: float32
+/// overflowed in its forward pass; see NumericError). A deterministic failure
+/// of the model on that input, not of the endpoint: never retried and not
+/// counted by the circuit breaker. Message: the endpoint, the request (path,
+/// task, sample, length), "the served model produced non-finite logits", the
+/// HTTP status and the server's message (which names the position and logit).
+class EndpointNumericError : public NumericError {
+ public:
+  using NumericError::NumericError;
 };
 
 // ---------------------------------------------------------------- parsing (pure)
@@ -179,6 +200,8 @@ class EndpointClient {
   Reply post_once(const std::string& path, const nlohmann::json& body);
   /// POST with the retry rules; returns a 2xx reply, or the first non-retried
   /// 4xx reply when `return_4xx` (else EndpointProtocolError). Throws
+  /// EndpointNumericError at once, after one attempt and without a breaker
+  /// failure, for an error body of type "numeric_error" (whatever its status);
   /// EndpointUnavailable when the retries run out (and counts a breaker
   /// failure), or at once when the breaker is already tripped.
   Reply post(const std::string& path, const nlohmann::json& body, const std::string& what, bool return_4xx = false);
@@ -187,7 +210,8 @@ class EndpointClient {
   /// Likelihood request: the log-probabilities of prompt tokens 1..n-1 given
   /// the tokens before (nats; [n - 1]). `what` names the request in errors.
   /// Throws EndpointProtocolError (wrong count, null or non-number entries,
-  /// 4xx), EndpointUnavailable.
+  /// 4xx), EndpointNumericError (the served model's logits were not finite),
+  /// EndpointUnavailable.
   /// `max_tokens` (0 where the server allows it with echo, else 1) and `logprobs` (the smallest top-k the
   /// server answers prompt log-probabilities for) come from the probe.
   std::vector<double> prompt_logprobs(std::span<const int32_t> prompt, const std::string& served_model,
@@ -200,6 +224,7 @@ class EndpointClient {
     std::vector<int32_t> ids;    ///< the generated tokens' ids (as the server sent them, not cut)
   };
   /// Greedy generation of at most max_tokens (stop_token_ids = stop_ids).
+  /// Throws as prompt_logprobs.
   /// `logprobs` (nullopt = null) asks for the generated tokens' ids where the server gives them with
   /// logprobs (posenc serve's token_ids, llama.cpp's content[].id).
   Generation generate(std::span<const int32_t> prompt, int max_tokens, std::span<const int32_t> stop_ids,
@@ -237,7 +262,9 @@ struct EndpointInfo {
 
 /// Probes `spec` (see the file comment). `served_model` empty = the only
 /// model /v1/models lists. Throws EndpointUnavailable when /v1/models does
-/// not answer, EndpointProtocolError for a malformed answer, ConfigError when
+/// not answer, EndpointProtocolError for a malformed answer,
+/// EndpointNumericError when the model's logits for the 2-token probe prompt
+/// are not finite, ConfigError when
 /// the served model is not listed or several are and none was named (listing
 /// them), or when /tokenize disagrees with `tokenizer` (naming both id lists).
 EndpointInfo probe_endpoint(const EndpointSpec& spec, const std::string& served_model, const Tokenizer& tokenizer,
@@ -268,7 +295,8 @@ struct EndpointEvalConfig {
 /// /version, the labels, the likelihood support, max_model_len, the
 /// tokenizer's and haystack's contents and every axis, never the URLs.
 /// Throws as run_eval, and EndpointUnavailable / EndpointProtocolError /
-/// ConfigError as probe_endpoint and the client.
+/// EndpointNumericError / ConfigError as probe_endpoint and the client (a
+/// non-retried error stops the run; the finished samples stay journaled).
 EvalRunResult run_eval_endpoint(const EndpointEvalConfig& endpoints, const Tokenizer& tokenizer,
                                 std::string_view haystack_text, EvalConfig config,
                                 const std::function<void(const EvalProgress&)>& on_progress = {});

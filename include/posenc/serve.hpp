@@ -40,6 +40,14 @@
 
 namespace posenc::serve {
 
+/// The "type" of a NumericError's error body: {"error": {"message", "type": "numeric_error", "param": null,
+/// "code": 500}}. The request was well-formed, but the model's logits for it were not finite (float32 overflowed
+/// in the forward pass; see posenc::NumericError): a deterministic failure of the model on that input, so a client
+/// should not retry it (posenc's endpoint client does not: EndpointNumericError). Other failures of the server
+/// are type "server_error" (500; retrying may help), refusals of the request "invalid_request_error" (400, 408,
+/// 411, 413), "model_not_found" (404) and "service_unavailable" (503 with Retry-After).
+inline constexpr std::string_view numeric_error_type = "numeric_error";
+
 /// A request the server refuses: HTTP `status` (400, 404, 503, ...) with the
 /// OpenAI error body {"error": {"message", "type", "param", "code"}}. `param`
 /// names the offending field ("" = none: null in the body). The message names

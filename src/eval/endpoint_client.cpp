@@ -13,6 +13,7 @@
 
 #include "posenc/endpoint.hpp"
 #include "posenc/json_file.hpp"
+#include "posenc/serve.hpp"
 
 namespace posenc {
 
@@ -188,6 +189,18 @@ std::string error_message_of(const std::string& body) {
   return s;
 }
 
+// error.type of an error body ({"error": {"type": ...}}), "" when it has none.
+std::string error_type_of(const std::string& body) {
+  try {
+    const json j = json::parse(body);
+    if (j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("type") &&
+        j["error"]["type"].is_string())
+      return j["error"]["type"].get<std::string>();
+  } catch (const json::exception&) {
+  }
+  return "";
+}
+
 // A 2xx body that is {"error": {...}} (leading JSON whitespace allowed) and no completion: the status it carries
 // (error.code, default 500).
 std::optional<int> error_on_200(const std::string& body) {
@@ -307,6 +320,16 @@ EndpointClient::Reply EndpointClient::post(const std::string& path, const json& 
         breaker_->success();
         return r;
       }
+    }
+    if (r.status >= 300 && error_type_of(r.body) == serve::numeric_error_type) {
+      // The model's logits for this input were not finite (posenc serve): the same request fails the same way, so
+      // it is not retried, and the endpoint answered, so it is no breaker failure.
+      breaker_->success();
+      throw EndpointNumericError(
+          fmt::format("{}: the served model produced non-finite logits (HTTP {}{}, error type {}; not retried: the "
+                      "model overflows float32 on this input, the endpoint is up): {}",
+                      where, r.status, on_200 ? " (an error body on HTTP 200)" : "", serve::numeric_error_type,
+                      error_message_of(r.body)));
     }
     if (r.status == 0) {
       last = fmt::format("connection error: {}", r.error);

@@ -159,8 +159,10 @@ class Journal {
 // a worker journals its item before it takes the next, so at most
 // `concurrency` items are in flight. An item whose request failed through all
 // its retries goes back to the queue unless the breaker tripped; a protocol
-// error (or any other error) stops every worker; the first error is rethrown
-// once they are joined.
+// error, the served model's non-finite logits (EndpointNumericError: not
+// retried, no breaker failure; as the in-process lab stops at a NumericError)
+// or any other error stops every worker; the first error is rethrown once they
+// are joined.
 void run_pool(const std::string& url, const EndpointOptions& opt, std::vector<int64_t> todo,
               const std::function<json(EndpointClient&, int64_t)>& compute,
               const std::function<void(int64_t, json)>& finished, const std::string& unit, int64_t total) {

@@ -303,8 +303,8 @@ void Scheduler::step() {
     const std::size_t n = w.tokens.size();
     const std::size_t last = all_rows ? row + n - 1 : row;
     // The rows this request reads (its prompt rows that predict a prompt token; the row it samples from): a NaN or
-    // infinite logit there (float32 overflowed in the model) fails it alone (500, naming the position), not the
-    // others of the step.
+    // infinite logit there (float32 overflowed in the model) fails it alone (500 of type numeric_error, naming the
+    // position: the same input fails the same way, so clients must not retry it), not the others of the step.
     const int64_t P = static_cast<int64_t>(j.prompt.size());
     const bool samples = !(w.prefill && j.fed + static_cast<int64_t>(n) < P) && j.max_tokens != 0;
     try {
@@ -320,7 +320,7 @@ void Scheduler::step() {
         ::posenc::detail::check_logits_finite(logits_.data() + last * static_cast<std::size_t>(V_), V_, V_,
                                               where(n - 1));
     } catch (const NumericError& e) {
-      fail(w.job, 500, fmt::format("the model's output is not finite: {}", e.what()));
+      fail(w.job, 500, fmt::format("the model's output is not finite: {}", e.what()), numeric_error_type);
       row = all_rows ? row + n : row + 1;
       continue;
     }
@@ -463,12 +463,13 @@ void Scheduler::finish(const std::shared_ptr<Job>& job, bool donate_seq) {
   publish(*job);
 }
 
-void Scheduler::fail(const std::shared_ptr<Job>& job, int status, const std::string& message) {
+void Scheduler::fail(const std::shared_ptr<Job>& job, int status, const std::string& message, std::string_view type) {
   auto it = std::find(running_.begin(), running_.end(), job);
   if (it != running_.end()) running_.erase(it);
   if (job->seq >= 0 && cache_.contains(job->seq)) cache_.free(job->seq);
   job->seq = -1;
   job->error_status = status;
+  job->error_type = std::string(type);
   job->error_message = message;
   update_gauges();
   publish(*job);

@@ -65,6 +65,7 @@ struct Job {
   std::string text;                     ///< generated text (cut before a stop string)
   std::string finish_reason;            ///< "stop" | "length"
   int error_status = 0;                 ///< != 0: failed with this HTTP status
+  std::string error_type;               ///< the error body's "type": "server_error" or serve::numeric_error_type
   std::string error_message;
   std::optional<double> first_token_seconds;
 
@@ -110,7 +111,8 @@ class Scheduler {
   void consume_row(Job& job, const float* row, bool prompt_row, int64_t target_index);
   void sample_next(Job& job, const float* row);
   void finish(const std::shared_ptr<Job>& job, bool donate);
-  void fail(const std::shared_ptr<Job>& job, int status, const std::string& message);
+  void fail(const std::shared_ptr<Job>& job, int status, const std::string& message,
+            std::string_view type = "server_error");
   void publish(Job& job);
   int64_t cache_blocks() const;
   void drop_prefix(std::list<CachedPrefix>::iterator it);

@@ -463,7 +463,7 @@ void Server::Impl::completions(const httplib::Request& req, httplib::Response& r
   auto answer = [this, ep](const Job& j, int& status) {
     if (j.error_status != 0) {
       status = j.error_status;
-      return dump(error_body(j.error_status, "server_error", "", j.error_message));
+      return dump(error_body(j.error_status, j.error_type, "", j.error_message));
     }
     status = 200;
     return dump(completion_body(j));

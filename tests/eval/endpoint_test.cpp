@@ -5,7 +5,9 @@
 // (on another port) re-sends nothing finished and ends equal to an
 // uninterrupted run; garbage, truncated JSON, wrong logprob counts and HTTP
 // 500 are clear errors naming the endpoint and the request, with nothing
-// written for the affected sample; 429 is retried; an endpoint without prompt
+// written for the affected sample; 429 is retried; posenc serve's
+// numeric_error (the model's non-finite logits) is sent once and stops the
+// run naming them, while other 500s and 503 are retried; an endpoint without prompt
 // log-probabilities runs the generation cells and reports the rest as not
 // supported.
 #include <algorithm>
@@ -661,6 +663,121 @@ TEST(EndpointLab, ARequestPastItsTimeoutIsRetriedThenStopsTheRun) {
   // The client did not wait for the hanging answers (4 x 3 s; the timeouts themselves are 4 x 0.25 s). A wide
   // margin: under a loaded machine the run's own work took 5 s when the hang was 0.9 s and the bound 3.6 s.
   EXPECT_LT(s, 0.75 * 4 * 3.0);
+}
+
+// ---------------------------------------------------------------- (d2) the model's non-finite logits
+
+namespace {
+
+// posenc serve's answer when the model's logits for a request are not finite (src/serve/scheduler.cpp).
+const std::string kNumericBody =
+    R"({"error":{"message":"the model's output is not finite: position 7: logit 0 is not finite (got nan): float32 )"
+    R"(overflowed in the forward pass","type":"numeric_error","param":null,"code":500}})";
+
+}  // namespace
+
+// The client sends a numeric_error request once (500, or the 200 + {"error"} of a chunked answer) and throws
+// EndpointNumericError without a breaker failure; a plain 500 server_error and a 503 are still retried.
+TEST(EndpointClient, ANumericErrorIsSentOnceWhileOther5xxAreRetried) {
+  FakeEndpoint srv(model(), tok());
+  std::atomic<int> mode{0};
+  srv.fault = [&](int64_t, const json&, const std::string&) -> std::optional<FakeEndpoint::Fault> {
+    switch (mode.load()) {
+      case 0: return FakeEndpoint::Fault{500, kNumericBody, ""};
+      case 1: return FakeEndpoint::Fault{200, "  " + kNumericBody, ""};
+      case 2:
+        return FakeEndpoint::Fault{500, R"({"error":{"message":"CUDA out of memory","type":"server_error","code":500}})",
+                                   ""};
+      default:
+        return FakeEndpoint::Fault{
+            503, R"({"error":{"message":"queue full","type":"service_unavailable","code":503}})", "0"};
+    }
+  };
+  srv.start();
+  EndpointOptions o;
+  o.retries = 2;
+  o.backoff_initial = 0.001;
+  o.backoff_max = 0.002;
+  auto breaker = std::make_shared<CircuitBreaker>(1);  // one failed request trips it
+  EndpointClient client(srv.url(), o, breaker);
+  const json body{{"model", srv.name}, {"prompt", {1, 403, 404, 405}}, {"max_tokens", 2}, {"temperature", 0}};
+  for (int m : {0, 1}) {
+    SCOPED_TRACE(m);
+    mode = m;
+    const int64_t before = srv.work_requests, sent = client.requests_sent();
+    const std::string msg = test::message_of<EndpointNumericError>(
+        [&] { (void)client.post("/v1/completions", body, "task passkey, sample 2, length 128"); });
+    EXPECT_EQ(srv.work_requests - before, 1);  // exactly one attempt
+    EXPECT_EQ(client.requests_sent() - sent, 1);
+    EXPECT_NE(msg.find(srv.url()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("task passkey, sample 2, length 128"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the served model produced non-finite logits (HTTP 500"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("position 7: logit 0 is not finite"), std::string::npos) << msg;  // the server's message
+    EXPECT_EQ(msg.find("unavailable"), std::string::npos) << msg;
+    if (m == 1) EXPECT_NE(msg.find("an error body on HTTP 200"), std::string::npos) << msg;
+    EXPECT_FALSE(breaker->tripped());  // threshold 1: a counted failure would have tripped it
+  }
+  // A NumericError like the in-process lab's, and no protocol error.
+  EXPECT_THROW((void)client.post("/v1/completions", body, "x"), NumericError);
+  for (int m : {2, 3}) {  // 500 server_error, 503: retried, then a breaker failure (each on a fresh breaker)
+    SCOPED_TRACE(m);
+    mode = m;
+    auto b = std::make_shared<CircuitBreaker>(1);
+    EndpointClient cl(srv.url(), o, b);
+    const int64_t before = srv.work_requests;
+    const std::string msg = test::message_of<EndpointUnavailable>(
+        [&] { (void)cl.post("/v1/completions", body, "task passkey, sample 2, length 128"); });
+    EXPECT_EQ(srv.work_requests - before, 3);  // 1 + 2 retries
+    EXPECT_EQ(cl.requests_sent(), 3);
+    EXPECT_NE(msg.find(m == 2 ? "HTTP 500: CUDA out of memory" : "HTTP 503: queue full"), std::string::npos) << msg;
+    EXPECT_TRUE(b->tripped());
+  }
+}
+
+// In a run, the sample whose request hits numeric_error stops the run at once (no retry, whatever --retries),
+// like the in-process lab's NumericError and the other non-retried errors: the samples before it are journaled, it is
+// not, no cell is written, and the error names the request and non-finite logits, not an unavailable endpoint.
+TEST(EndpointLab, TheModelsNonFiniteLogitsStopTheRunAtOnceNamingThem) {
+  for (const bool chunked : {false, true}) {
+    SCOPED_TRACE(chunked);
+    TempDir d;
+    EvalConfig c = base_config(d.path());
+    c.tasks = {"passkey"};
+    c.lengths = {128};
+    c.depths = {0.5};
+    c.samples = 4;
+    c.ppl_tokens = -1;
+    FakeEndpoint srv(model(), tok());
+    srv.fault = [chunked](int64_t n, const json&, const std::string&) -> std::optional<FakeEndpoint::Fault> {
+      if (n >= 3) return FakeEndpoint::Fault{chunked ? 200 : 500, (chunked ? " " : "") + kNumericBody, ""};
+      return std::nullopt;
+    };
+    srv.start();
+    EndpointEvalConfig e = endpoint_config(srv.url());
+    e.options.retries = 3;
+    std::string msg = "no exception";
+    try {
+      (void)run_eval_endpoint(e, tok(), text(), c);
+    } catch (const EndpointNumericError& x) {
+      msg = x.what();
+    } catch (const std::exception& x) {
+      msg = std::string("WRONG TYPE: ") + x.what();
+    }
+    EXPECT_EQ(msg.find("WRONG TYPE"), std::string::npos) << msg;
+    EXPECT_NE(msg.find(srv.url()), std::string::npos) << msg;
+    EXPECT_NE(msg.find("POST /v1/completions"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("task passkey"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("length 128"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("the served model produced non-finite logits"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("position 7: logit 0 is not finite"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("unavailable"), std::string::npos) << msg;
+    EXPECT_EQ(srv.work_requests, 3);  // samples 0 and 1, then sample 2 once: no retry (retries 3 would make it 6)
+    const fs::path run_dir = resolve_run_dir(d.path());
+    EXPECT_EQ(cell_files(run_dir), 0u);
+    const std::string j = test::slurp(run_dir / "journal" / "passkey__none__default__L128.jsonl");
+    EXPECT_EQ(std::count(j.begin(), j.end(), '\n'), 2) << j;
+    EXPECT_EQ(j.find("\"i\":2"), std::string::npos) << j;
+  }
 }
 
 // ---------------------------------------------------------------- (e) no prompt log-probabilities

@@ -1,7 +1,9 @@
 // A model whose weights are all finite but whose forward pass overflows float32 (a final norm weight of 3e38, as a
 // corrupted checkpoint can have): perplexity, the lab's forced choice and greedy continuation, and generate() refuse
 // its NaN/infinite logits with a NumericError naming where, instead of reporting NaN or a token taken from them; the
-// CLI prints the error and exits 1. A sound model of the same shape passes the same calls.
+// CLI prints the error and exits 1. A sound model of the same shape passes the same calls. posenc serve answers such
+// a request 500 with error type numeric_error (also on a chunked 200), and `eval --endpoint` against it stops after
+// one attempt with EndpointNumericError naming non-finite logits, not "endpoint unavailable".
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -12,9 +14,11 @@
 #include <gtest/gtest.h>
 
 #include "posenc/checkpoint.hpp"
+#include "posenc/endpoint.hpp"
 #include "posenc/error.hpp"
 #include "posenc/eval.hpp"
 #include "posenc/generate.hpp"
+#include "posenc/io.hpp"
 #include "posenc/model.hpp"
 #include "posenc/perplexity.hpp"
 #include "posenc/tokenizer.hpp"
@@ -147,8 +151,127 @@ TEST(NonFiniteLogits, ServeFailsThatRequestAndKeepsServing) {
     EXPECT_EQ(r.status, 500) << r.raw;
     EXPECT_NE(r.raw.find("is not finite"), std::string::npos) << r.raw;
     EXPECT_NE(r.raw.find("position "), std::string::npos) << r.raw;
+    // Its own error type (clients must not retry it), not the generic server_error.
+    EXPECT_EQ(r.body["error"]["type"], "numeric_error") << r.raw;
+    EXPECT_EQ(r.body["error"]["type"], std::string(posenc::serve::numeric_error_type));
+    EXPECT_EQ(r.body["error"]["code"], 500) << r.raw;
+    EXPECT_TRUE(r.body["error"]["param"].is_null()) << r.raw;
   }
   EXPECT_EQ(posenc::test::serve::get(c, "/health").status, 200);
+  EXPECT_EQ(posenc::test::serve::metric(posenc::test::serve::get(c, "/metrics").raw,
+                                        "posenc_requests_total{endpoint=\"/v1/completions\",status=\"500\"}"),
+            2);
+}
+
+// The same failure found after the server began its chunked answer (a request slower than 50 ms: one prompt token
+// per step, 100 ms a step) comes as status 200 with the {"error": ...} body: the same type and code.
+TEST(NonFiniteLogits, ServeGivesTheSameErrorTypeOnAChunkedAnswer) {
+  TempDir d;
+  save_posenc_checkpoint(d.path() / "bad.pt", checkpoint(true));
+  const Model bad = Model::load(d.path() / "bad.pt");
+  const Tokenizer tok = Tokenizer::from_symbols(checkpoint(false).symbols);
+  ::signal(SIGPIPE, SIG_IGN);
+  posenc::serve::ServeConfig cfg;
+  cfg.port = 0;
+  cfg.served_model_name = "bad";
+  cfg.max_batch = 1;
+  cfg.max_step_tokens = 1;
+  cfg.step_delay = std::chrono::milliseconds(100);
+  posenc::serve::Server server(bad, tok, cfg);
+  const int port = server.start();
+  httplib::Client c("127.0.0.1", port);
+  c.set_read_timeout(60, 0);
+  const auto r = posenc::test::serve::post(
+      c, "/v1/completions", nlohmann::json{{"prompt", "a b c d e"}, {"max_tokens", 2}, {"temperature", 0}});
+  EXPECT_EQ(r.status, 200) << r.raw;
+  ASSERT_FALSE(r.raw.empty());
+  EXPECT_EQ(r.raw.front(), ' ') << r.raw;  // the chunked answer's keep-alive whitespace came first
+  EXPECT_EQ(r.body["error"]["type"], "numeric_error") << r.raw;
+  EXPECT_EQ(r.body["error"]["code"], 500) << r.raw;
+  EXPECT_NE(r.raw.find("is not finite"), std::string::npos) << r.raw;
+}
+
+// stories260K with its final norm scaled to 3e38 (every weight finite, the logits not), served by posenc serve: `eval
+// --endpoint` stops at the first request (the probe's 2-token likelihood request) after ONE attempt, saying that the
+// model produced non-finite logits, with the server's message, instead of retrying it and reporting the endpoint
+// unavailable. Library and CLI.
+TEST(NonFiniteLogits, EvalOverAnEndpointStopsAtOnceNamingNonFiniteLogits) {
+  TempDir d;
+  const Model& stories = posenc::test::serve::stories().model;
+  const Tokenizer& tok = posenc::test::serve::stories().tok;
+  PosencCheckpoint ck = stories.to_checkpoint();
+  bool scaled = false;
+  for (auto& tensor : ck.tensors)
+    if (tensor.name == "norm") {
+      for (float& v : tensor.data) v = 3e38f;
+      scaled = true;
+    }
+  ASSERT_TRUE(scaled);
+  save_posenc_checkpoint(d.path() / "bad260.pt", ck);
+  const Model bad = Model::load(d.path() / "bad260.pt");
+  const std::vector<float> logits = bad.score_window(std::vector<int32_t>{1, 403});
+  ASSERT_FALSE(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); }));
+
+  ::signal(SIGPIPE, SIG_IGN);
+  posenc::serve::ServeConfig cfg;
+  cfg.port = 0;
+  cfg.served_model_name = "bad260";
+  posenc::serve::Server server(bad, tok, cfg);
+  const int port = server.start();
+  const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/v1";
+  httplib::Client c("127.0.0.1", port);
+  const auto failed_completions = [&] {
+    return posenc::test::serve::metric(posenc::test::serve::get(c, "/metrics").raw,
+                                       "posenc_requests_total{endpoint=\"/v1/completions\",status=\"500\"}");
+  };
+
+  EndpointEvalConfig e;
+  e.endpoints = {parse_endpoint_spec(url)};
+  e.options.retries = 3;  // a plain 500 would be sent 4 times and, twice over (breaker 2), end as "unavailable"
+  e.options.backoff_initial = 0.001;
+  e.options.backoff_max = 0.002;
+  e.options.breaker_failures = 2;
+  e.options.request_timeout = 30;
+  e.trained_context = 512;
+  EvalConfig ec;
+  ec.tokenizer_path = posenc::test::tokenizer_path().string();
+  ec.haystack_path = posenc::test::text_path().string();
+  ec.tasks = {"passkey"};
+  ec.lengths = {128};
+  ec.depths = {0.5};
+  ec.samples = 2;
+  ec.ppl_tokens = -1;
+  ec.out = d.path() / "run";
+  const std::string haystack = read_file(posenc::test::text_path());
+  std::string msg = "no exception";
+  try {
+    (void)run_eval_endpoint(e, tok, haystack, ec);
+  } catch (const EndpointNumericError& x) {
+    msg = x.what();
+  } catch (const std::exception& x) {
+    msg = std::string("WRONG TYPE: ") + x.what();
+  }
+  EXPECT_EQ(msg.find("WRONG TYPE"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the served model produced non-finite logits"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(url), std::string::npos) << msg;
+  EXPECT_NE(msg.find("likelihood probe"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("HTTP 500"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the model's output is not finite: position "), std::string::npos) << msg;  // the server's
+  EXPECT_EQ(msg.find("unavailable"), std::string::npos) << msg;
+  EXPECT_EQ(failed_completions(), 1);  // one attempt, no retries
+
+  // The CLI: exit 1 with that message on stderr.
+  const auto r = run_cli("eval --endpoint " + url + " --tokenizer '" + posenc::test::tokenizer_path().string() +
+                         "' --haystack '" + posenc::test::text_path().string() +
+                         "' --tasks passkey --context 128 --depths 0.5 --samples 2 --ppl-tokens -1 "
+                         "--trained-context 512 --retries 3 --request-timeout 30 --quiet --out '" +
+                         (d.path() / "cli").string() + "'");
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("the served model produced non-finite logits"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("is not finite"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("unavailable"), std::string::npos) << r.err;
+  EXPECT_EQ(failed_completions(), 2);
+  server.stop();
 }
 
 }  // namespace

@@ -311,7 +311,8 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--retries", args->retries,
                   "--endpoint: retries of a request on connection errors, 429 and 5xx (exponential backoff, full "
-                  "jitter, Retry-After honoured)")
+                  "jitter, Retry-After honoured; not an error of type numeric_error, the model's non-finite logits "
+                  "for that input: it stops the run at once)")
       ->check(int_in(0, 100))
       ->capture_default_str();
   cmd->add_option("--haystack", args->haystack,
