@@ -23,6 +23,9 @@ void rmsnorm(const float* x, const float* weight, int64_t n, int d, float eps, f
 void swiglu(float* h1, const float* h3, int64_t count);
 /// std::exp per element (the reference swiglu is tested against).
 void swiglu_reference(float* h1, const float* h3, int64_t count);
+/// swiglu on the calling thread alone (no parallel region; the same bits): for kernels that apply it to their own
+/// part of the output.
+void swiglu_serial(float* h1, const float* h3, int64_t count);
 /// Whether swiglu takes its AVX-512 path here.
 bool swiglu_uses_avx512();
 
@@ -86,6 +89,16 @@ void matmul_q8(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, 
 /// cannot run k.
 void matmul_q8_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out,
                     float* y, bool accumulate);
+/// h1[n, out] = silu(h1) * (x_q[n, in] · W[out, in]^T), the same bits as matmul_q8 into an h3 followed by
+/// swiglu(h1, h3, n * out): SwiGLU with h1 the gate projection's output and W the up projection. On the amx path
+/// (n >= kAmxMinRows) the SwiGLU is the epilogue of each 16 x 16 tile, so the up projection's [n, out] float32
+/// output is never written nor read back (a prefill's SwiGLU pass ran at DRAM speed: 6% of a Q8_0 q8_activations
+/// prefill of the 487M model); other paths compute h3 in a temporary and call swiglu.
+void matmul_q8_swiglu(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out,
+                      float* h1);
+/// matmul_q8_swiglu through path k. Throws std::logic_error when this CPU cannot run k.
+void matmul_q8_swiglu_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4,
+                           int64_t out, float* h1);
 /// The same arithmetic in scalar C++: the reference the SIMD paths are tested against.
 void matmul_q8_reference(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out,
                          float* y, bool accumulate);

@@ -246,6 +246,51 @@ TEST_P(KernelsQ8Path, RealSizeShapesGiveTheReferenceBits) {
   }
 }
 
+// matmul_q8_swiglu: h1 = silu(h1) * (x W^T) with the bits of the product stored and swiglu run on it (AMX applies
+// it in each tile's epilogue; the other paths run the two steps). Gate values across expf's special range (|h1| >=
+// 88, where the vector expf hands the lane to libm), zeros, infinities and a NaN; tiles partial in rows (17, 33)
+// and columns (1, 15, 17, 40), 1..5 blocks, on one and two threads.
+TEST_P(KernelsQ8Path, SwigluEpilogueGivesTheUnfusedBits) {
+  const Q8Kernel k = GetParam();
+  if (!q8_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
+  int checked = 0;
+  const int threads = omp_get_max_threads();
+  for (bool q4 : {false, true})
+    for (auto [n, out, in] : {std::tuple<int64_t, int64_t, int64_t>{1, 17, 64}, {5, 40, 160}, {16, 16, 32},
+                              {17, 1, 96}, {33, 15, 160}, {33, 40, 64}, {256, 48, 1024}, {40, 17, 4864}}) {
+      const auto wq = ggml_quantize(q4 ? GgmlType::q4_0 : GgmlType::q8_0,
+                                    randn(static_cast<std::size_t>(out * in), static_cast<uint32_t>(out + in), 0.05f));
+      const auto xq = quantized(randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n * 3), 1.5f), n, in);
+      auto gate = randn(static_cast<std::size_t>(n * out), static_cast<uint32_t>(n + out), 30.0f);
+      gate[0] = 0.0f;
+      if (gate.size() > 3) {
+        gate[1] = std::numeric_limits<float>::infinity();
+        gate[2] = -std::numeric_limits<float>::infinity();
+        gate[3] = std::numeric_limits<float>::quiet_NaN();
+      }
+      std::vector<float> h3(gate.size()), want = gate;
+      matmul_q8_reference(xq.data(), n, in, wq.data(), q4, out, h3.data(), false);
+      swiglu_reference(want.data(), h3.data(), static_cast<int64_t>(want.size()));
+      int big = 0;
+      for (float g : gate) big += std::fabs(g) >= 88.0f;
+      if (gate.size() >= 100) {
+        EXPECT_GT(big, 0) << "no gate value in expf's special range";
+      }
+      for (int t : {1, 2}) {
+        omp_set_num_threads(t);
+        std::vector<float> got = gate;
+        matmul_q8_swiglu_with(k, xq.data(), n, in, wq.data(), q4, out, got.data());
+        for (std::size_t i = 0; i < got.size(); ++i)
+          ASSERT_TRUE(same(want[i], got[i])) << to_string(k) << " q4 " << q4 << " " << n << " x " << out << " x " << in
+                                             << ", " << t << " threads, element " << i << ": " << got[i] << " vs "
+                                             << want[i];
+        ++checked;
+      }
+    }
+  omp_set_num_threads(threads);
+  EXPECT_EQ(checked, 2 * 8 * 2);
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, KernelsQ8Path, ::testing::Values(Q8Kernel::avx2, Q8Kernel::avx512_vnni, Q8Kernel::amx),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 

@@ -208,6 +208,43 @@ TEST(WeightsAsStored, MixedTypesUnderQ8ActivationsDecodeAsTheyPrefill) {
   EXPECT_EQ(std::memcmp(step.data(), prefill.data(), step.size() * sizeof(float)), 0);
 }
 
+// Prefill of 40 tokens (AMX tiles of 16 rows where the CPU has AMX: the up projection's SwiGLU runs in the tile
+// epilogue, matmul_q8_swiglu) against decode one token at a time (one row: no fusion), bit for bit, for Q8_0 and
+// Q4_0 files and for the mixed one whose F16 gate leaves the up projection to quantize its own input.
+TEST(WeightsAsStored, Q8ActivationsPrefillOfManyRowsDecodesAsItPrefills) {
+  test::TempDir dir;
+  std::vector<std::pair<std::string, GgufWriter>> files;
+  files.emplace_back("q8_0", test::tiny::gguf_writer({}, GgmlType::q8_0));
+  files.emplace_back("q4_0", test::tiny::gguf_writer({}, GgmlType::q4_0));
+  files.emplace_back("mixed", test::tiny::gguf_writer({}, GgmlType::q8_0, {{"blk.0.ffn_gate.weight", GgmlType::f16}}));
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 40; ++i) ids.push_back((i * 7 + 3) % 40);
+  for (auto& [name, writer] : files) {
+    const auto path = dir.path() / (name + ".gguf");
+    writer.write(path);
+    LoadOptions options;
+    options.quantized_matmul = QuantizedMatmul::q8_activations;
+    const Model m = Model::load(path, options);
+    std::vector<float> prefill, step, last;
+    {
+      KvCache cache = m.make_cache(48);
+      const auto seq = cache.create();
+      Model::SequenceInput in{seq, ids, {}};
+      m.forward(cache, std::span(&in, 1), Model::LogitsMode::all, prefill);
+    }
+    KvCache cache = m.make_cache(48);
+    const auto seq = cache.create();
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      Model::SequenceInput in{seq, std::span(ids.data() + i, 1), {}};
+      m.forward(cache, std::span(&in, 1), Model::LogitsMode::last, last);
+      step.insert(step.end(), last.begin(), last.end());
+    }
+    ASSERT_EQ(prefill.size(), ids.size() * static_cast<std::size_t>(m.config().vocab_size)) << name;
+    ASSERT_EQ(step.size(), prefill.size()) << name;
+    EXPECT_EQ(std::memcmp(step.data(), prefill.data(), step.size() * sizeof(float)), 0) << name;
+  }
+}
+
 TEST(WeightsAsStored, RandomModelRefusesShapesItCannotWriteNamingTheField) {
   test::TempDir dir;
   auto err = [&](auto edit, GgmlType type = GgmlType::f16) {
