@@ -89,16 +89,17 @@ void matmul_q8(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, 
 /// cannot run k.
 void matmul_q8_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out,
                     float* y, bool accumulate);
-/// h1[n, out] = silu(h1) * (x_q[n, in] · W[out, in]^T), the same bits as matmul_q8 into an h3 followed by
+/// h1[n, out] = silu(h1) * (x_q[n, in] · W[out, in]^T), the same bits as matmul_q8 into h3 followed by
 /// swiglu(h1, h3, n * out): SwiGLU with h1 the gate projection's output and W the up projection. On the amx path
 /// (n >= kAmxMinRows) the SwiGLU is the epilogue of each 16 x 16 tile, so the up projection's [n, out] float32
 /// output is never written nor read back (a prefill's SwiGLU pass ran at DRAM speed: 6% of a Q8_0 q8_activations
-/// prefill of the 487M model); other paths compute h3 in a temporary and call swiglu.
+/// prefill of the 487M model) and h3 is not touched; the other paths store the product in h3 ([n, out] float32
+/// scratch, the caller's) and call swiglu.
 void matmul_q8_swiglu(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out,
-                      float* h1);
+                      float* h1, float* h3);
 /// matmul_q8_swiglu through path k. Throws std::logic_error when this CPU cannot run k.
 void matmul_q8_swiglu_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4,
-                           int64_t out, float* h1);
+                           int64_t out, float* h1, float* h3);
 /// The same arithmetic in scalar C++: the reference the SIMD paths are tested against.
 void matmul_q8_reference(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out,
                          float* y, bool accumulate);

@@ -435,15 +435,25 @@ POSENC_TARGET_VNNI void pack_panel(const std::byte* w, int64_t wrow, int64_t o0,
   }
 }
 
+/// What a panel kernel (vnni_panel_rows, amx_panel_tile) does with its results: store them in y, add them to y,
+/// or y = silu(y) * result (SwiGLU with y the gate's projection: the up projection's output never stored).
+enum class TileEpilogue { store, accumulate, swiglu };
+
+inline TileEpilogue store_or_accumulate(bool accumulate) {
+  return accumulate ? TileEpilogue::accumulate : TileEpilogue::store;
+}
+
 /// Rows [0, R) of x (xq rows at stride xrow; dxf: their scales as float, [R][blocks]) against a packed panel:
 /// y[i, 0..cols) (+)= over the blocks, fmaf(isum, d_w * d_x, acc), with dpbusd on x + 128 (unsigned) and the
 /// weights, minus 128 x the row sums.
 template <int R>
 POSENC_TARGET_VNNI void vnni_panel_rows(const std::byte* xq, int64_t xrow, const float* dxf, int64_t blocks,
                                         const std::byte* panel, float* y, int64_t ldy, int64_t cols,
-                                        bool accumulate) {
+                                        TileEpilogue epilogue) {
   __m512 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
+  if (epilogue == TileEpilogue::swiglu)  // the gate's outputs the epilogue reads, while the products run
+    for (int i = 0; i < R; ++i) _mm_prefetch(reinterpret_cast<const char*>(y + i * ldy), _MM_HINT_T0);
   const __m512i offset = _mm512_set1_epi32(128);
   for (int64_t b = 0; b < blocks; ++b) {
     const std::byte* pb = panel + b * kPanelBlockBytes;
@@ -469,8 +479,14 @@ POSENC_TARGET_VNNI void vnni_panel_rows(const std::byte* xq, int64_t xrow, const
   const __mmask16 m = static_cast<__mmask16>((1u << cols) - 1u);
   for (int i = 0; i < R; ++i) {
     float* yr = y + i * ldy;
+    if (epilogue == TileEpilogue::swiglu) {
+      alignas(64) float h3[16];
+      _mm512_store_ps(h3, acc[i]);
+      swiglu_serial(yr, h3, cols);
+      continue;
+    }
     __m512 v = acc[i];
-    if (accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, yr), v);
+    if (epilogue == TileEpilogue::accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, yr), v);
     _mm512_mask_storeu_ps(yr, m, v);
   }
 }
@@ -494,7 +510,7 @@ struct PanelBuffer {
 
 template <bool Q4>
 void matmul_q8_vnni_panels(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, int64_t out, float* y,
-                           bool accumulate) {
+                           TileEpilogue epilogue) {
   constexpr int64_t kR = 4;
   const int64_t blocks = in / kQBlock, xrow = blocks * kQ8Bytes, wrow = blocks * (Q4 ? kQ4Bytes : kQ8Bytes);
   const std::vector<float> dxf = x_scales(x_q, n, blocks);
@@ -515,10 +531,10 @@ void matmul_q8_vnni_panels(const std::byte* x_q, int64_t n, int64_t in, const st
         const float* dr = dxf.data() + r0 * blocks;
         float* yr = y + r0 * out + o0;
         switch (std::min(kR, n - r0)) {
-          case 4: vnni_panel_rows<4>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, accumulate); break;
-          case 3: vnni_panel_rows<3>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, accumulate); break;
-          case 2: vnni_panel_rows<2>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, accumulate); break;
-          default: vnni_panel_rows<1>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, accumulate); break;
+          case 4: vnni_panel_rows<4>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, epilogue); break;
+          case 3: vnni_panel_rows<3>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, epilogue); break;
+          case 2: vnni_panel_rows<2>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, epilogue); break;
+          default: vnni_panel_rows<1>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, epilogue); break;
         }
       }
     }
@@ -603,9 +619,9 @@ void matmul_q8_vnni(const std::byte* x_q, int64_t n, int64_t in, const std::byte
     else
       matmul_q8_vnni_decode<false>(x_q, in, w, out, y, accumulate);
   } else if (q4) {
-    matmul_q8_vnni_panels<true>(x_q, n, in, w, out, y, accumulate);
+    matmul_q8_vnni_panels<true>(x_q, n, in, w, out, y, store_or_accumulate(accumulate));
   } else {
-    matmul_q8_vnni_panels<false>(x_q, n, in, w, out, y, accumulate);
+    matmul_q8_vnni_panels<false>(x_q, n, in, w, out, y, store_or_accumulate(accumulate));
   }
 }
 
@@ -622,10 +638,6 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
-
-/// What amx_panel_tile does with its 16 x cols results: store them in y, add them to y, or y = silu(y) * result
-/// (SwiGLU with y the gate's projection: the up projection's output never stored).
-enum class AmxEpilogue { store, accumulate, swiglu };
 
 /// Blocks per group of the pipeline (4 KiB of int32 sums each; measured 4, 8, 16 on the 487M shapes: 4 best, by a
 /// few percent).
@@ -660,12 +672,12 @@ POSENC_TARGET_AMX inline void amx_products(const std::byte* xa, const std::byte*
 /// after its own tilestored, the loads waited on that store (and it on tdpbssd) every block (measured: 40% of the
 /// time at the instruction after tilestored).
 POSENC_TARGET_AMX void amx_panel_tile(const std::byte* xa, const float* dxf, int64_t blocks, const std::byte* panel,
-                                      int rows, float* y, int64_t ldy, int64_t cols, AmxEpilogue epilogue,
+                                      int rows, float* y, int64_t ldy, int64_t cols, TileEpilogue epilogue,
                                       const PrefetchSlice& next) {
   __m512 acc[16];
 #pragma GCC unroll 16
   for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
-  if (epilogue == AmxEpilogue::swiglu)  // the gate's outputs this tile's epilogue reads, while its products run
+  if (epilogue == TileEpilogue::swiglu)  // the gate's outputs this tile's epilogue reads, while its products run
     for (int i = 0; i < rows; ++i) _mm_prefetch(reinterpret_cast<const char*>(y + i * ldy), _MM_HINT_T0);
   alignas(64) int32_t c[2][kAmxGroup][16][16];
   if (blocks > 0) amx_products(xa, panel, 0, std::min(blocks, kAmxGroup), c[0]);
@@ -683,7 +695,7 @@ POSENC_TARGET_AMX void amx_panel_tile(const std::byte* xa, const float* dxf, int
     }
   }
   const __mmask16 m = static_cast<__mmask16>((1u << cols) - 1u);
-  if (epilogue == AmxEpilogue::swiglu) {
+  if (epilogue == TileEpilogue::swiglu) {
     for (int i = 0; i < rows; ++i) {  // y = silu(y) * (x W^T), as swiglu(y, h3) would on the stored h3
       alignas(64) float h3[16];
       _mm512_store_ps(h3, acc[i]);
@@ -696,7 +708,7 @@ POSENC_TARGET_AMX void amx_panel_tile(const std::byte* xa, const float* dxf, int
     if (i >= rows) break;
     float* yr = y + i * ldy;
     __m512 v = acc[i];
-    if (epilogue == AmxEpilogue::accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, yr), v);
+    if (epilogue == TileEpilogue::accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, yr), v);
     _mm512_mask_storeu_ps(yr, m, v);
   }
 }
@@ -720,7 +732,7 @@ POSENC_TARGET_AMX void amx_end() { _tile_release(); }
 
 template <bool Q4>
 void matmul_q8_amx_impl(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, int64_t out, float* y,
-                        AmxEpilogue epilogue) {
+                        TileEpilogue epilogue) {
   const int64_t blocks = in / kQBlock, xrow = blocks * kQ8Bytes, wrow = blocks * (Q4 ? kQ4Bytes : kQ8Bytes);
   const int64_t tiles = (n + 15) / 16;
   // x as A tiles, [tile][block][16 rows][32 int8] (rows past n zero, their outputs dropped): each tileloadd then
@@ -825,34 +837,41 @@ void matmul_q8_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t in, con
       if (n < kAmxMinRows)
         matmul_q8_vnni(x_q, n, in, w, q4, out, y, accumulate);
       else if (q4)
-        matmul_q8_amx_impl<true>(x_q, n, in, w, out, y, accumulate ? AmxEpilogue::accumulate : AmxEpilogue::store);
+        matmul_q8_amx_impl<true>(x_q, n, in, w, out, y, store_or_accumulate(accumulate));
       else
-        matmul_q8_amx_impl<false>(x_q, n, in, w, out, y, accumulate ? AmxEpilogue::accumulate : AmxEpilogue::store);
+        matmul_q8_amx_impl<false>(x_q, n, in, w, out, y, store_or_accumulate(accumulate));
       return;
   }
 }
 
 void matmul_q8_swiglu_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4,
-                           int64_t out, float* h1) {
+                           int64_t out, float* h1, float* h3) {
   if (!q8_kernel_supported(k))
     throw std::logic_error(fmt::format("matmul_q8_swiglu_with: this CPU cannot run the {} path", to_string(k)));
   if (n <= 0 || out <= 0) return;
   const int64_t wrow = in / kQBlock * (q4 ? kQ4Bytes : kQ8Bytes);
-  if (k == Q8Kernel::amx && n >= kAmxMinRows && in > 0 && 16 * wrow <= INT32_MAX) {
+  const bool panels = (k == Q8Kernel::amx || k == Q8Kernel::avx512_vnni) && in > 0 && 16 * wrow <= INT32_MAX;
+  if (panels && k == Q8Kernel::amx && n >= kAmxMinRows) {
     if (q4)
-      matmul_q8_amx_impl<true>(x_q, n, in, w, out, h1, AmxEpilogue::swiglu);
+      matmul_q8_amx_impl<true>(x_q, n, in, w, out, h1, TileEpilogue::swiglu);
     else
-      matmul_q8_amx_impl<false>(x_q, n, in, w, out, h1, AmxEpilogue::swiglu);
+      matmul_q8_amx_impl<false>(x_q, n, in, w, out, h1, TileEpilogue::swiglu);
     return;
   }
-  std::vector<float> h3(static_cast<std::size_t>(n * out));
-  matmul_q8_with(k, x_q, n, in, w, q4, out, h3.data(), false);
-  swiglu(h1, h3.data(), n * out);
+  if (panels && n >= 2) {  // VNNI panels (and amx below kAmxMinRows rows, which takes them)
+    if (q4)
+      matmul_q8_vnni_panels<true>(x_q, n, in, w, out, h1, TileEpilogue::swiglu);
+    else
+      matmul_q8_vnni_panels<false>(x_q, n, in, w, out, h1, TileEpilogue::swiglu);
+    return;
+  }
+  matmul_q8_with(k, x_q, n, in, w, q4, out, h3, false);
+  swiglu(h1, h3, n * out);
 }
 
 void matmul_q8_swiglu(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out,
-                      float* h1) {
-  matmul_q8_swiglu_with(q8_kernel(), x_q, n, in, w, q4, out, h1);
+                      float* h1, float* h3) {
+  matmul_q8_swiglu_with(q8_kernel(), x_q, n, in, w, q4, out, h1, h3);
 }
 
 void matmul_q8(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,

@@ -87,13 +87,14 @@ void project(const Linear& l, const float* x, int64_t n, float* y, bool accumula
   if (l.bias != nullptr) detail::add_bias(y, n, l.out, l.bias);
 }
 
-/// h1 = silu(h1) * (x W3^T) in one pass (matmul_q8_swiglu), for an up projection `l` in q8_activations without a
-/// bias, x being the gate projection's input (its quantization reused); false (nothing done) otherwise.
-bool project_swiglu(const Linear& l, const float* x, int64_t n, float* h1, Scratch& s) {
+/// h1 = silu(h1) * (x W3^T) in one pass (matmul_q8_swiglu; h3 its scratch where it does not fuse), for an up
+/// projection `l` in q8_activations without a bias, x being the gate projection's input (its quantization
+/// reused); false (nothing done) otherwise.
+bool project_swiglu(const Linear& l, const float* x, int64_t n, float* h1, float* h3, Scratch& s) {
   if (!l.q8_activations || l.bias != nullptr || s.xq_of != x ||
       s.xq.size() != static_cast<std::size_t>(n * (l.in / detail::kQBlock) * detail::kQ8Bytes))
     return false;
-  detail::matmul_q8_swiglu(s.xq.data(), n, l.in, l.w.data, l.w.type == detail::WeightType::q4_0, l.out, h1);
+  detail::matmul_q8_swiglu(s.xq.data(), n, l.in, l.w.data, l.w.type == detail::WeightType::q4_0, l.out, h1, h3);
   return true;
 }
 
@@ -831,7 +832,7 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     project(w.wo, s.att.data(), N, s.x.data(), true, s);
     detail::rmsnorm(s.x.data(), w.rms_ffn, N, D, c.norm_eps, s.xb.data());
     project(w.w1, s.xb.data(), N, s.h1.data(), false, s);
-    if (!project_swiglu(w.w3, s.xb.data(), N, s.h1.data(), s)) {
+    if (!project_swiglu(w.w3, s.xb.data(), N, s.h1.data(), s.h3.data(), s)) {
       project(w.w3, s.xb.data(), N, s.h3.data(), false, s, true);
       detail::swiglu(s.h1.data(), s.h3.data(), N * HID);
     }

@@ -278,8 +278,8 @@ TEST_P(KernelsQ8Path, SwigluEpilogueGivesTheUnfusedBits) {
       }
       for (int t : {1, 2}) {
         omp_set_num_threads(t);
-        std::vector<float> got = gate;
-        matmul_q8_swiglu_with(k, xq.data(), n, in, wq.data(), q4, out, got.data());
+        std::vector<float> got = gate, scratch(got.size());
+        matmul_q8_swiglu_with(k, xq.data(), n, in, wq.data(), q4, out, got.data(), scratch.data());
         for (std::size_t i = 0; i < got.size(); ++i)
           ASSERT_TRUE(same(want[i], got[i])) << to_string(k) << " q4 " << q4 << " " << n << " x " << out << " x " << in
                                              << ", " << t << " threads, element " << i << ": " << got[i] << " vs "
