@@ -5,7 +5,9 @@
 
 #include <cstddef>
 #include <cstdlib>
+#include <memory>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 namespace posenc::detail {
@@ -36,5 +38,17 @@ struct AlignedAllocator {
 
 /// A float vector whose data() is 64-byte aligned.
 using AlignedFloatVector = std::vector<float, AlignedAllocator<float>>;
+
+struct FreeDeleter {
+  void operator()(void* p) const noexcept { std::free(p); }
+};
+
+/// n elements of a trivial type, 64-byte aligned and left uninitialized (for a buffer the caller writes in full:
+/// a std::vector would zero it first). Throws std::bad_alloc.
+template <class T>
+std::unique_ptr<T[], FreeDeleter> aligned_uninitialized(std::size_t n) {
+  static_assert(std::is_trivial_v<T>);
+  return std::unique_ptr<T[], FreeDeleter>(AlignedAllocator<T>().allocate(n));
+}
 
 }  // namespace posenc::detail
