@@ -57,6 +57,27 @@ RandomGgufOptions small_random(int layers, GgmlType type) {
   return o;
 }
 
+/// The logits of `ids` prefilled in one call equal, bit for bit, those of decoding them one token at a time.
+void expect_decode_equals_prefill(const Model& m, const std::vector<int32_t>& ids, const std::string& label) {
+  std::vector<float> prefill, step, last;
+  {
+    KvCache cache = m.make_cache();
+    const auto seq = cache.create();
+    Model::SequenceInput in{seq, ids, {}};
+    m.forward(cache, std::span(&in, 1), Model::LogitsMode::all, prefill);
+  }
+  KvCache cache = m.make_cache();
+  const auto seq = cache.create();
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    Model::SequenceInput in{seq, std::span(ids.data() + i, 1), {}};
+    m.forward(cache, std::span(&in, 1), Model::LogitsMode::last, last);
+    step.insert(step.end(), last.begin(), last.end());
+  }
+  ASSERT_EQ(prefill.size(), ids.size() * static_cast<std::size_t>(m.config().vocab_size)) << label;
+  ASSERT_EQ(step.size(), prefill.size()) << label;
+  EXPECT_EQ(std::memcmp(step.data(), prefill.data(), step.size() * sizeof(float)), 0) << label;
+}
+
 }  // namespace
 
 // A model of over 100 MB, with the process's own footprint measured on stories260K: peak resident memory is the
@@ -186,26 +207,7 @@ TEST(WeightsAsStored, MixedTypesUnderQ8ActivationsDecodeAsTheyPrefill) {
       .write(path);
   LoadOptions options;
   options.quantized_matmul = QuantizedMatmul::q8_activations;
-  const Model m = Model::load(path, options);
-  const std::vector<int32_t> ids = {1, 7, 12, 30, 5, 19, 3, 25};
-  std::vector<float> prefill, step, last;
-  {
-    KvCache cache = m.make_cache(16);
-    const auto seq = cache.create();
-    Model::SequenceInput in{seq, ids, {}};
-    m.forward(cache, std::span(&in, 1), Model::LogitsMode::all, prefill);
-  }
-  KvCache cache = m.make_cache(16);
-  const auto seq = cache.create();
-  const std::size_t vocab = static_cast<std::size_t>(m.config().vocab_size);
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    Model::SequenceInput in{seq, std::span(ids.data() + i, 1), {}};
-    m.forward(cache, std::span(&in, 1), Model::LogitsMode::last, last);
-    step.insert(step.end(), last.begin(), last.end());
-  }
-  ASSERT_EQ(prefill.size(), ids.size() * vocab);
-  ASSERT_EQ(step.size(), prefill.size());
-  EXPECT_EQ(std::memcmp(step.data(), prefill.data(), step.size() * sizeof(float)), 0);
+  expect_decode_equals_prefill(Model::load(path, options), {1, 7, 12, 30, 5, 19, 3, 25}, "mixed");
 }
 
 // Prefill of 40 tokens (AMX tiles of 16 rows where the CPU has AMX: the up projection's SwiGLU runs in the tile
@@ -224,24 +226,7 @@ TEST(WeightsAsStored, Q8ActivationsPrefillOfManyRowsDecodesAsItPrefills) {
     writer.write(path);
     LoadOptions options;
     options.quantized_matmul = QuantizedMatmul::q8_activations;
-    const Model m = Model::load(path, options);
-    std::vector<float> prefill, step, last;
-    {
-      KvCache cache = m.make_cache(48);
-      const auto seq = cache.create();
-      Model::SequenceInput in{seq, ids, {}};
-      m.forward(cache, std::span(&in, 1), Model::LogitsMode::all, prefill);
-    }
-    KvCache cache = m.make_cache(48);
-    const auto seq = cache.create();
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      Model::SequenceInput in{seq, std::span(ids.data() + i, 1), {}};
-      m.forward(cache, std::span(&in, 1), Model::LogitsMode::last, last);
-      step.insert(step.end(), last.begin(), last.end());
-    }
-    ASSERT_EQ(prefill.size(), ids.size() * static_cast<std::size_t>(m.config().vocab_size)) << name;
-    ASSERT_EQ(step.size(), prefill.size()) << name;
-    EXPECT_EQ(std::memcmp(step.data(), prefill.data(), step.size() * sizeof(float)), 0) << name;
+    expect_decode_equals_prefill(Model::load(path, options), ids, name);
   }
 }
 
