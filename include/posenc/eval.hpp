@@ -114,6 +114,10 @@ std::vector<int32_t> greedy_continue(const Model& model, KvCache& cache, KvCache
 
 // ---------------------------------------------------------------- runs
 
+/// The range of an eval length (EvalConfig::lengths, `posenc eval --context`).
+inline constexpr int64_t kMinEvalLength = 8;
+inline constexpr int64_t kMaxEvalLength = int64_t{1} << 20;
+
 struct EvalConfig {
   std::string model_path;
   std::string tokenizer_path;

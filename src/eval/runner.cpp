@@ -635,8 +635,9 @@ void validate_eval_config(EvalConfig& c) {
   if (c.lengths.empty()) throw ConfigError("--context: at least one length is required");
   std::sort(c.lengths.begin(), c.lengths.end());
   for (std::size_t i = 0; i < c.lengths.size(); ++i) {
-    if (c.lengths[i] < 8 || c.lengths[i] > (int64_t{1} << 20))
-      throw ConfigError(fmt::format("--context: must be in [8, 1048576] (got {})", c.lengths[i]));
+    if (c.lengths[i] < kMinEvalLength || c.lengths[i] > kMaxEvalLength)  // the CLI's check (lengths_in) says the same
+      throw ConfigError(fmt::format("--context: a length must be an integer in [{}, {}] (got {})", kMinEvalLength,
+                                    kMaxEvalLength, c.lengths[i]));
     if (i > 0 && c.lengths[i] == c.lengths[i - 1])
       throw ConfigError(fmt::format("--context: {} listed twice", c.lengths[i]));
   }

@@ -369,7 +369,7 @@ std::vector<std::string> split_list(const std::string& text, const std::string& 
   return out;
 }
 
-std::vector<int64_t> parse_lengths(const std::string& text, const std::string& flag) {
+std::vector<int64_t> parse_lengths(const std::string& text, const std::string& flag, int64_t lo, int64_t hi) {
   std::vector<int64_t> out;
   for (const std::string& item : split_list(text, flag)) {
     int64_t mult = 1;
@@ -382,11 +382,27 @@ std::vector<int64_t> parse_lengths(const std::string& text, const std::string& f
     auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
     if (ec != std::errc() || p != num.data() + num.size() || num.empty())
       throw UsageError(fmt::format("{}: '{}' is not a length (integer, optional K or M suffix)", flag, item));
-    if (v <= 0 || v > (int64_t{1} << 40) / mult)
-      throw UsageError(fmt::format("{}: a length must be an integer in [1, {}] (got {})", flag, int64_t{1} << 40, item));
+    if (v < 1 || v > hi / mult || v * mult < lo)  // v <= hi / mult: v * mult does not overflow
+      throw UsageError(fmt::format("{}: a length must be an integer in [{}, {}] (got '{}')", flag, lo, hi, item));
     out.push_back(v * mult);
   }
   return out;
+}
+
+CLI::Validator lengths_in(const std::string& flag, int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [flag, lo, hi](std::string& text) -> std::string {
+        try {
+          (void)parse_lengths(text, flag, lo, hi);
+        } catch (const UsageError& e) {
+          // CLI11 prefixes the option's name: the message without our own "<flag>: ".
+          std::string_view m = e.what();
+          if (m.starts_with(flag + ": ")) m.remove_prefix(flag.size() + 2);
+          return std::string(m);
+        }
+        return "";
+      },
+      "");
 }
 
 void check_rope_scaling_name(const std::string& name, const std::string& flag) {

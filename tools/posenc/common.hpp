@@ -138,9 +138,19 @@ struct PromptArgs {
   std::string text() const;
 };
 
-/// Parses "256,512,4K,1M" (K = 1024, M = 1048576) into integers in [1, 2^40].
-/// Throws UsageError naming `flag` and the allowed range, or an empty item (split_list).
-std::vector<int64_t> parse_lengths(const std::string& text, const std::string& flag);
+/// Parses "256,512,4K,1M" (K = 1024, M = 1048576) into integers in [lo, hi] (the range the command takes: ppl's
+/// windows [2, 1048576], eval's lengths [8, 1048576]). Throws UsageError "<flag>: a length must be an integer in
+/// [lo, hi] (got '<item>')" for an item out of that range, or naming a malformed or empty item (split_list).
+std::vector<int64_t> parse_lengths(const std::string& text, const std::string& flag, int64_t lo = 1,
+                                   int64_t hi = int64_t{1} << 40);
+
+/// CLI11 check of a length list (parse_lengths with [lo, hi]) while the command line is parsed, so a length out of
+/// the command's range is refused once, with the one message of parse_lengths, before anything is loaded.
+CLI::Validator lengths_in(const std::string& flag, int64_t lo, int64_t hi);
+
+/// The window lengths `posenc ppl --context` and detect-layout take (evaluate_perplexity's range).
+inline constexpr int64_t kMinWindow = 2;
+inline constexpr int64_t kMaxWindow = int64_t{1} << 20;
 
 /// Splits "a,b,c" into its items (surrounding blanks trimmed). Throws UsageError naming `flag` when the text is
 /// empty or an item is ("256,,512", "default,": a typo that must not shrink the list silently).

@@ -21,7 +21,6 @@ struct DetectArgs {
 };
 
 void run_detect(const DetectArgs& a) {
-  if (a.context < 0) fail_field<ConfigError>("--context", "must be positive (0 or absent = the trained context)", a.context);
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
@@ -67,8 +66,17 @@ void add_detect_layout_command(CLI::App& app) {
       "detect-layout", "Score a text sample under both RoPE layouts and report the checkpoint's likely layout");
   args->model.add_to(*cmd);
   cmd->add_option("--text", args->text_path, "UTF-8 text sample")->required();
-  cmd->add_option("--context", args->context, "window length (default: the trained context)")
-      ->check(int_in(0, 1 << 20));
+  cmd->add_option("--context", args->context,
+                  "window length in [2, 1048576] (default, or 0: the trained context)")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            // One check, with evaluate_perplexity's range: a window of 1 token has no prediction.
+            if (text == "0") return "";
+            const std::string e = int_in(kMinWindow, kMaxWindow)(text);
+            return e.empty() ? e : fmt::format("must be 0 (the trained context) or an integer in [{}, {}] (got '{}')",
+                                               kMinWindow, kMaxWindow, text);
+          },
+          ""));
   cmd->add_option("--scored-tokens", args->scored_tokens, "predictions to score per layout")
       ->check(int_in(1, int64_t{1} << 40))
       ->capture_default_str();

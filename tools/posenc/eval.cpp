@@ -179,7 +179,7 @@ void run_eval_cmd(const EvalArgs& a) {
   c.tokenizer_path = a.model.tokenizer_path;
   c.haystack_path = a.haystack;
   if (!a.tasks.empty()) c.tasks = split_list(a.tasks, "--tasks");
-  if (!a.lengths.empty()) c.lengths = parse_lengths(a.lengths, "--context");
+  if (!a.lengths.empty()) c.lengths = parse_lengths(a.lengths, "--context", kMinEvalLength, kMaxEvalLength);
   c.depths = parse_depths(a.depths);
   c.samples = a.samples;
   c.rope_scalings = split_list(a.scalings, "--rope-scaling");
@@ -326,8 +326,9 @@ void add_eval_command(CLI::App& app) {
       ->check(non_empty());  // "" must not mean the default
   cmd->add_option("--context", args->lengths,
                   "context lengths in tokens (prompt + answer budget), K = 1024 (default: T/2,T,2T,4T,8T of the "
-                  "trained context T, within a learned position table)")
-      ->check(non_empty());  // "" must not mean the default
+                  "trained context T, within a learned position table); each in [8, 1048576]")
+      ->check(non_empty())  // "" must not mean the default
+      ->check(lengths_in("--context", kMinEvalLength, kMaxEvalLength));
   add_renamed_option(cmd, "--lengths", "renamed --context (e.g. --context 256,512,1K)");
   cmd->add_option("--depths", args->depths, "needle depths in [0, 1] (fraction of the context before the needle)")
       ->capture_default_str();

@@ -43,7 +43,7 @@ std::vector<int64_t> default_contexts(const Model& model) {
   const int64_t T = std::max<int64_t>(model.trained_context(), 2);
   std::vector<int64_t> out;
   for (int64_t L : {T / 2, T, 2 * T, 4 * T}) {
-    L = std::clamp<int64_t>(L, 2, int64_t{1} << 20);
+    L = std::clamp<int64_t>(L, kMinWindow, kMaxWindow);
     if (model.family() == PositionFamily::learned_absolute && model.config().max_position_embeddings > 0 &&
         L > model.config().max_position_embeddings)
       continue;
@@ -55,10 +55,7 @@ std::vector<int64_t> default_contexts(const Model& model) {
 void run_ppl(const PplArgs& a) {
   std::vector<int64_t> contexts;
   if (!a.contexts.empty()) {
-    contexts = parse_lengths(a.contexts, "--context");
-    for (int64_t L : contexts)
-      if (L < 2 || L > (int64_t{1} << 20))
-        throw UsageError(fmt::format("--context: must be in [2, 1048576] (got {})", L));
+    contexts = parse_lengths(a.contexts, "--context", kMinWindow, kMaxWindow);  // checked at parse time too
   }
   const std::vector<int64_t> edges =
       a.buckets.empty() ? std::vector<int64_t>{} : as_usage_error([&] { return parse_bucket_edges(a.buckets); });
@@ -239,8 +236,9 @@ void add_ppl_command(CLI::App& app) {
   cmd->add_option("--text", args->text_path, "UTF-8 text file to score")->required();
   cmd->add_option("--context", args->contexts,
                   "window lengths L, comma-separated (K = 1024); default: T/2,T,2T,4T for the model's trained context T "
-                  "(within a learned position table)")
-      ->check(non_empty());  // "" must not mean the default
+                  "(within a learned position table); each in [2, 1048576]")
+      ->check(non_empty())  // "" must not mean the default
+      ->check(lengths_in("--context", kMinWindow, kMaxWindow));
   cmd->add_option("--buckets", args->buckets,
                   "position bucket edges, comma-separated, from 0 and increasing (e.g. 0,64,128,256; a last bucket runs "
                   "from the last edge to L); default: [0,T/2) [T/2,T) [T,2T) [2T,4T) ... up to L")
