@@ -67,13 +67,19 @@ struct Scratch {
   std::vector<KvBlock> blocks;
 };
 
+/// Bytes of n rows of l's input quantized to Q8_0.
+std::size_t q8_input_bytes(const Linear& l, int64_t n) {
+  return static_cast<std::size_t>(n * (l.in / detail::kQBlock) * detail::kQ8Bytes);
+}
+
 /// y[n, l.out] (+)= x[n, l.in] W^T + b. `same_input`: x is the input of the previous project() call, unchanged
 /// since (Q, K and V of one normed input; the FFN's gate and up), so its Q8_0 quantization is reused when that
 /// call made it (it did not when its weights were not Q8_0/Q4_0: a file may mix types).
+
 void project(const Linear& l, const float* x, int64_t n, float* y, bool accumulate, Scratch& s,
              bool same_input = false) {
   if (l.q8_activations) {
-    const std::size_t bytes = static_cast<std::size_t>(n * (l.in / detail::kQBlock) * detail::kQ8Bytes);
+    const std::size_t bytes = q8_input_bytes(l, n);
     if (!same_input || s.xq_of != x || s.xq.size() != bytes) {
       s.xq.resize(bytes);
       detail::quantize_rows_q8_0(x, n, l.in, s.xq.data());
@@ -91,9 +97,7 @@ void project(const Linear& l, const float* x, int64_t n, float* y, bool accumula
 /// projection `l` in q8_activations without a bias, x being the gate projection's input (its quantization
 /// reused); false (nothing done) otherwise.
 bool project_swiglu(const Linear& l, const float* x, int64_t n, float* h1, float* h3, Scratch& s) {
-  if (!l.q8_activations || l.bias != nullptr || s.xq_of != x ||
-      s.xq.size() != static_cast<std::size_t>(n * (l.in / detail::kQBlock) * detail::kQ8Bytes))
-    return false;
+  if (!l.q8_activations || l.bias != nullptr || s.xq_of != x || s.xq.size() != q8_input_bytes(l, n)) return false;
   detail::matmul_q8_swiglu(s.xq.data(), n, l.in, l.w.data, l.w.type == detail::WeightType::q4_0, l.out, h1, h3);
   return true;
 }
