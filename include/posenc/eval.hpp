@@ -124,6 +124,11 @@ struct EvalConfig {
   std::string haystack_path;
   std::vector<std::string> tasks;
   std::vector<int64_t> lengths;        ///< strictly increasing after normalisation
+  /// The lengths are the defaults (default_eval_lengths, the CLI without --context): those longer than the
+  /// perplexity text are left out of the perplexity matrix with a note (stderr, run.json config.ppl_note); lengths
+  /// asked for (false) longer than the text are refused (InvalidArgument naming the length and the token count),
+  /// as `posenc ppl` does. The task cells run at every length either way.
+  bool default_lengths = false;
   std::vector<double> depths;          ///< in [0, 1], sorted, distinct
   int64_t samples = 50;
   std::vector<std::string> rope_scalings{"default"};
@@ -201,6 +206,11 @@ struct EvalRunResult {
 /// once with IoError naming it) and stale write_file_atomic temporaries
 /// (*.tmp.<pid>.<n>) in it are removed. Then writes samples.jsonl, summary.json,
 /// summary.csv, ppl.json and run.json (atomically) from every cell present.
+/// The perplexity matrix scores the haystack text at each length the text
+/// holds: a length longer than the text is refused before anything is written
+/// (InvalidArgument naming the length and the text's token count), or, for
+/// default lengths (EvalConfig::default_lengths), left out of the matrix with a
+/// note on stderr (run.json config.ppl_lengths, config.ppl_note).
 /// `model` carries the base RoPE setup (layout, precision); `haystack_text`
 /// is the haystack file's contents. Samples run in parallel over the OpenMP
 /// threads (one KV cache per thread). Test-only: the environment variable

@@ -783,6 +783,7 @@ EvalRunResult run_eval_endpoint(const EndpointEvalConfig& endpoints, const Token
       const int64_t x = std::clamp<int64_t>(L, 8, int64_t{1} << 20);
       if (config.lengths.empty() || x > config.lengths.back()) config.lengths.push_back(x);
     }
+    config.default_lengths = true;
   }
   return detail::run_eval_impl(nullptr, &lab, tokenizer, haystack_text, std::move(config), on_progress);
 }

@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "eval/endpoint_lab.hpp"
 #include "eval/rng.hpp"
@@ -147,6 +148,9 @@ struct Axes {
   std::vector<std::string> controls;
   std::vector<std::string> scalings;
   std::vector<int64_t> lengths;
+  /// The perplexity matrix's lengths: `lengths` but those longer than the text (default lengths, left out;
+  /// run.json config.ppl_lengths; runs before it have none: all of `lengths`).
+  std::vector<int64_t> ppl_lengths;
   std::vector<double> depths;
   int64_t samples = 0;
   int choices = 4;
@@ -219,7 +223,7 @@ struct PplJob {
 std::vector<PplJob> ppl_jobs_of(const Axes& a) {
   std::vector<PplJob> j;
   if (a.ppl_tokens < 0) return j;
-  for (int64_t L : a.lengths)
+  for (int64_t L : a.ppl_lengths)
     for (const auto& s : a.scalings) j.push_back({s, L});
   return j;
 }
@@ -232,6 +236,7 @@ Axes axes_from_config(const EvalConfig& c) {
   for (auto ctl : c.controls) a.controls.emplace_back(to_string(ctl));
   a.scalings = c.rope_scalings;
   a.lengths = c.lengths;
+  a.ppl_lengths = c.lengths;  // run_eval_impl leaves out those longer than the text
   a.depths = c.depths;
   a.samples = c.samples;
   a.choices = c.choices;
@@ -284,6 +289,16 @@ Axes axes_from_run_json(const JsonView& run) {
       if (!a.lengths.empty() && L <= a.lengths.back()) v.fail("lengths must be increasing (sorted, each once)");
       a.lengths.push_back(L);
     }
+  }
+  if (const auto list = c.find("ppl_lengths")) {
+    for (const JsonView& v : list->elements()) {
+      const int64_t L = v.integer(8, int64_t{1} << 20);
+      if (std::find(a.lengths.begin(), a.lengths.end(), L) == a.lengths.end()) v.fail("is not one of config.lengths");
+      if (!a.ppl_lengths.empty() && L <= a.ppl_lengths.back()) v.fail("ppl_lengths must be increasing (sorted, each once)");
+      a.ppl_lengths.push_back(L);
+    }
+  } else {
+    a.ppl_lengths = a.lengths;  // runs from before config.ppl_lengths: the matrix had every length
   }
   {
     const JsonView list = c.at("depths");
@@ -549,6 +564,11 @@ std::string fingerprint(const RopeSetup& r) {
 
 void warn(const std::string& message) {
   fmt::print(stderr, "eval: warning: {}\n", message);
+  std::fflush(stderr);
+}
+
+void note(const std::string& message) {
+  fmt::print(stderr, "eval: note: {}\n", message);
   std::fflush(stderr);
 }
 
@@ -1189,7 +1209,7 @@ EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoin
   topt.seed = c.seed;
   topt.choices = c.choices;
   const TaskGenerator gen(tokenizer, hay, topt);
-  const Axes axes = axes_from_config(c);
+  Axes axes = axes_from_config(c);
   const int64_t trained = model_ptr ? model_ptr->trained_context() : endpoint->trained_context();
 
   // Every task must be generatable (a length too short for a task is not an
@@ -1205,6 +1225,33 @@ EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoin
   // vocabulary) fails at once and leaves no run behind.
   const std::vector<int32_t> stream =
       c.ppl_tokens >= 0 ? encode_stream(tokenizer, haystack_text) : std::vector<int32_t>{};
+  // And its lengths, against the text, before anything is written (`posenc ppl`'s rule): a length longer than the
+  // text would score the whole text as one shorter window and report it under that length. A length asked for is
+  // refused; a default one is left out of the matrix (its task cells still run), said on stderr and in run.json.
+  std::string ppl_note;
+  if (c.ppl_tokens >= 0) {
+    const auto text_tokens = static_cast<int64_t>(stream.size());
+    std::vector<int64_t> dropped;
+    axes.ppl_lengths.clear();
+    for (int64_t L : c.lengths) {
+      if (text_tokens >= L) {
+        axes.ppl_lengths.push_back(L);
+        continue;
+      }
+      if (!c.default_lengths)
+        throw InvalidArgument(fmt::format(
+            "--context {}: the perplexity matrix's text ({}) has only {} tokens, so no window would be {} tokens "
+            "long (give a longer text, lengths of at most {}, or --ppl-tokens -1 to skip the matrix)",
+            L, c.haystack_path.empty() ? std::string("--haystack") : c.haystack_path, text_tokens, L, text_tokens));
+      dropped.push_back(L);
+    }
+    if (!dropped.empty()) {
+      ppl_note = fmt::format("default length{} {} left out of the perplexity matrix: the text has only {} tokens{}",
+                             dropped.size() > 1 ? "s" : "", fmt::join(dropped, ", "), text_tokens,
+                             axes.ppl_lengths.empty() ? " (no length left: no perplexity matrix)" : "");
+      note(ppl_note);
+    }
+  }
   fs::create_directories(run_dir / "cells");
   // A second process on the same run directory fails at once instead of
   // duplicating the work and racing on the files.
@@ -1233,6 +1280,8 @@ EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoin
     cfg["threshold"] = c.threshold;
     cfg["min_baseline"] = c.min_baseline;
     cfg["ppl_tokens"] = c.ppl_tokens;
+    if (c.ppl_tokens >= 0) cfg["ppl_lengths"] = axes.ppl_lengths;
+    if (!ppl_note.empty()) cfg["ppl_note"] = ppl_note;
     cfg["shard"] = fmt::format("{}/{}", c.shard_index, c.shard_count);
     cfg["log_prompts"] = c.log_prompts;
     cfg["absent_control"] = true;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -333,6 +334,62 @@ TEST(PplBuckets, CliRefusesAContextLongerThanTheText) {
   const json out = json::parse(read_file(d.path() / "d.json"));
   for (const auto& row : out.at("results")) contexts.push_back(row.at("context"));
   EXPECT_EQ(contexts, (std::vector<int64_t>{256, 512}));
+}
+
+// eval's perplexity matrix and a text shorter than a length: with no haystack task (whose own check refuses a short
+// text) it scored the whole text as one window under the longer length. Now as `posenc ppl`: a length asked for is
+// refused before anything is written, naming the length and the text's token count; default lengths longer than the
+// text are left out of the matrix (their task cells still run), said on stderr and in run.json.
+TEST(PplBuckets, EvalRefusesALengthLongerThanItsPerplexityText) {
+  test::TempDir d;
+  const std::string text = read_file(test::text_path()).substr(0, 600);
+  const fs::path txt = d.file("short.txt", text);
+  const auto tokens = static_cast<int64_t>(encode_stream(stories().tok, text).size());
+  const std::string base = fmt::format("eval --model {} --tokenizer {} --haystack {} --tasks kv_retrieval --depths 0.5 "
+                                       "--samples 1 --quiet ",
+                                       test::model_path().string(), test::tokenizer_path().string(), txt.string());
+  // One token past the text: refused, nothing written.
+  const auto bad = test::run_cli(base + fmt::format("--context 64,{} --out {}", tokens + 1, (d.path() / "bad").string()));
+  EXPECT_EQ(bad.exit_code, 1) << bad.err;
+  EXPECT_NE(bad.err.find(fmt::format("--context {}: the perplexity matrix's text ({}) has only {} tokens", tokens + 1,
+                                     txt.string(), tokens)),
+            std::string::npos)
+      << bad.err;
+  EXPECT_FALSE(fs::exists(d.path() / "bad" / "LATEST"));
+  // Exactly the text: one full window.
+  const auto fits = test::run_cli(base + fmt::format("--context {} --out {}", tokens, (d.path() / "fits").string()));
+  ASSERT_EQ(fits.exit_code, 0) << fits.err;
+
+  // Default lengths (T/2 .. 8T of --trained-context 64): those past the text are left out of the matrix only.
+  const auto dflt = test::run_cli(base + fmt::format("--trained-context 64 --out {}", (d.path() / "dflt").string()));
+  ASSERT_EQ(dflt.exit_code, 0) << dflt.err;
+  std::string id = read_file(d.path() / "dflt" / "LATEST");
+  while (!id.empty() && id.back() == '\n') id.pop_back();
+  const fs::path run = d.path() / "dflt" / id;
+  const json cfg = json::parse(read_file(run / "run.json")).at("config");
+  const auto lengths = cfg.at("lengths").get<std::vector<int64_t>>();
+  std::vector<int64_t> kept, dropped;
+  for (int64_t L : lengths) (L <= tokens ? kept : dropped).push_back(L);
+  ASSERT_FALSE(kept.empty());
+  ASSERT_FALSE(dropped.empty());  // the text is shorter than the longest default length: the case under test
+  EXPECT_EQ(cfg.at("ppl_lengths").get<std::vector<int64_t>>(), kept);
+  const std::string note = fmt::format("default length{} {} left out of the perplexity matrix: the text has only {} tokens",
+                                       dropped.size() > 1 ? "s" : "", fmt::join(dropped, ", "), tokens);
+  EXPECT_NE(dflt.err.find("eval: note: " + note), std::string::npos) << dflt.err;
+  EXPECT_EQ(cfg.at("ppl_note"), note);
+  std::vector<int64_t> scored;
+  const json ppl = json::parse(read_file(run / "ppl.json"));
+  for (const auto& r : ppl.at("results")) {
+    scored.push_back(r.at("context"));
+    // The whole text in windows of that context: every window of >= 2 tokens loses its first token's prediction.
+    const int64_t L = r.at("context"), windows = r.at("windows");
+    EXPECT_EQ(windows, tokens % L == 1 ? tokens / L : (tokens + L - 1) / L) << L;
+    EXPECT_EQ(r.at("tokens").get<int64_t>(), tokens - windows - (tokens % L == 1 ? 1 : 0)) << L;
+  }
+  EXPECT_EQ(scored, kept);
+  EXPECT_EQ(json::parse(read_file(run / "summary.json")).at("cells").size(), lengths.size());  // tasks at every length
+  const auto report = test::run_cli(fmt::format("eval report {} --no-plots", run.string()));
+  EXPECT_EQ(report.exit_code, 0) << report.err;  // run.json's ppl_lengths read back
 }
 
 // eval runs the same check on its perplexity matrix: a run whose tokenizer is

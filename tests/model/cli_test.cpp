@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "posenc/perplexity.hpp"
+#include "posenc/tokenizer.hpp"
 #include "test_support.hpp"
 
 using posenc::test::run_cli;
@@ -157,4 +159,36 @@ TEST(Cli, DetectLayout) {
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["likely_layout"], "interleaved");
   EXPECT_GT(j["nll_half"].get<double>(), j["nll_interleaved"].get<double>() + 0.3);
+}
+
+// A text shorter than the window: the default (the trained context) reported "windows of 512" for a text scored as
+// one window of fewer tokens. It now becomes the text's length with a note; a --context given so is refused.
+TEST(Cli, DetectLayoutOnATextShorterThanTheTrainedContext) {
+  TempDir d;
+  const auto txt = d.file("short.txt", posenc::test::slurp(posenc::test::text_path()).substr(0, 600));
+  const auto tokens = static_cast<int64_t>(  // the ppl protocol's stream: one BOS per block
+      posenc::encode_stream(posenc::Tokenizer::load_llama2c(posenc::test::tokenizer_path(), 512),
+                            posenc::test::slurp(txt))
+          .size());
+  const auto r = run_cli("detect-layout " + model_args() + " --text " + q(txt) + " --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  const auto trained = 512;  // stories260K's seq_len, checked against the header line below
+  ASSERT_NE(r.err.find("trained context: " + std::to_string(trained)), std::string::npos) << r.err;
+  ASSERT_LT(tokens, trained);
+  EXPECT_EQ(j["context"].get<int64_t>(), tokens);
+  EXPECT_EQ(j["tokens"].get<int64_t>(), tokens - 1);
+  EXPECT_NE(r.err.find("detect-layout: note: the text has only " + std::to_string(tokens) +
+                       " tokens, fewer than the trained context " + std::to_string(trained) + ": scored as one window of " +
+                       std::to_string(tokens) + " tokens"),
+            std::string::npos)
+      << r.err;
+  const auto bad = run_cli("detect-layout " + model_args() + " --text " + q(txt) + " --context " +
+                           std::to_string(tokens + 1) + " --json -");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--context " + std::to_string(tokens + 1) + ": the text has only " + std::to_string(tokens) +
+                         " tokens"),
+            std::string::npos)
+      << bad.err;
+  EXPECT_EQ(bad.out, "");
 }

@@ -27,7 +27,22 @@ void run_detect(const DetectArgs& a) {
   print_model_header(stderr, lm, a.model);
   const std::string text = read_file(a.text_path);
   const auto stream = encode_stream(tok, text);
-  const int64_t L = a.context > 0 ? a.context : model.trained_context();
+  // A window longer than the text would score the whole text as one shorter window and report it under L (`posenc
+  // ppl`'s rule): a --context given so is refused before any work; the default (the trained context) becomes the
+  // text's length, said on stderr, so the report names the window actually scored.
+  const auto text_tokens = static_cast<int64_t>(stream.size());
+  int64_t L = a.context > 0 ? a.context : model.trained_context();
+  if (text_tokens < L) {
+    if (a.context > 0)
+      throw InvalidArgument(fmt::format("--context {}: the text has only {} tokens, so no window would be {} tokens "
+                                        "long (give a longer text or a context of at most {})",
+                                        L, text_tokens, L, text_tokens));
+    fmt::print(stderr,
+               "detect-layout: note: the text has only {} tokens, fewer than the trained context {}: scored as one "
+               "window of {} tokens\n",
+               text_tokens, L, text_tokens);
+    L = std::max<int64_t>(text_tokens, kMinWindow);  // fewer than 2 tokens: evaluate_perplexity names the text
+  }
   const LayoutEvidence e = detect_rope_layout(model, stream, L, a.scored_tokens);
   if (!a.json.empty()) {
     nlohmann::json j{{"likely_layout", std::string(to_string(e.likely))},

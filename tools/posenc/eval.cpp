@@ -240,7 +240,10 @@ void run_eval_cmd(const EvalArgs& a) {
   LoadedModel lm = load_model(a.model);
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
-  if (c.lengths.empty()) c.lengths = default_eval_lengths(model);
+  if (c.lengths.empty()) {
+    c.lengths = default_eval_lengths(model);
+    c.default_lengths = true;  // those longer than the perplexity text are left out of the matrix, not refused
+  }
   for (int64_t L : c.lengths) check_learned_table(model, a.model.model_path, L, "--context");
   check_rope_factor_applies(model, a.rope_factor);
   if (c.tasks.empty()) c.tasks = default_eval_tasks(tok);
@@ -256,7 +259,7 @@ void run_eval_cmd(const EvalArgs& a) {
              r.seconds > 0 ? static_cast<double>(r.samples_computed) / r.seconds : 0.0, r.cells_present, r.cells_total,
              r.groups_reused ? fmt::format(" ({} groups reused from bit-identical encodings)", r.groups_reused) : "");
   fmt::print("outputs: samples.jsonl, summary.json, summary.csv, run.json{}; `posenc eval report {}` draws the plots\n",
-             c.ppl_tokens >= 0 ? ", ppl.json" : "", a.out);
+             std::filesystem::exists(r.run_dir / "ppl.json") ? ", ppl.json" : "", a.out);
 }
 
 void run_report_cmd(const ReportArgs& a) {
