@@ -671,6 +671,7 @@ def ppl_section(ppl, plots):
     buckets = sorted({(b["start"], b["end"]) for r in ppl["results"] for b in r["buckets"]})
     has_ci = any("nll_ci_low" in b for r in ppl["results"] for b in r["buckets"])
     rows = []
+    single_window = False
     for r in sorted(ppl["results"], key=lambda r: (r["context"], r["rope_scaling"])):
         bmap = {(b["start"], b["end"]): b for b in r["buckets"]}
         tds = []
@@ -680,6 +681,10 @@ def ppl_section(ppl, plots):
                 tds.append("–")
             elif has_ci and b.get("nll_ci_low") is not None:
                 tds.append(f"{b['nll']:.3f} <span class='ci'>[{b['nll_ci_low']:.3f}, {b['nll_ci_high']:.3f}]</span>")
+            elif has_ci and b.get("nll_ci_note"):
+                # One window holds the bucket's predictions: no interval can be estimated (posenc's note says so).
+                single_window = True
+                tds.append(f"{b['nll']:.3f} <span class='ci' title='{esc(b['nll_ci_note'])}'>(1 window: no interval)</span>")
             else:
                 tds.append(f"{b['nll']:.3f}")
         rows.append([esc(r["context"]), esc(r["rope_scaling"]), esc(format(r.get("factor") or 1, "g")),
@@ -689,7 +694,9 @@ def ppl_section(ppl, plots):
         f"[{s}, {e})" + (" ≥T" if tc and s >= tc else "") for s, e in buckets]
     cap = ("Mean NLL (nats/token) per position bucket" +
            (" with its 95% bootstrap interval over windows" if has_ci else " (this run has no bucket intervals)") +
-           (f"; buckets marked ≥T start at or past the trained context {tc}." if tc else "."))
+           (f"; buckets marked ≥T start at or past the trained context {tc}." if tc else ".") +
+           (" \"1 window: no interval\": one window holds all of that bucket's predictions, so no interval can be"
+            " estimated from it (a longer text or a shorter context gives more windows)." if single_window else ""))
     return table(head, rows) + f"<p class='cap'>{esc(cap)}</p>", parts
 
 

@@ -14,7 +14,8 @@ x ticks are the bucket edges. Colours: Okabe & Ito's colour-blind-safe palette.
 --by-scaling also writes OUT_PREFIX<scaling>.png per method: one line per
 context length (how a method behaves as the window grows).
 Uses matplotlib's Agg backend (no display needed). Older JSON without intervals
-or fine bins is drawn without them.
+or fine bins is drawn without them, and so is a bucket whose interval is null
+(one window holds its predictions: nll_ci_note says so).
 """
 import argparse
 import json
@@ -57,7 +58,16 @@ def _filled(buckets):
 
 
 def _has_ci(b):
+    # null (with nll_ci_note) when one window holds the bucket's predictions: no interval, no band.
     return b.get("nll_ci_low") is not None and b.get("nll_ci_high") is not None
+
+
+def _ci_low(b):
+    return b["nll_ci_low"] if _has_ci(b) else b["nll"]
+
+
+def _ci_high(b):
+    return b["nll_ci_high"] if _has_ci(b) else b["nll"]
 
 
 def _trained_band(ax, trained, xmax, label):
@@ -84,8 +94,8 @@ def _draw_buckets(ax, buckets, colour, label, fine=None, spans=True, width=2.2):
         ax.plot(xs, [b["nll"] for b in fine], color=colour, linewidth=0.9, alpha=0.9, marker=".", markersize=3,
                 zorder=3, label=None if spans else label)
         if not spans:
-            lo = [b.get("nll_ci_low", b["nll"]) for b in fine]
-            hi = [b.get("nll_ci_high", b["nll"]) for b in fine]
+            lo = [_ci_low(b) for b in fine]
+            hi = [_ci_high(b) for b in fine]
             ax.fill_between(xs, lo, hi, color=colour, alpha=0.18, lw=0, zorder=2)
 
 
@@ -135,8 +145,8 @@ def plot_ppl(data, out_png, title=None):
             # black edges show around the coloured segment.
             _draw_buckets(ax, bs, colours[s], label, fine, width=3.6 if s == "default" else 1.8)
             for b in bs + fine:
-                ymin = min(ymin, b.get("nll_ci_low", b["nll"]), b["nll"])
-                ymax = max(ymax, b.get("nll_ci_high", b["nll"]), b["nll"])
+                ymin = min(ymin, _ci_low(b), b["nll"])
+                ymax = max(ymax, _ci_high(b), b["nll"])
         _edge_ticks(ax, [by_s[s] for s in by_s], ctx, trained)
         ax.set_title(f"window L = {ctx}", fontsize=10)
         if i == 0:

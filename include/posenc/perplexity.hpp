@@ -22,7 +22,9 @@
 //     windows: B resamples of the W windows drawn with replacement (a fixed
 //     seed, splitmix64), each giving the bucket's pooled mean NLL (sum of the
 //     drawn windows' NLL / their predictions); the 2.5% and 97.5% quantiles
-//     (linear interpolation, numpy's default) of the resampled means.
+//     (linear interpolation, numpy's default) of the resampled means. A
+//     bucket whose predictions fall in fewer than two windows has no interval
+//     (PplBucket::has_interval; the JSON gives null and the reason).
 #pragma once
 
 #include <cstdint>
@@ -76,7 +78,14 @@ struct PplBucket {
   double nll_ci_low = 0.0;   ///< 95% bootstrap interval of nll() over windows (protocol step 6), nats
   double nll_ci_high = 0.0;  ///< equal to nll() when one window holds all of the bucket's predictions
   double nll() const { return tokens > 0 ? nll_sum / static_cast<double>(tokens) : 0.0; }
+  /// Whether the interval says anything: resampling one window always draws that window, so with fewer than two
+  /// windows holding predictions the interval has zero width by construction, not from agreement between
+  /// windows. Outputs then give no interval and say why (ppl_result_json's nll_ci_note, the ppl table).
+  bool has_interval() const { return windows >= 2; }
 };
+
+/// Why a bucket has no interval (PplBucket::has_interval false): the text of ppl_result_json's "nll_ci_note".
+std::string no_interval_reason(const PplBucket& bucket);
 
 struct PplResult {
   int64_t context = 0;       ///< window length L
@@ -162,7 +171,10 @@ std::pair<double, double> bootstrap_mean_interval(std::span<const double> sums, 
 /// of eval's ppl/<scaling>__L<length>.json): context, trained_context,
 /// rope_scaling, factor, ppl, nll, tokens, windows, buckets [{start, end,
 /// tokens, windows, nll, ppl, nll_ci_low, nll_ci_high}] (NLL in nats/token),
-/// and fine_buckets (same keys) when the result has them.
+/// and fine_buckets (same keys) when the result has them. A bucket whose
+/// predictions fall in fewer than two windows (PplBucket::has_interval false)
+/// has nll_ci_low and nll_ci_high null and "nll_ci_note" saying why
+/// (no_interval_reason): no interval can be estimated from a single window.
 nlohmann::json ppl_result_json(const PplResult& result);
 
 /// Margin, in nats/token, above log(vocab_size) (the NLL of guessing

@@ -397,6 +397,12 @@ PplResult evaluate_perplexity(std::span<const int32_t> stream, int64_t trained_c
   return r;
 }
 
+std::string no_interval_reason(const PplBucket& b) {
+  return b.windows == 0 ? "no window has a prediction in this bucket: no interval"
+                        : "one window holds all of this bucket's predictions: no interval can be estimated from a "
+                          "single window (a longer text or a shorter context gives more windows)";
+}
+
 nlohmann::json ppl_result_json(const PplResult& r) {
   // exp() of a large NLL overflows to inf, which JSON cannot hold: null then.
   auto ppl_of = [](double nll) { return std::isfinite(std::exp(nll)) ? nlohmann::json(std::exp(nll)) : nlohmann::json(); };
@@ -405,15 +411,22 @@ nlohmann::json ppl_result_json(const PplResult& r) {
                    {"tokens", r.tokens},   {"windows", r.windows}};
   auto buckets = [&](const std::vector<PplBucket>& bs) {
     nlohmann::json a = nlohmann::json::array();
-    for (const auto& b : bs)
-      a.push_back({{"start", b.start},
-                   {"end", b.end},
-                   {"tokens", b.tokens},
-                   {"windows", b.windows},
-                   {"nll", b.nll()},
-                   {"ppl", b.tokens > 0 ? ppl_of(b.nll()) : nlohmann::json()},
-                   {"nll_ci_low", b.nll_ci_low},
-                   {"nll_ci_high", b.nll_ci_high}});
+    for (const auto& b : bs) {
+      nlohmann::json e{{"start", b.start},
+                       {"end", b.end},
+                       {"tokens", b.tokens},
+                       {"windows", b.windows},
+                       {"nll", b.nll()},
+                       {"ppl", b.tokens > 0 ? ppl_of(b.nll()) : nlohmann::json()},
+                       {"nll_ci_low", b.nll_ci_low},
+                       {"nll_ci_high", b.nll_ci_high}};
+      if (!b.has_interval()) {  // a zero-width interval by construction, not a measured one
+        e["nll_ci_low"] = nullptr;
+        e["nll_ci_high"] = nullptr;
+        e["nll_ci_note"] = no_interval_reason(b);
+      }
+      a.push_back(std::move(e));
+    }
     return a;
   };
   j["buckets"] = buckets(r.buckets);

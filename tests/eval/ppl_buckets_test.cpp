@@ -242,6 +242,79 @@ TEST(PplBuckets, ModelIntervalsHoldTheEstimateShrinkAndAreDeterministic) {
   EXPECT_DOUBLE_EQ(j["buckets"][1]["nll_ci_high"].get<double>(), large.buckets[1].nll_ci_high);
 }
 
+// One window holding a bucket's predictions: a bootstrap over it always draws that window, so its interval had zero
+// width by construction and was reported as "±0.0000". The JSON now gives no interval (null) and says why; buckets
+// of two or more windows keep theirs. On 700 tokens: L = 700 is one window; L = 600 is two, the second of 100
+// tokens, so the first bucket holds both and the later buckets one; L = 87 gives every bucket eight or more.
+TEST(PplBuckets, ABucketOfOneWindowHasNoIntervalAndSaysWhy) {
+  const std::vector<int32_t> stream(stories().stream.begin(), stories().stream.begin() + 700);
+  const auto T = static_cast<int64_t>(stream.size());
+  PplOptions o;
+  o.fine_bins_per_bucket = 2;
+  for (const int64_t L : {T, T - 100, T / 8}) {
+    o.context = L;
+    const PplResult r = evaluate_perplexity(stories().model, stream, o);
+    const json j = ppl_result_json(r);
+    int single = 0, several = 0;
+    for (const char* key : {"buckets", "fine_buckets"})
+      for (std::size_t b = 0; b < j.at(key).size(); ++b) {
+        const json& e = j.at(key).at(b);
+        const PplBucket& k = (std::string(key) == "buckets" ? r.buckets : r.fine_buckets).at(b);
+        ASSERT_EQ(e.at("windows").get<int64_t>(), k.windows);
+        if (k.windows < 2) {
+          ++single;
+          EXPECT_FALSE(k.has_interval());
+          EXPECT_TRUE(e.at("nll_ci_low").is_null()) << L << " " << e;
+          EXPECT_TRUE(e.at("nll_ci_high").is_null()) << L << " " << e;
+          EXPECT_EQ(e.at("nll_ci_note"), "one window holds all of this bucket's predictions: no interval can be "
+                                         "estimated from a single window (a longer text or a shorter context "
+                                         "gives more windows)");
+          EXPECT_DOUBLE_EQ(e.at("nll").get<double>(), k.nll());  // the estimate itself stays
+        } else {
+          ++several;
+          EXPECT_TRUE(k.has_interval());
+          EXPECT_FALSE(e.contains("nll_ci_note")) << e;
+          EXPECT_LT(e.at("nll_ci_low").get<double>(), e.at("nll_ci_high").get<double>()) << L << " " << e;
+        }
+      }
+    if (L == T) EXPECT_EQ(several, 0);      // one window in all
+    if (L == T / 8) EXPECT_EQ(single, 0);   // eight or nine windows in every bucket
+    if (L == T - 100) {  // two windows; the second (100 tokens) reaches the first bucket only
+      ASSERT_GE(r.buckets.size(), 2u);
+      EXPECT_LE(100, r.buckets[1].start);
+      EXPECT_EQ(r.buckets.front().windows, 2);
+      EXPECT_EQ(r.buckets.back().windows, 1);
+      EXPECT_GT(single, 0);
+      EXPECT_GT(several, 0);
+    }
+  }
+}
+
+// The ppl table says so too, instead of "±0.0000": a context equal to the text's tokens gives one window.
+TEST(PplBuckets, CliSaysNoIntervalForOneWindow) {
+  test::TempDir d;
+  const std::string text = read_file(test::text_path()).substr(0, 600);
+  const fs::path txt = d.file("short.txt", text);
+  const auto tokens = static_cast<int64_t>(encode_stream(stories().tok, text).size());
+  const auto r = test::run_cli(fmt::format("ppl --model {} --tokenizer {} --text {} --context {},{} --rope-scaling "
+                                           "default --quiet",
+                                           test::model_path().string(), test::tokenizer_path().string(), txt.string(),
+                                           tokens / 8, tokens));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("\u00b10.0000"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" (1 win)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("(1 win): one window holds all of the bucket's predictions: no interval can be estimated from "
+                       "a single window"),
+            std::string::npos)
+      << r.out;
+  // The row of L = tokens / 8 (several windows) keeps its intervals.
+  const auto row = r.out.find(fmt::format("\n{:>8} default", tokens / 8));
+  ASSERT_NE(row, std::string::npos) << r.out;
+  const std::string line = r.out.substr(row + 1, r.out.find('\n', row + 1) - row - 1);
+  EXPECT_NE(line.find("\u00b1"), std::string::npos) << line;
+  EXPECT_EQ(line.find("(1 win)"), std::string::npos) << line;
+}
+
 // stories260K fed another tokenizer's ids (TinyStories-656K's BPE, ids taken
 // modulo the 512-piece vocabulary so they are valid) scores far above
 // log(512); its own tokenizer far below.

@@ -320,6 +320,27 @@ def check_units(src, run_dir, summary, page, v):
             check(xs and max(xs) == L, f"{v}: window L={L} drawn to x={xs}")
     check(pp.clip_to_window([{"start": 0, "end": 256}, {"start": 256, "end": 512}], 128) == [{"start": 0, "end": 128}],
           f"{v}: clip_to_window")
+    if v == "v2":
+        # A bucket of one window has null bounds and a note (posenc writes no zero-width interval): the table says
+        # "1 window: no interval" with the reason, and the plots draw it without a band (no crash on null).
+        import copy
+        one = copy.deepcopy(ppl)
+        for key in ("buckets", "fine_buckets"):
+            for b in one["results"][0].get(key, [])[:1]:
+                b.update(windows=1, nll_ci_low=None, nll_ci_high=None,
+                         nll_ci_note="one window holds all of this bucket's predictions: no interval can be estimated "
+                                     "from a single window (a longer text or a shorter context gives more windows)")
+        figs.clear()
+        pp.save_png_atomic = lambda fig, path, **kw: figs.append(fig)
+        try:
+            tab, _ = er.ppl_section(one, os.path.join(run_dir, "unused"))
+        finally:
+            pp.save_png_atomic = saved
+        check(len(figs) >= 1, f"{v}: one-window bucket: {len(figs)} figures")
+        check(tab.count("(1 window: no interval)") == 1, f"{v}: one-window bucket cell: {tab.count('1 window')}")
+        check("no interval can be estimated from it" in tab, f"{v}: one-window caption")
+        check(tab.count("<span class='ci'>[") == sum(len(r["buckets"]) for r in one["results"]) - 1,
+              f"{v}: the other buckets keep their intervals")
     # a model without RoPE: its panel is named by its family, not "default"
     R2 = er.Run(summary, dict(run, model=dict(run.get("model", {}), family="alibi")))
     check(R2.scaling_title("default") == "alibi positions", f"{v}: alibi panel title {R2.scaling_title('default')}")

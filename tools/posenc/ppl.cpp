@@ -163,19 +163,27 @@ void run_ppl(const PplArgs& a) {
              rope ? fmt::format("; angle_precision {}", to_string(model.rope().precision))
                   : fmt::format("; positional family {}", to_string(model.family())),
              head);
+  bool single_window = false;
   for (const auto& r : results) {
     std::string row = fmt::format("{:>8}", r.context);
     if (rope) row += fmt::format(" {:<13} {:>7.3f}", r.rope_scaling, r.factor);
     row += fmt::format(" {:>9.4f} {:>8.4f} {:>9}", r.ppl, r.nll, r.tokens);
     for (const auto& [s, e] : columns) {
       auto it = std::find_if(r.buckets.begin(), r.buckets.end(), [&](const PplBucket& b) { return b.start == s; });
-      row += it != r.buckets.end() && it->tokens > 0
-                 ? fmt::format(" {:>15}", fmt::format("{:.4f}\u00b1{:.4f}", it->nll(),
-                                                      (it->nll_ci_high - it->nll_ci_low) / 2))
-                 : fmt::format(" {:>15}", "-");
+      if (it == r.buckets.end() || it->tokens == 0) {
+        row += fmt::format(" {:>15}", "-");
+      } else if (!it->has_interval()) {  // one window: a bootstrap over it has zero width by construction
+        single_window = true;
+        row += fmt::format(" {:>15}", fmt::format("{:.4f} (1 win)", it->nll()));
+      } else {
+        row += fmt::format(" {:>15}", fmt::format("{:.4f}\u00b1{:.4f}", it->nll(), (it->nll_ci_high - it->nll_ci_low) / 2));
+      }
     }
     fmt::print("{}\n", row);
   }
+  if (single_window)
+    fmt::print("(1 win): one window holds all of the bucket's predictions: no interval can be estimated from a single "
+               "window (a longer text or a shorter --context gives more windows)\n");
   std::fflush(stdout);
   // A tokenizer that is not the model's: far worse than uniform guessing
   // inside the trained context.
