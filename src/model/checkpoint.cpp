@@ -250,7 +250,11 @@ RawModel read_posenc(const std::filesystem::path& path) {
   c.n_kv_heads = static_cast<int>(R.integer(jc, "n_kv_heads", "config.n_kv_heads", 1, 1 << 10));
   c.vocab_size = static_cast<int>(R.integer(jc, "vocab_size", "config.vocab_size", 4, 1 << 22));
   c.max_position_embeddings = R.integer(jc, "max_position_embeddings", "config.max_position_embeddings", 1, 1 << 24);
-  c.norm_eps = static_cast<float>(R.number(jc, "norm_eps", "config.norm_eps"));
+  const double norm_eps = R.number(jc, "norm_eps", "config.norm_eps");  // finite and > 0, named with its value
+  c.norm_eps = static_cast<float>(norm_eps);
+  if (!(c.norm_eps > 0))  // below float32's range: 0 in the model's arithmetic
+    throw CheckpointError(fmt::format("{}: header field config.norm_eps must be > 0 in float32 (got {:g})", name,
+                                      norm_eps));
   const auto& sc = R.at(jc, "shared_classifier", "config.shared_classifier");
   if (!sc.is_boolean())
     throw CheckpointError(fmt::format("{}: header field config.shared_classifier must be a boolean (got {})", name, sc.dump()));

@@ -231,10 +231,14 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
   c.max_position_embeddings = required_int(f, k + "context_length", 1, int64_t{1} << 32);
   if (f.get_int(k + "attention.key_length"))
     c.head_dim = static_cast<int>(required_int(f, k + "attention.key_length", 2, 1 << 14));
-  const auto eps = f.get_float(k + "attention.layer_norm_rms_epsilon");
-  if (!eps || !(*eps > 0) || !std::isfinite(*eps))
-    throw CheckpointError(fmt::format("{}: metadata key {}attention.layer_norm_rms_epsilon is missing or not positive",
-                                      name, k));
+  const std::string eps_key = k + "attention.layer_norm_rms_epsilon";
+  const auto eps = f.get_float(eps_key);
+  if (!eps) throw CheckpointError(fmt::format("{}: metadata key {} (the RMSNorm epsilon) is missing", name, eps_key));
+  // The value read, whatever it is (nan, inf, a negative or a float32 underflow to 0): the message names it.
+  if (!std::isfinite(*eps) || !(static_cast<float>(*eps) > 0))
+    throw CheckpointError(fmt::format("{}: metadata key {} (the RMSNorm epsilon) must be finite and > 0 in float32 "
+                                      "(got {:g})",
+                                      name, eps_key, *eps));
   c.norm_eps = static_cast<float>(*eps);
   const Tensors T(f, raw);
   const GgufTensorInfo* emb = T.find("token_embd.weight");

@@ -431,6 +431,30 @@ TEST(GgufModelBadInput, RopeScalingValuesNameTheFileAndKey) {
   EXPECT_EQ(m.trained_context(), 128);
 }
 
+// The RMSNorm epsilon: NaN, inf and negatives were "missing or not positive" without the value read. Each refusal
+// now names the file, the key and the value; a float64 below float32's range (0 in the model's arithmetic) too.
+TEST(GgufModelBadInput, RmsNormEpsilonNamesTheValueRead) {
+  TempDir d;
+  const std::string key = "llama.attention.layer_norm_rms_epsilon";
+  GgufValue tiny;  // float64 1e-60: finite and > 0, but 0 as float32
+  tiny.type = GgufValue::Type::float64;
+  tiny.scalar = 1e-60;
+  const std::pair<GgufValue, std::string> cases[] = {
+      {f32(std::nan("")), "(got nan)"},   {f32(INFINITY), "(got inf)"}, {f32(-INFINITY), "(got -inf)"},
+      {f32(-1e-5), "(got -1e-05)"},       {f32(0.0), "(got 0)"},        {tiny, "(got 1e-60)"}};
+  int i = 0;
+  for (const auto& [value, got] : cases)
+    expect_refused(gguf_copy(d, fmt::format("eps{}.gguf", i++), q8_656(), {{key, value}}),
+                   {"eps", key + " (the RMSNorm epsilon) must be finite and > 0 in float32 " + got});
+  expect_refused(gguf_copy(d, "no_eps.gguf", q8_656(), {}, {key}), {"no_eps.gguf", key + " (the RMSNorm epsilon) is missing"});
+  const Model ok = Model::load(gguf_copy(d, "ok.gguf", q8_656(), {{key, f32(1e-6)}}));
+  EXPECT_FLOAT_EQ(ok.config().norm_eps, 1e-6f);
+  // The same underflow in a config.json (parse_decoder_spec takes 1e-60 as finite and > 0).
+  json cfg = real_config();
+  cfg["rms_norm_eps"] = 1e-60;
+  expect_refused(hf_dir(d, "hf_eps", cfg), {"config.json", "rms_norm_eps: must be > 0 in float32", "(got 1e-60)"});
+}
+
 // The metadata checked against the tensors, each refusal naming key or tensor.
 TEST(GgufModelBadInput, MetadataInconsistentWithTheTensors) {
   TempDir d;
