@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,6 +51,19 @@ inline constexpr std::uint64_t kMaxReadBytes = std::uint64_t{4} << 30;
 /// "is a directory, expected a file", "not a regular file (a FIFO)",
 /// "<size> bytes, more than the limit of <max_bytes>", "read error".
 std::string read_file(const std::filesystem::path& path, std::uint64_t max_bytes = kMaxReadBytes);
+
+/// The byte offset of the first sequence in `text` that is not well-formed
+/// UTF-8 (Unicode Table 3-7: no overlong forms, no surrogates, nothing past
+/// U+10FFFF, no truncated sequence), or nullopt when all of it is.
+std::optional<std::size_t> first_invalid_utf8(std::string_view text);
+
+/// Throws InvalidArgument when `text` is not well-formed UTF-8: "<what>: not
+/// valid UTF-8: the first invalid sequence is at byte offset N (line L;
+/// bytes from there: 0x.. ..) ...". `what` names the input (a flag and its file). The
+/// tokenizers themselves take any bytes, each as its reference does (run.c's
+/// byte fallback, llama.cpp's lead-byte lengths, U+FFFD for tokenizer.json),
+/// so text inputs documented as UTF-8 are checked by the caller with this.
+void require_utf8(std::string_view text, std::string_view what);
 
 /// The first `n` bytes of a regular file (fewer if the file is shorter), with
 /// read_file's opening rule. Used to sniff formats (magic numbers).

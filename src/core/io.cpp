@@ -144,6 +144,46 @@ std::string read_file(const std::filesystem::path& path, std::uint64_t max_bytes
   return read_up_to(path, f, static_cast<std::size_t>(size));
 }
 
+std::optional<std::size_t> first_invalid_utf8(std::string_view text) {
+  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
+  for (std::size_t i = 0; i < text.size();) {
+    const unsigned char c = byte(i);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    // Unicode Table 3-7: the lead byte fixes the length and the range of the second byte.
+    std::size_t n = 0;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c >= 0xC2 && c <= 0xDF) n = 2;
+    else if (c == 0xE0) n = 3, lo = 0xA0;
+    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF) n = 3;
+    else if (c == 0xED) n = 3, hi = 0x9F;  // no surrogates
+    else if (c == 0xF0) n = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3) n = 4;
+    else if (c == 0xF4) n = 4, hi = 0x8F;  // nothing past U+10FFFF
+    if (n == 0 || i + n > text.size()) return i;
+    if (byte(i + 1) < lo || byte(i + 1) > hi) return i;
+    for (std::size_t k = 2; k < n; ++k)
+      if ((byte(i + k) & 0xC0) != 0x80) return i;
+    i += n;
+  }
+  return std::nullopt;
+}
+
+void require_utf8(std::string_view text, std::string_view what) {
+  const auto at = first_invalid_utf8(text);
+  if (!at) return;
+  const std::size_t line = 1 + static_cast<std::size_t>(std::count(text.begin(), text.begin() + *at, '\n'));
+  std::string bytes;
+  for (std::size_t k = *at; k < text.size() && k < *at + 4; ++k)
+    bytes += fmt::format("{}0x{:02x}", bytes.empty() ? "" : " ", static_cast<unsigned char>(text[k]));
+  throw InvalidArgument(fmt::format("{}: not valid UTF-8: the first invalid sequence is at byte offset {} (line {}; "
+                                    "bytes from there: {}{}); text inputs are read as UTF-8 (convert it, e.g. iconv "
+                                    "-f latin1 -t utf-8)",
+                                    what, *at, line, bytes, text.size() > *at + 4 ? " ..." : ""));
+}
+
 std::string read_file_prefix(const std::filesystem::path& path, std::size_t n) {
   Fd f;
   const std::uint64_t size = open_regular(path, f);

@@ -166,3 +166,37 @@ TEST(JsonFile, EveryAccessIsCheckedAndNamesFileAndKey) {
 }
 
 }  // namespace
+
+// Well-formed UTF-8 per Unicode Table 3-7, and the offset of the first sequence that is not (text inputs of the CLI
+// are refused with it: the tokenizers take any bytes, each format as its reference does).
+TEST(Utf8, FirstInvalidSequenceIsFoundByTheUnicodeTable) {
+  using namespace std::string_literals;
+  for (const std::string& ok : {""s, "plain ASCII\n\tand controls\x01"s, "caf\xc3\xa9"s, "\xe2\x82\xac 20"s,
+                                "\xef\xbb\xbfwith a BOM"s, "\xf0\x9f\x98\x80"s, "\xf4\x8f\xbf\xbf"s /* U+10FFFF */,
+                                "\xed\x9f\xbf"s /* U+D7FF */, "\xee\x80\x80"s /* U+E000 */, "nul\0inside"s})
+    EXPECT_EQ(first_invalid_utf8(ok), std::nullopt) << ok;
+  const std::pair<std::string, std::size_t> bad[] = {
+      {"\x80"s, 0},                     // a continuation byte without a lead
+      {"ab\xc0\x80"s, 2},               // overlong NUL
+      {"ab\xc1\xbf"s, 2},               // overlong
+      {"\xe0\x80\x80"s, 0},             // overlong 3-byte
+      {"x\xed\xa0\x80"s, 1},            // a surrogate (U+D800)
+      {"\xf0\x80\x80\x80"s, 0},         // overlong 4-byte
+      {"\xf4\x90\x80\x80"s, 0},         // past U+10FFFF
+      {"\xf5\x80\x80\x80"s, 0},         // a lead that never occurs
+      {"abc\xff"s, 3},                  // a byte that never occurs
+      {"caf\xe9 au lait"s, 3},          // Latin-1
+      {"euro \xe2\x82"s, 5},            // truncated at the end
+      {"\xe2\x28\xa1 x"s, 0},           // a continuation missing in the middle
+      {"\xc3\xa9\xc3\xa9\xe2\x82\xac\x80"s, 7},  // after valid multi-byte characters
+  };
+  for (const auto& [text, at] : bad) EXPECT_EQ(first_invalid_utf8(text), std::optional<std::size_t>(at)) << text;
+  EXPECT_EQ(error_of([] { require_utf8("caf\xc3\xa9\nline two \xff\xfe tail", "--text t.txt"); }),
+            "--text t.txt: not valid UTF-8: the first invalid sequence is at byte offset 15 (line 2; bytes from "
+            "there: 0xff 0xfe 0x20 0x74 ...); text inputs are read as UTF-8 (convert it, e.g. iconv -f latin1 -t "
+            "utf-8)");
+  EXPECT_EQ(error_of([] { require_utf8("ok \xe2\x82", "--prompt"); }).substr(0, 111),
+            "--prompt: not valid UTF-8: the first invalid sequence is at byte offset 3 (line 1; bytes from there: "
+            "0xe2 0x82)");
+  EXPECT_EQ(error_of([] { require_utf8("all good \xe2\x82\xac", "x"); }), "");
+}

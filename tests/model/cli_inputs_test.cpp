@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -314,3 +315,53 @@ TEST(CliInputs, GenerateJsonRecordsTheAppliedRopeSetup) {
   EXPECT_EQ(j["rope_scaling"], "native");
   EXPECT_TRUE(j["rope_factor"].is_null());
 }
+
+// Text inputs documented as UTF-8 were taken whatever their bytes, and each tokenizer did its own thing with
+// invalid ones (run.c's byte fallback, llama.cpp's lead-byte lengths, U+FFFD): every text input now refuses invalid
+// UTF-8 before any work, naming the input, the byte offset and line of the first invalid sequence; a file exits 1,
+// a --prompt 2; nothing is written.
+TEST(CliInputs, InvalidUtf8TextInputsAreRefusedNamingTheOffset) {
+  TempDir d;
+  const std::string good = posenc::test::slurp(posenc::test::text_path()).substr(0, 2000);
+  const auto nl = static_cast<std::size_t>(std::count(good.begin(), good.end(), '\n'));
+  const auto bad = d.file("latin1.txt", good + "caf\xe9 au lait\n");
+  const std::string at = "not valid UTF-8: the first invalid sequence is at byte offset " +
+                         std::to_string(good.size() + 3) + " (line " + std::to_string(nl + 1) +
+                         "; bytes from there: 0xe9 0x20 0x61 0x75 ...)";
+  const auto json = d.path() / "out.json";
+  const std::pair<std::string, std::string> files[] = {
+      {"ppl " + model_args() + " --text " + q(bad) + " --json " + q(json), "--text " + bad.string()},
+      {"detect-layout " + model_args() + " --text " + q(bad) + " --json " + q(json), "--text " + bad.string()},
+      {"check-cache " + model_args() + " --text " + q(bad) + " --json " + q(json), "--text " + bad.string()},
+      {"generate " + model_args() + " --prompt-file " + q(bad) + " --json " + q(json), "--prompt-file " + bad.string()},
+      {"tokenize --tokenizer " + q(posenc::test::tokenizer_path()) + " --text " + q(bad) + " --json " + q(json),
+       "--text " + bad.string()},
+      {"eval " + model_args() + " --haystack " + q(bad) + " --tasks kv_retrieval --context 64 --out " +
+           q(d.path() / "run"),
+       "--haystack " + bad.string()},
+  };
+  for (const auto& [args, what] : files) {
+    const CliResult r = posenc::test::run_cli(args);
+    EXPECT_EQ(r.exit_code, 1) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("posenc: error: " + what + ": " + at), std::string::npos) << args << ": " << r.err;
+    EXPECT_FALSE(std::filesystem::exists(json)) << args;
+    EXPECT_FALSE(std::filesystem::exists(d.path() / "run")) << args;
+  }
+  for (const std::string& args : {"generate " + model_args() + " --prompt 'caf\xe9'",
+                                  "tokenize --tokenizer " + q(posenc::test::tokenizer_path()) + " --prompt 'caf\xe9'"}) {
+    const CliResult r = posenc::test::run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.err;
+    EXPECT_NE(r.err.find("--prompt: not valid UTF-8: the first invalid sequence is at byte offset 3 (line 1; bytes "
+                         "from there: 0xe9)"),
+              std::string::npos)
+        << args << ": " << r.err;
+    EXPECT_EQ(r.err.find("model:"), std::string::npos) << r.err;  // refused while parsing, before any loading
+  }
+  // The same text in UTF-8 runs.
+  const auto fixed = d.file("utf8.txt", good + "caf\xc3\xa9 au lait\n");
+  const CliResult ok = posenc::test::run_cli("tokenize --tokenizer " + q(posenc::test::tokenizer_path()) + " --text " +
+                                             q(fixed) + " --json -");
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_NE(ok.out.find("\"count\""), std::string::npos) << ok.out;
+}
+

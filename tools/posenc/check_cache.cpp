@@ -101,7 +101,7 @@ void run_check(const CheckArgs& a) {
     stream = random_stream(model.config().vocab_size, plan.stream_tokens, a.seed);
     tokens_from = fmt::format("{} pseudo-random token ids (mt19937_64 seed {})", stream.size(), a.seed);
   } else {
-    stream = encode_stream(tok, read_file(a.text_path));
+    stream = encode_stream(tok, read_text_input(a.text_path, "--text"));
     tokens_from = fmt::format("{} ({} tokens)", a.text_path, stream.size());
   }
   const ConsistencyReport r = check_cache_consistency(model, stream, opt);

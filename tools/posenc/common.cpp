@@ -117,7 +117,7 @@ CLI::Validator finite_above(double lo, double hi) {
 }
 
 void PromptArgs::add_to(CLI::App& cmd, bool required) {
-  prompt_option = cmd.add_option("--prompt", prompt, "prompt text (or --prompt-file)");
+  prompt_option = cmd.add_option("--prompt", prompt, "prompt text (or --prompt-file), UTF-8")->check(utf8_value());
   file_option = cmd.add_option("--prompt-file", prompt_file,
                                "read the prompt from FILE (whole file, as is; for prompts past the 128 KiB "
                                "command-line limit)");
@@ -135,8 +135,40 @@ bool PromptArgs::given() const {
 }
 
 std::string PromptArgs::text() const {
-  if (file_option != nullptr && file_option->count() > 0) return read_file(prompt_file);
+  if (file_option != nullptr && file_option->count() > 0) return read_text_input(prompt_file, "--prompt-file");
+  require_utf8_flag(prompt, "--prompt");
   return prompt;
+}
+
+std::string read_text_input(const std::string& path, const std::string& flag) {
+  std::string text = read_file(path);
+  require_utf8(text, fmt::format("{} {}", flag, path));
+  return text;
+}
+
+CLI::Validator utf8_value() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          require_utf8(text, "");
+        } catch (const InvalidArgument& e) {
+          std::string_view m = e.what();
+          if (m.starts_with(": ")) m.remove_prefix(2);  // CLI11 prefixes the option's name
+          return std::string(m);
+        }
+        return "";
+      },
+      "");
+}
+
+void require_utf8_flag(const std::string& text, const std::string& flag) {
+  as_usage_error([&] {
+    try {
+      require_utf8(text, flag);
+    } catch (const InvalidArgument& e) {
+      throw ConfigError(e.what());  // a flag's value: as_usage_error makes it exit 2
+    }
+  });
 }
 
 CLI::Validator non_empty() {

@@ -109,7 +109,8 @@ inline constexpr const char* kCliConvention =
     "files are written atomically into an existing directory); --out DIR creates the directory. Lists are "
     "comma-separated without empty items; lengths take K = 1024, M = 1048576. One name per concept: --context "
     "(lengths), --rope-scaling / --rope-factor, --max-tokens (new tokens to generate), --scored-tokens (tokens "
-    "scored).";
+    "scored). Text inputs (--text, --haystack, --prompt, --prompt-file) are UTF-8: invalid UTF-8 is refused, naming "
+    "the byte offset of the first invalid sequence.";
 
 /// CLI11 check: a decimal integer in [lo, hi] ("must be an integer in [lo, hi] (got 'x')").
 /// Used for every integer flag so that -1, 10^20 or INT64_MAX is refused at parse time (exit 2)
@@ -124,6 +125,18 @@ CLI::Validator finite_in(double lo, double hi);
 /// CLI11 check: a finite number > lo and <= hi.
 CLI::Validator finite_above(double lo, double hi);
 
+/// A text input the help documents as UTF-8 (--text, --haystack, --prompt-file): read_file, then require_utf8
+/// naming "<flag> <path>" and the byte offset of the first invalid sequence (InvalidArgument, exit 1). The
+/// tokenizers take any bytes, each as its reference does, so three formats of one model gave three different token
+/// streams for the same bytes; the CLI holds its inputs to what it documents.
+std::string read_text_input(const std::string& path, const std::string& flag);
+
+/// A text given on the command line (--prompt): UsageError (exit 2) naming `flag` and the byte offset when it is
+/// not valid UTF-8.
+void require_utf8_flag(const std::string& text, const std::string& flag);
+/// CLI11 check of the same, while the command line is parsed (before any model is loaded).
+CLI::Validator utf8_value();
+
 /// --prompt TEXT / --prompt-file FILE (read with read_file: a regular file, no size limit below 4 GiB): the
 /// command-line limit of 128 KiB per argument does not bound a prompt. Exactly one is required when
 /// `required`.
@@ -134,7 +147,8 @@ struct PromptArgs {
   CLI::Option* file_option = nullptr;
   void add_to(CLI::App& cmd, bool required);
   bool given() const;
-  /// The prompt text (the file's contents for --prompt-file). Throws IoError naming the file.
+  /// The prompt text (the file's contents for --prompt-file), checked to be UTF-8. Throws IoError naming the file,
+  /// InvalidArgument for a file that is not UTF-8, UsageError for such a --prompt.
   std::string text() const;
 };
 

@@ -25,7 +25,7 @@ void run_detect(const DetectArgs& a) {
   Model& model = lm.model;
   const Tokenizer& tok = lm.tokenizer;
   print_model_header(stderr, lm, a.model);
-  const std::string text = read_file(a.text_path);
+  const std::string text = read_text_input(a.text_path, "--text");
   const auto stream = encode_stream(tok, text);
   // A window longer than the text would score the whole text as one shorter window and report it under L (`posenc
   // ppl`'s rule): a --context given so is refused before any work; the default (the trained context) becomes the

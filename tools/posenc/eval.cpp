@@ -130,7 +130,7 @@ void run_endpoint_eval(const EvalArgs& a, EvalConfig c, const std::function<void
   ec.options.retries = a.retries;
   ec.trained_context = a.model.trained_context;
   const Tokenizer tok = endpoint_tokenizer(a.model.tokenizer_path);
-  const std::string text = a.haystack.empty() ? std::string() : read_file(a.haystack);
+  const std::string text = a.haystack.empty() ? std::string() : read_text_input(a.haystack, "--haystack");
   if (!a.quiet) {
     for (const auto& e : ec.endpoints) fmt::print(stderr, "endpoint {} = {}\n", e.label, e.url);
     fmt::print(stderr, "tokenizer: {} ({})\n", a.model.tokenizer_path, tok.describe());
@@ -248,7 +248,7 @@ void run_eval_cmd(const EvalArgs& a) {
   check_rope_factor_applies(model, a.rope_factor);
   if (c.tasks.empty()) c.tasks = default_eval_tasks(tok);
   as_usage_error([&] { validate_eval_config(c); });  // e.g. the default name_recall without --haystack
-  const std::string text = a.haystack.empty() ? std::string() : read_file(a.haystack);
+  const std::string text = a.haystack.empty() ? std::string() : read_text_input(a.haystack, "--haystack");
   if (!a.quiet) print_model_header(stderr, lm, a.model);
   const EvalRunResult r = run_eval(model, tok, text, c, progress);
   if (!a.quiet && tty) fmt::print(stderr, "\n");

@@ -77,7 +77,7 @@ void run_ppl(const PplArgs& a) {
         throw ConfigError(fmt::format("--rope-scaling: {} uses {} positions; RoPE scalings do not apply (got {})",
                                       a.model.model_path, to_string(model.family()), s));
   }
-  const std::string text = read_file(a.text_path);
+  const std::string text = read_text_input(a.text_path, "--text");
   const auto stream = encode_stream(tok, text);
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   if (!a.quiet) {

@@ -55,7 +55,8 @@ void run_tokenize(const TokenizeArgs& a) {
     throw TokenizerError(a.tokenizer_path.empty() ? fmt::format("{}: {}", source, tok.unusable_reason())
                                                   : tok.unusable_reason());
   // The option groups admit exactly one of --text and --prompt (CLI11 leaves --prompt '' unset: the empty text).
-  const std::string text = a.text_path.empty() ? a.prompt.value_or("") : read_file(a.text_path);
+  const std::string text = a.text_path.empty() ? a.prompt.value_or("") : read_text_input(a.text_path, "--text");
+  if (a.text_path.empty()) require_utf8_flag(text, "--prompt");
   const std::vector<int32_t> ids = tok.encode_hf(text, !a.no_special);
   if (!a.json_path.empty()) {
     nlohmann::json j;
@@ -109,7 +110,7 @@ void add_tokenize_command(CLI::App& app) {
   input->add_option("--text,--prompt-file", args->text_path,
                     "UTF-8 text file (read whole; a missing or non-regular file is an error naming it)")
       ->check(non_empty());
-  input->add_option("--prompt", args->prompt, "text given on the command line");
+  input->add_option("--prompt", args->prompt, "text given on the command line (UTF-8)")->check(utf8_value());
   input->require_option(1);
   cmd->add_flag("--no-special", args->no_special, "do not add BOS/EOS/template tokens (add_special_tokens=False)");
   cmd->add_flag("--pieces", args->pieces, "one line per token: index, id, piece (escaped)");
