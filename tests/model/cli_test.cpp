@@ -1,4 +1,5 @@
 // The CLI on bad inputs: a clear message on stderr, a non-zero exit, no crash.
+#include <algorithm>
 #include <cstring>
 
 #include <gtest/gtest.h>
@@ -191,4 +192,25 @@ TEST(Cli, DetectLayoutOnATextShorterThanTheTrainedContext) {
             std::string::npos)
       << bad.err;
   EXPECT_EQ(bad.out, "");
+}
+
+// generate's text ends with a newline however it ends: an error part-way (here --rope-change-policy refuse at the
+// first step past a dynamic-NTK switch point) left the text without one, and the error (or the shell's prompt) was
+// glued onto its last word. A normal run ends with exactly one.
+TEST(Cli, GenerateTextEndsWithANewlineAlsoWhenGenerationFails) {
+  const std::string base = "generate " + model_args() + " --prompt 'Once upon a time' --quiet --ignore-eos ";
+  const auto ok = run_cli(base + "--max-tokens 5");
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  ASSERT_GE(ok.out.size(), 2u);
+  EXPECT_EQ(ok.out.rfind("Once upon a time", 0), 0u) << ok.out;
+  EXPECT_EQ(ok.out.back(), '\n') << ok.out;
+  EXPECT_NE(ok.out[ok.out.size() - 2], '\n') << ok.out;
+  // Switch point at --trained-context 16 tokens, whatever the model's own context.
+  const auto bad = run_cli(base + "--max-tokens 40 --trained-context 16 --rope-scaling dynamic --rope-change-policy refuse");
+  EXPECT_EQ(bad.exit_code, 1) << bad.err;
+  EXPECT_NE(bad.err.find("rope change policy refuse"), std::string::npos) << bad.err;
+  ASSERT_GT(bad.out.size(), std::string("Once upon a time").size()) << bad.out;  // the prompt and some tokens
+  EXPECT_EQ(bad.out.rfind("Once upon a time", 0), 0u) << bad.out;
+  EXPECT_EQ(bad.out.back(), '\n') << bad.out;
+  EXPECT_EQ(std::count(bad.out.begin(), bad.out.end(), '\n'), 1) << bad.out;
 }

@@ -76,12 +76,29 @@ void run_generate(const GenerateArgs& a) {
   // chains to it).
   const auto t0 = std::chrono::steady_clock::now();
   const std::string prompt = a.prompt.text();
-  const auto res = generate(model, tok, prompt, opt, [](std::string_view piece) {
-    std::fwrite(piece.data(), 1, piece.size(), stdout);
+  // The text ends with a newline however generation ends: an error part-way (a NumericError, a CacheError of
+  // --rope-change-policy refuse, a PositionError) left the text without one, and the error message (or, with
+  // stderr elsewhere, the shell's prompt) was glued onto its last word.
+  bool printed = false;
+  const auto end_line = [&] {
+    if (!printed) return;
+    std::fputc('\n', stdout);
     std::fflush(stdout);
-  });
-  std::fputc('\n', stdout);
-  std::fflush(stdout);
+    printed = false;
+  };
+  GenerateResult res;
+  try {
+    res = generate(model, tok, prompt, opt, [&](std::string_view piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+      printed = true;
+    });
+  } catch (...) {
+    end_line();
+    throw;
+  }
+  printed = true;  // the prompt alone (no new token) is a line too
+  end_line();
   if (res.stop_reason == "position_limit") {
     // The nearer of the two ends generate() stops at: --max-position, or a learned position table's last row.
     const int64_t table = model.family() == PositionFamily::learned_absolute ? model.config().max_position_embeddings : -1;
