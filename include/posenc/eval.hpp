@@ -179,6 +179,8 @@ std::string eval_run_id(const EvalConfig& config, const Model& model);
 struct EvalProgress {
   int64_t cells_done = 0;     ///< including cells found on disk
   int64_t cells_total = 0;    ///< of this shard
+  int64_t ppl_done = 0;       ///< perplexity results (scaling x length) done, including those found on disk
+  int64_t ppl_total = 0;      ///< of this shard (they run after the cells)
   int64_t samples_done = 0;   ///< computed by this invocation
   double seconds = 0.0;
   double eta_seconds = -1.0;  ///< -1 = unknown

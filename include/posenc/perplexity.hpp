@@ -117,7 +117,8 @@ struct PplOptions {
   int fine_bins_per_bucket = 0;  ///< in [0, 64]; > 0 fills PplResult::fine_buckets
   int bootstrap_resamples = 1000;             ///< B of protocol step 6, in [1, 1000000]
   uint64_t bootstrap_seed = 0x9e3779b97f4a7c15;  ///< fixed: the interval is a function of the windows only
-  /// Called from the calling thread at most about once per second.
+  /// Called from the calling thread at most about once per second while windows run, and exactly once with
+  /// windows_done == windows_total, when all are scored.
   std::function<void(const PplProgress&)> on_progress;
 };
 

@@ -360,7 +360,8 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
     {
       ++done;
       tokens_done += n - 1;
-      if (o.on_progress && omp_get_thread_num() == 0) {
+      // The last window is reported once, by finish_perplexity (reporting it here too printed "W/W" twice).
+      if (o.on_progress && omp_get_thread_num() == 0 && done < static_cast<int64_t>(W)) {
         const auto now = std::chrono::steady_clock::now();
         if (now - last_report >= std::chrono::seconds(1)) {
           last_report = now;

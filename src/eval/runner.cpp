@@ -1440,15 +1440,18 @@ EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoin
     return c.ppl_tokens == 0 ? all : std::min(all, static_cast<double>(c.ppl_tokens));
   };
   std::vector<char> ppl_found(units.size(), 0);
+  int64_t ppl_shard = 0, ppl_done = 0;  // perplexity results of this shard, and those done (found or computed)
   for (std::size_t u = 0; u < units.size(); ++u) {
     if (!units[u].is_ppl) continue;
     const PplJob& j = pjobs[units[u].i];
+    ++ppl_shard;
     weight_total += ppl_weight(j);
     const fs::path p = run_dir / "ppl" / (ppl_name(j) + ".json");
     if (!fs::exists(p)) continue;
     try {
       (void)load_ppl(p, j.scaling, j.length);
       ppl_found[u] = 1;
+      ++ppl_done;
       weight_done += ppl_weight(j);
     } catch (const Error& e) {
       warn(fmt::format("{}; recomputing it", e.what()));
@@ -1467,6 +1470,8 @@ EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoin
     EvalProgress p;
     p.cells_done = cells_done;
     p.cells_total = cells_shard;
+    p.ppl_done = ppl_done;
+    p.ppl_total = ppl_shard;
     p.samples_done = res.samples_computed;
     p.seconds = elapsed();
     const double done_here = weight_done_here + partial_weight;
@@ -1618,6 +1623,7 @@ EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoin
           write_file_atomic(p, with_checksum(r, 2));
           weight_done += ppl_weight(j);
           weight_done_here += ppl_weight(j);
+          ++ppl_done;
           continue;
         }
       PplOptions o;
@@ -1625,7 +1631,9 @@ EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoin
       o.max_tokens = c.ppl_tokens;
       const std::string label = fmt::format("ppl {} L={}", j.scaling, j.length);
       o.on_progress = [&](const PplProgress& pp) {
-        report(label, std::min(static_cast<double>(pp.tokens_done), ppl_weight(j)), false);
+        // The job's last report (every window done) is the forced one after it is written, counted done: once.
+        if (pp.windows_done < pp.windows_total)
+          report(label, std::min(static_cast<double>(pp.tokens_done), ppl_weight(j)), false);
       };
       PplResult r;
       const fs::path journal = run_dir / "journal" / fmt::format("ppl__{}.jsonl", ppl_name(j));
@@ -1644,6 +1652,7 @@ EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoin
       }
       weight_done += ppl_weight(j);
       weight_done_here += ppl_weight(j);
+      ++ppl_done;
       report(label, 0.0, true);
       computed_ppl.push_back(std::move(r));
     }

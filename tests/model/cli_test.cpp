@@ -214,3 +214,39 @@ TEST(Cli, GenerateTextEndsWithANewlineAlsoWhenGenerationFails) {
   EXPECT_EQ(bad.out.back(), '\n') << bad.out;
   EXPECT_EQ(std::count(bad.out.begin(), bad.out.end(), '\n'), 1) << bad.out;
 }
+
+// Progress into a log (stderr not a terminal): ppl prints one line per (context, scaling) at 100%, not two; eval
+// prints its final line once, counting the perplexity matrix, where "cells N/N" was printed after every perplexity
+// job (and every second while one ran).
+TEST(Cli, ProgressAt100PercentIsPrintedOnce) {
+  TempDir d;
+  const auto txt = d.file("t.txt", posenc::test::slurp(posenc::test::text_path()).substr(0, 30000));
+  const auto ppl = run_cli("ppl " + model_args() + " --text " + q(txt) + " --context 64,128 --rope-scaling default");
+  ASSERT_EQ(ppl.exit_code, 0) << ppl.err;
+  for (const char* L : {"64", "128"}) {
+    const std::string head = std::string("ppl L=") + L + " default: windows ";
+    std::size_t lines = 0, done = 0;
+    for (std::size_t at = ppl.err.find(head); at != std::string::npos; at = ppl.err.find(head, at + 1)) {
+      ++lines;
+      const std::string counts = ppl.err.substr(at + head.size(), ppl.err.find(',', at) - at - head.size());
+      const auto slash = counts.find('/');
+      done += counts.substr(0, slash) == counts.substr(slash + 1) ? 1 : 0;
+    }
+    EXPECT_EQ(done, 1u) << ppl.err;
+    EXPECT_GE(lines, 1u);
+  }
+  const auto eval = run_cli("eval " + model_args() + " --haystack " + q(txt) +
+                            " --tasks kv_retrieval --context 64,128 --depths 0.5 --samples 2 --ppl-tokens 2000 --out " +
+                            q(d.path() / "run"));
+  ASSERT_EQ(eval.exit_code, 0) << eval.err;
+  std::size_t finals = 0, lines = 0;
+  for (std::size_t at = eval.err.find("eval: cells "); at != std::string::npos; at = eval.err.find("eval: cells ", at + 1)) {
+    ++lines;
+    const std::string line = eval.err.substr(at, eval.err.find('\n', at) - at);
+    if (line.find("cells 2/2, perplexity 2/2,") != std::string::npos) ++finals;
+    EXPECT_NE(line.find(", perplexity "), std::string::npos) << line;
+  }
+  EXPECT_EQ(finals, 1u) << eval.err;
+  EXPECT_LE(lines, 2u) << eval.err;  // the first report and the final one: the run takes far less than 15 s
+}
+

@@ -214,12 +214,18 @@ void run_eval_cmd(const EvalArgs& a) {
   const bool tty = ::isatty(STDERR_FILENO) != 0;
   std::function<void(const EvalProgress&)> progress;
   if (!a.quiet)
-    progress = [tty, last = -100.0](const EvalProgress& p) mutable {
-      if (!tty && p.seconds - last < 15.0 && p.cells_done != p.cells_total) return;
+    progress = [tty, last = -100.0, finished = false](const EvalProgress& p) mutable {
+      // Into a log: a line every 15 s and one when all work is done. The cells finish before the perplexity
+      // matrix, so "cells N/N" alone is not the end: it printed a line per report (every second) through the whole
+      // matrix, and the last one twice.
+      const bool done = p.cells_done == p.cells_total && p.ppl_done == p.ppl_total;
+      if (finished || (!tty && p.seconds - last < 15.0 && !done)) return;
+      finished = done;
       last = p.seconds;
       const double sps = p.seconds > 0 ? static_cast<double>(p.samples_done) / p.seconds : 0.0;
-      fmt::print(stderr, "{}eval: cells {}/{}, {:.1f} samples/s, ETA {} [{}]{}", tty ? "\r\033[K" : "", p.cells_done,
-                 p.cells_total, sps, fmt_duration(p.eta_seconds), p.current, tty ? "" : "\n");
+      fmt::print(stderr, "{}eval: cells {}/{}{}, {:.1f} samples/s, ETA {} [{}]{}", tty ? "\r\033[K" : "", p.cells_done,
+                 p.cells_total, p.ppl_total > 0 ? fmt::format(", perplexity {}/{}", p.ppl_done, p.ppl_total) : "", sps,
+                 fmt_duration(p.eta_seconds), p.current, tty ? "" : "\n");
       std::fflush(stderr);
     };
   if (served) {
