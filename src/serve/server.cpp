@@ -261,6 +261,7 @@ struct Server::Impl {
   std::unique_ptr<detail::Scheduler> scheduler;
   HttpServer http;
   std::thread listener;
+  std::atomic<bool> listener_done{false};  // listen_after_bind returned (stopped, or failed to start)
   std::atomic<bool> draining{false};
   std::atomic<int64_t> in_flight{0};  // completion answers not yet written
   std::atomic<int> bound_port{-1};
@@ -741,7 +742,10 @@ int Server::start() {
   }
   s.http.set_backlog(1024);
   s.bound_port = port;
-  s.listener = std::thread([&s] { s.http.listen_after_bind(); });
+  s.listener = std::thread([&s] {
+    s.http.listen_after_bind();
+    s.listener_done = true;
+  });
   return port;
 }
 
@@ -762,6 +766,9 @@ void Server::stop() {
   while (s.in_flight.load() > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   if (s.bound_port.load() >= 0) {
+    // httplib's stop() does nothing until the listener thread has entered its accept loop (is_running): a stop
+    // right after start() (an error before the first request) returned at once and the join below waited forever.
+    while (!s.http.is_running() && !s.listener_done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     s.http.stop();
     if (s.listener.joinable()) s.listener.join();
   }

@@ -5,7 +5,10 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +38,28 @@ TEST(ServeHttp, APortInUseIsRefusedNamingThePort) {
     ASSERT_EQ(r.status, 200);
     EXPECT_EQ(r.body["data"][0]["id"], "stories260K");
   }
+}
+
+// A server stopped right after start() (a caller failing before its first request) hung in stop(): httplib's
+// stop() is a no-op until the listener thread is in its accept loop, and the join then waited forever. A watchdog
+// ends the process (failing) if the loop hangs; the fixed stop waits for the listener to run first.
+TEST(ServeHttp, StopRightAfterStartDoesNotHang) {
+  std::atomic<bool> finished{false};
+  std::thread watchdog([&] {
+    for (int i = 0; i < 600 && !finished; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!finished) {
+      std::fprintf(stderr, "ServeHttp.StopRightAfterStartDoesNotHang: Server::stop() hung after start()\n");
+      std::_Exit(1);
+    }
+  });
+  for (int i = 0; i < 200; ++i) {
+    ServeConfig cfg;
+    cfg.port = 0;
+    posenc::serve::Server server(stories().model, stories().tok, cfg);
+    EXPECT_GT(server.start(), 0);
+  }  // ~Server stops it at once
+  finished = true;
+  watchdog.join();
 }
 
 TEST(ServeHttp, AMalformedHostIsAConfigErrorNotABindFailure) {
