@@ -45,6 +45,19 @@ void warn(const std::string& message) {
 // The text the probe tokenizes locally and through /tokenize.
 constexpr std::string_view kProbeText = "Once upon a time, Lily found 7 red keys under the old tree.";
 
+// The probe text for `tokenizer`: kProbeText, or for a symbol vocabulary (a `posenc train` model knows only its
+// task's symbols, and encoding an English word is a TokenizerError) a sentence of its own first symbols (at most
+// 12, not <pad>/<bos>/<eos>), so the probe checks the server's tokenizer on text this one can encode.
+std::string probe_text(const Tokenizer& tokenizer) {
+  if (!tokenizer.is_symbolic()) return std::string(kProbeText);
+  std::string s;
+  for (int32_t id = 3, n = 0; id < tokenizer.vocab_size() && n < 12; ++id, ++n) {
+    if (!s.empty()) s += ' ';
+    s += tokenizer.piece(id);
+  }
+  return s;
+}
+
 std::string error_message_of_body(const std::string& body) {
   try {
     const json j = json::parse(body);
@@ -309,12 +322,19 @@ EndpointInfo probe_endpoint(const EndpointSpec& spec, const std::string& served_
     }
   }
   // The tokenizer check: the probe text's ids through /tokenize (vLLM's spelling, then llama.cpp's).
-  const std::vector<int32_t> local = tokenizer.encode(std::string(kProbeText), false, false);
+  const std::string probe = probe_text(tokenizer);
+  std::vector<int32_t> local, two;
+  try {
+    local = tokenizer.encode(probe, false, false);
+    two = tokenizer.encode(probe, true, false);
+  } catch (const Error& e) {
+    throw ConfigError(fmt::format("--tokenizer: cannot encode the endpoint probe text \"{}\" ({})", probe, e.what()));
+  }
   info.tokenize_check = "no /tokenize (not checked)";
   // llama.cpp's spelling first: llama-server answers {"prompt"} with 200 and no tokens. An empty list for the
   // non-empty probe text means the spelling was not understood: the next one is tried.
-  for (const json& body : {json{{"content", kProbeText}, {"add_special", false}},
-                           json{{"prompt", kProbeText}, {"add_special_tokens", false}}}) {
+  for (const json& body : {json{{"content", probe}, {"add_special", false}},
+                           json{{"prompt", probe}, {"add_special_tokens", false}}}) {
     const auto r = client.post_once("/tokenize", body);
     if (r.status != 200) continue;
     std::vector<int32_t> remote;
@@ -334,7 +354,7 @@ EndpointInfo probe_endpoint(const EndpointSpec& spec, const std::string& served_
     if (remote != local)
       throw ConfigError(fmt::format("--tokenizer: endpoint {} tokenizes the probe text \"{}\" as {} (/tokenize, {}), "
                                     "the local tokenizer as {}: pass the served model's tokenizer",
-                                    spec.url, kProbeText, shown_ids(remote), body.contains("prompt") ? "prompt" : "content",
+                                    spec.url, probe, shown_ids(remote), body.contains("prompt") ? "prompt" : "content",
                                     shown_ids(local)));
     info.tokenize_check = fmt::format("matched ({} ids of the probe text, /tokenize {{\"{}\"}})", local.size(),
                                       body.contains("prompt") ? "prompt" : "content");
@@ -345,7 +365,6 @@ EndpointInfo probe_endpoint(const EndpointSpec& spec, const std::string& served_
   // token's log-probability only: the smallest answer), then max_tokens 1 and logprobs 1. The first answer that
   // holds the prompt's log-probabilities sets the likelihood requests. A 4xx, or a 200 without them (llama-server
   // ignores echo), for every form = not supported.
-  std::vector<int32_t> two = tokenizer.encode(std::string(kProbeText), true, false);
   two.resize(2, two.empty() ? 0 : two.back());
   std::vector<std::string> notes;
   for (const auto& [mt, k] : {std::pair{0, 0}, std::pair{1, 0}, std::pair{0, 1}, std::pair{1, 1}}) {

@@ -19,7 +19,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../model/random_checkpoint.hpp"
 #include "fake_endpoint.hpp"
+#include "posenc/checkpoint.hpp"
+#include "posenc/synthetic_tasks.hpp"
 #include "posenc/endpoint.hpp"
 #include "posenc/eval.hpp"
 #include "posenc/io.hpp"
@@ -849,3 +852,62 @@ TEST(EndpointLab, ProbeRefusesAnotherTokenizerAndNamesTheServedModels) {
   });
   EXPECT_NE(m3.find(fmt::format("127.0.0.1:{}", port)), std::string::npos) << m3;
 }
+
+// A symbol vocabulary (a `posenc train` model's: its task's symbols only) could not be evaluated over HTTP: the
+// probe encoded a fixed English sentence and threw "text: unknown symbol 'Once'". The probe now takes the
+// vocabulary's own symbols: against posenc serve its /tokenize check matches and the run equals the in-process lab.
+TEST(EndpointLab, ASymbolVocabularyIsProbedWithItsOwnSymbols) {
+  TempDir d;
+  PosencCheckpoint ck;
+  test::set_tiny_llama(ck.config, 64);
+  ck.symbols = Task(TrainTaskKind::associative_recall).symbols();
+  ck.config.vocab_size = static_cast<int>(ck.symbols.size());
+  ck.positional.family = PositionFamily::rope;
+  RopeParams p;
+  p.head_dim = ck.config.head_dim;
+  ck.positional.rope.params = p;
+  ck.positional.rope.freqs = compute_rope_frequencies(p);
+  ck.positional.rope.layout = RopeLayout::half;
+  test::RandomTensors t(ck, 11, 0.3f);
+  t.add_llama();
+  save_posenc_checkpoint(d.path() / "ar.pt", ck);
+  const Model m = Model::load(d.path() / "ar.pt");
+  const Tokenizer symbols = Tokenizer::from_symbols(ck.symbols);
+  ASSERT_TRUE(symbols.is_symbolic());
+  EXPECT_THROW(symbols.encode("Once upon a time", false, false), TokenizerError);  // the old probe's failure
+
+  EvalConfig c;
+  c.model_path = (d.path() / "ar.pt").string();
+  c.tasks = {"associative_recall"};
+  c.lengths = {24, 48};
+  c.depths = {0.0, 1.0};
+  c.samples = 3;
+  c.ppl_tokens = -1;
+  c.out = d.path() / "local";
+  const EvalRunResult local = run_eval(m, symbols, "", c);
+  serve::ServeConfig sc;
+  sc.port = 0;
+  sc.served_model_name = "ar";
+  serve::Server server(m, symbols, sc);
+  const int port = server.start();
+  EndpointEvalConfig e = endpoint_config(fmt::format("http://127.0.0.1:{}/v1", port));
+  e.trained_context = m.trained_context();
+  EvalConfig ce = c;
+  ce.model_path.clear();
+  ce.tokenizer_path = (d.path() / "ar.pt").string();  // a model file whose symbols are the tokenizer (as the CLI takes)
+  ce.out = d.path() / "http";
+  const EvalRunResult http = run_eval_endpoint(e, symbols, "", ce);
+  EXPECT_EQ(http.cells_present, http.cells_total);
+  EXPECT_EQ(http.cells_present, local.cells_present);
+  const auto cl = cells_by_key(read_json(local.run_dir / "summary.json"));
+  const auto ch = cells_by_key(read_json(http.run_dir / "summary.json"));
+  ASSERT_EQ(cl.size(), ch.size());
+  for (const auto& [k, cell] : cl) {
+    ASSERT_TRUE(ch.count(k)) << k;
+    EXPECT_EQ(cell["correct"], ch.at(k)["correct"]) << k;
+    EXPECT_EQ(cell["n"], ch.at(k)["n"]) << k;
+  }
+  const std::string check = read_json(http.run_dir / "run.json")["endpoints"][0]["tokenize_check"];
+  EXPECT_EQ(check.rfind("matched (12 ids of the probe text", 0), 0u) << check;  // 12 of the vocabulary's symbols
+}
+
