@@ -277,8 +277,12 @@ TEST(PplBuckets, ABucketOfOneWindowHasNoIntervalAndSaysWhy) {
           EXPECT_LT(e.at("nll_ci_low").get<double>(), e.at("nll_ci_high").get<double>()) << L << " " << e;
         }
       }
-    if (L == T) EXPECT_EQ(several, 0);      // one window in all
-    if (L == T / 8) EXPECT_EQ(single, 0);   // eight or nine windows in every bucket
+    if (L == T) {
+      EXPECT_EQ(several, 0);  // one window in all
+    }
+    if (L == T / 8) {
+      EXPECT_EQ(single, 0);  // eight or nine windows in every bucket
+    }
     if (L == T - 100) {  // two windows; the second (100 tokens) reaches the first bucket only
       ASSERT_GE(r.buckets.size(), 2u);
       EXPECT_LE(100, r.buckets[1].start);
