@@ -106,6 +106,34 @@ TEST(EndpointCli, AServerWithoutPromptLogprobsRunsGenerationAndReportsTheRestAsN
   }
 }
 
+// --tokenizer may name a model file whose bundled vocabulary is used; a real model's GGUF is far larger than the 8 MiB
+// read limit of a tokenizer file (the magic was read with that limit, so every real GGUF was refused): stories260K's
+// GGUF padded to 9 MiB (trailing bytes its loader ignores) gives the same run as its llama2.c tokenizer.
+TEST(EndpointCli, AModelFileOfAnySizeServesAsTheTokenizer) {
+  TempDir d;
+  const fs::path big = d.path() / "big.gguf";
+  fs::copy_file(test::shared_dir() / "models/stories260K/stories260K.gguf", big);
+  fs::resize_file(big, 9u << 20);
+  test::FakeEndpoint a(model(), tok());
+  a.start();
+  auto run = [&](const std::string& tokenizer, const std::string& out) {
+    return run_cli("eval --endpoint " + a.url() + " --tokenizer '" + tokenizer + "' --haystack '" +
+                   test::text_path().string() +
+                   "' --tasks passkey --context 128 --depths 0.5 --samples 2 --ppl-tokens 200 --trained-context 512 "
+                   "--quiet --out '" + (d.path() / out).string() + "'");
+  };
+  const auto r = run(big.string(), "o1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto ref = run(test::tokenizer_path().string(), "o2");
+  ASSERT_EQ(ref.exit_code, 0) << ref.err;
+  const auto cells = [&](const std::string& out) {
+    auto j = nlohmann::json::parse(test::slurp(resolve_run_dir((d.path() / out).string()) / "summary.json"))["cells"];
+    for (auto& c : j) c.erase("seconds");
+    return j;
+  };
+  EXPECT_EQ(cells("o1"), cells("o2"));
+}
+
 namespace {
 
 /// `posenc <args>` as a child process, stdout and stderr in files.

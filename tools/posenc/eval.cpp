@@ -112,7 +112,7 @@ std::string fmt_duration(double s) {
 Tokenizer endpoint_tokenizer(const std::string& path) {
   std::string head;
   std::error_code ec;
-  if (std::filesystem::is_regular_file(path, ec)) head = read_file(path, 8 * 1024 * 1024).substr(0, 8);
+  if (std::filesystem::is_regular_file(path, ec)) head = read_file_prefix(path, 8);  // the magic only
   if (head.starts_with("GGUF") || head.starts_with("POSENC01")) {
     ModelArgs m;
     m.model_path = path;
