@@ -1,6 +1,7 @@
 // The posenc checkpoint format (see include/posenc/checkpoint.hpp): writer and reader.
 #include "posenc/checkpoint.hpp"
 
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -252,8 +253,8 @@ RawModel read_posenc(const std::filesystem::path& path) {
   c.max_position_embeddings = R.integer(jc, "max_position_embeddings", "config.max_position_embeddings", 1, 1 << 24);
   const double norm_eps = R.number(jc, "norm_eps", "config.norm_eps");  // finite and > 0, named with its value
   c.norm_eps = static_cast<float>(norm_eps);
-  if (!(c.norm_eps > 0))  // below float32's range: 0 in the model's arithmetic
-    throw CheckpointError(fmt::format("{}: header field config.norm_eps must be > 0 in float32 (got {:g})", name,
+  if (!(std::isfinite(c.norm_eps) && c.norm_eps > 0))  // outside float32's range: 0 or inf in the model's arithmetic
+    throw CheckpointError(fmt::format("{}: header field config.norm_eps must be finite and > 0 in float32 (got {:g})", name,
                                       norm_eps));
   const auto& sc = R.at(jc, "shared_classifier", "config.shared_classifier");
   if (!sc.is_boolean())

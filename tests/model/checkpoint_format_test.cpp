@@ -239,7 +239,8 @@ TEST(PosencCheckpoint, WrongJsonTypesAreCheckpointErrorsNamingFileAndField) {
   check("/config/n_layers", -1, "config.n_layers");
   check("/config/vocab_size", 9223372036854775807, "config.vocab_size");
   check("/config/norm_eps", "x", "config.norm_eps");
-  check("/config/norm_eps", 1e-60, "config.norm_eps must be > 0 in float32 (got 1e-60)");  // 0 as float32
+  check("/config/norm_eps", 1e-60, "config.norm_eps must be finite and > 0 in float32 (got 1e-60)");  // 0 as float32
+  check("/config/norm_eps", 1e39, "config.norm_eps must be finite and > 0 in float32 (got 1e+39)");  // inf as float32
   check("/config/norm_eps", -1e-5, "config.norm_eps must be finite and > 0 (got -1e-05)");
   check("/config/shared_classifier", 1, "config.shared_classifier");
   check("/positional", nlohmann::json::array(), "positional");

@@ -235,7 +235,7 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
   const auto eps = f.get_float(eps_key);
   if (!eps) throw CheckpointError(fmt::format("{}: metadata key {} (the RMSNorm epsilon) is missing", name, eps_key));
   // The value read, whatever it is (nan, inf, a negative or a float32 underflow to 0): the message names it.
-  if (!std::isfinite(*eps) || !(static_cast<float>(*eps) > 0))
+  if (!std::isfinite(static_cast<float>(*eps)) || !(static_cast<float>(*eps) > 0))
     throw CheckpointError(fmt::format("{}: metadata key {} (the RMSNorm epsilon) must be finite and > 0 in float32 "
                                       "(got {:g})",
                                       name, eps_key, *eps));

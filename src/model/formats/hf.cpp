@@ -6,6 +6,7 @@
 // [out_features, in_features]. q/k rows are stored for the `half` layout
 // (rotate_half): transformers' convert_llama_weights_to_hf.py permutes Meta's
 // interleaved q/k rows into that order.
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <set>
@@ -123,9 +124,10 @@ RawModel read_hf_directory(const std::filesystem::path& dir) {
   c.vocab_size = d.vocab_size;
   c.head_dim = d.head_dim;
   c.norm_eps = static_cast<float>(d.rms_norm_eps);
-  // parse_decoder_spec took it finite and > 0; a value below float32's range (1e-60) would become 0 here.
-  if (!(c.norm_eps > 0))
-    throw ConfigError(fmt::format("{}: rms_norm_eps: must be > 0 in float32, the model's arithmetic (got {:g})",
+  // parse_decoder_spec took it finite and > 0; a value below float32's range (1e-60) would become 0 here, one
+  // above it (1e39) inf: every normed activation 0, a uniform prediction.
+  if (!(std::isfinite(c.norm_eps) && c.norm_eps > 0))
+    throw ConfigError(fmt::format("{}: rms_norm_eps: must be finite and > 0 in float32, the model's arithmetic (got {:g})",
                                   config_path.string(), d.rms_norm_eps));
   c.qkv_bias = d.qkv_bias;
   c.o_bias = d.o_bias;

@@ -436,12 +436,14 @@ TEST(GgufModelBadInput, RopeScalingValuesNameTheFileAndKey) {
 TEST(GgufModelBadInput, RmsNormEpsilonNamesTheValueRead) {
   TempDir d;
   const std::string key = "llama.attention.layer_norm_rms_epsilon";
-  GgufValue tiny;  // float64 1e-60: finite and > 0, but 0 as float32
-  tiny.type = GgufValue::Type::float64;
+  GgufValue tiny, huge;  // float64 1e-60 and 1e39: finite and > 0, but 0 and inf as float32
+  tiny.type = huge.type = GgufValue::Type::float64;
   tiny.scalar = 1e-60;
+  huge.scalar = 1e39;
   const std::pair<GgufValue, std::string> cases[] = {
-      {f32(std::nan("")), "(got nan)"},   {f32(INFINITY), "(got inf)"}, {f32(-INFINITY), "(got -inf)"},
-      {f32(-1e-5), "(got -1e-05)"},       {f32(0.0), "(got 0)"},        {tiny, "(got 1e-60)"}};
+      {f32(std::nan("")), "(got nan)"}, {f32(INFINITY), "(got inf)"},  {f32(-INFINITY), "(got -inf)"},
+      {f32(-1e-5), "(got -1e-05)"},     {f32(0.0), "(got 0)"},         {tiny, "(got 1e-60)"},
+      {huge, "(got 1e+39)"}};
   int i = 0;
   for (const auto& [value, got] : cases)
     expect_refused(gguf_copy(d, fmt::format("eps{}.gguf", i++), q8_656(), {{key, value}}),
@@ -449,10 +451,13 @@ TEST(GgufModelBadInput, RmsNormEpsilonNamesTheValueRead) {
   expect_refused(gguf_copy(d, "no_eps.gguf", q8_656(), {}, {key}), {"no_eps.gguf", key + " (the RMSNorm epsilon) is missing"});
   const Model ok = Model::load(gguf_copy(d, "ok.gguf", q8_656(), {{key, f32(1e-6)}}));
   EXPECT_FLOAT_EQ(ok.config().norm_eps, 1e-6f);
-  // The same underflow in a config.json (parse_decoder_spec takes 1e-60 as finite and > 0).
+  // The same underflow and overflow in a config.json (parse_decoder_spec takes 1e-60 and 1e39 as finite and > 0;
+  // 1e39 made every normed activation 0 and ppl printed the uniform prediction's 7.6246 with exit 0).
   json cfg = real_config();
   cfg["rms_norm_eps"] = 1e-60;
-  expect_refused(hf_dir(d, "hf_eps", cfg), {"config.json", "rms_norm_eps: must be > 0 in float32", "(got 1e-60)"});
+  expect_refused(hf_dir(d, "hf_eps", cfg), {"config.json", "rms_norm_eps: must be finite and > 0 in float32", "(got 1e-60)"});
+  cfg["rms_norm_eps"] = 1e39;
+  expect_refused(hf_dir(d, "hf_eps_big", cfg), {"config.json", "rms_norm_eps: must be finite and > 0 in float32", "(got 1e+39)"});
 }
 
 // The metadata checked against the tensors, each refusal naming key or tensor.
