@@ -174,16 +174,21 @@ struct EndpointClient::Impl {
 
 namespace {
 
-std::string error_message_of(const std::string& body) {
+/// The error object of an error body ({"error": ...}: an object, or llama-server's bare string), null when the body
+/// is not JSON or has none.
+json error_of(const std::string& body) {
   try {
     const json j = json::parse(body);
-    if (j.is_object() && j.contains("error")) {
-      const json& e = j["error"];
-      if (e.is_object() && e.contains("message") && e["message"].is_string()) return e["message"].get<std::string>();
-      if (e.is_string()) return e.get<std::string>();
-    }
+    if (j.is_object() && j.contains("error")) return j["error"];
   } catch (const json::exception&) {
   }
+  return nullptr;
+}
+
+std::string error_message_of(const std::string& body) {
+  const json e = error_of(body);
+  if (e.is_object() && e.contains("message") && e["message"].is_string()) return e["message"].get<std::string>();
+  if (e.is_string()) return e.get<std::string>();
   std::string s = body.substr(0, 200);
   if (body.size() > 200) s += "...";
   return s;
@@ -191,14 +196,8 @@ std::string error_message_of(const std::string& body) {
 
 // error.type of an error body ({"error": {"type": ...}}), "" when it has none.
 std::string error_type_of(const std::string& body) {
-  try {
-    const json j = json::parse(body);
-    if (j.is_object() && j.contains("error") && j["error"].is_object() && j["error"].contains("type") &&
-        j["error"]["type"].is_string())
-      return j["error"]["type"].get<std::string>();
-  } catch (const json::exception&) {
-  }
-  return "";
+  const json e = error_of(body);
+  return e.is_object() && e.contains("type") && e["type"].is_string() ? e["type"].get<std::string>() : "";
 }
 
 // A 2xx body that is {"error": {...}} (leading JSON whitespace allowed) and no completion: the status it carries

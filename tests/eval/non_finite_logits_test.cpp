@@ -130,21 +130,37 @@ TEST(NonFiniteLogits, TheCliPrintsTheErrorAndExits1) {
   EXPECT_FALSE(std::filesystem::exists(d.path() / "ppl.json"));
 }
 
+/// posenc serve of the overflowing checkpoint on a free port (`edit` adjusts its configuration), with a client.
+struct OverflowingServer {
+  explicit OverflowingServer(const std::function<void(posenc::serve::ServeConfig&)>& edit = {})
+      : bad(saved(dir)), tok(Tokenizer::from_symbols(checkpoint(false).symbols)), server(bad, tok, config(edit)),
+        client("127.0.0.1", server.start()) {
+    client.set_read_timeout(60, 0);
+  }
+  static Model saved(const TempDir& d) {
+    save_posenc_checkpoint(d.path() / "bad.pt", checkpoint(true));
+    return Model::load(d.path() / "bad.pt");
+  }
+  static posenc::serve::ServeConfig config(const std::function<void(posenc::serve::ServeConfig&)>& edit) {
+    ::signal(SIGPIPE, SIG_IGN);
+    posenc::serve::ServeConfig cfg;
+    cfg.port = 0;
+    cfg.served_model_name = "bad";
+    if (edit) edit(cfg);
+    return cfg;
+  }
+  TempDir dir;
+  Model bad;
+  Tokenizer tok;
+  posenc::serve::Server server;
+  httplib::Client client;
+};
+
 // posenc serve: the request whose logits are not finite gets a 500 naming the position; the server keeps serving
 // (health, and a well-formed refusal of the next request the same way).
 TEST(NonFiniteLogits, ServeFailsThatRequestAndKeepsServing) {
-  TempDir d;
-  save_posenc_checkpoint(d.path() / "bad.pt", checkpoint(true));
-  const Model bad = Model::load(d.path() / "bad.pt");
-  const Tokenizer tok = Tokenizer::from_symbols(checkpoint(false).symbols);
-  ::signal(SIGPIPE, SIG_IGN);
-  posenc::serve::ServeConfig cfg;
-  cfg.port = 0;
-  cfg.served_model_name = "bad";
-  posenc::serve::Server server(bad, tok, cfg);
-  const int port = server.start();
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(60, 0);
+  OverflowingServer srv;
+  httplib::Client& c = srv.client;
   for (int i = 0; i < 2; ++i) {
     const auto r = posenc::test::serve::post(c, "/v1/completions",
                                              nlohmann::json{{"prompt", "a b c"}, {"max_tokens", 2}, {"temperature", 0}});
@@ -166,21 +182,12 @@ TEST(NonFiniteLogits, ServeFailsThatRequestAndKeepsServing) {
 // The same failure found after the server began its chunked answer (a request slower than 50 ms: one prompt token
 // per step, 100 ms a step) comes as status 200 with the {"error": ...} body: the same type and code.
 TEST(NonFiniteLogits, ServeGivesTheSameErrorTypeOnAChunkedAnswer) {
-  TempDir d;
-  save_posenc_checkpoint(d.path() / "bad.pt", checkpoint(true));
-  const Model bad = Model::load(d.path() / "bad.pt");
-  const Tokenizer tok = Tokenizer::from_symbols(checkpoint(false).symbols);
-  ::signal(SIGPIPE, SIG_IGN);
-  posenc::serve::ServeConfig cfg;
-  cfg.port = 0;
-  cfg.served_model_name = "bad";
-  cfg.max_batch = 1;
-  cfg.max_step_tokens = 1;
-  cfg.step_delay = std::chrono::milliseconds(100);
-  posenc::serve::Server server(bad, tok, cfg);
-  const int port = server.start();
-  httplib::Client c("127.0.0.1", port);
-  c.set_read_timeout(60, 0);
+  OverflowingServer srv([](posenc::serve::ServeConfig& cfg) {
+    cfg.max_batch = 1;
+    cfg.max_step_tokens = 1;
+    cfg.step_delay = std::chrono::milliseconds(100);
+  });
+  httplib::Client& c = srv.client;
   const auto r = posenc::test::serve::post(
       c, "/v1/completions", nlohmann::json{{"prompt", "a b c d e"}, {"max_tokens", 2}, {"temperature", 0}});
   EXPECT_EQ(r.status, 200) << r.raw;
