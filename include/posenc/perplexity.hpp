@@ -248,10 +248,23 @@ struct LayoutEvidence {
   int64_t context = 0;
   RopeLayout likely = RopeLayout::half;
   double margin = 0.0;
+  /// Standard error of `margin` (nats/token): of the mean paired per-prediction difference between the layouts,
+  /// the larger of the i.i.d. estimate over predictions and the cluster estimate over windows (when there are at
+  /// least two). 0 with fewer than two predictions.
+  double margin_se = 0.0;
+  /// Whether the evidence decides: margin > kLayoutEvidenceZ * margin_se with at least two predictions. False
+  /// e.g. at context 2 (every prediction is at position 0, where RoPE rotates nothing: margin 0) or on a few
+  /// tokens whose margin is within its noise; `likely` is then only the lower of two indistinguishable NLLs.
+  bool conclusive = false;
 };
 
+/// How many standard errors the layout margin must exceed for detect_rope_layout to call the evidence conclusive
+/// (3: a chance margin passes it about 0.3% of the time under a normal approximation).
+inline constexpr double kLayoutEvidenceZ = 3.0;
+
 /// Scores up to `max_tokens` predictions of `stream` in windows of `context`
-/// under both layouts. Throws as evaluate_perplexity.
+/// under both layouts (the same windows) and judges the margin against its
+/// noise (LayoutEvidence::margin_se, conclusive). Throws as evaluate_perplexity.
 LayoutEvidence detect_rope_layout(const Model& model, std::span<const int32_t> stream, int64_t context,
                                   int64_t max_tokens);
 

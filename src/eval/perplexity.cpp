@@ -313,10 +313,10 @@ PplResult finish_perplexity(const PplPlan& plan, const std::vector<std::vector<d
   return r;
 }
 
-}  // namespace
-
-PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> stream, const PplOptions& o) {
-  const PplPlan plan = plan_perplexity(model.trained_context(), static_cast<int64_t>(stream.size()), o);
+// Protocol steps 3-5 with `model`: every window's per-prediction NLL (position order), windows in parallel.
+std::vector<std::vector<double>> score_model_windows(const Model& model, std::span<const int32_t> stream,
+                                                     const PplPlan& plan, const PplOptions& o,
+                                                     std::chrono::steady_clock::time_point t0) {
   const int64_t L = plan.context, T = static_cast<int64_t>(stream.size());
   const std::size_t W = plan.windows.size();
   std::vector<std::vector<double>> window_nll(W);  // per prediction, in position order
@@ -327,7 +327,6 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
         "context: {} positions are past the learned position table (max_position_embeddings {})", std::min(L, T),
         model.config().max_position_embeddings));
 
-  const auto t0 = std::chrono::steady_clock::now();
   auto last_report = t0;
   int64_t done = 0, tokens_done = 0;
 
@@ -373,7 +372,15 @@ PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> strea
   }
 
   error.rethrow();
+  return window_nll;
+}
 
+}  // namespace
+
+PplResult evaluate_perplexity(const Model& model, std::span<const int32_t> stream, const PplOptions& o) {
+  const PplPlan plan = plan_perplexity(model.trained_context(), static_cast<int64_t>(stream.size()), o);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto window_nll = score_model_windows(model, stream, plan, o, t0);
   PplResult r = finish_perplexity(plan, window_nll, o, t0);
   const bool rope = model.family() == PositionFamily::rope;
   r.rope_scaling = rope ? model.rope().freqs.rope_type : "default";
@@ -528,17 +535,46 @@ LayoutEvidence detect_rope_layout(const Model& model, std::span<const int32_t> s
   PplOptions o;
   o.context = context;
   o.max_tokens = max_tokens;
+  const PplPlan plan = plan_perplexity(model.trained_context(), static_cast<int64_t>(stream.size()), o);
+  std::vector<std::vector<double>> nll[2];
   for (RopeLayout layout : {RopeLayout::half, RopeLayout::interleaved}) {
     Model m = model;
     RopeSetup r = m.rope();
     r.layout = layout;
     m.set_rope(r);
-    const PplResult res = evaluate_perplexity(m, stream, o);
+    const auto t0 = std::chrono::steady_clock::now();
+    auto& window_nll = nll[layout == RopeLayout::half ? 0 : 1];
+    window_nll = score_model_windows(m, stream, plan, o, t0);
+    const PplResult res = finish_perplexity(plan, window_nll, o, t0);
     (layout == RopeLayout::half ? e.nll_half : e.nll_interleaved) = res.nll;
     e.tokens = res.tokens;
   }
   e.likely = e.nll_half < e.nll_interleaved ? RopeLayout::half : RopeLayout::interleaved;
   e.margin = std::abs(e.nll_half - e.nll_interleaved);
+  // The noise of the margin: the standard error of the mean paired difference d = nll_interleaved - nll_half over
+  // the same predictions, the larger of (a) the predictions taken as independent and (b) the windows as the units
+  // (cluster standard error: a window's predictions share their context, so they are not independent). With one
+  // window only (a) exists; with fewer than two predictions neither does and nothing is decided.
+  const auto N = static_cast<double>(e.tokens);
+  if (e.tokens >= 2) {
+    const double mean = e.nll_interleaved - e.nll_half;
+    double ss_tok = 0.0, ss_win = 0.0;
+    for (std::size_t w = 0; w < plan.windows.size(); ++w) {
+      double dw = 0.0;
+      for (std::size_t p = 0; p < nll[0][w].size(); ++p) {
+        const double d = nll[1][w][p] - nll[0][w][p];
+        ss_tok += (d - mean) * (d - mean);
+        dw += d;
+      }
+      const double c = dw - mean * static_cast<double>(nll[0][w].size());
+      ss_win += c * c;
+    }
+    double se = std::sqrt(ss_tok / (N - 1.0) / N);
+    const auto W = static_cast<double>(plan.windows.size());
+    if (plan.windows.size() >= 2) se = std::max(se, std::sqrt(W / (W - 1.0) * ss_win) / N);
+    e.margin_se = se;
+    e.conclusive = e.margin > kLayoutEvidenceZ * se;
+  }
   return e;
 }
 

@@ -115,7 +115,12 @@ TEST(CliInputs, BadFlagValuesAreUsageErrorsNamingFlagAndRange) {
       {"eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1 --out /tmp/posenc-never --context 256,2048K",
        "--context: a length must be an integer in [8, 1048576] (got '2048K')"},
       {"detect-layout " + model_args() + text + " --context 1",
-       "--context: must be 0 (the trained context) or an integer in [2, 1048576] (got '1')"},
+       "--context: must be 0 (the trained context) or one length in [2, 1048576] (an integer, optional K or M "
+       "suffix as ppl's; got '1')"},
+      {"detect-layout " + model_args() + text + " --context 2K,4K",
+       "--context: must be 0 (the trained context) or one length in [2, 1048576] (an integer, optional K or M "
+       "suffix as ppl's; got '2K,4K')"},
+      {"detect-layout " + model_args() + text + " --context 2048K", "got '2048K'"},
       {"ppl " + model_args() + text + " --context abc", "--context"},
       {"ppl " + model_args() + text + " --rope-factor nan", "--rope-factor"},
       {"ppl " + model_args() + text + " --rope-theta -1", "--rope-theta"},

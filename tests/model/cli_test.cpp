@@ -160,6 +160,65 @@ TEST(Cli, DetectLayout) {
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["likely_layout"], "interleaved");
   EXPECT_GT(j["nll_half"].get<double>(), j["nll_interleaved"].get<double>() + 0.3);
+  // Real evidence is conclusive: the margin is many standard errors.
+  EXPECT_EQ(j["inconclusive"], false);
+  EXPECT_GT(j["margin"].get<double>(), 10 * j["margin_standard_error"].get<double>());
+  EXPECT_EQ(j["agrees_with_loader"], true);
+}
+
+// detect-layout declared "THE EVIDENCE DISAGREES" (a firm verdict) on no evidence: at --context 2 every prediction
+// is made at position 0, where RoPE rotates nothing (margin exactly 0), and on a 14-token text the margin (0.006)
+// was within its noise. Both are now inconclusive: said in words, "inconclusive": true and no agreement either way.
+TEST(Cli, DetectLayoutSaysWhenTheEvidenceIsInconclusive) {
+  TempDir d;
+  const auto tiny = d.file("tiny.txt", "Once upon a time, there was a little girl named Lily.\n");
+  for (const std::string& args :
+       {std::string(" --text ") + q(posenc::test::text_path()) + " --context 2 --scored-tokens 512",
+        std::string(" --text ") + q(tiny)}) {
+    // The loader's layout (interleaved) and the other one: neither may be confirmed nor contradicted.
+    for (const std::string& layout : {"", " --rope-layout half", " --rope-layout interleaved"}) {
+      const auto t = run_cli("detect-layout " + model_args() + layout + args);
+      ASSERT_EQ(t.exit_code, 0) << args << layout << ": " << t.err;
+      EXPECT_EQ(t.out.find("DISAGREES"), std::string::npos) << args << layout << ": " << t.out;
+      EXPECT_EQ(t.out.find("agrees"), std::string::npos) << args << layout << ": " << t.out;
+      EXPECT_NE(t.out.find("likely layout: inconclusive (margin "), std::string::npos) << t.out;
+      EXPECT_NE(t.out.find(": the evidence is inconclusive"), std::string::npos) << t.out;
+      const auto r = run_cli("detect-layout " + model_args() + layout + args + " --json -");
+      ASSERT_EQ(r.exit_code, 0) << r.err;
+      const auto j = nlohmann::json::parse(r.out);
+      EXPECT_EQ(j["inconclusive"], true) << j.dump();
+      EXPECT_TRUE(j["agrees_with_loader"].is_null()) << j.dump();
+      EXPECT_LE(j["margin"].get<double>(), posenc::kLayoutEvidenceZ * j["margin_standard_error"].get<double>())
+          << j.dump();
+    }
+  }
+  const auto two = nlohmann::json::parse(
+      run_cli("detect-layout " + model_args() + " --text " + q(posenc::test::text_path()) +
+              " --context 2 --scored-tokens 512 --json -")
+          .out);
+  EXPECT_EQ(two["margin"].get<double>(), 0.0);  // position 0 only: the layouts are the same computation
+}
+
+// --context takes ppl's lengths (K = 1024), one of them; --quiet leaves stderr empty as ppl's does.
+TEST(Cli, DetectLayoutContextSuffixAndQuiet) {
+  const auto r = run_cli("detect-layout " + model_args() + " --text " + q(posenc::test::text_path()) +
+                         " --context 1K --scored-tokens 1023 --quiet --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["context"], 1024);
+  // Past the trained context the position warning is the one line left: it is a finding, not chatter.
+  EXPECT_EQ(r.err.find("trained context: "), std::string::npos) << r.err;
+  const auto q2 = run_cli("detect-layout " + model_args() + " --text " + q(posenc::test::text_path()) +
+                          " --context 0.5K --quiet");
+  EXPECT_EQ(q2.exit_code, 2) << q2.err;
+  EXPECT_NE(q2.err.find("--context"), std::string::npos) << q2.err;
+  const auto quiet = run_cli("detect-layout " + model_args() + " --text " + q(posenc::test::text_path()) +
+                             " --scored-tokens 511 --quiet");
+  ASSERT_EQ(quiet.exit_code, 0) << quiet.err;
+  EXPECT_EQ(quiet.err, "");
+  EXPECT_NE(quiet.out.find("likely layout: interleaved"), std::string::npos) << quiet.out;
+  const auto loud = run_cli("detect-layout " + model_args() + " --text " + q(posenc::test::text_path()) +
+                            " --scored-tokens 511");
+  EXPECT_NE(loud.err.find("trained context: 512"), std::string::npos) << loud.err;
 }
 
 // A text shorter than the window: the default (the trained context) reported "windows of 512" for a text scored as
