@@ -6,9 +6,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -370,3 +372,39 @@ TEST(CliInputs, InvalidUtf8TextInputsAreRefusedNamingTheOffset) {
   EXPECT_NE(ok.out.find("\"count\""), std::string::npos) << ok.out;
 }
 
+
+// OMP_NUM_THREADS=100000 made every command die of SIGSEGV inside libgomp's GOMP_parallel (encode_stream's region)
+// with no message. A count past 64 x the hardware threads is now refused before any parallel region: exit 2, naming
+// the variable, its value and the bound; a sane count runs as before.
+TEST(CliInputs, AbsurdOmpNumThreadsIsRefusedNamingTheVariable) {
+  struct Restore {
+    std::string old;
+    bool had = false;
+    Restore() {
+      if (const char* v = std::getenv("OMP_NUM_THREADS")) had = true, old = v;
+    }
+    ~Restore() { had ? ::setenv("OMP_NUM_THREADS", old.c_str(), 1) : ::unsetenv("OMP_NUM_THREADS"); }
+  } restore;
+  const unsigned hw = std::max(1U, std::thread::hardware_concurrency());
+  const std::string bound = std::to_string(64 * hw);
+  const std::string ppl = "ppl " + model_args() + " --text " + q(posenc::test::text_path()) +
+                          " --context 64 --scored-tokens 63 --quiet";
+  for (const std::string value : {"100000", "4,100000", "99999999999999999999999", std::to_string(64 * hw + 1)}) {
+    ::setenv("OMP_NUM_THREADS", value.c_str(), 1);
+    const CliResult r = posenc::test::run_cli(ppl);
+    EXPECT_FALSE(r.signaled) << value;
+    EXPECT_EQ(r.exit_code, 2) << value << ": " << r.err;
+    EXPECT_NE(r.err.find("OMP_NUM_THREADS '" + value + "'"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("at most " + bound), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+  }
+  ::setenv("OMP_NUM_THREADS", "2", 1);
+  const CliResult ok = posenc::test::run_cli(ppl);
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  ::unsetenv("OMP_NUM_THREADS");
+  // The --threads flags have the same bound, as a usage error.
+  const CliResult s = posenc::test::run_cli("serve " + model_args() + " --threads 100000");
+  EXPECT_EQ(s.exit_code, 2) << s.err;
+  EXPECT_NE(s.err.find("--threads"), std::string::npos) << s.err;
+  EXPECT_NE(s.err.find(bound), std::string::npos) << s.err;
+}

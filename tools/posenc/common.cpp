@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <charconv>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -378,6 +380,39 @@ void print_model_header(std::FILE* out, const LoadedModel& m, const ModelArgs& a
   for (const auto& n : s.notes)
     if (!n.starts_with("layout ")) fmt::print(out, "  note: {}\n", n);  // the layout line says it already
   for (const auto& n : m.overrides) fmt::print(out, "  override: {}\n", n);
+}
+
+int max_threads() {
+  const unsigned hw = std::thread::hardware_concurrency();
+  return 64 * static_cast<int>(hw == 0 ? 1U : std::min(hw, 1U << 16));
+}
+
+void check_thread_environment() {
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (env == nullptr) return;
+  const std::string value = env;
+  const int bound = max_threads();
+  std::size_t pos = 0;
+  while (pos <= value.size()) {
+    const std::size_t c = std::min(value.find(',', pos), value.size());
+    std::string_view item(value.data() + pos, c - pos);
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) item.remove_prefix(1);
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.remove_suffix(1);
+    const bool digits = !item.empty() && std::all_of(item.begin(), item.end(), [](char ch) {
+      return std::isdigit(static_cast<unsigned char>(ch)) != 0;
+    });
+    // A count past the bound, however many digits it has (from_chars fails on overflow: also past it).
+    int64_t v = 0;
+    if (digits) {
+      const auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+      if (ec != std::errc() || p != item.data() + item.size() || v > bound)
+        throw UsageError(fmt::format(
+            "OMP_NUM_THREADS '{}': {} threads is more than posenc runs with (at most {}: 64 x the {} hardware "
+            "threads); unset it or give at most {}",
+            value, item, bound, bound / 64, bound));
+    }
+    pos = c + 1;
+  }
 }
 
 std::vector<std::string> split_list(const std::string& text, const std::string& flag) {

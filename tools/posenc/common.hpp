@@ -116,6 +116,16 @@ inline constexpr const char* kCliConvention =
 /// Used for every integer flag so that -1, 10^20 or INT64_MAX is refused at parse time (exit 2)
 /// instead of wrapping, saturating or failing later.
 CLI::Validator int_in(int64_t lo, int64_t hi);
+
+/// The most OpenMP threads a command runs with: 64 x the hardware threads (std::thread::hardware_concurrency, at
+/// least 1). Far more than ever pays off, and far below what breaks libgomp: OMP_NUM_THREADS=100000 made every
+/// command die of SIGSEGV inside GOMP_parallel (its first parallel region) without a message.
+int max_threads();
+
+/// Refuses an OMP_NUM_THREADS any of whose comma-separated counts (one per nesting level) exceeds max_threads(),
+/// before any parallel region runs: UsageError naming OMP_NUM_THREADS, its value and the bound. Values that are not
+/// counts are left to the OpenMP runtime (which warns and ignores them).
+void check_thread_environment();
 /// CLI11 check: a value that must be given when the option is (CLI11 reads --opt '' as "not set").
 CLI::Validator non_empty();
 /// CLI11 check: a seed, a decimal integer in [0, 2^64 - 1] ("-1" would wrap to 2^64 - 1).

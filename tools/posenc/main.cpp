@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   posenc::cli::add_verify_command(app);
   posenc::cli::add_precision_command(app);
   try {
+    posenc::cli::check_thread_environment();  // before any parallel region: libgomp crashed on absurd counts
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; a command line CLI11 rejects (unknown option, missing

@@ -155,8 +155,9 @@ void add_serve_command(CLI::App& app) {
   c.threads = 1;
   cmd->add_option("--threads", c.threads,
                   "OpenMP threads of the forward steps; more pay off for larger models, with OMP_WAIT_POLICY=passive "
-                  "when other processes share the cores (spin-waiting threads then stall every step)")
-      ->check(int_in(1, 4096))
+                  "when other processes share the cores (spin-waiting threads then stall every step); at most 64 x the "
+                  "hardware threads")
+      ->check(int_in(1, max_threads()))
       ->capture_default_str();
   cmd->add_option("--http-threads", c.http_threads,
                   "most HTTP connection threads, started on demand (default: max(1024, max-batch + max-queue + 8); "

@@ -130,7 +130,10 @@ void add_study_command(CLI::App& app) {
       ->take_all();
   cmd->add_option("--ar-queries", a->config.train.ar_queries, "associative_recall: queries per training context (MQAR)")
       ->capture_default_str();
-  cmd->add_option("--threads", a->config.train.threads, "torch/OpenMP threads")->capture_default_str();
+  cmd->add_option("--threads", a->config.train.threads,
+                  "torch/OpenMP threads (0 = the runtime's; at most 64 x the hardware threads)")
+      ->check(int_in(0, max_threads()))
+      ->capture_default_str();
   CLI::Option* out = cmd->add_option("--out", a->out,
                                      "study directory (resumed if it exists; created with its missing parents)")
                          ->check(output_path(true))

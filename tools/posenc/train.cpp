@@ -93,7 +93,10 @@ void add_train_command(CLI::App& app) {
   a->flags.curriculum = add_curriculum_option(cmd, a->config.curriculum);
   cmd->add_option("--ar-queries", a->config.ar_queries, "associative_recall: queries per training context (MQAR)")
       ->capture_default_str();
-  cmd->add_option("--threads", a->config.threads, "torch/OpenMP threads (fixed for determinism)")->capture_default_str();
+  cmd->add_option("--threads", a->config.threads,
+                  "torch/OpenMP threads (fixed for determinism; 0 = the runtime's; at most 64 x the hardware threads)")
+      ->check(int_in(0, max_threads()))
+      ->capture_default_str();
   // Required: a model trained without a file to save it to would be thrown away after the training.
   cmd->add_option("--out", a->out,
                   "posenc checkpoint to write (e.g. models/copy-rope-s1.pt; the directory must exist)")
