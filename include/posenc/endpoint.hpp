@@ -36,8 +36,12 @@
 //    start) is the server's error with its code.
 //  - Retries: connection errors, 429 and 5xx, exponential backoff with full
 //    jitter (uniform in [0, min(max, initial x 2^attempt)]), a Retry-After
-//    header honoured (seconds, capped at 120). Other 4xx and malformed answers
-//    are not retried: EndpointProtocolError. An error body of type
+//    header honoured (seconds, capped at 120). Other 4xx, the 5xx that say the
+//    server cannot do the request at all (501, 505, 506, 508, 510, 511: the
+//    same request gets the same answer) and malformed answers are not
+//    retried: EndpointProtocolError. A body that is not a JSON error (an HTML
+//    page) is quoted as a short printable excerpt (tags dropped, at most 120
+//    characters and its size). An error body of type
 //    "numeric_error" (posenc serve's answer, 500 or a 200 with code 500, when
 //    the model's logits for that input are not finite: serve::numeric_error_type)
 //    is not retried either: the same input overflows the same way.

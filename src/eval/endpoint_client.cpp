@@ -185,13 +185,62 @@ json error_of(const std::string& body) {
   return nullptr;
 }
 
+/// At most this many characters of a body that is not a JSON error are quoted in a message.
+constexpr std::size_t kBodyExcerptChars = 120;
+
+/// A short, printable excerpt of a body that is not a JSON error (an HTML error page, a proxy's text): markup tags
+/// dropped, runs of whitespace and control characters one space, bytes outside printable ASCII '?', at most
+/// kBodyExcerptChars characters, then "... (N bytes)". A proxy's 501 page was quoted whole, newlines and markup
+/// included.
+std::string body_excerpt(const std::string& body) {
+  std::string s;
+  bool in_tag = false, space = false;
+  std::size_t i = 0;
+  for (; i < body.size() && s.size() < kBodyExcerptChars; ++i) {
+    const auto c = static_cast<unsigned char>(body[i]);
+    if (c == '<') in_tag = true;
+    if (in_tag) {
+      if (c == '>') {
+        in_tag = false;
+        space = !s.empty();  // a tag separates words ("</h1><p>")
+      }
+      continue;
+    }
+    if (c <= ' ' || c == 0x7f) {
+      space = !s.empty();
+      continue;
+    }
+    if (space) s += ' ';
+    space = false;
+    s += c < 0x80 ? static_cast<char>(c) : '?';
+  }
+  const bool rest = std::any_of(body.begin() + static_cast<std::ptrdiff_t>(i), body.end(),
+                                [](char c) { return static_cast<unsigned char>(c) > ' '; });
+  if (s.empty()) return body.empty() ? "(empty body)" : fmt::format("(a body of {} bytes, no text)", body.size());
+  if (rest) s += fmt::format("... ({} bytes)", body.size());
+  return s;
+}
+
 std::string error_message_of(const std::string& body) {
   const json e = error_of(body);
   if (e.is_object() && e.contains("message") && e["message"].is_string()) return e["message"].get<std::string>();
   if (e.is_string()) return e.get<std::string>();
-  std::string s = body.substr(0, 200);
-  if (body.size() > 200) s += "...";
-  return s;
+  return body_excerpt(body);
+}
+
+/// Whether a status is worth retrying: 429 and 5xx, except the 5xx that say the server cannot do this request at
+/// all (the same request gets the same answer): 501 Not Implemented, 505 HTTP Version Not Supported, 506 Variant
+/// Also Negotiates, 508 Loop Detected, 510 Not Extended, 511 Network Authentication Required.
+bool is_transient_status(int status) {
+  if (status == 429) return true;
+  if (status < 500 || status > 599) return false;
+  return status != 501 && status != 505 && status != 506 && status != 508 && status != 510 && status != 511;
+}
+
+/// "HTTP 503", or for a 2xx answer whose body is an error ({"error": {"code": 500, ...}}) what happened: "HTTP 200
+/// with an error body (code 500)".
+std::string status_text(int status, bool on_200) {
+  return on_200 ? fmt::format("HTTP 200 with an error body (code {})", status) : fmt::format("HTTP {}", status);
 }
 
 // error.type of an error body ({"error": {"type": ...}}), "" when it has none.
@@ -325,22 +374,22 @@ EndpointClient::Reply EndpointClient::post(const std::string& path, const json& 
       // it is not retried, and the endpoint answered, so it is no breaker failure.
       breaker_->success();
       throw EndpointNumericError(
-          fmt::format("{}: the served model produced non-finite logits (HTTP {}{}, error type {}; not retried: the "
+          fmt::format("{}: the served model produced non-finite logits ({}, error type {}; not retried: the "
                       "model overflows float32 on this input, the endpoint is up): {}",
-                      where, r.status, on_200 ? " (an error body on HTTP 200)" : "", serve::numeric_error_type,
-                      error_message_of(r.body)));
+                      where, status_text(r.status, on_200), serve::numeric_error_type, error_message_of(r.body)));
     }
     if (r.status == 0) {
       last = fmt::format("connection error: {}", r.error);
-    } else if (r.status == 429 || r.status >= 500) {
-      last = fmt::format("HTTP {}{}: {}", r.status, on_200 ? " (an error body on HTTP 200)" : "",
-                         error_message_of(r.body));
+    } else if (is_transient_status(r.status)) {
+      last = fmt::format("{}: {}", status_text(r.status, on_200), error_message_of(r.body));
       if (r.retry_after) wait = std::min(120.0, *r.retry_after);
     } else {
       if (return_4xx && r.status >= 400 && r.status < 500) return r;
-      throw EndpointProtocolError(
-          fmt::format("{}: HTTP {}{} (not retried: the server refused the request): {}", where, r.status,
-                      on_200 ? " (an error body on HTTP 200)" : "", error_message_of(r.body)));
+      throw EndpointProtocolError(fmt::format(
+          "{}: {} (not retried: {}): {}", where, status_text(r.status, on_200),
+          r.status >= 500 ? "the server cannot do this request, the same request gets the same answer"
+                          : "the server refused the request",
+          error_message_of(r.body)));
     }
     if (attempt + 1 < attempts) std::this_thread::sleep_for(std::chrono::duration<double>(wait));
   }

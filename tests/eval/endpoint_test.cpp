@@ -564,7 +564,7 @@ TEST(EndpointLab, MalformedAnswersAreClearErrorsAndNothingIsWrittenForTheSample)
                            ""};
                      return std::nullopt;
                    },
-                   "HTTP 500 (an error body on HTTP 200): the forward step failed: bad_alloc", true});
+                   "HTTP 200 with an error body (code 500): the forward step failed: bad_alloc", true});
   for (const auto& fc : cases) {
     SCOPED_TRACE(fc.name);
     TempDir d;
@@ -718,7 +718,7 @@ TEST(EndpointClient, ANumericErrorIsSentOnceWhileOther5xxAreRetried) {
     EXPECT_NE(msg.find("position 7: logit 0 is not finite"), std::string::npos) << msg;  // the server's message
     EXPECT_EQ(msg.find("unavailable"), std::string::npos) << msg;
     if (m == 1) {
-      EXPECT_NE(msg.find("an error body on HTTP 200"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("(HTTP 200 with an error body (code 500), error type numeric_error"), std::string::npos) << msg;
     }
     EXPECT_FALSE(breaker->tripped());  // threshold 1: a counted failure would have tripped it
   }
@@ -911,3 +911,56 @@ TEST(EndpointLab, ASymbolVocabularyIsProbedWithItsOwnSymbols) {
   EXPECT_EQ(check.rfind("matched (12 ids of the probe text", 0), 0u) << check;  // 12 of the vocabulary's symbols
 }
 
+
+// A 501 (and the other 5xx that say the server cannot do this request at all, such as 505) was retried as if
+// transient, and its HTML page was quoted in the message, newlines and markup included. It is now sent once:
+// EndpointProtocolError, no breaker failure, and the message quotes a short printable excerpt of the page.
+TEST(EndpointClient, NonTransient5xxAreNotRetriedAndAnHtmlBodyIsQuotedShort) {
+  std::string page = "<!DOCTYPE html>\n<html><head><title>501 Not Implemented</title></head>\n<body>\r\n<h1>Not "
+                     "Implemented</h1>\n<p>POST to /v1/completions not supported.</p>\n";
+  for (int i = 0; i < 200; ++i) page += "<p>padding line " + std::to_string(i) + "\x01\x7f\xc3\xa9</p>\n";
+  page += "</body></html>\n";
+  FakeEndpoint srv(model(), tok());
+  std::atomic<int> status{501};
+  srv.fault = [&](int64_t, const json&, const std::string&) -> std::optional<FakeEndpoint::Fault> {
+    return FakeEndpoint::Fault{status.load(), page, "0"};
+  };
+  srv.start();
+  EndpointOptions o;
+  o.retries = 3;
+  o.backoff_initial = 0.001;
+  o.backoff_max = 0.002;
+  const json body{{"model", srv.name}, {"prompt", {1, 403, 404, 405}}, {"max_tokens", 2}, {"temperature", 0}};
+  for (int s : {501, 505}) {
+    SCOPED_TRACE(s);
+    status = s;
+    auto breaker = std::make_shared<CircuitBreaker>(1);
+    EndpointClient client(srv.url(), o, breaker);
+    const int64_t before = srv.work_requests;
+    const std::string msg = test::message_of<EndpointProtocolError>(
+        [&] { (void)client.post("/v1/completions", body, "task passkey, sample 2, length 128"); });
+    EXPECT_EQ(srv.work_requests - before, 1);  // one attempt, no retry
+    EXPECT_FALSE(breaker->tripped());
+    EXPECT_NE(msg.find("HTTP " + std::to_string(s) + " (not retried"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("501 Not Implemented Not Implemented POST to /v1/completions not supported."),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("... (" + std::to_string(page.size()) + " bytes)"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('<'), std::string::npos) << msg;
+    EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+    EXPECT_TRUE(std::all_of(msg.begin(), msg.end(),
+                            [](char c) { return static_cast<unsigned char>(c) >= ' ' && static_cast<unsigned char>(c) < 0x7f; }))
+        << msg;
+    EXPECT_LT(msg.size(), 400u) << msg;
+  }
+  // A 502 with the same page is transient: retried, and quoted the same short way.
+  status = 502;
+  auto breaker = std::make_shared<CircuitBreaker>(1);
+  EndpointClient client(srv.url(), o, breaker);
+  const int64_t before = srv.work_requests;
+  const std::string msg = test::message_of<EndpointUnavailable>(
+      [&] { (void)client.post("/v1/completions", body, "task passkey, sample 2, length 128"); });
+  EXPECT_EQ(srv.work_requests - before, 4);  // 1 + 3 retries
+  EXPECT_NE(msg.find("HTTP 502: 501 Not Implemented"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find('<'), std::string::npos) << msg;
+}
