@@ -107,6 +107,13 @@ class JsonDocument {
   std::shared_ptr<const std::string> file_;
 };
 
+/// Where parsing `text` fails on a value: the key path of the value being
+/// read when nlohmann::json throws ("rope_scaling.factor", "a[2]"), "" when
+/// the text parses or fails outside any object or array. nlohmann's own
+/// messages for a value (out_of_range 406 "number overflow parsing '1e400'")
+/// name no key.
+std::string json_failure_path(std::string_view text);
+
 /// Parses `text` (named `source` in errors). Throws DataError
 /// "<source>: not valid JSON (<parser message>)".
 JsonDocument parse_json_document(std::string_view text, std::string_view source);

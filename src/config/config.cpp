@@ -14,6 +14,7 @@
 #include "posenc/checked.hpp"
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
+#include "posenc/json_file.hpp"
 
 namespace posenc {
 
@@ -1157,7 +1158,9 @@ PositionalSpec parse_positional_spec(std::string_view json_text, std::string_vie
     throw ConfigError(
         fmt::format("{}: malformed JSON at byte {}: {}", source, e.byte, e.what()));
   } catch (const json::exception& e) {  // e.g. out_of_range 406: a number like 1e999 overflows a double
-    throw ConfigError(fmt::format("{}: unusable JSON value: {}", source, e.what()));
+    // nlohmann's message names the number, not its key: the key path, from a second parse that tracks it.
+    const std::string path = json_failure_path(json_text);
+    throw ConfigError(fmt::format("{}: {}{}unusable JSON value: {}", source, path, path.empty() ? "" : ": ", e.what()));
   }
   return Parser(cfg, std::string(source), options).run();
 }

@@ -1,6 +1,8 @@
 #include "posenc/json_file.hpp"
 
 #include <cmath>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -135,11 +137,56 @@ bool JsonView::boolean_or(std::string_view key, bool fallback) const {
   return v ? v->boolean() : fallback;
 }
 
+std::string json_failure_path(std::string_view text) {
+  struct Level {
+    bool array = false;
+    std::string key;    // object: the key whose value is being read
+    int64_t index = 0;  // array: elements completed before the one being read
+  };
+  std::vector<Level> stack;
+  auto element_done = [&] {
+    if (!stack.empty() && stack.back().array) ++stack.back().index;
+  };
+  auto callback = [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    using E = nlohmann::json::parse_event_t;
+    switch (event) {
+      case E::object_start: stack.push_back({false, "", 0}); break;
+      case E::array_start: stack.push_back({true, "", 0}); break;
+      case E::key:
+        if (!stack.empty()) stack.back().key = parsed.is_string() ? parsed.get<std::string>() : "";
+        break;
+      case E::object_end:
+      case E::array_end:
+        if (!stack.empty()) stack.pop_back();
+        element_done();
+        break;
+      case E::value: element_done(); break;
+    }
+    return true;
+  };
+  try {
+    (void)nlohmann::json::parse(text.begin(), text.end(), callback);
+    return "";
+  } catch (const nlohmann::json::exception&) {
+  }
+  std::string path;
+  for (const Level& l : stack) {
+    if (l.array)
+      path += fmt::format("[{}]", l.index);
+    else
+      path += (path.empty() ? "" : ".") + l.key;
+  }
+  return path;
+}
+
 JsonDocument parse_json_document(std::string_view text, std::string_view source) {
   try {
     return JsonDocument(nlohmann::json::parse(text.begin(), text.end()), std::string(source));
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const nlohmann::json::parse_error& e) {
     throw DataError(fmt::format("{}: not valid JSON ({})", source, e.what()));
+  } catch (const nlohmann::json::exception& e) {  // a value nlohmann cannot hold (1e400): name its key
+    const std::string path = json_failure_path(text);
+    throw DataError(fmt::format("{}: {}{}unusable JSON value ({})", source, path, path.empty() ? "" : ": ", e.what()));
   }
 }
 

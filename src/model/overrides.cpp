@@ -8,6 +8,7 @@
 #include "posenc/config.hpp"
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
+#include "posenc/json_file.hpp"
 #include "posenc/scaling.hpp"
 
 namespace posenc {
@@ -28,8 +29,12 @@ std::pair<RopeParams, int64_t> rope_params_from_config(const std::filesystem::pa
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const nlohmann::json::parse_error& e) {
     throw ConfigError(fmt::format("{}: malformed JSON: {}", src, e.what()));
+  } catch (const nlohmann::json::exception& e) {  // a value nlohmann cannot hold (1e400): name its key
+    const std::string key = json_failure_path(text);
+    throw ConfigError(
+        fmt::format("{}: {}{}unusable JSON value: {}", src, key, key.empty() ? "" : ": ", e.what()));
   }
   if (!j.is_object()) throw ConfigError(fmt::format("{}: must be a JSON object (a config.json or a rope_scaling object)", src));
   const bool bare = !j.contains("model_type") && !j.contains("architectures") && !j.contains("num_attention_heads") &&

@@ -598,7 +598,9 @@ Tokenizer load_tokenizer_from_path(const std::filesystem::path& path, std::strin
   }
   std::size_t i = 0;
   while (i < b.size() && std::isspace(static_cast<unsigned char>(b[i]))) ++i;
-  if (i < b.size() && static_cast<char>(b[i]) == '{') return Tokenizer::load_tokenizer_json(path);
+  // JSON of any shape ('[]' too, which was read as a llama2.c tokenizer) is a tokenizer.json, malformed or not.
+  if (i < b.size() && (static_cast<char>(b[i]) == '{' || static_cast<char>(b[i]) == '['))
+    return Tokenizer::load_tokenizer_json(path);
   try {
     return Tokenizer::load_llama2c(path);
   } catch (const TokenizerError& e) {

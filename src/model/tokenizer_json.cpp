@@ -423,7 +423,7 @@ std::shared_ptr<BpeTokenizer> parse_tokenizer_json(std::string_view json_text, s
   } catch (const json::exception& e) {
     throw TokenizerError(fmt::format("{}: malformed JSON: {}", source, e.what()));
   }
-  if (!root.is_object()) c.fail("(root)", "must be a JSON object", root);
+  if (!root.is_object()) c.fail("(root)", "malformed tokenizer.json: must be a JSON object", root);
   const json* model = c.opt(root, "model");
   if (!model) c.fail("model", "missing", "nothing");
   c.object(*model, "model");

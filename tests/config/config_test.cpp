@@ -9,6 +9,7 @@
 
 #include "config/test_util.hpp"
 #include "posenc/config.hpp"
+#include "posenc/json_file.hpp"
 #include "posenc/error.hpp"
 #include "posenc/rope.hpp"
 #include "posenc/scaling.hpp"
@@ -590,6 +591,20 @@ TEST(ConfigErrors, MalformedJsonNamesFileAndPosition) {
   expect_error("[1, 2]", {"must be a JSON object"});
   // A number that overflows a double is a ConfigError too, not a raw json exception.
   expect_error("{\"model_type\": \"llama\", \"rope_theta\": 1e999}", {"unusable JSON value", "1e999"});
+}
+
+// nlohmann's "number overflow parsing '1e400'" named the file but not the key: the key path is now said, nested
+// objects and array elements included.
+TEST(ConfigErrors, AnOverflowingNumberNamesItsKey) {
+  expect_error(R"({"model_type": "llama", "num_attention_heads": 4, "rope_theta": 1e400})",
+               {"config.json: rope_theta: unusable JSON value", "1e400"});
+  expect_error(R"({"model_type": "llama", "rope_scaling": {"rope_type": "linear", "factor": -1e400}})",
+               {"config.json: rope_scaling.factor: unusable JSON value", "-1e400"});
+  expect_error(R"({"model_type": "llama", "rope_scaling": {"rope_type": "longrope",
+      "short_factor": [1, {"a": [2]}, [3, 4], 1e999]}})",
+               {"config.json: rope_scaling.short_factor[3]: unusable JSON value", "1e999"});
+  EXPECT_EQ(posenc::json_failure_path(R"({"a": [1, 2]})"), "");
+  EXPECT_EQ(posenc::json_failure_path(R"([{"x": 1}, {"y": [5, 1e999]}])"), "[1].y[1]");
 }
 
 TEST(ConfigErrors, UnknownArchitectureWithoutPositions) {

@@ -127,6 +127,13 @@ TEST(CliInputs, BadFlagValuesAreUsageErrorsNamingFlagAndRange) {
       {"ppl " + model_args() + text + " --rope-factor nan", "--rope-factor"},
       {"ppl " + model_args() + text + " --rope-theta -1", "--rope-theta"},
       {"detect-layout " + model_args() + text + " --context -3", "--context"},
+      // 1e-300 passed the flags' checks and failed later as "inv_freq[0]: must be finite" (exit 1, no flag named).
+      {"ppl " + model_args() + text + " --rope-scaling linear --rope-factor 1e-300",
+       "--rope-factor: must be a finite number in [1e-06, 1e+06] (got '1e-300')"},
+      {"generate " + model_args() + " --prompt hi --rope-scaling linear --rope-factor 1e-300", "--rope-factor"},
+      {"ppl " + model_args() + text + " --rope-theta 1e-300",
+       "--rope-theta: must be a finite number in [1.17549e-38, 1e+30] (got '1e-300')"},
+      {"generate " + model_args() + " --prompt hi --rope-theta 1e-300", "--rope-theta"},
       {"periods --head-dim 1000000000 --rope-theta 10000 --context 4K", "--head-dim"},
       {"decay --head-dim 1000000000", "[2, 16384]"},
       {"periods --rope-theta abc --context 4K", "--rope-theta"},
@@ -407,4 +414,44 @@ TEST(CliInputs, AbsurdOmpNumThreadsIsRefusedNamingTheVariable) {
   EXPECT_EQ(s.exit_code, 2) << s.err;
   EXPECT_NE(s.err.find("--threads"), std::string::npos) << s.err;
   EXPECT_NE(s.err.find(bound), std::string::npos) << s.err;
+}
+
+// Inputs of the wrong format said nothing of the format they were read as: a text file given as --model failed as a
+// llama2.c header ("header field dim must be in [1, 65536] (got 1701015119)"), a tokenizer.json holding `[]` was read
+// as a llama2.c tokenizer, and bad content of tokenize --prompt-file was blamed on --text.
+TEST(CliInputs, WrongFormatsSayWhatTheyWereReadAs) {
+  TempDir d;
+  const auto txt = d.file("story.txt", "Once upon a time, there was a little girl named Lily.\n");
+  const CliResult m = posenc::test::run_cli("ppl --model " + q(txt) + " --tokenizer " +
+                                            q(posenc::test::tokenizer_path()) + " --text " + q(txt));
+  EXPECT_EQ(m.exit_code, 1) << m.err;
+  EXPECT_NE(m.err.find("read as a llama2.c checkpoint, the format of last resort"), std::string::npos) << m.err;
+  EXPECT_NE(m.err.find("it starts as text: 'Once upon a time, there was a li'"), std::string::npos) << m.err;
+  EXPECT_NE(m.err.find(txt.string() + ": header field dim"), std::string::npos) << m.err;
+
+  const auto arr = d.file("tokenizer.json", " []\n");
+  const CliResult t = posenc::test::run_cli("tokenize --tokenizer " + q(arr) + " --prompt hi");
+  EXPECT_EQ(t.exit_code, 1) << t.err;
+  EXPECT_NE(t.err.find(arr.string() + ": (root): malformed tokenizer.json: must be a JSON object (got an array of 0 items)"),
+            std::string::npos)
+      << t.err;
+  EXPECT_EQ(t.err.find("llama2.c"), std::string::npos) << t.err;
+
+  // --config with a number past a double: the key and the file, not nlohmann's bare "number overflow".
+  const auto cfg = d.file("config.json", R"({"rope_type": "linear", "factor": 2, "rope_theta": 1e400})");
+  const CliResult c = posenc::test::run_cli("ppl " + model_args() + " --text " + q(txt) + " --config " + q(cfg));
+  EXPECT_EQ(c.exit_code, 1) << c.err;
+  EXPECT_NE(c.err.find("--config " + cfg.string() + ": rope_theta: unusable JSON value"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("1e400"), std::string::npos) << c.err;
+
+  const auto bad = d.file("bad.txt", std::string("ab\xff" "cd"));
+  for (const std::string flag : {"--prompt-file", "--text"}) {
+    const CliResult r = posenc::test::run_cli("tokenize " + model_args() + " " + flag + " " + q(bad));
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find(flag + " " + bad.string()), std::string::npos) << r.err;
+    if (flag == "--prompt-file") EXPECT_EQ(r.err.find("--text"), std::string::npos) << r.err;
+  }
+  const CliResult both =
+      posenc::test::run_cli("tokenize " + model_args() + " --text " + q(txt) + " --prompt-file " + q(txt));
+  EXPECT_EQ(both.exit_code, 2) << both.err;
 }

@@ -246,7 +246,7 @@ void add_check_cache_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--rope-factor", args->rope_factor,
                   "scaling factor s of --rope-scaling (default: max(1, length / trained context))")
-      ->check(finite_above(0, 1e6));
+      ->check(finite_in(kMinRopeFactorFlag, kMaxRopeFactorFlag));
   cmd->add_option("--rope-change-policy", args->rope_change_policy,
                   "the policy the rope_change scenarios judge for a length-dependent rope_type (dynamic, longrope): "
                   "recompute, hf, refuse, rerotate; the others' drift is reported")

@@ -208,7 +208,7 @@ void ModelArgs::add_to(CLI::App& cmd) {
                  "({\"rope_type\": \"llama3\", \"factor\": 8, ...}); the layout stays the loader's")
       ->check(non_empty());  // read with read_file: a missing or non-regular file is an IoError naming it (exit 1)
   cmd.add_option("--rope-theta", rope_theta, "override rope_theta (applied after --config)")
-      ->check(finite_above(0, 1e30));
+      ->check(finite_in(kMinRopeThetaFlag, kMaxRopeThetaFlag));
   cmd.add_option("--rope-layout", rope_layout,
                  "override the RoPE layout: half (rotate_half/GPT-NeoX) or interleaved "
                  "(GPT-J/llama2.c); default: the loader's (half for Hugging Face, interleaved for GGUF llama and "

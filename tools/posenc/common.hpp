@@ -135,6 +135,16 @@ CLI::Validator finite_in(double lo, double hi);
 /// CLI11 check: a finite number > lo and <= hi.
 CLI::Validator finite_above(double lo, double hi);
 
+/// --rope-factor's range, [1e-6, 1e6]: the upper bound is config.json's (config_limits::kMaxRopeFactor); below the
+/// lower one the scaled inverse frequencies overflow float32 (--rope-factor 1e-300 passed the flag's check and
+/// failed later as "inv_freq[0]: must be finite", exit 1, naming no flag).
+inline constexpr double kMinRopeFactorFlag = 1e-6;
+inline constexpr double kMaxRopeFactorFlag = 1e6;
+/// --rope-theta's range: from float32's smallest normal number (the reference forms inv_freq in float32, where a
+/// smaller base is 0 or subnormal and its powers overflow) to 1e30.
+inline constexpr double kMinRopeThetaFlag = 1.17549435082228750797e-38;  // std::numeric_limits<float>::min()
+inline constexpr double kMaxRopeThetaFlag = 1e30;
+
 /// A text input the help documents as UTF-8 (--text, --haystack, --prompt-file): read_file, then require_utf8
 /// naming "<flag> <path>" and the byte offset of the first invalid sequence (InvalidArgument, exit 1). The
 /// tokenizers take any bytes, each as its reference does, so three formats of one model gave three different token

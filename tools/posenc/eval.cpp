@@ -344,7 +344,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--samples", args->samples, "samples per cell")->check(int_in(1, 1000000))->capture_default_str();
   cmd->add_option("--rope-scaling", args->scalings, "RoPE scalings (rope_type), comma-separated")->capture_default_str();
   cmd->add_option("--rope-factor", args->rope_factor, "scaling factor s (default: max(1, L / trained context))")
-      ->check(finite_above(0, 1e6));
+      ->check(finite_in(kMinRopeFactorFlag, kMaxRopeFactorFlag));
   cmd->add_option("--control", args->controls,
                   "evidence controls, comma-separated: none, swap, shuffle (absent, the measured chance level, runs "
                   "by itself for forced-choice tasks)")

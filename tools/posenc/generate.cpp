@@ -185,7 +185,7 @@ void add_generate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--rope-factor", args->options.rope_factor,
                   "scaling factor s of --rope-scaling (default: max(1, (prompt + --max-tokens) / trained context))")
-      ->check(finite_above(0, 1e6));
+      ->check(finite_in(kMinRopeFactorFlag, kMaxRopeFactorFlag));
   cmd->add_option("--rope-change-policy", args->rope_change_policy,
                   "when a length-dependent rope_type (dynamic, longrope) changes its frequencies under the cache: "
                   "recompute (re-prefill, exact), hf (cached keys keep their rotation, as transformers), refuse, "

@@ -257,7 +257,7 @@ void add_ppl_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--rope-factor", args->rope_factor,
                   "scaling factor s for every method (default: max(1, L / trained context))")
-      ->check(finite_above(0, 1e6));
+      ->check(finite_in(kMinRopeFactorFlag, kMaxRopeFactorFlag));
   cmd->add_option("--scored-tokens", args->max_tokens,
                   "score about N tokens: stop after ceil(N/(L-1)) windows (0 = whole text)")
       ->check(int_in(0, int64_t{1} << 40));

@@ -176,7 +176,7 @@ void add_serve_command(CLI::App& app) {
           ->capture_default_str();
   cmd->add_option("--rope-factor", args->rope_factor,
                   "scaling factor s of --rope-scaling (default: max(1, max-model-len / trained context))")
-      ->check(finite_above(0, 1e6));
+      ->check(finite_in(kMinRopeFactorFlag, kMaxRopeFactorFlag));
   cmd->add_flag("--quiet", args->quiet, "do not print the model's provenance to stderr");
   cmd->callback([args] { run_serve(*args); });
 }

@@ -17,6 +17,7 @@ struct TokenizeArgs {
   std::string model_path;
   std::string tokenizer_path;
   std::string text_path;
+  std::string text_flag = "--text";  // the flag that gave text_path: --text or --prompt-file (named in errors)
   std::optional<std::string> prompt;
   bool no_special = false;
   bool pieces = false;
@@ -55,7 +56,7 @@ void run_tokenize(const TokenizeArgs& a) {
     throw TokenizerError(a.tokenizer_path.empty() ? fmt::format("{}: {}", source, tok.unusable_reason())
                                                   : tok.unusable_reason());
   // The option groups admit exactly one of --text and --prompt (CLI11 leaves --prompt '' unset: the empty text).
-  const std::string text = a.text_path.empty() ? a.prompt.value_or("") : read_text_input(a.text_path, "--text");
+  const std::string text = a.text_path.empty() ? a.prompt.value_or("") : read_text_input(a.text_path, a.text_flag);
   if (a.text_path.empty()) require_utf8_flag(text, "--prompt");
   const std::vector<int32_t> ids = tok.encode_hf(text, !a.no_special);
   if (!a.json_path.empty()) {
@@ -107,8 +108,19 @@ void add_tokenize_command(CLI::App& app) {
   from->require_option(1, 2);
   CLI::Option_group* input =
       cmd->add_option_group("text", "the text: exactly one of --text (--prompt-file) and --prompt");
-  input->add_option("--text,--prompt-file", args->text_path,
+  // Two options of one value, so that an error names the flag given (--prompt-file's bad content was said to be
+  // --text's); the group's require_option(1) refuses both together.
+  input->add_option("--text", args->text_path,
                     "UTF-8 text file (read whole; a missing or non-regular file is an error naming it)")
+      ->check(non_empty());
+  input
+      ->add_option_function<std::string>(
+          "--prompt-file",
+          [args](const std::string& path) {
+            args->text_path = path;
+            args->text_flag = "--prompt-file";
+          },
+          "the same as --text (generate's name)")
       ->check(non_empty());
   input->add_option("--prompt", args->prompt, "text given on the command line (UTF-8)")->check(utf8_value());
   input->require_option(1);

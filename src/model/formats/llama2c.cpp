@@ -1,6 +1,9 @@
 // llama2.c legacy (version 0) checkpoint reader.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <span>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -35,15 +38,46 @@ void check_finite(const std::string& name, const std::string& tensor, const floa
       throw CheckpointError(fmt::format("{}: {}[{}] is not finite ({})", name, tensor, i, p[i]));
 }
 
+namespace {
+/// "; it starts as text: 'Once upon a time'" when the file's first bytes are printable text (a text file given
+/// as the model), "" otherwise.
+std::string text_start(std::span<const std::byte> bytes) {
+  const std::size_t n = std::min<std::size_t>(bytes.size(), 32);
+  if (n == 0) return "";
+  std::string shown;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto b = static_cast<uint8_t>(bytes[i]);
+    if (b == '\n' || b == '\r' || b == '\t') {
+      shown += ' ';
+    } else if (b >= 0x20 && b < 0x7f) {
+      shown += static_cast<char>(b);
+    } else if (b >= 0x80 && i + 1 < n) {
+      shown += '?';  // UTF-8 text passes; bytes below 0x20 say binary
+    } else {
+      return "";
+    }
+  }
+  return fmt::format("; it starts as text: '{}'", shown);
+}
+}  // namespace
+
 RawModel read_llama2c(const std::filesystem::path& path) {
   RawModel raw;
   raw.files.emplace_back(path);
   const std::string name = path.string();
   const auto bytes = raw.files.back().bytes();
-  if (bytes.empty()) throw CheckpointError(fmt::format("{}: empty file, expected a llama2.c checkpoint", name));
+  // llama2.c files have no magic: whatever is not a directory, a GGUF or a posenc checkpoint is read as one, and the
+  // header's errors say so (a text file given as --model failed with "header field dim must be in [1, 65536] (got
+  // 1701015119)" and no word of the format assumed).
+  auto header_error = [&](const std::string& what) {
+    return CheckpointError(fmt::format("{} (read as a llama2.c checkpoint, the format of last resort: the file is not "
+                                       "a directory and has neither the GGUF nor the posenc magic{})",
+                                       what, text_start(bytes)));
+  };
+  if (bytes.empty()) throw header_error(fmt::format("{}: empty file, expected a llama2.c checkpoint", name));
   if (bytes.size() < 28)
-    throw CheckpointError(fmt::format("{}: truncated header: {} bytes, the llama2.c header needs 28", name,
-                                      bytes.size()));
+    throw header_error(
+        fmt::format("{}: truncated header: {} bytes, the llama2.c header needs 28", name, bytes.size()));
   int32_t h[7];
   std::memcpy(h, bytes.data(), sizeof h);
   if (static_cast<uint32_t>(h[0]) == 0x616b3432u)
@@ -55,8 +89,8 @@ RawModel read_llama2c(const std::filesystem::path& path) {
   for (int i = 0; i < 7; ++i) {
     const int64_t v = i == 5 ? std::abs(static_cast<int64_t>(h[i])) : h[i];
     if (v <= 0 || v > kMax[i])
-      throw CheckpointError(fmt::format("{}: header field {} must be in [1, {}]{} (got {})", name, kField[i],
-                                        kMax[i], i == 5 ? " in absolute value" : "", h[i]));
+      throw header_error(fmt::format("{}: header field {} must be in [1, {}]{} (got {})", name, kField[i], kMax[i],
+                                     i == 5 ? " in absolute value" : "", h[i]));
   }
   ModelConfig& c = raw.cfg;
   c.dim = h[0];
@@ -67,7 +101,11 @@ RawModel read_llama2c(const std::filesystem::path& path) {
   c.shared_classifier = h[5] > 0;
   c.vocab_size = std::abs(h[5]);
   c.max_position_embeddings = h[6];
-  validate_config(name, c);
+  try {
+    validate_config(name, c);
+  } catch (const CheckpointError& e) {
+    throw header_error(e.what());
+  }
 
   const uint64_t dim = static_cast<uint64_t>(c.dim), hid = static_cast<uint64_t>(c.hidden_dim),
                  L = static_cast<uint64_t>(c.n_layers), V = static_cast<uint64_t>(c.vocab_size),
@@ -77,12 +115,12 @@ RawModel read_llama2c(const std::filesystem::path& path) {
                           3 * L * dim * hid + dim + S * hs + (c.shared_classifier ? 0 : V * dim);
   const uint64_t expect = 28 + 4 * floats;
   if (bytes.size() < expect)
-    throw CheckpointError(fmt::format(
+    throw header_error(fmt::format(
         "{}: truncated: the header (dim={}, hidden_dim={}, n_layers={}, n_heads={}, n_kv_heads={}, "
         "vocab_size={}, seq_len={}) needs {} bytes, the file has {}",
         name, h[0], h[1], h[2], h[3], h[4], h[5], h[6], expect, bytes.size()));
   if (bytes.size() > expect)
-    throw CheckpointError(fmt::format(
+    throw header_error(fmt::format(
         "{}: {} bytes beyond the {} the header describes: not a llama2.c version-0 checkpoint for this header",
         name, bytes.size() - expect, expect));
 
