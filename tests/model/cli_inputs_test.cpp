@@ -455,3 +455,25 @@ TEST(CliInputs, WrongFormatsSayWhatTheyWereReadAs) {
       posenc::test::run_cli("tokenize " + model_args() + " --text " + q(txt) + " --prompt-file " + q(txt));
   EXPECT_EQ(both.exit_code, 2) << both.err;
 }
+
+// convert only reads and writes weights: it listed --quantized-matmul and --max-position (inherited from the model
+// flags of the commands that run a model) and ignored them. They are gone from it, and kept where a model runs.
+TEST(CliInputs, ConvertTakesNoFlagsOfRunningAModel) {
+  const CliResult h = posenc::test::run_cli("convert --help");
+  EXPECT_EQ(h.exit_code, 0);
+  EXPECT_NE(h.out.find("--rope-theta"), std::string::npos) << h.out;
+  EXPECT_EQ(h.out.find("--quantized-matmul"), std::string::npos) << h.out;
+  EXPECT_EQ(h.out.find("--max-position"), std::string::npos) << h.out;
+  TempDir d;
+  for (const std::string flag : {"--quantized-matmul q8_activations", "--max-position 10"}) {
+    const CliResult r =
+        posenc::test::run_cli("convert " + model_args() + " --out " + q(d.path() / "m.gguf") + " " + flag);
+    EXPECT_EQ(r.exit_code, 2) << flag << ": " << r.err;
+    EXPECT_FALSE(std::filesystem::exists(d.path() / "m.gguf"));
+  }
+  for (const char* cmd : {"ppl", "generate", "eval", "serve", "detect-layout", "check-cache"}) {
+    const CliResult p = posenc::test::run_cli(std::string(cmd) + " --help");
+    EXPECT_NE(p.out.find("--quantized-matmul"), std::string::npos) << cmd;
+    EXPECT_NE(p.out.find("--max-position"), std::string::npos) << cmd;
+  }
+}

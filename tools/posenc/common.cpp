@@ -193,7 +193,7 @@ CLI::Validator context_length() {
 }
 }  // namespace
 
-void ModelArgs::add_to(CLI::App& cmd) {
+void ModelArgs::add_to(CLI::App& cmd, bool runs_model) {
   cmd.add_option("--model", model_path,
                  "the model: a Hugging Face directory (config.json + safetensors + tokenizer.json), a .gguf file, a "
                  "llama2.c .bin or a posenc checkpoint")
@@ -226,6 +226,7 @@ void ModelArgs::add_to(CLI::App& cmd) {
                  "the context the model was trained with (scaling factors and default lengths derive from it); "
                  "default: from the file (config.json, GGUF context_length, llama2.c seq_len)")
       ->check(context_length());
+  if (!runs_model) return;
   cmd.add_option("--quantized-matmul", quantized_matmul,
                  "products with Q8_0/Q4_0 weights: dequantize (each weight widened to float32 in registers, "
                  "float32 products; default) or q8_activations (activations quantized to Q8_0, exact int8 block "

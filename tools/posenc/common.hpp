@@ -40,7 +40,9 @@ struct ModelArgs {
   /// --kv-dtype (commands that build a KV cache: generate, ppl, eval, serve, check-cache): f32, f16 or bf16,
   /// applied by load_model with Model::set_kv_cache_dtype.
   std::string kv_dtype = "f32";
-  void add_to(CLI::App& cmd);
+  /// The model flags. `runs_model` false (convert, which only reads and writes weights) leaves out the flags of
+  /// running it: --quantized-matmul and --max-position (convert listed both and ignored them).
+  void add_to(CLI::App& cmd, bool runs_model = true);
   void add_kv_dtype_to(CLI::App& cmd);
 };
 
