@@ -118,13 +118,18 @@ struct ServeConfig {
   int64_t kv_cache_tokens = 0;
   int prefix_cache_entries = 16;   ///< finished sequences kept for prefix reuse (LRU); 0 = no prefix reuse
   int threads = 0;                 ///< OpenMP threads of the forward steps; 0 = the OpenMP default (all cores)
-  /// Most HTTP connection threads, started on demand (each open connection holds one while it is open, a waiting
-  /// request too); 0 = max(1024, max_batch + max_queue + 8).
+  /// Most HTTP connections served at once: each holds a connection thread while it is open (threads start on
+  /// demand and end after keep_alive_timeout unused); 0 = max(1024, max_batch + max_queue + 8). With every one
+  /// taken, a new connection closes the open connection that has waited longest for its next request (an idle
+  /// keep-alive connection, which a client must expect to be closed: RFC 9112 9.3.1) and is served at once;
+  /// when none is waiting it waits for a thread.
   int http_threads = 0;
-  /// How long a read of a request (head or body) may wait for the next bytes: a client that stops sending is
-  /// answered 408 (body) or dropped (head) after it, and an idle keep-alive connection closed. A POST without
-  /// Content-Length (and not chunked) is 411 at once.
+  /// How long a read of a request (head or body) may wait for the next bytes: a client that stops sending in the
+  /// middle of a request is answered 408 after it. A POST without Content-Length (and not chunked) is 411 at once.
   std::chrono::milliseconds read_timeout{5000};
+  /// How long a connection may wait with no request in progress (before its first request, between keep-alive
+  /// requests) before it is closed.
+  std::chrono::milliseconds keep_alive_timeout{5000};
   std::string version = "unknown";     ///< GET /version
   std::string git_commit = "unknown";  ///< GET /version
   /// Testing and benchmarks only: the scheduler sleeps this long after every step (makes requests slow enough to
@@ -150,6 +155,8 @@ struct ServerStats {
   int64_t max_sequences_in_a_step = 0;   ///< the most sequences one forward step carried
   int64_t kv_blocks_in_use = 0;
   int64_t prefix_cache_sequences = 0;
+  int64_t http_connections = 0;          ///< connections open and served (each holds a connection thread)
+  int64_t http_threads = 0;              ///< connection threads alive
 };
 
 /// The HTTP server (cpp-httplib) and its scheduler. Owns copies of the model

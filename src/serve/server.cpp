@@ -4,10 +4,12 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 #include <strings.h>
@@ -16,6 +18,8 @@
 #include <mutex>
 #include <ctime>
 #include <deque>
+#include <list>
+#include <poll.h>
 #include <random>
 #include <thread>
 
@@ -87,6 +91,62 @@ bool has_body_framing(const httplib::Request& req) {
   return req.has_header("Content-Length") || strcasecmp(req.get_header_value("Transfer-Encoding").c_str(), "chunked") == 0;
 }
 
+/// Trims optional whitespace (spaces, tabs) at both ends.
+std::string_view trim_ows(std::string_view v) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  return v;
+}
+
+/// Why a request's body framing cannot be trusted (RFC 9112 6), or nullopt: a Content-Length that is not
+/// 1*DIGIT, Content-Length fields (or list members) of different values, Content-Length together with
+/// Transfer-Encoding (400: the length of the body is unknown, so the connection cannot carry another request);
+/// a transfer coding other than chunked (501, RFC 9112 6.1); a Content-Encoding other than identity (415: bodies
+/// are not decoded; Debian's cpp-httplib would inflate gzip, deflate and br, with no bound on the inflated size
+/// before the handlers' max_request_bytes check). Values are quoted as sent.
+std::optional<RequestError> framing_error(const httplib::Request& req) {
+  auto refuse = [](int status, const std::string& msg) {
+    return RequestError(status, "invalid_request_error", "", msg);
+  };
+  const std::size_t n_cl = req.get_header_value_count("Content-Length");
+  std::optional<uint64_t> length;  // the first value's
+  std::string first_item;
+  for (std::size_t i = 0; i < n_cl; ++i) {
+    const std::string value = req.get_header_value("Content-Length", i);
+    std::string_view rest = value;
+    do {  // a list "5, 5" (RFC 9110 8.6: a recipient may take it as one valid length when the members agree)
+      const auto comma = rest.find(',');
+      const std::string_view item = trim_ows(rest.substr(0, comma));
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      uint64_t n = 0;
+      // (at most 19 digits: any such number fits in uint64_t)
+      if (item.empty() || item.size() > 19 || item.find_first_not_of("0123456789") != std::string_view::npos)
+        return refuse(400, fmt::format("Content-Length: '{}' is not a valid length (decimal digits)", value));
+      std::from_chars(item.data(), item.data() + item.size(), n);
+      if (!length) {
+        length = n;
+        first_item = item;
+      } else if (n != *length) {
+        return refuse(400, fmt::format("Content-Length: conflicting values '{}' and '{}'", first_item, item));
+      }
+    } while (!rest.empty());
+  }
+  const std::size_t n_te = req.get_header_value_count("Transfer-Encoding");
+  if (n_te > 0) {
+    const std::string te = req.get_header_value("Transfer-Encoding");
+    if (n_te > 1 || strcasecmp(std::string(trim_ows(te)).c_str(), "chunked") != 0)
+      return refuse(501, fmt::format("Transfer-Encoding: '{}' is not supported (only chunked)", te));
+    if (n_cl > 0) return refuse(400, "Content-Length and Transfer-Encoding: a request may not have both");
+  }
+  for (std::size_t i = 0, n = req.get_header_value_count("Content-Encoding"); i < n; ++i) {
+    const std::string ce = req.get_header_value("Content-Encoding", i);
+    if (strcasecmp(std::string(trim_ows(ce)).c_str(), "identity") != 0)
+      return refuse(415, fmt::format("Content-Encoding: '{}' is not supported: send the request body uncompressed",
+                                     ce));
+  }
+  return std::nullopt;
+}
+
 /// The endpoint label of a request's metrics: a known path, else "other" (unknown paths must not grow the series).
 std::string endpoint_label(const std::string& path) {
   const Route* r = find_route(path);
@@ -99,30 +159,271 @@ std::string random_hex() {
   return fmt::format("{:016x}", ::posenc::detail::splitmix64(base + counter++));
 }
 
-/// httplib::Server with its listening socket reachable: cpp-httplib 0.11.4 listens with a backlog of 5
-/// (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's shared library), and 64 clients connecting at once overflow
-/// it (connections reset, "Read" errors on the client). listen() again on a listening socket sets a new backlog.
+/// What the connection layer knows of the request its thread is handling (thread-local `current_connection`,
+/// read by the pre-routing and error handlers, which httplib calls on the connection's thread).
+struct ConnectionState {
+  bool timed_out = false;    ///< a read of this request waited read_timeout without a byte
+  bool close_after = false;  ///< the request's framing was refused: its body was not read, close after answering
+  bool answered = false;     ///< bytes of an answer were written
+  bool head_read = false;    ///< the request's head was read (the pre-routing handler ran)
+  std::size_t bytes_in = 0;  ///< bytes of this request read so far
+};
+thread_local ConnectionState* current_connection = nullptr;
+
+/// Marks the request being answered as the last of its connection (its body was not read, so the connection
+/// cannot carry another request): httplib 0.11.4 ignores a "Connection: close" set on the response (it keeps the
+/// connection and adds Keep-Alive), but writes "Connection: close" when the request has it. The Request is
+/// httplib's non-const local of process_request, handed to the handlers as const.
+void close_after_answer(const httplib::Request& req) {
+  if (current_connection != nullptr) current_connection->close_after = true;
+  if (req.get_header_value("Connection") != "close")
+    const_cast<httplib::Request&>(req).headers.emplace("Connection", "close");
+}
+
+/// One connection's socket as httplib reads and writes it (httplib's own SocketStream is not in the Debian
+/// header): reads buffered (httplib reads a request's head a byte at a time), every wait bounded by the read or
+/// write timeout, and a read that times out is recorded in the ConnectionState so that the answer can be 408.
+class ConnectionStream : public httplib::Stream {
+ public:
+  ConnectionStream(int fd, int read_timeout_ms, int write_timeout_ms, ConnectionState& state)
+      : fd_(fd), read_ms_(read_timeout_ms), write_ms_(write_timeout_ms), state_(state) {}
+  bool is_readable() const override {
+    if (buffered()) return true;
+    if (wait_for(POLLIN, read_ms_)) return true;
+    state_.timed_out = true;
+    return false;
+  }
+  bool is_writable() const override { return wait_for(POLLOUT, write_ms_) && peer_open(); }
+  ssize_t read(char* ptr, size_t size) override {
+    if (!buffered()) {
+      if (!is_readable()) return -1;
+      const ssize_t n = ::recv(fd_, buf_, sizeof(buf_), 0);
+      if (n <= 0) return n;
+      off_ = 0;
+      len_ = static_cast<std::size_t>(n);
+      state_.bytes_in += len_;
+    }
+    const std::size_t k = std::min(size, len_ - off_);
+    std::memcpy(ptr, buf_ + off_, k);
+    off_ += k;
+    return static_cast<ssize_t>(k);
+  }
+  ssize_t write(const char* ptr, size_t size) override {
+    if (!is_writable()) return -1;
+    state_.answered = true;
+    return ::send(fd_, ptr, size, MSG_NOSIGNAL);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override { address(true, ip, port); }
+  void get_local_ip_and_port(std::string& ip, int& port) const override { address(false, ip, port); }
+  socket_t socket() const override { return fd_; }
+  /// Bytes of a next (pipelined) request already read.
+  bool buffered() const { return off_ < len_; }
+
+ private:
+  bool wait_for(short events, int ms) const {
+    pollfd p{fd_, events, 0};
+    int rc;
+    while ((rc = ::poll(&p, 1, ms)) < 0 && errno == EINTR) {
+    }
+    return rc > 0;
+  }
+  /// False once the peer has closed its side (a write of a long answer's keep-alive space would otherwise succeed
+  /// once more): a readable socket whose peek reads 0 bytes.
+  bool peer_open() const {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, 0) <= 0) return true;
+    char c;
+    return ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT) != 0;
+  }
+  void address(bool remote, std::string& ip, int& port) const {
+    sockaddr_storage a{};
+    socklen_t len = sizeof(a);
+    if ((remote ? ::getpeername(fd_, reinterpret_cast<sockaddr*>(&a), &len)
+                : ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len)) != 0)
+      return;
+    char host[NI_MAXHOST];
+    char serv[NI_MAXSERV];
+    if (::getnameinfo(reinterpret_cast<sockaddr*>(&a), len, host, sizeof(host), serv, sizeof(serv),
+                      NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
+      ip = host;
+      port = std::atoi(serv);
+    }
+  }
+  int fd_;
+  int read_ms_;
+  int write_ms_;
+  ConnectionState& state_;
+  char buf_[4096];
+  std::size_t off_ = 0;
+  std::size_t len_ = 0;
+};
+
+/// httplib::Server with its own connection loop (process_and_close_socket): httplib 0.11.4's loop polls each idle
+/// keep-alive connection every 10 ms for up to its keep-alive timeout while it holds a thread, so with every
+/// connection thread held by idle connections a new client waited seconds for one. Here a connection with no
+/// request in progress (before its first request, between keep-alive requests) waits in poll() for at most
+/// keep_alive_timeout, and while it waits it may be closed at once to make room for a new connection
+/// (close_idle_connection, called by ConnectionThreads when every thread is taken). A request that stalls
+/// (head or body) is answered 408 by the error handler; one whose framing was refused closes the connection.
 class HttpServer : public httplib::Server {
  public:
+  /// cpp-httplib 0.11.4 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's shared
+  /// library), and 64 clients connecting at once overflow it (connections reset, "Read" errors on the client).
+  /// listen() again on a listening socket sets a new backlog.
   void set_backlog(int backlog) {
     const auto fd = svr_sock_.load();
     if (fd != INVALID_SOCKET && ::listen(fd, backlog) != 0)
       throw IoError(fmt::format("posenc serve: listen(backlog {}) failed: {}", backlog, std::strerror(errno)));
   }
+  void set_connection_timeouts(std::chrono::milliseconds read, std::chrono::milliseconds keep_alive,
+                               std::chrono::milliseconds write) {
+    read_ms_ = static_cast<int>(read.count());
+    keep_alive_ms_ = static_cast<int>(keep_alive.count());
+    write_ms_ = static_cast<int>(write.count());
+    // (the Keep-Alive header of an answer: whole seconds, at least 1)
+    set_keep_alive_timeout(std::max<time_t>(1, static_cast<time_t>(keep_alive.count() / 1000)));
+  }
+  /// Called with the answer body when a request line stalled (httplib writes nothing then): 408 is written.
+  std::function<std::string()> request_line_timeout_body;
+
+  /// Closes the connection that has waited longest for its next request; false when none is waiting.
+  bool close_idle_connection() {
+    std::lock_guard lk(conns_mu_);
+    Connection* oldest = nullptr;
+    for (Connection* c : conns_)
+      if (c->idle && !c->closing && (oldest == nullptr || c->idle_since < oldest->idle_since)) oldest = c;
+    if (oldest == nullptr) return false;
+    oldest->closing = true;
+    ::shutdown(oldest->fd, SHUT_RDWR);  // wakes its poll; its thread closes the socket
+    return true;
+  }
+  std::size_t open_connections() const {
+    std::lock_guard lk(conns_mu_);
+    return conns_.size();
+  }
+
+ private:
+  struct Connection {
+    int fd;
+    bool idle = false;
+    bool closing = false;
+    std::chrono::steady_clock::time_point idle_since;
+  };
+
+  /// Waits (idle) for the next request's first bytes, at most keep_alive_ms_; false when the connection is to be
+  /// closed (timed out, closed by the peer or by close_idle_connection, the server stopping).
+  bool next_request(Connection& c, const ConnectionStream& strm) {
+    if (strm.buffered()) return true;
+    {
+      std::lock_guard lk(conns_mu_);
+      c.idle = true;
+      c.idle_since = std::chrono::steady_clock::now();
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(keep_alive_ms_);
+    bool ready = false;
+    while (svr_sock_ != INVALID_SOCKET) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
+      if (left <= 0) break;
+      pollfd p{c.fd, POLLIN, 0};
+      const int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 200)));  // 200 ms: notice stop()
+      if (rc < 0 && errno != EINTR) break;
+      if (rc > 0) {
+        ready = true;
+        break;
+      }
+    }
+    std::lock_guard lk(conns_mu_);
+    c.idle = false;
+    return ready && !c.closing && svr_sock_ != INVALID_SOCKET;
+  }
+
+  bool process_and_close_socket(socket_t sock) override {
+    Connection c{sock, false, false, {}};
+    {
+      std::lock_guard lk(conns_mu_);
+      conns_.push_back(&c);
+    }
+    int yes = 1;
+    ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof(yes));
+    ConnectionState state;
+    current_connection = &state;
+    ConnectionStream strm(sock, read_ms_, write_ms_, state);
+    bool ok = false;
+    bool linger = false;  // a refused request's body may still be arriving
+    for (std::size_t left = keep_alive_max_count_; left > 0 && next_request(c, strm); --left) {
+      state = ConnectionState{};
+      state.bytes_in = strm.buffered() ? 1 : 0;  // (a pipelined request's first bytes were read with the last)
+      bool closed = false;
+      ok = process_request(strm, left == 1, closed, nullptr);
+      if (!ok && state.timed_out && state.bytes_in > 0 && !state.answered && request_line_timeout_body) {
+        const std::string body = request_line_timeout_body();
+        const std::string head = fmt::format(
+            "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json\r\n"
+            "Content-Length: {}\r\n\r\n",
+            body.size());
+        strm.write(head.data(), head.size());
+        strm.write(body.data(), body.size());
+      }
+      linger = state.close_after || state.timed_out;
+      if (!ok || closed || state.close_after || state.timed_out) break;
+    }
+    current_connection = nullptr;
+    {
+      std::lock_guard lk(conns_mu_);
+      conns_.erase(std::find(conns_.begin(), conns_.end(), &c));
+    }
+    // Closing with unread bytes would reset the connection (RST), and the client could lose the answer: stop
+    // writing, then read what still comes for a moment.
+    ::shutdown(sock, linger ? SHUT_WR : SHUT_RDWR);
+    if (linger) {
+      char buf[4096];
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      pollfd p{sock, POLLIN, 0};
+      while (std::chrono::steady_clock::now() < until && ::poll(&p, 1, 100) > 0 &&
+             ::recv(sock, buf, sizeof(buf), MSG_DONTWAIT) > 0) {
+      }
+    }
+    ::close(sock);
+    return ok;
+  }
+
+  int read_ms_ = 5000;
+  int keep_alive_ms_ = 5000;
+  int write_ms_ = 30000;
+  mutable std::mutex conns_mu_;
+  std::vector<Connection*> conns_;
 };
 
-/// cpp-httplib's task queue for connections, grown on demand: httplib keeps a pool thread for each connection's
-/// whole life (every keep-alive request and every wait for bytes), so a fixed pool lets slow or idle clients hold
-/// every thread while /health waits behind them. A connection gets an idle thread or a new one, up to `max_threads`
-/// (past that it waits for a thread). Threads are kept for reuse until shutdown().
+/// cpp-httplib's task queue for connections, grown on demand: each connection holds a pool thread while it is
+/// open (HttpServer's loop), so a fixed pool lets slow or idle clients hold every thread while /health waits
+/// behind them. A connection gets an idle thread or a new one, up to `max_threads`; past that the connection that
+/// has waited longest for its next request is closed to free its thread (`close_idle`), and when none is waiting
+/// the new connection waits for a thread. A thread idle for `idle_exit` ends.
 class ConnectionThreads : public httplib::TaskQueue {
  public:
-  explicit ConnectionThreads(std::size_t max_threads) : max_(max_threads) {}
+  ConnectionThreads(std::size_t max_threads, std::chrono::milliseconds idle_exit, std::atomic<int64_t>& alive,
+                    std::function<bool()> close_idle)
+      : max_(max_threads), idle_exit_(idle_exit), alive_(alive), close_idle_(std::move(close_idle)) {}
   void enqueue(std::function<void()> fn) override {
-    std::lock_guard lk(mu_);
-    jobs_.push_back(std::move(fn));
-    if (jobs_.size() > idle_ && threads_.size() < max_) threads_.emplace_back([this] { work(); });
-    else cv_.notify_one();
+    bool full = false;
+    std::vector<std::thread> ended;
+    {
+      std::lock_guard lk(mu_);
+      jobs_.push_back(std::move(fn));
+      ended.swap(ended_);
+      if (jobs_.size() <= idle_) {
+        cv_.notify_one();
+      } else if (threads_.size() < max_) {
+        auto it = threads_.emplace(threads_.end());
+        *it = std::thread([this, it] { work(it); });
+        alive_ = static_cast<int64_t>(threads_.size());
+      } else {
+        full = true;
+      }
+    }
+    for (auto& t : ended) t.join();
+    if (full) close_idle_();
   }
   void shutdown() override {
     {
@@ -130,17 +431,34 @@ class ConnectionThreads : public httplib::TaskQueue {
       shutdown_ = true;
     }
     cv_.notify_all();
-    for (auto& t : threads_) t.join();  // enqueue is not called after shutdown (httplib's accept loop has ended)
+    // enqueue is not called after shutdown (httplib's accept loop has ended); each thread ends once its
+    // connection has (HttpServer's loop sees the server stopping) and is joined here.
+    std::unique_lock lk(mu_);
+    for (;;) {
+      ended_cv_.wait(lk, [&] { return !ended_.empty() || threads_.empty(); });
+      if (ended_.empty()) break;
+      std::vector<std::thread> ended;
+      ended.swap(ended_);
+      lk.unlock();
+      for (auto& t : ended) t.join();
+      lk.lock();
+    }
   }
 
  private:
-  void work() {
+  void work(std::list<std::thread>::iterator self) {
     std::unique_lock lk(mu_);
     for (;;) {
       ++idle_;
-      cv_.wait(lk, [&] { return !jobs_.empty() || shutdown_; });
+      cv_.wait_for(lk, idle_exit_, [&] { return !jobs_.empty() || shutdown_; });
       --idle_;
-      if (jobs_.empty()) return;  // shutdown, nothing left
+      if (jobs_.empty()) {  // stopping, or idle for idle_exit: end (joined by the next enqueue or by shutdown)
+        ended_.push_back(std::move(*self));
+        threads_.erase(self);
+        alive_ = static_cast<int64_t>(threads_.size());
+        ended_cv_.notify_all();
+        return;
+      }
       auto fn = std::move(jobs_.front());
       jobs_.pop_front();
       lk.unlock();
@@ -149,10 +467,15 @@ class ConnectionThreads : public httplib::TaskQueue {
     }
   }
   std::size_t max_;
-  std::mutex mu_;
+  std::chrono::milliseconds idle_exit_;
+  std::atomic<int64_t>& alive_;
+  std::function<bool()> close_idle_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
+  std::condition_variable ended_cv_;
   std::deque<std::function<void()>> jobs_;
-  std::vector<std::thread> threads_;
+  std::list<std::thread> threads_;
+  std::vector<std::thread> ended_;  // threads that have ended, to join
   std::size_t idle_ = 0;
   bool shutdown_ = false;
 };
@@ -234,6 +557,9 @@ void ServeConfig::validate(const Model& model) const {
   if (http_threads < 0) fail_field<ConfigError>("http_threads", "must be >= 0", http_threads);
   if (read_timeout.count() < 10 || read_timeout.count() > 3600000)
     throw ConfigError(fmt::format("read_timeout: must be in [0.01, 3600] s (got {} ms)", read_timeout.count()));
+  if (keep_alive_timeout.count() < 10 || keep_alive_timeout.count() > 3600000)
+    throw ConfigError(
+        fmt::format("keep_alive_timeout: must be in [0.01, 3600] s (got {} ms)", keep_alive_timeout.count()));
   if (max_step_tokens < max_batch)
     throw ConfigError(fmt::format("max_step_tokens: must be >= max_batch ({}) so every running sequence can decode in "
                                   "each step (got {})",
@@ -264,6 +590,7 @@ struct Server::Impl {
   std::atomic<bool> listener_done{false};  // listen_after_bind returned (stopped, or failed to start)
   std::atomic<bool> draining{false};
   std::atomic<int64_t> in_flight{0};  // completion answers not yet written
+  std::atomic<int64_t> http_threads_alive{0};  // connection threads (ConnectionThreads)
   std::atomic<int> bound_port{-1};
   std::mutex stop_mu;
   std::condition_variable stop_cv;
@@ -626,7 +953,16 @@ void Server::Impl::setup_routes() {
   // Before any body is read: a request without a body for a path that does not take its method is answered at once
   // (404, or 405 + Allow from the error handler), and a POST without Content-Length (and not chunked) is 411,
   // instead of waiting for a body that will not come.
-  http.set_pre_routing_handler([](const httplib::Request& req, httplib::Response& res) {
+  // A request whose body framing is refused (framing_error) is answered at once, without reading its body, and
+  // its connection closed.
+  http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    if (current_connection != nullptr) current_connection->head_read = true;
+    if (const auto e = framing_error(req)) {
+      if (e->status() == 415) res.set_header("Accept-Encoding", "identity");
+      reply_error(res, endpoint_label(req.path), *e);
+      close_after_answer(req);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (has_body_framing(req)) return httplib::Server::HandlerResponse::Unhandled;
     const Route* route = find_route(req.path);
     if (route != nullptr && allows(*route, req.method)) {
@@ -645,15 +981,30 @@ void Server::Impl::setup_routes() {
       res.status = 405;
       res.set_header("Allow", route->allow);
     }
-    // httplib's 400 for a body that stopped arriving (read_timeout): 408 saying so.
+    // httplib's 400 for a request that stopped arriving (a read waited read_timeout): 408 saying so. (A request
+    // whose framing was refused never gets here with a Content-Length that is not digits.)
+    const bool chunked = req.has_header("Transfer-Encoding");
     const std::size_t declared =
         req.has_header("Content-Length") ? std::strtoull(req.get_header_value("Content-Length").c_str(), nullptr, 10) : 0;
-    if (res.status == 400 && req.body.size() < declared) res.status = 408;
+    const bool timed_out = current_connection != nullptr && current_connection->timed_out;
+    const bool head_stalled = timed_out && current_connection != nullptr && !current_connection->head_read;
+    if (res.status == 400 && timed_out) {
+      res.status = 408;
+      close_after_answer(req);
+    }
     const std::string msg = res.status == 404 ? fmt::format("{} {}: no such endpoint", req.method, req.path)
                             : res.status == 411
                                 ? fmt::format("{} {}: a request body needs a Content-Length header (or chunked "
                                               "Transfer-Encoding)",
                                               req.method, req.path)
+                            : res.status == 408 && head_stalled
+                                ? fmt::format("{} {}: request headers incomplete: nothing more arrived for the read "
+                                              "timeout ({} ms)",
+                                              req.method, req.path, cfg.read_timeout.count())
+                            : res.status == 408 && chunked
+                                ? fmt::format("{} {}: request body incomplete: {} bytes of chunked body arrived, then "
+                                              "nothing for the read timeout ({} ms)",
+                                              req.method, req.path, req.body.size(), cfg.read_timeout.count())
                             : res.status == 408
                                 ? fmt::format("{} {}: request body incomplete: {} of {} bytes arrived, then nothing "
                                               "for the read timeout ({} ms)",
@@ -717,7 +1068,17 @@ int Server::start() {
   const std::size_t threads =
       s.cfg.http_threads > 0 ? static_cast<std::size_t>(s.cfg.http_threads)
                              : static_cast<std::size_t>(std::max(1024, s.cfg.max_batch + s.cfg.max_queue + 8));
-  s.http.new_task_queue = [threads] { return new ConnectionThreads(threads); };
+  // Threads idle for keep_alive_timeout end (the connections they served have closed).
+  s.http.new_task_queue = [&s, threads] {
+    return new ConnectionThreads(threads, s.cfg.keep_alive_timeout, s.http_threads_alive,
+                                 [&s] { return s.http.close_idle_connection(); });
+  };
+  s.http.request_line_timeout_body = [&s] {
+    s.metrics.count_request("other", 408);
+    return dump(error_body(408, "invalid_request_error", "",
+                           fmt::format("request line incomplete: nothing more arrived for the read timeout ({} ms)",
+                                       s.cfg.read_timeout.count())));
+  };
   // A declared body past max_request_bytes is refused (413) by httplib before it is buffered; the handlers check
   // the size too (a chunked body has no declared length).
   s.http.set_payload_max_length(s.cfg.max_request_bytes);
@@ -729,8 +1090,8 @@ int Server::start() {
   // A client that stops sending (a half-sent head or body) holds its connection only this long per read.
   const auto rt = std::chrono::duration_cast<std::chrono::microseconds>(s.cfg.read_timeout).count();
   s.http.set_read_timeout(rt / 1000000, rt % 1000000);
-  s.http.set_keep_alive_timeout(std::max<time_t>(1, (rt + 999999) / 1000000));
   s.http.set_write_timeout(30, 0);
+  s.http.set_connection_timeouts(s.cfg.read_timeout, s.cfg.keep_alive_timeout, std::chrono::seconds(30));
   s.setup_routes();
   int port = s.cfg.port;
   if (port == 0) {
@@ -801,6 +1162,8 @@ ServerStats Server::stats() const {
   st.generation_tokens = m.generation_tokens;
   st.steps = m.steps;
   st.max_sequences_in_a_step = m.max_step_sequences;
+  st.http_connections = static_cast<int64_t>(impl_->http.open_connections());
+  st.http_threads = impl_->http_threads_alive.load();
   return st;
 }
 

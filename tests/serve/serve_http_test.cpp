@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -292,6 +293,229 @@ TEST(ServeHttp, ABodyOverMaxRequestBytesIs413NamingTheLimit) {
   }
   // A body at the limit is read and parsed.
   EXPECT_EQ(post(c, "/tokenize", R"({"prompt": ")" + std::string(4096 - 14, 'a') + R"("})").status, 200);
+}
+
+/// A raw loopback connection: sends requests, reads whole answers, tells whether the server closed it.
+struct RawConnection {
+  int fd = -1;
+  std::string pending;  // bytes read past the last answer
+  explicit RawConnection(int port) {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  }
+  ~RawConnection() { ::close(fd); }
+  RawConnection(const RawConnection&) = delete;
+  RawConnection& operator=(const RawConnection&) = delete;
+  void send(const std::string& bytes) const { ::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL); }
+  void set_timeout(double seconds) const {
+    timeval tv{static_cast<time_t>(seconds), static_cast<suseconds_t>((seconds - static_cast<time_t>(seconds)) * 1e6)};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  }
+  /// One answer (head + Content-Length body), "" when none came within `seconds`.
+  std::string answer(double seconds = 3) {
+    set_timeout(seconds);
+    char buf[4096];
+    for (;;) {
+      const auto head_end = pending.find("\r\n\r\n");
+      const auto cl = pending.find("Content-Length: ");
+      if (head_end != std::string::npos && cl != std::string::npos && cl < head_end) {
+        const std::size_t end = head_end + 4 + std::stoul(pending.substr(cl + 16));
+        if (pending.size() >= end) {
+          std::string a = pending.substr(0, end);
+          pending.erase(0, end);
+          return a;
+        }
+      }
+      const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+      if (n <= 0) return "";
+      pending.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  /// True when the server closes the connection (EOF or reset) within `seconds` and sends nothing more.
+  bool closed_by_server(double seconds) {
+    set_timeout(seconds);
+    char buf[256];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    return pending.empty() && (n == 0 || (n < 0 && errno == ECONNRESET));
+  }
+};
+
+// RFC 9112 6.3: a Content-Length that is not a number, or Content-Length fields that disagree, make the body's
+// length unknown: 400, naming the value as sent, and the connection closed (it cannot carry another request).
+// httplib took the first of two Content-Length fields (the rest of the body then read as the next request) and
+// read -5 as 2^64 - 5 (a 413 quoting 18446744073709551611).
+TEST(ServeHttp, AnInvalidOrConflictingContentLengthIs400AndClosesTheConnection) {
+  Running s;
+  struct Case {
+    std::string headers;
+    std::string body;
+    int status;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"Content-Length: 2\r\nContent-Length: 18\r\n", R"({"prompt": "Once"})", 400,
+       "Content-Length: conflicting values '2' and '18'"},
+      {"Content-Length: 18, 2\r\n", R"({"prompt": "Once"})", 400, "Content-Length: conflicting values '18' and '2'"},
+      {"Content-Length: -5\r\n", "abcde", 400, "Content-Length: '-5' is not a valid length (decimal digits)"},
+      {"Content-Length: +5\r\n", "abcde", 400, "Content-Length: '+5' is not a valid length (decimal digits)"},
+      {"Content-Length: 5x\r\n", "abcde", 400, "Content-Length: '5x' is not a valid length (decimal digits)"},
+      {"Content-Length: 18446744073709551621\r\n", "abcde", 400,
+       "Content-Length: '18446744073709551621' is not a valid length (decimal digits)"},
+      {"Content-Length: 18\r\nTransfer-Encoding: chunked\r\n", R"({"prompt": "Once"})", 400,
+       "Content-Length and Transfer-Encoding: a request may not have both"},
+      {"Transfer-Encoding: gzip, chunked\r\n", "0\r\n\r\n", 501,
+       "Transfer-Encoding: 'gzip, chunked' is not supported (only chunked)"},
+  };
+  for (const auto& c : cases) {
+    RawConnection conn(s.port);
+    conn.send("POST /tokenize HTTP/1.1\r\nHost: x\r\n" + c.headers + "\r\n" + c.body);
+    const std::string a = conn.answer();
+    EXPECT_EQ(status_of(a), c.status) << c.headers << a.substr(0, 300);
+    const json b = body_of(a);
+    ASSERT_TRUE(b.is_object() && b.contains("error")) << c.headers << a.substr(0, 300);
+    EXPECT_EQ(b["error"]["message"], c.message) << c.headers;
+    EXPECT_EQ(b["error"]["code"], c.status) << c.headers;
+    EXPECT_EQ(header_of(a, "Connection"), "close") << c.headers << a.substr(0, 300);
+    EXPECT_TRUE(conn.closed_by_server(2)) << c.headers;
+  }
+  // Equal values (in two fields, or a list) are one valid length (RFC 9110 8.6); the connection stays usable.
+  for (const std::string cl : {"Content-Length: 18\r\nContent-Length: 18\r\n", "Content-Length: 18, 018\r\n"}) {
+    RawConnection conn(s.port);
+    conn.send("POST /tokenize HTTP/1.1\r\nHost: x\r\n" + cl + "\r\n" + R"({"prompt": "Once"})");
+    EXPECT_EQ(status_of(conn.answer()), 200) << cl;
+    conn.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_EQ(status_of(conn.answer()), 200) << cl;
+  }
+  auto c = s.client(5);
+  EXPECT_EQ(get(c, "/health").status, 200);
+}
+
+// The server does not decode compressed request bodies: 415 with Accept-Encoding: identity (RFC 9110 15.5.16),
+// at once, the body unread and the connection closed. httplib inflated gzip itself (with no bound on the inflated
+// size), and a body that was not gzip came back as a 408 "incomplete body".
+TEST(ServeHttp, ACompressedRequestBodyIs415) {
+  Running s;
+  for (const std::string enc : {"gzip", "br", "deflate", "x-unknown"}) {
+    RawConnection conn(s.port);
+    const auto t0 = std::chrono::steady_clock::now();
+    conn.send("POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Encoding: " + enc +
+              "\r\nContent-Length: 18\r\n\r\n{\"prompt\": \"Once\"}");
+    const std::string a = conn.answer();
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.0) << enc;
+    EXPECT_EQ(status_of(a), 415) << enc << ": " << a.substr(0, 300);
+    EXPECT_EQ(header_of(a, "Accept-Encoding"), "identity") << enc;
+    const json b = body_of(a);
+    ASSERT_TRUE(b.is_object() && b.contains("error")) << a;
+    EXPECT_EQ(b["error"]["message"],
+              "Content-Encoding: '" + enc + "' is not supported: send the request body uncompressed");
+    EXPECT_TRUE(conn.closed_by_server(2)) << enc;
+  }
+  RawConnection conn(s.port);
+  conn.send("POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Encoding: identity\r\nContent-Length: 18\r\n\r\n"
+            "{\"prompt\": \"Once\"}");
+  EXPECT_EQ(status_of(conn.answer()), 200);
+}
+
+// A client that stops in the middle of its request line or headers gets 408 after the read timeout (httplib
+// answered 400 to a stalled header, and nothing to a stalled request line), and the connection is closed.
+TEST(ServeHttp, AStallInTheRequestHeadIs408) {
+  ServeConfig cfg;
+  cfg.read_timeout = std::chrono::milliseconds(300);
+  Running s(cfg);
+  struct Case {
+    std::string sent;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"POST /tokenize HTTP/1.1\r\nHost: x\r\nContent-Le",
+       "POST /tokenize: request headers incomplete: nothing more arrived for the read timeout (300 ms)"},
+      {"GET /health HTTP/1.1\r\nHost: x\r\n",
+       "GET /health: request headers incomplete: nothing more arrived for the read timeout (300 ms)"},
+      {"POST /toke", "request line incomplete: nothing more arrived for the read timeout (300 ms)"},
+      {"POST /tokenize HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n12\r\n{\"pro",
+       "POST /tokenize: request body incomplete: 5 bytes of chunked body arrived, then nothing for the read timeout "
+       "(300 ms)"},
+  };
+  for (const auto& c : cases) {
+    RawConnection conn(s.port);
+    const auto t0 = std::chrono::steady_clock::now();
+    conn.send(c.sent);
+    const std::string a = conn.answer(3);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(status_of(a), 408) << c.sent << "\n" << a.substr(0, 300);
+    EXPECT_GE(took, 0.25) << c.sent;
+    EXPECT_LT(took, 2.0) << c.sent;
+    const json b = body_of(a);
+    ASSERT_TRUE(b.is_object() && b.contains("error")) << c.sent << "\n" << a;
+    EXPECT_EQ(b["error"]["message"], c.message) << c.sent;
+    EXPECT_EQ(header_of(a, "Connection"), "close") << c.sent;
+    EXPECT_TRUE(conn.closed_by_server(2)) << c.sent;
+  }
+  // A connection that sent nothing is closed after the keep-alive timeout, unanswered.
+  auto c = s.client(5);
+  EXPECT_EQ(get(c, "/health").status, 200);
+}
+
+// With every connection thread (http_threads) held by an idle keep-alive connection, a new client is served at
+// once: the connection idle the longest is closed for it (httplib's pool kept each idle connection's thread for
+// its whole keep-alive timeout, so /health waited seconds). Idle connections close after keep_alive_timeout and
+// their threads end.
+TEST(ServeHttp, IdleKeepAliveConnectionsMakeRoomAndTimeOut) {
+  ServeConfig cfg;
+  cfg.http_threads = 8;
+  cfg.keep_alive_timeout = std::chrono::milliseconds(30000);
+  Running s(cfg);
+  std::vector<std::unique_ptr<RawConnection>> idle;
+  for (int i = 0; i < 8; ++i) {
+    idle.push_back(std::make_unique<RawConnection>(s.port));
+    idle.back()->send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    ASSERT_EQ(status_of(idle.back()->answer()), 200) << i;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // idle since: in this order
+  }
+  EXPECT_EQ(s.server->stats().http_connections, 8);
+  EXPECT_EQ(s.server->stats().http_threads, 8);
+  std::vector<std::unique_ptr<RawConnection>> fresh;  // kept open: each new one needs a thread again
+  for (int round = 0; round < 3; ++round) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fresh.push_back(std::make_unique<RawConnection>(s.port));
+    fresh.back()->send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    const std::string a = fresh.back()->answer(10);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(status_of(a), 200) << round;
+    EXPECT_LT(took, 1.0) << round;
+    // The oldest idle connection made room; the others are still open and usable.
+    EXPECT_TRUE(idle[static_cast<std::size_t>(round)]->closed_by_server(2)) << round;
+  }
+  idle.back()->send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(status_of(idle.back()->answer()), 200);
+  EXPECT_EQ(s.server->stats().http_threads, 8);
+  EXPECT_EQ(s.server->stats().http_connections, 8);
+  idle.clear();
+  fresh.clear();
+
+  // Idle connections close after keep_alive_timeout; the threads end after it too.
+  ServeConfig quick;
+  quick.http_threads = 8;
+  quick.keep_alive_timeout = std::chrono::milliseconds(300);
+  Running q(quick);
+  std::vector<std::unique_ptr<RawConnection>> open;
+  for (int i = 0; i < 4; ++i) {
+    open.push_back(std::make_unique<RawConnection>(q.port));
+    open.back()->send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    ASSERT_EQ(status_of(open.back()->answer()), 200) << i;
+  }
+  EXPECT_EQ(q.server->stats().http_threads, 4);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& c : open) EXPECT_TRUE(c->closed_by_server(3));
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 1.5);
+  EXPECT_TRUE(eventually([&] { return q.server->stats().http_connections == 0; }, 3));
+  EXPECT_TRUE(eventually([&] { return q.server->stats().http_threads == 0; }, 3));
+  auto c = q.client(5);
+  EXPECT_EQ(get(c, "/health").status, 200);
 }
 
 }  // namespace
