@@ -396,7 +396,8 @@ TEST(CliInputs, AbsurdOmpNumThreadsIsRefusedNamingTheVariable) {
   const std::string bound = std::to_string(64 * hw);
   const std::string ppl = "ppl " + model_args() + " --text " + q(posenc::test::text_path()) +
                           " --context 64 --scored-tokens 63 --quiet";
-  for (const std::string value : {"100000", "4,100000", "99999999999999999999999", std::to_string(64 * hw + 1)}) {
+  for (const std::string& value :
+       std::vector<std::string>{"100000", "4,100000", "99999999999999999999999", std::to_string(64 * hw + 1)}) {
     ::setenv("OMP_NUM_THREADS", value.c_str(), 1);
     const CliResult r = posenc::test::run_cli(ppl);
     EXPECT_FALSE(r.signaled) << value;
@@ -449,7 +450,9 @@ TEST(CliInputs, WrongFormatsSayWhatTheyWereReadAs) {
     const CliResult r = posenc::test::run_cli("tokenize " + model_args() + " " + flag + " " + q(bad));
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_NE(r.err.find(flag + " " + bad.string()), std::string::npos) << r.err;
-    if (flag == "--prompt-file") EXPECT_EQ(r.err.find("--text"), std::string::npos) << r.err;
+    if (flag == "--prompt-file") {
+      EXPECT_EQ(r.err.find("--text"), std::string::npos) << r.err;
+    }
   }
   const CliResult both =
       posenc::test::run_cli("tokenize " + model_args() + " --text " + q(txt) + " --prompt-file " + q(txt));

@@ -176,7 +176,7 @@ TEST(Cli, DetectLayoutSaysWhenTheEvidenceIsInconclusive) {
        {std::string(" --text ") + q(posenc::test::text_path()) + " --context 2 --scored-tokens 512",
         std::string(" --text ") + q(tiny)}) {
     // The loader's layout (interleaved) and the other one: neither may be confirmed nor contradicted.
-    for (const std::string& layout : {"", " --rope-layout half", " --rope-layout interleaved"}) {
+    for (const std::string layout : {"", " --rope-layout half", " --rope-layout interleaved"}) {
       const auto t = run_cli("detect-layout " + model_args() + layout + args);
       ASSERT_EQ(t.exit_code, 0) << args << layout << ": " << t.err;
       EXPECT_EQ(t.out.find("DISAGREES"), std::string::npos) << args << layout << ": " << t.out;
