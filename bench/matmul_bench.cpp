@@ -9,7 +9,8 @@
 //                                                          (so that it comes from DRAM, as a model's does):
 //                                                          weight_GB_per_s
 // <path> is a DenseKernel (reference is left out: minutes per iteration), or q8_<Q8Kernel> (Q8_0/Q4_0 weights
-// with activations quantized to Q8_0: matmul_q8_with, the quantization included in the time).
+// with activations quantized to Q8_0: matmul_q8_with, the quantization included in the time), or amx_bf16x3 /
+// amx_bf16x6 (F16/BF16 weights: matmul_bf16_split, the activations' split into bf16 terms included).
 #include <string>
 #include <vector>
 
@@ -63,21 +64,24 @@ void run(benchmark::State& state, WeightType t, const std::string& path, Shape s
   posenc::bench::FloatBuffer x(static_cast<std::size_t>(n * s.in)), y(static_cast<std::size_t>(n * s.out));
   x.fill_normal(2);
   std::vector<std::byte> xq(static_cast<std::size_t>(n * (s.in / kQBlock) * kQ8Bytes));
-  const bool q8 = path.starts_with("q8_");
+  const bool q8 = path.starts_with("q8_"), split = path.starts_with("amx_bf16");
+  const Bf16Split bs = path == "amx_bf16x3" ? Bf16Split::x3 : Bf16Split::x6;
   DenseKernel k = DenseKernel::reference;
   for (DenseKernel c : {DenseKernel::avx2, DenseKernel::avx512})
     if (path == to_string(c)) k = c;
   Q8Kernel qk = Q8Kernel::reference;
   for (Q8Kernel c : {Q8Kernel::avx2, Q8Kernel::avx512_vnni, Q8Kernel::amx})
     if (path == "q8_" + std::string(to_string(c))) qk = c;
-  if (q8 ? !q8_kernel_supported(qk) : !dense_kernel_supported(k)) {
+  if (split ? !amx_bf16_supported() : q8 ? !q8_kernel_supported(qk) : !dense_kernel_supported(k)) {
     state.SkipWithError("this CPU cannot run the path");
     return;
   }
   int i = 0;
   for (auto _ : state) {
     const RawMatrix& m = w.m[static_cast<std::size_t>(i++ % copies)];
-    if (q8) {
+    if (split) {
+      matmul_bf16_split(bs, x.get(), n, m, y.get(), false);
+    } else if (q8) {
       quantize_rows_q8_0(x.get(), n, s.in, xq.data());
       matmul_q8_with(qk, xq.data(), n, s.in, m.data, t == WeightType::q4_0, s.out, y.get(), false);
     } else {
@@ -96,6 +100,8 @@ const bool registered = [] {
     std::vector<std::string> paths = {"avx2", "avx512"};
     if (t == WeightType::q8_0 || t == WeightType::q4_0)
       for (const char* q : {"q8_avx2", "q8_avx512_vnni", "q8_amx"}) paths.push_back(q);
+    if (t == WeightType::f16 || t == WeightType::bf16)
+      for (const char* q : {"amx_bf16x3", "amx_bf16x6"}) paths.push_back(q);
     for (const std::string& path : paths)
       for (const Shape& s : kShapes)
         for (int threads : {1, 2})

@@ -4,7 +4,8 @@
 // Models: the comma-separated GGUF paths of POSENC_BENCH_MODELS (nothing runs when it is unset; the
 // script makes the 487M-parameter random-weight files with `posenc random-model`); a path ending in
 // "@q8_activations" is loaded with --quantized-matmul q8_activations (Q8_0/Q4_0 products on quantized
-// activations, llama.cpp's arithmetic) and named <file>@q8_activations. Per model and thread
+// activations, llama.cpp's arithmetic) and named <file>@q8_activations; one ending in "@bf16x3" or "@bf16x6" with
+// --dense-matmul bf16x3 / bf16x6 (F16/BF16 products on AMX-BF16 tiles). Per model and thread
 // count (1, 2):
 //   BM_RealPrefill: one 256-token prompt of fixed random ids from an empty cache, logits of the last
 //                   position only (the work of llama-bench -p 256);
@@ -49,13 +50,15 @@ struct Loaded {
   double file_bytes;
 };
 
-constexpr std::string_view kQ8Suffix = "@q8_activations";
-
 Loaded load(std::string path) {
   LoadOptions options;
-  if (path.ends_with(kQ8Suffix)) {
-    path.resize(path.size() - kQ8Suffix.size());
-    options.quantized_matmul = QuantizedMatmul::q8_activations;
+  if (const auto at = path.rfind('@'); at != std::string::npos) {
+    const std::string mode = path.substr(at + 1);
+    path.resize(at);
+    if (mode == "q8_activations")
+      options.quantized_matmul = QuantizedMatmul::q8_activations;
+    else
+      options.dense_matmul = parse_dense_matmul(mode, "POSENC_BENCH_MODELS suffix");
   }
   Loaded l{Model::load(path, options), {}, static_cast<double>(std::filesystem::file_size(path))};
   std::mt19937 rng(42);

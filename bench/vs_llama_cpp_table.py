@@ -7,7 +7,8 @@ the ratio posenc / llama.cpp, decode's weight bytes per second as a share of the
 the same posenc process, and prefill's projection GFLOP/s as a share of the measured FMA peak (above the table: that
 peak when 11 vectors per 24 FMAs are loaded from L1, the AVX-512 prefill tile's ceiling). A quantized model
 measured also with --quantized-matmul q8_activations (llama.cpp's own arithmetic: int8 products on activations
-quantized to Q8_0) gets a second row, "(q8_activations)"; the first is the exact float32 products.
+quantized to Q8_0) gets a second row, "(q8_activations)"; the first is the exact float32 products. An F16 model
+measured also with --dense-matmul bf16x6 / bf16x3 (AMX-BF16 tiles) gets rows "(bf16x6)", "(bf16x3)".
 """
 import glob
 import json
@@ -45,9 +46,10 @@ def main(out_dir):
             ll = statistics.median(r["samples_ts"])
             kind = "RealPrefill" if r["n_prompt"] > 0 else "RealDecode"
             variants = [("", med.get(f"BM_{kind}/{name}.gguf/threads:{t}/real_time"))]
-            q8 = med.get(f"BM_{kind}/{name}.gguf@q8_activations/threads:{t}/real_time")
-            if q8 is not None:
-                variants.append((" (q8_activations)", q8))
+            for mode in ("q8_activations", "bf16x6", "bf16x3"):
+                v = med.get(f"BM_{kind}/{name}.gguf@{mode}/threads:{t}/real_time")
+                if v is not None:
+                    variants.append((f" ({mode})", v))
             for label, p in variants:
                 if p is None:
                     print(f"| {name}{label} | {test} | {t} | (not run) | {ll:,.1f} | | |")

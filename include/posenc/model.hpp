@@ -93,8 +93,31 @@ std::string_view to_string(QuantizedMatmul mode);
 /// Parses "dequantize" or "q8_activations". Throws ConfigError naming `field`.
 QuantizedMatmul parse_quantized_matmul(std::string_view text, std::string_view field);
 
+/// How products with F16/BF16 weights are computed.
+///  - float32: each weight widened to float32 in registers, float32 FMAs in
+///             the fixed order of kernels_dense.hpp (the reference forward;
+///             the same bits on every x86-64 path and thread count).
+///  - bf16x3, bf16x6: on AMX-BF16 tiles (Intel Sapphire Rapids and later):
+///             each float32 activation split into bfloat16 terms, each weight
+///             into two (exact for F16), and the kept bf16 products (exact in
+///             float32) summed in float32 by tdpbf16ps. bf16x6 keeps all six
+///             (every product x * w exact; only the sums' rounding differs
+///             from float32); bf16x3 keeps three (XLA's BF16_BF16_F32_X3),
+///             the dropped ones under 2^-13 |x w| together. The bits are the AMX unit's: the same
+///             for decode and prefill and any thread count, not those of
+///             float32. Faster in prefill; decode reads the weights at a
+///             third to half of float32's rate (each panel is widened and split
+///             per token). F32, Q8_0 and Q4_0 weights are not affected.
+///             Model::load throws InvalidArgument (naming dense_matmul) on a CPU
+///             without AMX-BF16.
+enum class DenseMatmul { float32, bf16x3, bf16x6 };
+std::string_view to_string(DenseMatmul mode);
+/// Parses "float32", "bf16x3" or "bf16x6". Throws ConfigError naming `field`.
+DenseMatmul parse_dense_matmul(std::string_view text, std::string_view field);
+
 struct LoadOptions {
   QuantizedMatmul quantized_matmul = QuantizedMatmul::dequantize;
+  DenseMatmul dense_matmul = DenseMatmul::float32;
 };
 
 /// Where a loaded model came from, and why its settings are what they are.
@@ -263,6 +286,8 @@ class Model {
   void set_trained_context(int64_t n, std::string source);
   /// How quantized weights are multiplied (LoadOptions).
   QuantizedMatmul quantized_matmul() const;
+  /// How F16/BF16 weights are multiplied (LoadOptions).
+  DenseMatmul dense_matmul() const;
   const PositionalConfig& positional() const { return positional_; }
   PositionFamily family() const { return positional_.family; }
   /// The RoPE setup (meaningful for family() == rope, and for mrope: its frequencies,

@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+#include "model/raw_model.hpp"
+
 namespace posenc::detail {
 
 // Products with the weight matrices: kernels_dense.hpp (every stored dtype) and, below, the
@@ -113,6 +115,42 @@ bool q8_avx2_supported();
 /// std::logic_error when the CPU lacks AVX2/FMA/F16C.
 void matmul_q8_avx2(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,
                     bool accumulate);
+
+// ---- F16/BF16 weights on AMX-BF16 (kernels_bf16.cpp) ----
+
+/// Which bf16 products approximate each product x * w of a float32 activation and an F16/BF16 weight. x is split
+/// into three bfloat16 terms x = x0 + x1 + x2 (x0 = x with the low 16 bits of its encoding cleared, x1 the same of
+/// x - x0, x2 = x - x0 - x1; exact for normal floats: 24 significand bits, 8 per term), w into two, w = w0 + w1
+/// (exact for F16's 11 bits; w1 = 0 for BF16 weights). Each bf16 product is exact in float32.
+///  - x6: all six x_i w_j: x * w exactly (XLA's BF16_BF16_F32_X6 keeps six of nine; here w has only two terms);
+///  - x3: x0 w0 + x1 w0 + x0 w1 (XLA's BF16_BF16_F32_X3): the dropped x1 w1, x2 w0, x2 w1 are under 2^-14,
+///    2^-15 and 2^-22 of |x w| (|x1| < 2^-7 |x|, |x2| < 2^-15 |x|, |w1| < 2^-7 |w|), 2^-13 |x w| in all.
+/// The sums are AMX's: tdpbf16ps accumulates in float32 with its own rounding (not a sequence of IEEE adds:
+/// measured, no scalar order reproduces it), so the bits are this hardware's, the same for a row alone or in a
+/// batch, in any tile position and on any thread count. bf16 terms below 2^-126 (x under about 2^-110) are
+/// flushed to zero, as tdpbf16ps does with bf16 denormals; a non-finite x or w gives NaN.
+enum class Bf16Split { x3, x6 };
+std::string_view to_string(Bf16Split s);
+/// Whether this CPU (and Linux's arch_prctl permission for the tile data) runs the AMX-BF16 products; false
+/// when dense_kernel() is DenseKernel::reference (POSENC_DENSE_KERNEL=reference: no SIMD path at all).
+bool amx_bf16_supported();
+/// The terms of x (3) and of w (2) as Bf16Split describes, as float32 values.
+void split_x_bf16(float x, float parts[3]);
+void split_w_bf16(float w, float parts[2]);
+/// y[n, w.rows] (+)= x[n, w.cols] · W^T for W in F16 or BF16 ([out, in] as stored, read where it lies: each panel of
+/// 32 weight rows is widened and split per chunk of 256 k into a buffer the tiles read, then dropped). x, y
+/// row-major float32 with row strides w.cols and w.rows; y must not alias x. Any n (decode runs the same tiles,
+/// so a row's bits do not depend on n), any w.cols (the last k block padded with zeros). In parallel (OpenMP)
+/// over pairs of panels for large products. Throws std::logic_error for other weight types or when
+/// amx_bf16_supported() is false.
+void matmul_bf16_split(Bf16Split s, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate);
+/// h1[n, w.rows] = silu(h1) * (x · W^T): the SwiGLU applied to each tile of matmul_bf16_split's result as it is
+/// written (the same bits as matmul_bf16_split into h3 then swiglu(h1, h3, n * w.rows)).
+void matmul_bf16_split_swiglu(Bf16Split s, const float* x, int64_t n, const RawMatrix& w, float* h1);
+/// The sum over i of the kept products of x[r, i] and W[o, i]'s terms, in double (exact for rows of up to 2^20
+/// terms of moderate range): what matmul_bf16_split computes before float32 rounding of its sums; the tests bound
+/// the kernel's distance to it.
+void matmul_bf16_split_reference(Bf16Split s, const float* x, int64_t n, const RawMatrix& w, double* y);
 
 /// y[r, :] += bias for n rows of width d.
 void add_bias(float* y, int64_t n, int64_t d, const float* bias);

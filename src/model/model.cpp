@@ -36,6 +36,8 @@ struct Linear {
   int64_t out = 0, in = 0;
   detail::RawMatrix w;                 // [out, in] as stored
   bool q8_activations = false;         // Q8_0/Q4_0 with the quantized-activation kernel
+  bool bf16_split = false;             // F16/BF16 on AMX-BF16 (--dense-matmul bf16x3/bf16x6)
+  detail::Bf16Split split = detail::Bf16Split::x6;
   const float* bias = nullptr;         // [out] or nullptr
   /// [out, in] float32 (for export).
   std::vector<float> rows_f32() const { return w.to_f32(); }
@@ -49,6 +51,11 @@ Linear make_linear(const detail::RawMatrix& m, const float* bias, const LoadOpti
   l.w = m;
   const bool q = m.type == detail::WeightType::q8_0 || m.type == detail::WeightType::q4_0;
   if (q && opt.quantized_matmul == QuantizedMatmul::q8_activations) l.q8_activations = true;
+  if ((m.type == detail::WeightType::f16 || m.type == detail::WeightType::bf16) &&
+      opt.dense_matmul != DenseMatmul::float32) {
+    l.bf16_split = true;
+    l.split = opt.dense_matmul == DenseMatmul::bf16x3 ? detail::Bf16Split::x3 : detail::Bf16Split::x6;
+  }
   return l;
 }
 
@@ -86,6 +93,9 @@ void project(const Linear& l, const float* x, int64_t n, float* y, bool accumula
     }
     s.xq_of = x;
     detail::matmul_q8(s.xq.data(), n, l.in, l.w.data, l.w.type == detail::WeightType::q4_0, l.out, y, accumulate);
+  } else if (l.bf16_split) {
+    s.xq_of = nullptr;
+    detail::matmul_bf16_split(l.split, x, n, l.w, y, accumulate);
   } else {
     s.xq_of = nullptr;
     detail::matmul_w(x, n, l.w, y, accumulate);
@@ -97,6 +107,10 @@ void project(const Linear& l, const float* x, int64_t n, float* y, bool accumula
 /// projection `l` in q8_activations without a bias, x being the gate projection's input (its quantization
 /// reused); false (nothing done) otherwise.
 bool project_swiglu(const Linear& l, const float* x, int64_t n, float* h1, float* h3, Scratch& s) {
+  if (l.bf16_split && l.bias == nullptr) {  // the SwiGLU in the tiles' epilogue: the up projection never stored
+    detail::matmul_bf16_split_swiglu(l.split, x, n, l.w, h1);
+    return true;
+  }
   if (!l.q8_activations || l.bias != nullptr || s.xq_of != x || s.xq.size() != q8_input_bytes(l, n)) return false;
   detail::matmul_q8_swiglu(s.xq.data(), n, l.in, l.w.data, l.w.type == detail::WeightType::q4_0, l.out, h1, h3);
   return true;
@@ -139,6 +153,22 @@ std::string_view to_string(ModelFormat format) {
 
 std::string_view to_string(QuantizedMatmul mode) {
   return mode == QuantizedMatmul::dequantize ? "dequantize" : "q8_activations";
+}
+
+std::string_view to_string(DenseMatmul mode) {
+  switch (mode) {
+    case DenseMatmul::float32: return "float32";
+    case DenseMatmul::bf16x3: return "bf16x3";
+    case DenseMatmul::bf16x6: return "bf16x6";
+  }
+  return "?";
+}
+
+DenseMatmul parse_dense_matmul(std::string_view text, std::string_view field) {
+  if (text == "float32") return DenseMatmul::float32;
+  if (text == "bf16x3") return DenseMatmul::bf16x3;
+  if (text == "bf16x6") return DenseMatmul::bf16x6;
+  throw ConfigError(fmt::format("{}: must be float32, bf16x3 or bf16x6 (got '{}')", field, text));
 }
 
 QuantizedMatmul parse_quantized_matmul(std::string_view text, std::string_view field) {
@@ -224,6 +254,10 @@ void Model::set_rope(const RopeSetup& rope) {
 }
 
 Model Model::build(detail::RawModel raw, const LoadOptions& options) {
+  if (options.dense_matmul != DenseMatmul::float32 && !detail::amx_bf16_supported())
+    throw InvalidArgument(fmt::format("dense_matmul: {} runs on AMX-BF16 tiles, which this CPU (or its kernel's "
+                                      "permission for the tile data) does not have; use float32",
+                                      to_string(options.dense_matmul)));
   auto w = std::make_shared<Weights>();
   const ModelConfig& c = raw.cfg;
   w->cfg = c;
@@ -355,6 +389,7 @@ std::optional<Tokenizer> Model::load_bundled_tokenizer(const std::filesystem::pa
 const ModelSource& Model::source() const { return w_->source; }
 const std::optional<Tokenizer>& Model::bundled_tokenizer() const { return w_->tokenizer; }
 QuantizedMatmul Model::quantized_matmul() const { return w_->options.quantized_matmul; }
+DenseMatmul Model::dense_matmul() const { return w_->options.dense_matmul; }
 
 void Model::set_trained_context(int64_t n, std::string source) {
   if (n <= 0) fail_field<InvalidArgument>("trained_context", "must be positive", n);

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "model/kernels.hpp"
 #include "posenc/convert.hpp"
 #include "posenc/error.hpp"
 #include "posenc/model.hpp"
@@ -262,4 +263,76 @@ TEST(WeightsAsStored, RandomModelRefusesShapesItCannotWriteNamingTheField) {
   const auto bad = test::run_cli("random-model --heads 5 --out '" + (dir.path() / "bad.gguf").string() + "'");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("n_heads"), std::string::npos) << bad.err;
+}
+
+// --dense-matmul bf16x6 / bf16x3 (AMX-BF16 tiles) on stories260K converted to F16 and BF16: a 40-token prefill
+// (three tiles of x, the SwiGLU in the up projection's epilogue) decodes token by token to the same bits, and the
+// logits stay near the float32 products' logits: bf16x6's products are exact, so only the sums' rounding differs
+// (measured max |dlogit| 1.2e-5 for F16, 9e-6 for BF16, logits spanning about 20 nats: bound 2e-4); bf16x3 drops
+// terms under 2^-13 of each product (measured 8.6e-4 and 3.9e-4: bound 5e-3).
+TEST(WeightsAsStored, Bf16SplitProductsDecodeAsTheyPrefillAndStayNearFloat32) {
+  if (!detail::amx_bf16_supported()) GTEST_SKIP() << "this CPU has no AMX-BF16";
+  const Model f32 = Model::load(test::shared_dir() / "models/stories260K/stories260K.gguf");
+  const Tokenizer tok = *f32.bundled_tokenizer();
+  test::TempDir dir;
+  std::vector<int32_t> ids = tok.encode(
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her dog Max, "
+      "who liked to run after the ball.", true, false);
+  ASSERT_GE(ids.size(), 33u);  // three tiles of 16 rows, the last one short
+  for (GgmlType t : {GgmlType::f16, GgmlType::bf16}) {
+    const std::string name = ggml_type_name(static_cast<uint32_t>(t));
+    GgufExportOptions eo;
+    eo.type = t;
+    const auto path = dir.path() / (name + ".gguf");
+    write_model_gguf(f32, tok, path, eo);
+    std::vector<float> reference;
+    {
+      const Model m = Model::load(path);
+      KvCache cache = m.make_cache(16);
+      const auto seq = cache.create();
+      Model::SequenceInput in{seq, ids, {}};
+      m.forward(cache, std::span(&in, 1), Model::LogitsMode::all, reference);
+    }
+    for (DenseMatmul mode : {DenseMatmul::bf16x6, DenseMatmul::bf16x3}) {
+      LoadOptions options;
+      options.dense_matmul = mode;
+      const Model m = Model::load(path, options);
+      const std::string label = name + " " + std::string(to_string(mode));
+      expect_decode_equals_prefill(m, ids, label);
+      KvCache cache = m.make_cache(16);
+      const auto seq = cache.create();
+      Model::SequenceInput in{seq, ids, {}};
+      std::vector<float> got;
+      m.forward(cache, std::span(&in, 1), Model::LogitsMode::all, got);
+      ASSERT_EQ(got.size(), reference.size());
+      double worst = 0.0;
+      for (std::size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(double{got[i]} - reference[i]));
+      EXPECT_LE(worst, mode == DenseMatmul::bf16x6 ? 2e-4 : 5e-3) << label;
+      EXPECT_GT(worst, 0.0) << label << ": not float32's bits, so some logit must differ";
+      std::printf("%s: max |dlogit| vs float32 products %.3g\n", label.c_str(), worst);
+    }
+  }
+}
+
+// Where the AMX-BF16 products cannot run (no AMX-BF16, or every SIMD path turned off with
+// POSENC_DENSE_KERNEL=reference, which this test uses to observe it on any CPU), the mode is refused at load naming
+// it, and the CLI exits 1 with that message; an unknown mode is a usage error naming the flag.
+TEST(WeightsAsStored, Bf16SplitIsRefusedWhereItCannotRunNamingTheSetting) {
+  EXPECT_NE(test::message_of<ConfigError>([] { parse_dense_matmul("bf16x9", "--dense-matmul"); })
+                .find("--dense-matmul: must be float32, bf16x3 or bf16x6 (got 'bf16x9')"),
+            std::string::npos);
+  const std::string model = (test::shared_dir() / "models/stories260K/stories260K.gguf").string();
+  test::TempDir d;
+  const auto err = d.path() / "err";
+  const std::string cmd = "env POSENC_DENSE_KERNEL=reference '" + std::string(POSENC_CLI_PATH) + "' generate --model '" +
+                          model + "' --prompt Once --max-tokens 2 --dense-matmul bf16x6 >/dev/null 2>'" +
+                          err.string() + "'";
+  const int st = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(st));
+  EXPECT_EQ(WEXITSTATUS(st), 1);
+  const std::string msg = test::slurp(err);
+  EXPECT_NE(msg.find("dense_matmul: bf16x6 runs on AMX-BF16 tiles"), std::string::npos) << msg;
+  const auto usage = test::run_cli("generate --model '" + model + "' --prompt Once --max-tokens 2 --dense-matmul bf16");
+  EXPECT_EQ(usage.exit_code, 2);
+  EXPECT_NE(usage.err.find("--dense-matmul"), std::string::npos) << usage.err;
 }

@@ -30,6 +30,7 @@ struct ModelArgs {
   std::string angle_precision = "float32";
   std::optional<int64_t> trained_context;
   std::string quantized_matmul = "dequantize";
+  std::string dense_matmul = "float32";
   /// No tokenizer needed (check-cache without --text feeds token ids): a model that brings none loads with an
   /// empty LoadedModel::tokenizer and tokenizer_source "" instead of "--tokenizer: required". A --tokenizer given
   /// is still loaded and checked.

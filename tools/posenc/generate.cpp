@@ -141,6 +141,7 @@ void run_generate(const GenerateArgs& a) {
       j["tokens_reprefilled"] = res.tokens_reprefilled;
     }
     j["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
+    j["dense_matmul"] = std::string(to_string(model.dense_matmul()));
     j["kv_dtype"] = std::string(to_string(model.kv_cache_dtype()));
     j["prefill_seconds"] = res.prefill_seconds;
     j["decode_seconds"] = res.decode_seconds;

@@ -213,6 +213,7 @@ void run_ppl(const PplArgs& a) {
       j["rope_change_policy"] = std::string(to_string(model.rope_change_policy()));
     }
     j["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
+    j["dense_matmul"] = std::string(to_string(model.dense_matmul()));
     j["kv_dtype"] = std::string(to_string(model.kv_cache_dtype()));
     j["buckets"] = edges.empty() ? "trained_context" : "--buckets";
     j["bootstrap"] = {{"resamples", PplOptions{}.bootstrap_resamples}, {"level", 0.95}, {"unit", "window"}};

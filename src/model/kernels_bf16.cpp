@@ -1,0 +1,479 @@
+// Products with F16/BF16 weights on AMX-BF16 tiles: float32 activations and the weights split into bfloat16
+// terms (the bf16x3 / bf16x6 algorithms of XLA's dot-algorithm presets BF16_BF16_F32_X3 / _X6), each bf16 product
+// exact in float32, accumulated in float32 by tdpbf16ps. See kernels.hpp.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include <cpuid.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+// GCC 12 flags the undefined pass-through vectors inside its own AVX-512 intrinsics as uninitialized.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include "core/aligned.hpp"
+#include "model/kernels.hpp"
+#include "model/kernels_dense.hpp"
+#include "posenc/float16.hpp"
+
+namespace posenc::detail {
+
+std::string_view to_string(Bf16Split s) { return s == Bf16Split::x3 ? "bf16x3" : "bf16x6"; }
+
+namespace {
+
+inline uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+/// f with the low 16 bits of its encoding cleared: a bfloat16 value (truncation, so f - result is exact).
+inline float trunc_bf16(float f) { return float_of(bits_of(f) & 0xFFFF0000u); }
+
+/// The stored weight (F16 or BF16) at index i of a row, widened exactly.
+inline float weight_at(WeightType t, const std::byte* row, int64_t i) {
+  uint16_t h;
+  std::memcpy(&h, row + 2 * i, 2);
+  return t == WeightType::f16 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+// ---- which bf16 products each algorithm keeps ----
+// x = x0 + x1 + x2 (bf16 terms, x0 = trunc_bf16(x), x1 = trunc_bf16(x - x0), x2 = x - x0 - x1: exact for a normal
+// float32 x, whose 24 significand bits are three terms of 8), w = w0 + w1 (w0 = trunc_bf16(w), w1 = w - w0: exact for
+// F16's 11 bits; w1 = 0 for BF16). bf16x6: all six x_i w_j (every product of x and w exact); bf16x3: x0 w0, x1 w0,
+// x0 w1 (as XLA's X3; the three dropped are under 2^-13 |x w| together).
+struct Term {
+  int x, w;
+};
+constexpr Term kX6[] = {{0, 0}, {1, 0}, {2, 0}, {0, 1}, {1, 1}, {2, 1}};
+constexpr Term kX3[] = {{0, 0}, {1, 0}, {0, 1}};
+
+}  // namespace
+
+void split_x_bf16(float x, float parts[3]) {
+  parts[0] = trunc_bf16(x);
+  const float r = x - parts[0];
+  parts[1] = trunc_bf16(r);
+  parts[2] = trunc_bf16(r - parts[1]);
+}
+
+void split_w_bf16(float w, float parts[2]) {
+  parts[0] = trunc_bf16(w);
+  parts[1] = trunc_bf16(w - parts[0]);
+}
+
+void matmul_bf16_split_reference(Bf16Split s, const float* x, int64_t n, const RawMatrix& w, double* y) {
+  if (w.type != WeightType::f16 && w.type != WeightType::bf16)
+    throw std::logic_error("matmul_bf16_split_reference: F16 or BF16 weights only");
+  const int64_t in = w.cols, row_bytes = w.row_bytes();
+  const Term* terms = s == Bf16Split::x6 ? kX6 : kX3;
+  const int nterms = s == Bf16Split::x6 ? 6 : 3;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t o = 0; o < w.rows; ++o) {
+      double acc = 0.0;
+      for (int64_t i = 0; i < in; ++i) {
+        float xs[3], ws[2];
+        split_x_bf16(x[r * in + i], xs);
+        split_w_bf16(weight_at(w.type, w.data + o * row_bytes, i), ws);
+        for (int t = 0; t < nterms; ++t) acc += static_cast<double>(xs[terms[t].x]) * ws[terms[t].w];
+      }
+      y[r * w.rows + o] = acc;
+    }
+}
+
+namespace {
+
+#define POSENC_TARGET_AMXBF16 \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c,fma,amx-tile,amx-bf16")))
+
+/// AMX-BF16: CPUID.(EAX=7,ECX=0):EDX bits 22 (AMX-BF16) and 24 (AMX-TILE), AVX512_BF16 (CPUID.(7,1):EAX bit 5, for
+/// the packing's vcvtne2ps2bf16), and the kernel's permission to use the tile data (asked once per process).
+bool cpu_has_amx_bf16() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+  if ((d & (1u << 22)) == 0 || (d & (1u << 24)) == 0) return false;
+  unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0;
+  if (__get_cpuid_count(7, 1, &a1, &b1, &c1, &d1) == 0 || (a1 & (1u << 5)) == 0) return false;
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+      !__builtin_cpu_supports("avx512dq") || !__builtin_cpu_supports("avx512vl"))
+    return false;
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+}
+
+// Tiles: C[o][r] = sum_k W[o][k] x[r][k], with the weights as A (16 output rows x 32 k, the rows as stored, widened
+// and split: no transposition) and x as B (16 k-pairs x 16 rows of x x 2, VNNI order, packed once per call). A tile
+// of C is 16 outputs x 16 rows of x; it is transposed into y by the epilogue. tmm0..3: C of (panel 0, x tile 0),
+// (0, 1), (1, 0), (1, 1); tmm4, tmm5: the two panels' A; tmm6, tmm7: the two x tiles' B.
+constexpr int64_t kTile = 16;        // rows of x per tile; weight rows per panel
+constexpr int64_t kK = 32;           // k per tile product (one 1 KiB tile of bf16)
+constexpr int64_t kTileBytes = 1024;
+constexpr int64_t kChunk = 8;        // k blocks per chunk of a panel pair's packed weights (2 x 8 x 2 KiB: in L1)
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+POSENC_TARGET_AMXBF16 void amx_begin() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes of cfg: make the whole 64 visible.
+  asm volatile("" : : "m"(cfg) : "memory");
+  _tile_loadconfig(&cfg);
+}
+POSENC_TARGET_AMXBF16 void amx_end() { _tile_release(); }
+
+/// 16 x 16 transpose of 32-bit lanes, in registers.
+POSENC_TARGET_AMXBF16 inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 16; i += 8)
+    for (int j = 0; j < 4; ++j) {
+      t[i + j] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0x88);
+      t[i + j + 4] = _mm512_shuffle_i32x4(r[i + j], r[i + j + 4], 0xDD);
+    }
+  for (int j = 0; j < 8; ++j) {
+    r[j] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_i32x4(t[j], t[j + 8], 0xDD);
+  }
+}
+
+/// The two float32 halves (16 each) of 32 values as 32 bf16, in order (the values are bf16 already: exact).
+POSENC_TARGET_AMXBF16 inline __m512i to_bf16(__m512 lo, __m512 hi) {
+  return reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+}
+POSENC_TARGET_AMXBF16 inline __m512 trunc16(__m512 v) {
+  return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+/// x tile t (rows [16t, 16t + 16) of x, those past n zero), k block kb, as `nx` B tiles (x0, x1[, x2]) at dst:
+/// tile c, row p (k pair), lane r = (x_c[r][32kb + 2p], x_c[r][32kb + 2p + 1]).
+POSENC_TARGET_AMXBF16 void pack_x_block(const float* x, int64_t n, int64_t in, int64_t t, int64_t kb, int nx,
+                                        std::byte* dst) {
+  __m512i parts[3][16];
+  const int64_t k0 = kb * kK;
+  const __mmask16 m0 = k0 + 16 <= in ? 0xFFFF : k0 >= in ? 0 : static_cast<__mmask16>((1u << (in - k0)) - 1u);
+  const __mmask16 m1 = k0 + 32 <= in ? 0xFFFF : k0 + 16 >= in ? 0 : static_cast<__mmask16>((1u << (in - k0 - 16)) - 1u);
+  for (int r = 0; r < 16; ++r) {
+    const int64_t row = t * kTile + r;
+    __m512 a = _mm512_setzero_ps(), b = _mm512_setzero_ps();
+    if (row < n) {
+      a = _mm512_maskz_loadu_ps(m0, x + row * in + k0);
+      b = _mm512_maskz_loadu_ps(m1, x + row * in + k0 + 16);
+    }
+    const __m512 a0 = trunc16(a), b0 = trunc16(b);
+    parts[0][r] = to_bf16(a0, b0);
+    const __m512 ar = _mm512_sub_ps(a, a0), br = _mm512_sub_ps(b, b0);
+    const __m512 a1 = trunc16(ar), b1 = trunc16(br);
+    parts[1][r] = to_bf16(a1, b1);
+    if (nx == 3) parts[2][r] = to_bf16(trunc16(_mm512_sub_ps(ar, a1)), trunc16(_mm512_sub_ps(br, b1)));
+  }
+  for (int c = 0; c < nx; ++c) {
+    transpose16(parts[c]);
+    for (int p = 0; p < 16; ++p) _mm512_store_si512(dst + c * kTileBytes + p * 64, parts[c][p]);
+  }
+}
+
+/// Weight rows [o0, o0 + 16 panels) (rows past `out` zero), k blocks [kb0, kb1), as A tiles at dst:
+/// [kb - kb0][w term][panel][16 rows][32 bf16]. A row's blocks are read one after the other (with 64 rows read a
+/// block at a time side by side, decode stalled on DRAM: 45% of its time waiting in this function), and the
+/// next chunk's bytes of the same rows (or, at the last chunk, the first chunk of the next panels) are
+/// prefetched towards L2 as they go.
+POSENC_TARGET_AMXBF16 void pack_w_chunk(const RawMatrix& w, int64_t o0, int panels, int64_t kb0, int64_t kb1, int nw,
+                                        std::byte* dst) {
+  const int64_t in = w.cols, row_bytes = w.row_bytes(), kblocks = (in + kK - 1) / kK;
+  const bool f16 = w.type == WeightType::f16;
+  const int64_t chunk_bytes = std::min<int64_t>((kb1 - kb0) * kK * 2, row_bytes - kb0 * kK * 2);
+  const bool last = kb1 >= kblocks;
+  for (int i = 0; i < panels * kTile; ++i) {
+    const int64_t o = o0 + i;
+    if (o >= w.rows) {
+      for (int64_t kb = kb0; kb < kb1; ++kb) {
+        std::byte* a0 = dst + (kb - kb0) * nw * panels * kTileBytes + (i / kTile) * kTileBytes + (i % kTile) * 64;
+        _mm512_store_si512(a0, _mm512_setzero_si512());
+        if (nw == 2) _mm512_store_si512(a0 + panels * kTileBytes, _mm512_setzero_si512());
+      }
+      continue;
+    }
+    const std::byte* row = w.data + o * row_bytes;
+    // Next: the following chunk of this row, or the first chunk of the row a group further.
+    const int64_t next_row = last ? o + panels * kTile : o;
+    if (next_row < w.rows) {
+      const std::byte* nxt = w.data + next_row * row_bytes + (last ? 0 : kb1 * kK * 2);
+      const int64_t nbytes = last ? std::min<int64_t>(chunk_bytes, row_bytes) : std::min<int64_t>(chunk_bytes, row_bytes - kb1 * kK * 2);
+      for (int64_t l = 0; l < nbytes; l += 64) __builtin_prefetch(nxt + l, 0, 2);
+    }
+    for (int64_t kb = kb0; kb < kb1; ++kb) {
+      const int64_t k0 = kb * kK;
+      const __mmask32 m = k0 + 32 <= in ? 0xFFFFFFFFu : static_cast<__mmask32>((1u << (in - k0)) - 1u);
+      std::byte* a0 = dst + (kb - kb0) * nw * panels * kTileBytes + (i / kTile) * kTileBytes + (i % kTile) * 64;
+      const __m512i raw = _mm512_maskz_loadu_epi16(m, row + k0 * 2);
+      if (!f16) {  // BF16: the stored value is the only term
+        _mm512_store_si512(a0, raw);
+        continue;
+      }
+      const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(raw));
+      const __m512 hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(raw, 1));
+      const __m512 lo0 = trunc16(lo), hi0 = trunc16(hi);
+      _mm512_store_si512(a0, to_bf16(lo0, hi0));
+      _mm512_store_si512(a0 + panels * kTileBytes, to_bf16(_mm512_sub_ps(lo, lo0), _mm512_sub_ps(hi, hi0)));
+    }
+  }
+}
+
+enum class Epilogue { store, accumulate, swiglu };
+
+/// The products of one chunk for a panel pair and one or two x tiles (Two: x tiles xb and xb + tile stride),
+/// added to the C tiles in ct (ct[0..3] as tmm0..3, 16 x 16 float32 each; zero first when `first`).
+template <bool Two, Bf16Split S>
+POSENC_TARGET_AMXBF16 void tile_chunk(const std::byte* wa, const std::byte* xb0, const std::byte* xb1, int64_t blocks,
+                                      int nw, int nx, bool first, float* ct) {
+  if (first) {
+    _tile_zero(0);
+    _tile_zero(2);
+    if constexpr (Two) {
+      _tile_zero(1);
+      _tile_zero(3);
+    }
+  } else {
+    _tile_loadd(0, ct, 64);
+    _tile_loadd(2, ct + 512, 64);
+    if constexpr (Two) {
+      _tile_loadd(1, ct + 256, 64);
+      _tile_loadd(3, ct + 768, 64);
+    }
+  }
+  const int64_t xstride = nx * kTileBytes;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const std::byte* a = wa + b * nw * 2 * kTileBytes;
+    const std::byte* x0 = xb0 + b * xstride;
+    const std::byte* x1 = xb1 + b * xstride;
+#define POSENC_BF16_TERMS(XT)                       \
+  _tile_loadd(6, x0 + (XT) * kTileBytes, 64);       \
+  if constexpr (Two) _tile_loadd(7, x1 + (XT) * kTileBytes, 64); \
+  _tile_dpbf16ps(0, 4, 6);                          \
+  _tile_dpbf16ps(2, 5, 6);                          \
+  if constexpr (Two) {                              \
+    _tile_dpbf16ps(1, 4, 7);                        \
+    _tile_dpbf16ps(3, 5, 7);                        \
+  }
+    // weight term 0 against x terms 0, 1 (, 2)
+    _tile_loadd(4, a, 64);
+    _tile_loadd(5, a + kTileBytes, 64);
+    POSENC_BF16_TERMS(0)
+    POSENC_BF16_TERMS(1)
+    if constexpr (S == Bf16Split::x6) {
+      POSENC_BF16_TERMS(2)
+    }
+    if (nw == 2) {  // weight term 1 (F16) against x terms 0 (, 1, 2)
+      _tile_loadd(4, a + 2 * kTileBytes, 64);
+      _tile_loadd(5, a + 3 * kTileBytes, 64);
+      POSENC_BF16_TERMS(0)
+      if constexpr (S == Bf16Split::x6) {
+        POSENC_BF16_TERMS(1)
+        POSENC_BF16_TERMS(2)
+      }
+    }
+#undef POSENC_BF16_TERMS
+  }
+  _tile_stored(0, ct, 64);
+  _tile_stored(2, ct + 512, 64);
+  if constexpr (Two) {
+    _tile_stored(1, ct + 256, 64);
+    _tile_stored(3, ct + 768, 64);
+  }
+}
+
+/// The products of one chunk for four panels and one x tile (decode, and any tile block of one tile): C of panel
+/// q in tmm<q> (four accumulations in flight: with two, tdpbf16ps's latency bound decode to a third of its
+/// throughput), ct[q * 256..]. Each output's sequence of products is tile_chunk's, so the bits are the same.
+template <Bf16Split S>
+POSENC_TARGET_AMXBF16 void tile_chunk4(const std::byte* wa, const std::byte* xb0, int64_t blocks, int nw, int nx,
+                                       bool first, float* ct) {
+  if (first) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  } else {
+    _tile_loadd(0, ct, 64);
+    _tile_loadd(1, ct + 256, 64);
+    _tile_loadd(2, ct + 512, 64);
+    _tile_loadd(3, ct + 768, 64);
+  }
+  const int64_t xstride = nx * kTileBytes;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const std::byte* a = wa + b * nw * 4 * kTileBytes;
+    const std::byte* x0 = xb0 + b * xstride;
+#define POSENC_BF16_TERMS4(WT, XT)                       \
+  _tile_loadd(6, x0 + (XT) * kTileBytes, 64);            \
+  _tile_loadd(4, a + ((WT) * 4 + 0) * kTileBytes, 64);   \
+  _tile_dpbf16ps(0, 4, 6);                               \
+  _tile_loadd(5, a + ((WT) * 4 + 1) * kTileBytes, 64);   \
+  _tile_dpbf16ps(1, 5, 6);                               \
+  _tile_loadd(4, a + ((WT) * 4 + 2) * kTileBytes, 64);   \
+  _tile_dpbf16ps(2, 4, 6);                               \
+  _tile_loadd(5, a + ((WT) * 4 + 3) * kTileBytes, 64);   \
+  _tile_dpbf16ps(3, 5, 6);
+    POSENC_BF16_TERMS4(0, 0)
+    POSENC_BF16_TERMS4(0, 1)
+    if constexpr (S == Bf16Split::x6) {
+      POSENC_BF16_TERMS4(0, 2)
+    }
+    if (nw == 2) {
+      POSENC_BF16_TERMS4(1, 0)
+      if constexpr (S == Bf16Split::x6) {
+        POSENC_BF16_TERMS4(1, 1)
+        POSENC_BF16_TERMS4(1, 2)
+      }
+    }
+#undef POSENC_BF16_TERMS4
+  }
+  _tile_stored(0, ct, 64);
+  _tile_stored(1, ct + 256, 64);
+  _tile_stored(2, ct + 512, 64);
+  _tile_stored(3, ct + 768, 64);
+}
+
+/// C (16 outputs x 16 rows of x, float32) transposed into y rows [0, rows) and columns [0, cols).
+POSENC_TARGET_AMXBF16 void write_tile(const float* c, float* y, int64_t ldy, int rows, int cols, Epilogue e) {
+  __m512i r[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_load_si512(c + 16 * i);
+  transpose16(r);
+  const __mmask16 m = static_cast<__mmask16>((1u << cols) - 1u);
+  for (int i = 0; i < rows; ++i) {
+    float* yr = y + i * ldy;
+    __m512 v = _mm512_castsi512_ps(r[i]);
+    if (e == Epilogue::swiglu) {
+      alignas(64) float h3[16];
+      _mm512_store_ps(h3, v);
+      swiglu_serial(yr, h3, cols);
+      continue;
+    }
+    if (e == Epilogue::accumulate) v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, yr), v);
+    _mm512_mask_storeu_ps(yr, m, v);
+  }
+}
+
+template <Bf16Split S>
+void matmul_amx_bf16(const float* x, int64_t n, const RawMatrix& w, float* y, Epilogue e) {
+  const int64_t in = w.cols, out = w.rows;
+  const int nw = w.type == WeightType::f16 ? 2 : 1, nx = S == Bf16Split::x6 ? 3 : 2;
+  const int64_t kblocks = (in + kK - 1) / kK, tiles = (n + kTile - 1) / kTile;
+  // x as B tiles, [tile][k block][x term][1 KiB], once per call.
+  const int64_t tile_bytes = kblocks * nx * kTileBytes;
+  const auto xb = aligned_uninitialized<std::byte>(static_cast<std::size_t>(tiles * tile_bytes));
+#pragma omp parallel for schedule(static) collapse(2) if (n * in >= (int64_t{1} << 16))
+  for (int64_t t = 0; t < tiles; ++t)
+    for (int64_t kb = 0; kb < kblocks; ++kb) pack_x_block(x, n, in, t, kb, nx, xb.get() + t * tile_bytes + kb * nx * kTileBytes);
+  // Tiles of x a block at a time (about half of a 2 MiB L2), panel pairs inside it, chunks of k inside those.
+  const int64_t tile_cap = std::max<int64_t>(1, (int64_t{1} << 20) / tile_bytes);
+  const BalancedBlocks tile_blocks(tiles, tile_cap, 1, tile_cap / 4);
+  // Panels two at a time against pairs of x tiles, or four at a time against a single tile (n <= 16: decode).
+  const int g = tiles == 1 ? 4 : 2;
+  const int64_t groups = (out + g * kTile - 1) / (g * kTile);
+  const bool parallel = n * in * out > (int64_t{1} << 20);
+#pragma omp parallel if (parallel)
+  {
+    amx_begin();
+    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+    const int64_t p0 = groups * me / nt, p1 = groups * (me + 1) / nt;
+    const auto wa = aligned_uninitialized<std::byte>(static_cast<std::size_t>(kChunk * nw * g * kTileBytes));
+    const auto ct = aligned_uninitialized<float>(static_cast<std::size_t>((tile_blocks.max_size() + 1) * 512));
+    for (int64_t bi = 0; bi < tile_blocks.count; ++bi) {
+      const int64_t t0 = tile_blocks.begin(bi), t1 = tile_blocks.begin(bi + 1);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t o0 = p * g * kTile;
+        for (int64_t kb0 = 0; kb0 < kblocks; kb0 += kChunk) {
+          const int64_t kb1 = std::min(kblocks, kb0 + kChunk);
+          pack_w_chunk(w, o0, g, kb0, kb1, nw, wa.get());
+          for (int64_t t = t0; t < t1; t += 2) {
+            const std::byte* x0 = xb.get() + t * tile_bytes + kb0 * nx * kTileBytes;
+            float* c = ct.get() + (t - t0) * 512;
+            if (g == 4)
+              tile_chunk4<S>(wa.get(), x0, kb1 - kb0, nw, nx, kb0 == 0, c);
+            else if (t + 1 < t1)
+              tile_chunk<true, S>(wa.get(), x0, x0 + tile_bytes, kb1 - kb0, nw, nx, kb0 == 0, c);
+            else
+              tile_chunk<false, S>(wa.get(), x0, x0, kb1 - kb0, nw, nx, kb0 == 0, c);
+          }
+        }
+        for (int64_t t = t0; t < t1; ++t) {
+          const int rows = static_cast<int>(std::min<int64_t>(kTile, n - t * kTile));
+          // g == 2: ct of the pair (t, t + 1) from an even offset holds [C(p0, t0), C(p0, t1), C(p1, t0), C(p1, t1)];
+          // g == 4: [C(p0), C(p1), C(p2), C(p3)] of the one tile.
+          const int64_t pair_base = (t - t0) / 2 * 2, which = (t - t0) % 2;
+          for (int q = 0; q < g; ++q) {
+            const int64_t oq = o0 + q * kTile;
+            if (oq >= out) break;
+            const int cols = static_cast<int>(std::min<int64_t>(kTile, out - oq));
+            const float* c = g == 4 ? ct.get() + q * 256 : ct.get() + pair_base * 512 + q * 512 + which * 256;
+            write_tile(c, y + t * kTile * out + oq, out, rows, cols, e);
+          }
+        }
+      }
+    }
+    amx_end();
+  }
+}
+
+void check_args(const RawMatrix& w, const char* who) {
+  if (w.type != WeightType::f16 && w.type != WeightType::bf16)
+    throw std::logic_error(std::string(who) + ": F16 or BF16 weights only");
+  if (!amx_bf16_supported()) throw std::logic_error(std::string(who) + ": this CPU has no AMX-BF16");
+}
+
+void dispatch(Bf16Split s, const float* x, int64_t n, const RawMatrix& w, float* y, Epilogue e) {
+  if (n <= 0 || w.rows <= 0) return;
+  if (s == Bf16Split::x6)
+    matmul_amx_bf16<Bf16Split::x6>(x, n, w, y, e);
+  else
+    matmul_amx_bf16<Bf16Split::x3>(x, n, w, y, e);
+}
+
+}  // namespace
+
+bool amx_bf16_supported() {
+  static const bool ok = dense_kernel() != DenseKernel::reference && cpu_has_amx_bf16();
+  return ok;
+}
+
+void matmul_bf16_split(Bf16Split s, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
+  check_args(w, "matmul_bf16_split");
+  dispatch(s, x, n, w, y, accumulate ? Epilogue::accumulate : Epilogue::store);
+}
+
+void matmul_bf16_split_swiglu(Bf16Split s, const float* x, int64_t n, const RawMatrix& w, float* h1) {
+  check_args(w, "matmul_bf16_split_swiglu");
+  dispatch(s, x, n, w, h1, Epilogue::swiglu);
+}
+
+}  // namespace posenc::detail
