@@ -7,6 +7,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <cpuid.h>
 #include <immintrin.h>
@@ -208,12 +209,13 @@ POSENC_TARGET_AMXBF16 void pack_x_block(const float* x, int64_t n, int64_t in, i
 /// next chunk's bytes of the same rows (or, at the last chunk, the first chunk of the next panels) are
 /// prefetched towards L2 as they go.
 POSENC_TARGET_AMXBF16 void pack_w_chunk(const RawMatrix& w, int64_t o0, int panels, int64_t kb0, int64_t kb1, int nw,
-                                        std::byte* dst) {
+                                        std::byte* dst, int r0 = 0, int r1 = -1) {
   const int64_t in = w.cols, row_bytes = w.row_bytes(), kblocks = (in + kK - 1) / kK;
   const bool f16 = w.type == WeightType::f16;
   const int64_t chunk_bytes = std::min<int64_t>((kb1 - kb0) * kK * 2, row_bytes - kb0 * kK * 2);
   const bool last = kb1 >= kblocks;
-  for (int i = 0; i < panels * kTile; ++i) {
+  if (r1 < 0) r1 = panels * static_cast<int>(kTile);
+  for (int i = r0; i < r1; ++i) {
     const int64_t o = o0 + i;
     if (o >= w.rows) {
       for (int64_t kb = kb0; kb < kb1; ++kb) {
@@ -249,13 +251,33 @@ POSENC_TARGET_AMXBF16 void pack_w_chunk(const RawMatrix& w, int64_t o0, int pane
   }
 }
 
+/// The packing of the chunk after the one the tiles are running on, spread over their k blocks (its rows in
+/// `parts` slices): the tdpbf16ps of one chunk run on the AMX unit while the vector ports widen and split the next
+/// (packed in turn, the packing was 24% of a bf16x6 prefill and most of a decode).
+struct PackJob {
+  const RawMatrix* w = nullptr;  // nullptr: nothing to pack
+  int64_t o0 = 0, kb0 = 0, kb1 = 0;
+  int panels = 0, nw = 0;
+  std::byte* dst = nullptr;
+  void run() const {
+    if (w != nullptr) pack_w_chunk(*w, o0, panels, kb0, kb1, nw, dst);
+  }
+  void slice(int64_t part, int64_t parts) const {
+    if (w == nullptr) return;
+    const int64_t rows = panels * kTile;
+    pack_w_chunk(*w, o0, panels, kb0, kb1, nw, dst, static_cast<int>(rows * part / parts),
+                 static_cast<int>(rows * (part + 1) / parts));
+  }
+};
+
 enum class Epilogue { store, accumulate, swiglu };
 
 /// The products of one chunk for a panel pair and one or two x tiles (Two: x tiles xb and xb + tile stride),
 /// added to the C tiles in ct (ct[0..3] as tmm0..3, 16 x 16 float32 each; zero first when `first`).
 template <bool Two, Bf16Split S>
 POSENC_TARGET_AMXBF16 void tile_chunk(const std::byte* wa, const std::byte* xb0, const std::byte* xb1, int64_t blocks,
-                                      int nw, int nx, bool first, float* ct) {
+                                      int nw, int nx, bool first, float* ct, const PackJob& job, int64_t part0,
+                                      int64_t parts) {
   if (first) {
     _tile_zero(0);
     _tile_zero(2);
@@ -303,6 +325,7 @@ POSENC_TARGET_AMXBF16 void tile_chunk(const std::byte* wa, const std::byte* xb0,
       }
     }
 #undef POSENC_BF16_TERMS
+    job.slice(part0 + b, parts);
   }
   _tile_stored(0, ct, 64);
   _tile_stored(2, ct + 512, 64);
@@ -317,7 +340,7 @@ POSENC_TARGET_AMXBF16 void tile_chunk(const std::byte* wa, const std::byte* xb0,
 /// throughput), ct[q * 256..]. Each output's sequence of products is tile_chunk's, so the bits are the same.
 template <Bf16Split S>
 POSENC_TARGET_AMXBF16 void tile_chunk4(const std::byte* wa, const std::byte* xb0, int64_t blocks, int nw, int nx,
-                                       bool first, float* ct) {
+                                       bool first, float* ct, const PackJob& job, int64_t part0, int64_t parts) {
   if (first) {
     _tile_zero(0);
     _tile_zero(1);
@@ -356,6 +379,7 @@ POSENC_TARGET_AMXBF16 void tile_chunk4(const std::byte* wa, const std::byte* xb0
       }
     }
 #undef POSENC_BF16_TERMS4
+    job.slice(part0 + b, parts);
   }
   _tile_stored(0, ct, 64);
   _tile_stored(1, ct + 256, 64);
@@ -394,52 +418,113 @@ void matmul_amx_bf16(const float* x, int64_t n, const RawMatrix& w, float* y, Ep
 #pragma omp parallel for schedule(static) collapse(2) if (n * in >= (int64_t{1} << 16))
   for (int64_t t = 0; t < tiles; ++t)
     for (int64_t kb = 0; kb < kblocks; ++kb) pack_x_block(x, n, in, t, kb, nx, xb.get() + t * tile_bytes + kb * nx * kTileBytes);
-  // Tiles of x a block at a time (about half of a 2 MiB L2), panel pairs inside it, chunks of k inside those.
-  const int64_t tile_cap = std::max<int64_t>(1, (int64_t{1} << 20) / tile_bytes);
-  const BalancedBlocks tile_blocks(tiles, tile_cap, 1, tile_cap / 4);
   // Panels two at a time against pairs of x tiles, or four at a time against a single tile (n <= 16: decode).
   const int g = tiles == 1 ? 4 : 2;
   const int64_t groups = (out + g * kTile - 1) / (g * kTile);
   const bool parallel = n * in * out > (int64_t{1} << 20);
+  const int64_t threads = parallel ? omp_get_max_threads() : 1;
+  const int64_t groups_per_thread = (groups + threads - 1) / threads;
+  // Blocking. The x tiles of a block, over the k blocks of a super-chunk, are read from L2 by every panel group's
+  // tiles: at most 1 MiB of them. When a block of all k fits (every tile, or enough tiles), one pass of the panel
+  // groups does the block and the C tiles of one group at a time are kept (ct). Otherwise (rows of 4864 weights:
+  // 456 KiB of bf16x6 terms per tile, so blocks of 2 tiles, and every panel was widened again for each of 8 blocks:
+  // 168 GFLOP/s against 270 on rows of 1024) k is split into super-chunks and the C tiles of all the thread's
+  // groups are kept between them (at most 4 MiB: tiles per block bounded by that), so that each panel is widened
+  // once per block of tiles.
+  constexpr int64_t kXBlockBytes = int64_t{1} << 20, kCtBytes = int64_t{4} << 20;
+  const int64_t tile_cap = std::max<int64_t>(1, kXBlockBytes / tile_bytes);
+  int64_t block_tiles = tiles, kc = kblocks;
+  if (tile_cap < tiles) {
+    const int64_t ct_per_tile = kTile * groups_per_thread * g * kTile * 4;
+    block_tiles = std::clamp<int64_t>(kCtBytes / ct_per_tile, 1, tiles);
+    kc = std::max<int64_t>(kChunk, kXBlockBytes / (block_tiles * nx * kTileBytes) / kChunk * kChunk);
+    if (kc >= kblocks) {  // the ct budget leaves blocks small enough for all of k after all
+      kc = kblocks;
+      block_tiles = tile_cap;
+    }
+  }
+  // (decode measured with chunks of 16 and 64 k blocks too, reading each row in longer runs: slower)
+  const int64_t chunk = kChunk;
+  const bool persist = kc < kblocks;  // C kept across super-chunks for every group of the thread
+  const BalancedBlocks tile_blocks(tiles, block_tiles, 1, persist ? 0 : block_tiles / 4);
+  const int64_t slots = (tile_blocks.max_size() + 1) / 2 * 1024;  // floats of C per group: 4 tiles per pair of x tiles
 #pragma omp parallel if (parallel)
   {
     amx_begin();
     const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
     const int64_t p0 = groups * me / nt, p1 = groups * (me + 1) / nt;
-    const auto wa = aligned_uninitialized<std::byte>(static_cast<std::size_t>(kChunk * nw * g * kTileBytes));
-    const auto ct = aligned_uninitialized<float>(static_cast<std::size_t>((tile_blocks.max_size() + 1) * 512));
-    for (int64_t bi = 0; bi < tile_blocks.count; ++bi) {
-      const int64_t t0 = tile_blocks.begin(bi), t1 = tile_blocks.begin(bi + 1);
-      for (int64_t p = p0; p < p1; ++p) {
-        const int64_t o0 = p * g * kTile;
-        for (int64_t kb0 = 0; kb0 < kblocks; kb0 += kChunk) {
-          const int64_t kb1 = std::min(kblocks, kb0 + kChunk);
-          pack_w_chunk(w, o0, g, kb0, kb1, nw, wa.get());
-          for (int64_t t = t0; t < t1; t += 2) {
-            const std::byte* x0 = xb.get() + t * tile_bytes + kb0 * nx * kTileBytes;
-            float* c = ct.get() + (t - t0) * 512;
-            if (g == 4)
-              tile_chunk4<S>(wa.get(), x0, kb1 - kb0, nw, nx, kb0 == 0, c);
-            else if (t + 1 < t1)
-              tile_chunk<true, S>(wa.get(), x0, x0 + tile_bytes, kb1 - kb0, nw, nx, kb0 == 0, c);
-            else
-              tile_chunk<false, S>(wa.get(), x0, x0, kb1 - kb0, nw, nx, kb0 == 0, c);
-          }
-        }
-        for (int64_t t = t0; t < t1; ++t) {
-          const int rows = static_cast<int>(std::min<int64_t>(kTile, n - t * kTile));
-          // g == 2: ct of the pair (t, t + 1) from an even offset holds [C(p0, t0), C(p0, t1), C(p1, t0), C(p1, t1)];
-          // g == 4: [C(p0), C(p1), C(p2), C(p3)] of the one tile.
-          const int64_t pair_base = (t - t0) / 2 * 2, which = (t - t0) % 2;
-          for (int q = 0; q < g; ++q) {
-            const int64_t oq = o0 + q * kTile;
-            if (oq >= out) break;
-            const int cols = static_cast<int>(std::min<int64_t>(kTile, out - oq));
-            const float* c = g == 4 ? ct.get() + q * 256 : ct.get() + pair_base * 512 + q * 512 + which * 256;
-            write_tile(c, y + t * kTile * out + oq, out, rows, cols, e);
-          }
+    const int64_t wa_bytes = chunk * nw * g * kTileBytes;
+    const auto wa = aligned_uninitialized<std::byte>(static_cast<std::size_t>(2 * wa_bytes));
+    const auto ct =
+        aligned_uninitialized<float>(static_cast<std::size_t>((persist ? std::max<int64_t>(1, p1 - p0) : 1) * slots));
+    // C of group p into y, tiles [t0, t1) of the block.
+    auto write_group = [&](int64_t p, const float* cg, int64_t t0, int64_t t1) {
+      const int64_t o0 = p * g * kTile;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int rows = static_cast<int>(std::min<int64_t>(kTile, n - t * kTile));
+        // g == 2: the pair (t, t + 1) from an even offset holds [C(p0, t0), C(p0, t1), C(p1, t0), C(p1, t1)];
+        // g == 4: [C(p0), C(p1), C(p2), C(p3)] of the one tile.
+        const int64_t pair_base = (t - t0) / 2 * 2, which = (t - t0) % 2;
+        for (int q = 0; q < g; ++q) {
+          const int64_t oq = o0 + q * kTile;
+          if (oq >= out) break;
+          const int cols = static_cast<int>(std::min<int64_t>(kTile, out - oq));
+          const float* c = g == 4 ? cg + q * 256 : cg + pair_base * 512 + q * 512 + which * 256;
+          write_tile(c, y + t * kTile * out + oq, out, rows, cols, e);
         }
       }
+    };
+    // This thread's chunks in order (tile block, super-chunk, group, chunk of k), each packed while the tiles of the
+    // one before it run (two buffers, taking turns).
+    struct Step {
+      int64_t bi, p, kb0, kb1;
+      bool group_end, block_end;
+    };
+    std::vector<Step> steps;
+    for (int64_t bi = 0; bi < tile_blocks.count; ++bi)
+      for (int64_t ks0 = 0; ks0 < kblocks; ks0 += kc) {
+        const int64_t ks1 = std::min(kblocks, ks0 + kc);
+        for (int64_t p = p0; p < p1; ++p)
+          for (int64_t kb0 = ks0; kb0 < ks1; kb0 += chunk) {
+            const int64_t kb1 = std::min(ks1, kb0 + chunk);
+            steps.push_back({bi, p, kb0, kb1, kb1 == ks1, ks1 == kblocks && p == p1 - 1 && kb1 == ks1});
+          }
+      }
+    auto job_of = [&](std::size_t j) {
+      PackJob job;
+      if (j < steps.size()) {
+        job.w = &w;
+        job.o0 = steps[j].p * g * kTile;
+        job.kb0 = steps[j].kb0;
+        job.kb1 = steps[j].kb1;
+        job.panels = g;
+        job.nw = nw;
+        job.dst = wa.get() + static_cast<int64_t>(j % 2) * wa_bytes;
+      }
+      return job;
+    };
+    if (!steps.empty()) job_of(0).run();
+    for (std::size_t j = 0; j < steps.size(); ++j) {
+      const Step& st = steps[j];
+      const int64_t t0 = tile_blocks.begin(st.bi), t1 = tile_blocks.begin(st.bi + 1);
+      const std::byte* a = wa.get() + static_cast<int64_t>(j % 2) * wa_bytes;
+      const PackJob next = job_of(j + 1);
+      float* cg = ct.get() + (persist ? (st.p - p0) * slots : 0);
+      const int64_t calls = (t1 - t0 + 1) / 2, blocks = st.kb1 - st.kb0;
+      for (int64_t t = t0; t < t1; t += 2) {
+        const std::byte* x0 = xb.get() + t * tile_bytes + st.kb0 * nx * kTileBytes;
+        float* c = cg + (t - t0) * 512;
+        const int64_t part0 = (t - t0) / 2 * blocks, parts = calls * blocks;
+        if (g == 4)
+          tile_chunk4<S>(a, x0, blocks, nw, nx, st.kb0 == 0, c, next, part0, parts);
+        else if (t + 1 < t1)
+          tile_chunk<true, S>(a, x0, x0 + tile_bytes, blocks, nw, nx, st.kb0 == 0, c, next, part0, parts);
+        else
+          tile_chunk<false, S>(a, x0, x0, blocks, nw, nx, st.kb0 == 0, c, next, part0, parts);
+      }
+      if (!persist && st.group_end) write_group(st.p, cg, t0, t1);
+      if (persist && st.block_end)
+        for (int64_t p = p0; p < p1; ++p) write_group(p, ct.get() + (p - p0) * slots, t0, t1);
     }
     amx_end();
   }

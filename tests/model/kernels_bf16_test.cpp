@@ -152,8 +152,12 @@ TEST(Bf16Split, KernelIsWithinTheBoundOfItsProductsOnAwkwardShapes) {
 TEST(Bf16Split, ARowsBitsDoNotDependOnTheBatchOrTheThreads) {
   SKIP_WITHOUT_AMX_BF16();
   for (Bf16Split s : {Bf16Split::x3, Bf16Split::x6})
-    for (WeightType t : {WeightType::f16, WeightType::bf16}) {
-      const int64_t n = 37, out = 200, in = 600;  // 3 tiles (the last one short), 7 panel pairs (the last short)
+    for (WeightType t : {WeightType::f16, WeightType::bf16})
+    for (int64_t in : {int64_t{600}, int64_t{4900}}) {
+      // 3 tiles (the last one short), 7 panel pairs (the last short); rows of 4900 weights take more than a block
+      // of x tiles in L2, so the batch runs in super-chunks of k with its C tiles kept between them (rows alone
+      // do not): the same bits either way.
+      const int64_t n = 37, out = 200;
       const Stored w(t, out, in, 11);
       const auto x = randn(static_cast<std::size_t>(n * in), 12, 1.0f);
       std::vector<float> batch(static_cast<std::size_t>(n * out));
@@ -168,7 +172,8 @@ TEST(Bf16Split, ARowsBitsDoNotDependOnTheBatchOrTheThreads) {
           std::vector<float> alone(static_cast<std::size_t>(out));
           matmul_bf16_split(s, x.data() + r * in, 1, w.m, alone.data(), false);
           EXPECT_EQ(std::memcmp(alone.data(), batch.data() + r * out, out * 4), 0)
-              << to_string(s) << " " << to_string(t) << " row " << r << " alone, " << threads << " threads";
+              << to_string(s) << " " << to_string(t) << " in " << in << " row " << r << " alone, " << threads
+              << " threads";
         }
         // In a shorter batch that puts it at another place of its tile.
         std::vector<float> shifted(static_cast<std::size_t>((n - 3) * out));
