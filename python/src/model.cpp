@@ -158,12 +158,14 @@ posenc.Error subclasses it raises.
 Safe to call from several Python threads at once (the GIL is released around the forward passes).)doc")
       .def_static(
           "load",
-          [](py::handle path_obj, py::handle tokenizer_obj, const std::string& quantized_matmul) {
+          [](py::handle path_obj, py::handle tokenizer_obj, const std::string& quantized_matmul,
+             const std::string& dense_matmul) {
             const std::string path = path_arg(path_obj, "path");
             std::optional<std::string> tokenizer;
             if (!tokenizer_obj.is_none()) tokenizer = path_arg(tokenizer_obj, "tokenizer");
             LoadOptions lo;
             lo.quantized_matmul = parse_quantized_matmul(quantized_matmul, "quantized_matmul");
+            lo.dense_matmul = parse_dense_matmul(dense_matmul, "dense_matmul");
             py::gil_scoped_release release;
             PyModel pm{Model::load(path, lo), std::nullopt, "", ""};
             if (tokenizer) {
@@ -185,14 +187,17 @@ Safe to call from several Python threads at once (the GIL is released around the
             }
             return pm;
           },
-          py::arg("path"), py::arg("tokenizer") = py::none(), py::arg("quantized_matmul") = "dequantize", R"doc(
+          py::arg("path"), py::arg("tokenizer") = py::none(), py::arg("quantized_matmul") = "dequantize",
+          py::arg("dense_matmul") = "float32", R"doc(
 Loads a model: a llama2.c .bin, a posenc checkpoint, a Hugging Face directory (config.json + model.safetensors +
 tokenizer.json) or a GGUF file (format detected from the contents); path and tokenizer are str or os.PathLike.
 tokenizer: a tokenizer.json (or its directory), a GGUF (its embedded vocabulary) or a llama2.c tokenizer .bin;
 default the one the model brings (HF directory, GGUF). A bundled tokenizer that cannot be used (e.g. a GGUF
 vocabulary with equal scores) does not stop the load: logits/forward work, and tokenize/score/generate raise posenc.TokenizerError with the reason. quantized_matmul:
-"dequantize" or "q8_activations" (llama.cpp's arithmetic for Q8_0/Q4_0 weights). Raises posenc.IoError,
-posenc.CheckpointError, posenc.ConfigError, posenc.TokenizerError naming the file and field.)doc")
+"dequantize" or "q8_activations" (llama.cpp's arithmetic for Q8_0/Q4_0 weights). dense_matmul: "float32",
+"bf16x6" or "bf16x3" (F16/BF16 products on AMX-BF16 tiles; posenc.InvalidArgument on a CPU without AMX-BF16).
+Raises posenc.IoError, posenc.CheckpointError, posenc.ConfigError, posenc.TokenizerError naming the file and
+field.)doc")
       .def_property_readonly("config", [](const PyModel& p) { return config_dict(p.model.config()); },
                              "Sizes: dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, head_dim, ...")
       .def_property_readonly("format", [](const PyModel& p) { return std::string(to_string(p.model.source().format)); })

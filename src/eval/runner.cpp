@@ -734,7 +734,7 @@ std::string eval_run_id(const EvalConfig& c, const Model& model) {
   a["angle_precision"] = std::string(to_string(model.rope().precision));
   a["rope_theta"] = model.rope().params.rope_theta;
   // Positional overrides and load options that change results (--config,
-  // --trained-context, --quantized-matmul); added only when not the defaults,
+  // --trained-context, --quantized-matmul, --dense-matmul); added only when not the defaults,
   // so the ids of earlier runs stay valid.
   const RopeParams& rp = model.rope().params;
   if (rp.rope_type != "default" || rp.factor) {
@@ -748,6 +748,7 @@ std::string eval_run_id(const EvalConfig& c, const Model& model) {
   if (model.trained_context() != model.config().max_position_embeddings) a["trained_context"] = model.trained_context();
   if (model.quantized_matmul() != QuantizedMatmul::dequantize)
     a["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
+  if (model.dense_matmul() != DenseMatmul::float32) a["dense_matmul"] = std::string(to_string(model.dense_matmul()));
   if (model.kv_cache_dtype() != KvCacheDtype::f32) a["kv_dtype"] = std::string(to_string(model.kv_cache_dtype()));
   return hex16(hash_bytes(a.dump()));
 }
@@ -1313,6 +1314,7 @@ EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoin
                   {"architecture", model.source().architecture},
                   {"weights", model.source().weights},
                   {"quantized_matmul", std::string(to_string(model.quantized_matmul()))},
+                  {"dense_matmul", std::string(to_string(model.dense_matmul()))},
                   {"kv_dtype", std::string(to_string(model.kv_cache_dtype()))},
                   {"layout_reason", model.source().layout_reason}};
   }

@@ -395,7 +395,7 @@ void add_eval_command(CLI::App& app) {
     if (cmd->got_subcommand(report) || cmd->got_subcommand(merge)) return;
     args->model_only_flags.clear();
     for (const char* f : {"--rope-scaling", "--rope-factor", "--config", "--rope-theta", "--rope-layout",
-                          "--angle-precision", "--quantized-matmul", "--served-model", "--concurrency",
+                          "--angle-precision", "--quantized-matmul", "--dense-matmul", "--served-model", "--concurrency",
                           "--request-timeout", "--retries"})
       if (cmd->count(f) > 0) args->model_only_flags.emplace_back(f);
     run_eval_cmd(*args);
