@@ -204,6 +204,12 @@ field.)doc")
       .def_property_readonly("architecture", [](const PyModel& p) { return p.model.source().architecture; })
       .def_property_readonly("family", [](const PyModel& p) { return std::string(to_string(p.model.family())); })
       .def_property_readonly("trained_context", [](const PyModel& p) { return p.model.trained_context(); })
+      .def_property_readonly(
+          "quantized_matmul", [](const PyModel& p) { return std::string(to_string(p.model.quantized_matmul())); },
+          "How Q8_0/Q4_0 weights are multiplied: \"dequantize\" or \"q8_activations\" (Model.load's argument)")
+      .def_property_readonly(
+          "dense_matmul", [](const PyModel& p) { return std::string(to_string(p.model.dense_matmul())); },
+          "How F16/BF16 weights are multiplied: \"float32\", \"bf16x6\" or \"bf16x3\" (Model.load's argument)")
       .def_property_readonly("vocab_size", [](const PyModel& p) { return p.model.config().vocab_size; })
       .def_property_readonly("tokenizer_source", [](const PyModel& p) { return p.tokenizer_source; })
       .def_property_readonly(
@@ -313,6 +319,8 @@ Errors: posenc.TokenizerError (no usable tokenizer), posenc.InvalidArgument (few
               d["rope_factor"] = r.rope_factor;
               d["rope_context"] = r.rope_context;
             }
+            d["quantized_matmul"] = std::string(to_string(p.model.quantized_matmul()));
+            d["dense_matmul"] = std::string(to_string(p.model.dense_matmul()));
             d["prefill_seconds"] = r.prefill_seconds;
             d["decode_seconds"] = r.decode_seconds;
             return d;
@@ -322,7 +330,8 @@ Errors: posenc.TokenizerError (no usable tokenizer), posenc.InvalidArgument (few
           py::arg("rope_factor") = py::none(), R"doc(
 Continues prompt through the KV cache, as `posenc generate` (greedy at temperature 0). Returns the keys of
 `posenc generate --json`: prompt_ids, generated_ids ([k] int32), generated_logprobs ([k] float64, natural log at
-temperature 1), text, stop_reason ("max_tokens", "bos", "eos", "position_limit"), rope_* for RoPE models.
+temperature 1), text, stop_reason ("max_tokens", "bos", "eos", "position_limit"), rope_* for RoPE models,
+quantized_matmul and dense_matmul (the products the logits came from), prefill_seconds, decode_seconds.
 Errors: posenc.TokenizerError (no usable tokenizer), posenc.InvalidArgument (max_new_tokens < 0, temperature not
 finite and >= 0, top_p outside (0, 1]), posenc.ConfigError (rope_scaling / rope_factor), posenc.PositionError (a
 prompt past the position limit), posenc.NumericError (logits that are not finite: float32 overflowed in the

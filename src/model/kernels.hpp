@@ -140,7 +140,8 @@ void split_w_bf16(float w, float parts[2]);
 /// y[n, w.rows] (+)= x[n, w.cols] · W^T for W in F16 or BF16 ([out, in] as stored, read where it lies: each panel of
 /// 32 weight rows is widened and split per chunk of 256 k into a buffer the tiles read, then dropped). x, y
 /// row-major float32 with row strides w.cols and w.rows; y must not alias x. Any n (decode runs the same tiles,
-/// so a row's bits do not depend on n), any w.cols (the last k block padded with zeros). In parallel (OpenMP)
+/// so a row's bits do not depend on n), any w.cols (the last k block padded with zeros). Allocates the split x for
+/// the call: n * ceil(w.cols / 32) * 32 * (6 for x6, 4 for x3) bytes. In parallel (OpenMP)
 /// over pairs of panels for large products. Throws std::logic_error for other weight types or when
 /// amx_bf16_supported() is false.
 void matmul_bf16_split(Bf16Split s, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate);

@@ -254,10 +254,6 @@ void Model::set_rope(const RopeSetup& rope) {
 }
 
 Model Model::build(detail::RawModel raw, const LoadOptions& options) {
-  if (options.dense_matmul != DenseMatmul::float32 && !detail::amx_bf16_supported())
-    throw InvalidArgument(fmt::format("dense_matmul: {} runs on AMX-BF16 tiles, which this CPU (or its kernel's "
-                                      "permission for the tile data) does not have; use float32",
-                                      to_string(options.dense_matmul)));
   auto w = std::make_shared<Weights>();
   const ModelConfig& c = raw.cfg;
   w->cfg = c;
@@ -281,6 +277,14 @@ Model Model::build(detail::RawModel raw, const LoadOptions& options) {
     lw.w3 = make_linear(r.w3, r.b3, options);
   }
   w->classifier = make_linear(raw.output, nullptr, options);
+  // The mode needs AMX-BF16 only when some matrix is F16/BF16 (otherwise it changes nothing, as the CLI says).
+  bool splits = w->classifier.bf16_split;
+  for (const LayerWeights& lw : w->layers)
+    for (const Linear* l : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w1, &lw.w2, &lw.w3}) splits = splits || l->bf16_split;
+  if (splits && !detail::amx_bf16_supported())
+    throw InvalidArgument(fmt::format("dense_matmul: {} runs on AMX-BF16 tiles, which this CPU (or its kernel's "
+                                      "permission for the tile data) does not have; use float32",
+                                      to_string(options.dense_matmul)));
   w->pos_table = raw.pos_embeddings;
   w->pos_rows = raw.pos_rows;
   w->t5_table = raw.t5_bias;

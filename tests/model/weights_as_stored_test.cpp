@@ -315,23 +315,33 @@ TEST(WeightsAsStored, Bf16SplitProductsDecodeAsTheyPrefillAndStayNearFloat32) {
 }
 
 // Where the AMX-BF16 products cannot run (no AMX-BF16, or every SIMD path turned off with
-// POSENC_DENSE_KERNEL=reference, which this test uses to observe it on any CPU), the mode is refused at load naming
-// it, and the CLI exits 1 with that message; an unknown mode is a usage error naming the flag.
+// POSENC_DENSE_KERNEL=reference, which this test uses to observe it on any CPU), a model with F16 weights is refused
+// at load naming the mode, and the CLI exits 1 with that message; an F32 model, which the mode does not touch, runs
+// and says so. An unknown mode is a usage error naming the flag.
 TEST(WeightsAsStored, Bf16SplitIsRefusedWhereItCannotRunNamingTheSetting) {
   EXPECT_NE(test::message_of<ConfigError>([] { parse_dense_matmul("bf16x9", "--dense-matmul"); })
                 .find("--dense-matmul: must be float32, bf16x3 or bf16x6 (got 'bf16x9')"),
             std::string::npos);
   const std::string model = (test::shared_dir() / "models/stories260K/stories260K.gguf").string();
   test::TempDir d;
-  const auto err = d.path() / "err";
-  const std::string cmd = "env POSENC_DENSE_KERNEL=reference '" + std::string(POSENC_CLI_PATH) + "' generate --model '" +
-                          model + "' --prompt Once --max-tokens 2 --dense-matmul bf16x6 >/dev/null 2>'" +
-                          err.string() + "'";
-  const int st = std::system(cmd.c_str());
-  ASSERT_TRUE(WIFEXITED(st));
-  EXPECT_EQ(WEXITSTATUS(st), 1);
+  const Model f32 = Model::load(model);
+  GgufExportOptions eo;
+  eo.type = GgmlType::f16;
+  const std::string f16 = (d.path() / "f16.gguf").string();
+  write_model_gguf(f32, *f32.bundled_tokenizer(), f16, eo);
+  const auto out = d.path() / "out", err = d.path() / "err";
+  auto run_reference = [&](const std::string& path) {
+    const std::string cmd = "env POSENC_DENSE_KERNEL=reference '" + std::string(POSENC_CLI_PATH) +
+                            "' generate --model '" + path + "' --prompt Once --max-tokens 2 --dense-matmul bf16x6 >'" +
+                            out.string() + "' 2>'" + err.string() + "'";
+    const int st = std::system(cmd.c_str());
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  EXPECT_EQ(run_reference(f16), 1);
   const std::string msg = test::slurp(err);
   EXPECT_NE(msg.find("dense_matmul: bf16x6 runs on AMX-BF16 tiles"), std::string::npos) << msg;
+  EXPECT_EQ(run_reference(model), 0) << test::slurp(err);
+  EXPECT_NE(test::slurp(err).find("--dense-matmul changes nothing"), std::string::npos) << test::slurp(err);
   const auto usage = test::run_cli("generate --model '" + model + "' --prompt Once --max-tokens 2 --dense-matmul bf16");
   EXPECT_EQ(usage.exit_code, 2);
   EXPECT_NE(usage.err.find("--dense-matmul"), std::string::npos) << usage.err;

@@ -237,9 +237,10 @@ void ModelArgs::add_to(CLI::App& cmd, bool runs_model) {
   cmd.add_option("--dense-matmul", dense_matmul,
                  "products with F16/BF16 weights: float32 (each weight widened in registers, float32 FMAs: the "
                  "reference; default), bf16x6 (on AMX-BF16 tiles: activations split into three bf16 terms and "
-                 "weights into two, every product exact, sums rounded by the AMX unit; about 1.5x faster prefill) "
-                 "or bf16x3 (three of the six terms, under 2^-13 of each product, dropped; faster still). Decode "
-                 "is about a third of float32's in both: for prefill-bound work (ppl, eval)")
+                 "weights into two, every product exact, sums rounded by the AMX unit; prefill up to 1.5x faster "
+                 "on a 0.5B model, less on small ones) or bf16x3 (three of the six terms, under 2^-13 of each "
+                 "product, dropped; faster still). Decode is about a third of float32's in both: for prefill-bound "
+                 "work (ppl, eval)")
       ->check(non_empty())
       ->check(CLI::IsMember({"float32", "bf16x3", "bf16x6"}))
       ->capture_default_str();
