@@ -123,16 +123,8 @@ constexpr int64_t kK = 32;           // k per tile product (one 1 KiB tile of bf
 constexpr int64_t kTileBytes = 1024;
 constexpr int64_t kChunk = 8;        // k blocks per chunk of a panel pair's packed weights (2 x 8 x 2 KiB: in L1)
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 POSENC_TARGET_AMXBF16 void amx_begin() {
-  TileConfig cfg;
+  AmxTileConfig cfg;
   for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;

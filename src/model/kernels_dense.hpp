@@ -84,6 +84,16 @@ struct BalancedBlocks {
   constexpr int64_t max_size() const { return (units + count - 1) / count * multiple; }
 };
 
+/// The 64-byte operand of ldtilecfg (palette 1): per tile register, its rows and bytes per row (the AMX-INT8 and
+/// AMX-BF16 kernels configure their 8 tiles with it).
+struct alignas(64) AmxTileConfig {
+  uint8_t palette_id = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
 /// Slice `part` of `parts` equal slices of the bytes [p, p + bytes) prefetched towards L2, one prefetcht1 per
 /// cache line (the slices together touch each line once). A prefill kernel spreads the next panel's weights over
 /// the tiles it runs on the current one, so that they arrive from DRAM while the tiles compute instead of

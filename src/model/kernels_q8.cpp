@@ -631,14 +631,6 @@ void matmul_q8_vnni(const std::byte* x_q, int64_t n, int64_t in, const std::byte
 // block dot products; the AVX-512 epilogue then takes acc = fmaf((float) isum, d_w * d_x, acc) per row of x (16
 // outputs in a zmm), a group of blocks behind the products.
 
-struct alignas(64) TileConfig {
-  uint8_t palette_id = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
-
 /// Blocks per group of the pipeline (4 KiB of int32 sums each; measured 4, 8, 16 on the 487M shapes: 4 best, by a
 /// few percent).
 constexpr int64_t kAmxGroup = 4;
@@ -714,7 +706,7 @@ POSENC_TARGET_AMX void amx_panel_tile(const std::byte* xa, const float* dxf, int
 }
 
 POSENC_TARGET_AMX void amx_begin() {
-  TileConfig cfg;
+  AmxTileConfig cfg;
   for (int t = 0; t < 4; ++t) {  // C: 16 rows of 16 int32
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;

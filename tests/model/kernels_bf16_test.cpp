@@ -15,32 +15,14 @@
 #include "model/kernels_dense.hpp"
 #include "posenc/float16.hpp"
 #include "posenc/gguf.hpp"
+#include "stored_matrix.hpp"
 
 using namespace posenc;
 using namespace posenc::detail;
+using posenc::test::randn;
+using posenc::test::StoredMatrix;
 
 namespace {
-
-std::vector<float> randn(std::size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-struct Stored {
-  std::vector<std::byte> bytes;
-  RawMatrix m;
-  Stored(WeightType t, int64_t rows, int64_t cols, uint32_t seed, float scale = 0.05f) {
-    bytes = ggml_quantize(ggml_type(t), randn(static_cast<std::size_t>(rows * cols), seed, scale));
-    m.type = t;
-    m.data = bytes.data();
-    m.rows = rows;
-    m.cols = cols;
-    m.name = "test";
-  }
-};
 
 uint32_t bits(float f) {
   uint32_t u;
@@ -93,7 +75,7 @@ TEST(Bf16Split, TermsAreBf16AndSumExactlyToTheValue) {
 
 TEST(Bf16Split, ReferenceOfX6IsTheExactProductSum) {
   // bf16x6 keeps every product of the terms: its reference is sum x w itself (in double).
-  const Stored w(WeightType::f16, 5, 70, 3, 0.3f);
+  const StoredMatrix w(WeightType::f16, 5, 70, 3, 0.3f);
   const auto x = randn(3 * 70, 4, 2.0f);
   std::vector<double> ref(15);
   matmul_bf16_split_reference(Bf16Split::x6, x.data(), 3, w.m, ref.data());
@@ -116,7 +98,7 @@ TEST(Bf16Split, KernelIsWithinTheBoundOfItsProductsOnAwkwardShapes) {
       for (int64_t n : {1, 3, 16, 17, 33, 40})
         for (int64_t out : {1, 15, 16, 33, 64})
           for (int64_t in : {1, 31, 32, 100, 1024}) {
-            const Stored w(t, out, in, static_cast<uint32_t>(out * 131 + in), 0.2f);
+            const StoredMatrix w(t, out, in, static_cast<uint32_t>(out * 131 + in), 0.2f);
             const auto x = randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n * 7 + in), 3.0f);
             std::vector<float> y(static_cast<std::size_t>(n * out), std::numeric_limits<float>::quiet_NaN());
             std::vector<double> ref(y.size());
@@ -158,7 +140,7 @@ TEST(Bf16Split, ARowsBitsDoNotDependOnTheBatchOrTheThreads) {
       // of x tiles in L2, so the batch runs in super-chunks of k with its C tiles kept between them (rows alone
       // do not): the same bits either way.
       const int64_t n = 37, out = 200;
-      const Stored w(t, out, in, 11);
+      const StoredMatrix w(t, out, in, 11);
       const auto x = randn(static_cast<std::size_t>(n * in), 12, 1.0f);
       std::vector<float> batch(static_cast<std::size_t>(n * out));
       omp_set_num_threads(2);
@@ -195,7 +177,7 @@ TEST(Bf16Split, SwigluEpilogueGivesTheUnfusedBits) {
   for (Bf16Split s : {Bf16Split::x3, Bf16Split::x6})
     for (int64_t n : {1, 17, 40}) {
       const int64_t out = 90, in = 64;
-      const Stored w(WeightType::f16, out, in, 21);
+      const StoredMatrix w(WeightType::f16, out, in, 21);
       const auto x = randn(static_cast<std::size_t>(n * in), 22, 1.0f);
       auto gate = randn(static_cast<std::size_t>(n * out), 23, 4.0f);
       gate[0] = -100.0f;  // expf's range ends
@@ -212,7 +194,7 @@ TEST(Bf16Split, SwigluEpilogueGivesTheUnfusedBits) {
 
 TEST(Bf16Split, OtherWeightTypesAreRefused) {
   SKIP_WITHOUT_AMX_BF16();
-  const Stored w(WeightType::f32, 4, 32, 1);
+  const StoredMatrix w(WeightType::f32, 4, 32, 1);
   const auto x = randn(32, 2, 1.0f);
   std::vector<float> y(4);
   EXPECT_THROW(matmul_bf16_split(Bf16Split::x6, x.data(), 1, w.m, y.data(), false), std::logic_error);

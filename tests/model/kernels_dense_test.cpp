@@ -19,33 +19,14 @@
 #include "model/kernels_dense.hpp"
 #include "posenc/float16.hpp"
 #include "posenc/gguf.hpp"
+#include "stored_matrix.hpp"
 
 using namespace posenc;
 using namespace posenc::detail;
+using posenc::test::randn;
+using posenc::test::StoredMatrix;
 
 namespace {
-
-std::vector<float> randn(std::size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-/// A [rows, cols] matrix of random weights stored as `t` (ggml's encoders).
-struct Stored {
-  std::vector<std::byte> bytes;
-  RawMatrix m;
-  Stored(WeightType t, int64_t rows, int64_t cols, uint32_t seed) {
-    bytes = ggml_quantize(ggml_type(t), randn(static_cast<std::size_t>(rows * cols), seed, 0.05f));
-    m.type = t;
-    m.data = bytes.data();
-    m.rows = rows;
-    m.cols = cols;
-    m.name = "test";
-  }
-};
 
 const WeightType kTypes[] = {WeightType::f32, WeightType::f16, WeightType::bf16, WeightType::q8_0, WeightType::q4_0};
 
@@ -55,7 +36,7 @@ bool quantized(WeightType t) { return t == WeightType::q8_0 || t == WeightType::
 /// the same random y: the same bits, or a failure naming the shape.
 ::testing::AssertionResult path_equals_reference(DenseKernel k, WeightType t, int64_t n, int64_t out, int64_t in,
                                                  uint32_t w_seed, uint32_t x_seed, uint32_t y_seed) {
-  const Stored w(t, out, in, w_seed);
+  const StoredMatrix w(t, out, in, w_seed);
   const auto x = randn(static_cast<std::size_t>(n * in), x_seed, 1.0f);
   for (bool acc : {false, true}) {
     const auto y0 = randn(static_cast<std::size_t>(n * out), y_seed, 1.0f);
@@ -123,7 +104,7 @@ TEST_P(KernelsDensePath, NonFiniteValuesGiveTheReferenceBits) {
     for (auto [n, out, in] : {std::tuple<int64_t, int64_t, int64_t>{1, 37, 64}, {1, 20, 16384}, {3, 37, 1040},
                               {40, 37, 1056}}) {
       if (quantized(t) && in % 32 != 0) continue;
-      Stored w(t, out, in, static_cast<uint32_t>(in + out));
+      StoredMatrix w(t, out, in, static_cast<uint32_t>(in + out));
       auto x = randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n + 5), 1.0f);
       x[static_cast<std::size_t>(in / 3)] = nan;  // row 0
       if (n > 2) x[static_cast<std::size_t>(2 * in + 5)] = inf;
@@ -231,7 +212,7 @@ TEST(KernelsDense, ThreadsAndBatchingDoNotChangeABit) {
   // row of x alone: the same bits (decode == prefill, a batch == its rows).
   for (WeightType t : {WeightType::f16, WeightType::q4_0}) {
     const int64_t out = 1024 + 3, in = 1024, n = 6;
-    const Stored w(t, out, in, 5);
+    const StoredMatrix w(t, out, in, 5);
     const auto x = randn(static_cast<std::size_t>(n * in), 6, 1.0f);
     std::vector<float> one(static_cast<std::size_t>(n * out)), two(one.size()), rows(one.size());
     const int before = omp_get_max_threads();
@@ -251,7 +232,7 @@ TEST(KernelsDense, ReferenceIsWithinTheFloat32BoundOfAnExactDot) {
   // 16-lane float32 sum is within (ceil(in / 16) + 5) * 2^-24 * sum |x_i w_i| of the double-precision dot.
   for (WeightType t : kTypes) {
     const int64_t out = 9, in = quantized(t) ? 4096 : 4099, n = 3;
-    const Stored w(t, out, in, 11);
+    const StoredMatrix w(t, out, in, 11);
     const auto x = randn(static_cast<std::size_t>(n * in), 12, 1.0f);
     std::vector<float> y(static_cast<std::size_t>(n * out));
     matmul_w_reference(x.data(), n, w.m, y.data(), false);
@@ -279,7 +260,7 @@ TEST(KernelsDense, WidenedWeightsAreGgmlsDequantizedValues) {
   // Q8_0: d * q; Q4_0: d * (nibble - 8); F16/BF16: IEEE widening. A product with a one-hot x reads one weight.
   for (WeightType t : kTypes) {
     const int64_t out = 5, in = 64;
-    const Stored w(t, out, in, 21);
+    const StoredMatrix w(t, out, in, 21);
     const std::vector<float> wf = w.m.to_f32();
     for (int64_t i : {0, 1, 15, 16, 31, 32, 47, 63}) {
       std::vector<float> x(static_cast<std::size_t>(in), 0.0f), y(static_cast<std::size_t>(out));

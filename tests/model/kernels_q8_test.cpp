@@ -16,19 +16,13 @@
 #include "model/kernels_dense.hpp"
 #include "posenc/float16.hpp"
 #include "posenc/gguf.hpp"
+#include "stored_matrix.hpp"
 
 using namespace posenc;
 using namespace posenc::detail;
+using posenc::test::randn;
 
 namespace {
-
-std::vector<float> randn(std::size_t n, uint32_t seed, float scale) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 std::vector<std::byte> quantized(const std::vector<float>& x, int64_t n, int64_t in) {
   std::vector<std::byte> xq(static_cast<std::size_t>(n * (in / 32) * kQ8Bytes));
