@@ -165,7 +165,9 @@ std::string json_failure_path(std::string_view text) {
     return true;
   };
   try {
-    (void)nlohmann::json::parse(text.begin(), text.end(), callback);
+    // (kept in a variable: nlohmann marks parse warn_unused_result, which a (void) cast does not silence in GCC)
+    const nlohmann::json whole = nlohmann::json::parse(text.begin(), text.end(), callback);
+    (void)whole;
     return "";
   } catch (const nlohmann::json::exception&) {
   }
