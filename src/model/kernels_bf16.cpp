@@ -530,6 +530,19 @@ void check_args(const RawMatrix& w, const char* who) {
 
 void dispatch(Bf16Split s, const float* x, int64_t n, const RawMatrix& w, float* y, Epilogue e) {
   if (n <= 0 || w.rows <= 0) return;
+  if (w.cols <= 0) {  // empty sums: every product is 0 (no tiles: their blocking divides by the row's size)
+    const std::vector<float> zeros(static_cast<std::size_t>(w.rows), 0.0f);
+    for (int64_t r = 0; r < n; ++r) {
+      float* yr = y + r * w.rows;
+      if (e == Epilogue::store)
+        std::fill(yr, yr + w.rows, 0.0f);
+      else if (e == Epilogue::accumulate)
+        for (int64_t o = 0; o < w.rows; ++o) yr[o] += 0.0f;
+      else
+        swiglu_serial(yr, zeros.data(), w.rows);
+    }
+    return;
+  }
   if (s == Bf16Split::x6)
     matmul_amx_bf16<Bf16Split::x6>(x, n, w, y, e);
   else

@@ -192,6 +192,18 @@ TEST(Bf16Split, SwigluEpilogueGivesTheUnfusedBits) {
     }
 }
 
+TEST(Bf16Split, RowsOfNoWeightsGiveZero) {
+  SKIP_WITHOUT_AMX_BF16();
+  StoredMatrix w(WeightType::f16, 5, 32, 1);
+  w.m.cols = 0;  // 5 outputs of empty sums (the tiles' blocking divided by the row's size)
+  std::vector<float> y(10, 7.0f), x(1, 1.0f);
+  matmul_bf16_split(Bf16Split::x6, x.data(), 2, w.m, y.data(), false);
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+  std::vector<float> acc(10, 7.0f);
+  matmul_bf16_split(Bf16Split::x3, x.data(), 2, w.m, acc.data(), true);
+  for (float v : acc) EXPECT_EQ(v, 7.0f);
+}
+
 TEST(Bf16Split, OtherWeightTypesAreRefused) {
   SKIP_WITHOUT_AMX_BF16();
   const StoredMatrix w(WeightType::f32, 4, 32, 1);
