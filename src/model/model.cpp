@@ -103,9 +103,10 @@ void project(const Linear& l, const float* x, int64_t n, float* y, bool accumula
   if (l.bias != nullptr) detail::add_bias(y, n, l.out, l.bias);
 }
 
-/// h1 = silu(h1) * (x W3^T) in one pass (matmul_q8_swiglu; h3 its scratch where it does not fuse), for an up
-/// projection `l` in q8_activations without a bias, x being the gate projection's input (its quantization
-/// reused); false (nothing done) otherwise.
+/// h1 = silu(h1) * (x W3^T) in one pass, for an up projection `l` without a bias: in q8_activations
+/// (matmul_q8_swiglu; h3 its scratch where it does not fuse) when x is the gate projection's input whose
+/// quantization is reused, and under --dense-matmul bf16x3/bf16x6 (matmul_bf16_split_swiglu, in the tiles'
+/// epilogue); false (nothing done) otherwise.
 bool project_swiglu(const Linear& l, const float* x, int64_t n, float* h1, float* h3, Scratch& s) {
   if (l.bf16_split && l.bias == nullptr) {  // the SwiGLU in the tiles' epilogue: the up projection never stored
     detail::matmul_bf16_split_swiglu(l.split, x, n, l.w, h1);
