@@ -2,7 +2,6 @@
 // terms (the bf16x3 / bf16x6 algorithms of XLA's dot-algorithm presets BF16_BF16_F32_X3 / _X6), each bf16 product
 // exact in float32, accumulated in float32 by tdpbf16ps. See kernels.hpp.
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -121,7 +120,9 @@ bool cpu_has_amx_bf16() {
 constexpr int64_t kTile = 16;        // rows of x per tile; weight rows per panel
 constexpr int64_t kK = 32;           // k per tile product (one 1 KiB tile of bf16)
 constexpr int64_t kTileBytes = 1024;
-constexpr int64_t kChunk = 8;        // k blocks per chunk of a panel pair's packed weights (2 x 8 x 2 KiB: in L1)
+// k blocks per chunk of a panel group's packed weights (2 panels x 8 x 2 KiB: in L1; decode measured with chunks of
+// 16 and 64, reading each row in longer runs: slower)
+constexpr int64_t kChunk = 8;
 
 POSENC_TARGET_AMXBF16 void amx_begin() {
   AmxTileConfig cfg;
@@ -435,8 +436,6 @@ void matmul_amx_bf16(const float* x, int64_t n, const RawMatrix& w, float* y, Ep
       block_tiles = tile_cap;
     }
   }
-  // (decode measured with chunks of 16 and 64 k blocks too, reading each row in longer runs: slower)
-  const int64_t chunk = kChunk;
   const bool persist = kc < kblocks;  // C kept across super-chunks for every group of the thread
   const BalancedBlocks tile_blocks(tiles, block_tiles, 1, persist ? 0 : block_tiles / 4);
   const int64_t slots = (tile_blocks.max_size() + 1) / 2 * 1024;  // floats of C per group: 4 tiles per pair of x tiles
@@ -445,7 +444,7 @@ void matmul_amx_bf16(const float* x, int64_t n, const RawMatrix& w, float* y, Ep
     amx_begin();
     const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
     const int64_t p0 = groups * me / nt, p1 = groups * (me + 1) / nt;
-    const int64_t wa_bytes = chunk * nw * g * kTileBytes;
+    const int64_t wa_bytes = kChunk * nw * g * kTileBytes;
     const auto wa = aligned_uninitialized<std::byte>(static_cast<std::size_t>(2 * wa_bytes));
     const auto ct =
         aligned_uninitialized<float>(static_cast<std::size_t>((persist ? std::max<int64_t>(1, p1 - p0) : 1) * slots));
@@ -477,8 +476,8 @@ void matmul_amx_bf16(const float* x, int64_t n, const RawMatrix& w, float* y, Ep
       for (int64_t ks0 = 0; ks0 < kblocks; ks0 += kc) {
         const int64_t ks1 = std::min(kblocks, ks0 + kc);
         for (int64_t p = p0; p < p1; ++p)
-          for (int64_t kb0 = ks0; kb0 < ks1; kb0 += chunk) {
-            const int64_t kb1 = std::min(ks1, kb0 + chunk);
+          for (int64_t kb0 = ks0; kb0 < ks1; kb0 += kChunk) {
+            const int64_t kb1 = std::min(ks1, kb0 + kChunk);
             steps.push_back({bi, p, kb0, kb1, kb1 == ks1, ks1 == kblocks && p == p1 - 1 && kb1 == ks1});
           }
       }

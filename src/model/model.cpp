@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <fstream>
 #include <set>
 
@@ -36,8 +37,7 @@ struct Linear {
   int64_t out = 0, in = 0;
   detail::RawMatrix w;                 // [out, in] as stored
   bool q8_activations = false;         // Q8_0/Q4_0 with the quantized-activation kernel
-  bool bf16_split = false;             // F16/BF16 on AMX-BF16 (--dense-matmul bf16x3/bf16x6)
-  detail::Bf16Split split = detail::Bf16Split::x6;
+  std::optional<detail::Bf16Split> split;  // F16/BF16 on AMX-BF16 (--dense-matmul bf16x3/bf16x6)
   const float* bias = nullptr;         // [out] or nullptr
   /// [out, in] float32 (for export).
   std::vector<float> rows_f32() const { return w.to_f32(); }
@@ -53,7 +53,6 @@ Linear make_linear(const detail::RawMatrix& m, const float* bias, const LoadOpti
   if (q && opt.quantized_matmul == QuantizedMatmul::q8_activations) l.q8_activations = true;
   if ((m.type == detail::WeightType::f16 || m.type == detail::WeightType::bf16) &&
       opt.dense_matmul != DenseMatmul::float32) {
-    l.bf16_split = true;
     l.split = opt.dense_matmul == DenseMatmul::bf16x3 ? detail::Bf16Split::x3 : detail::Bf16Split::x6;
   }
   return l;
@@ -93,9 +92,9 @@ void project(const Linear& l, const float* x, int64_t n, float* y, bool accumula
     }
     s.xq_of = x;
     detail::matmul_q8(s.xq.data(), n, l.in, l.w.data, l.w.type == detail::WeightType::q4_0, l.out, y, accumulate);
-  } else if (l.bf16_split) {
+  } else if (l.split) {
     s.xq_of = nullptr;
-    detail::matmul_bf16_split(l.split, x, n, l.w, y, accumulate);
+    detail::matmul_bf16_split(*l.split, x, n, l.w, y, accumulate);
   } else {
     s.xq_of = nullptr;
     detail::matmul_w(x, n, l.w, y, accumulate);
@@ -108,8 +107,8 @@ void project(const Linear& l, const float* x, int64_t n, float* y, bool accumula
 /// quantization is reused, and under --dense-matmul bf16x3/bf16x6 (matmul_bf16_split_swiglu, in the tiles'
 /// epilogue); false (nothing done) otherwise.
 bool project_swiglu(const Linear& l, const float* x, int64_t n, float* h1, float* h3, Scratch& s) {
-  if (l.bf16_split && l.bias == nullptr) {  // the SwiGLU in the tiles' epilogue: the up projection never stored
-    detail::matmul_bf16_split_swiglu(l.split, x, n, l.w, h1);
+  if (l.split && l.bias == nullptr) {  // the SwiGLU in the tiles' epilogue: the up projection never stored
+    detail::matmul_bf16_split_swiglu(*l.split, x, n, l.w, h1);
     return true;
   }
   if (!l.q8_activations || l.bias != nullptr || s.xq_of != x || s.xq.size() != q8_input_bytes(l, n)) return false;
@@ -279,9 +278,9 @@ Model Model::build(detail::RawModel raw, const LoadOptions& options) {
   }
   w->classifier = make_linear(raw.output, nullptr, options);
   // The mode needs AMX-BF16 only when some matrix is F16/BF16 (otherwise it changes nothing, as the CLI says).
-  bool splits = w->classifier.bf16_split;
+  bool splits = w->classifier.split.has_value();
   for (const LayerWeights& lw : w->layers)
-    for (const Linear* l : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w1, &lw.w2, &lw.w3}) splits = splits || l->bf16_split;
+    for (const Linear* l : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w1, &lw.w2, &lw.w3}) splits = splits || l->split.has_value();
   if (splits && !detail::amx_bf16_supported())
     throw InvalidArgument(fmt::format("dense_matmul: {} runs on AMX-BF16 tiles, which this CPU (or its kernel's "
                                       "permission for the tile data) does not have; use float32",
