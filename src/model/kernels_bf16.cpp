@@ -115,13 +115,13 @@ bool cpu_has_amx_bf16() {
 
 // Tiles: C[o][r] = sum_k W[o][k] x[r][k], with the weights as A (16 output rows x 32 k, the rows as stored, widened
 // and split: no transposition) and x as B (16 k-pairs x 16 rows of x x 2, VNNI order, packed once per call). A tile
-// of C is 16 outputs x 16 rows of x; it is transposed into y by the epilogue. tmm0..3: C of (panel 0, x tile 0),
-// (0, 1), (1, 0), (1, 1); tmm4, tmm5: the two panels' A; tmm6, tmm7: the two x tiles' B.
+// of C is 16 outputs x 16 rows of x; it is transposed into y by the epilogue. Prefill: tmm0..3: C of (panel 0,
+// x tile 0), (0, 1), (1, 0), (1, 1); tmm4, tmm5: the two panels' A; tmm6, tmm7: the two x tiles' B. Decode (one x
+// tile): tmm0..3: C of four panels; tmm4, tmm5: A, in turns; tmm6: B.
 constexpr int64_t kTile = 16;        // rows of x per tile; weight rows per panel
 constexpr int64_t kK = 32;           // k per tile product (one 1 KiB tile of bf16)
 constexpr int64_t kTileBytes = 1024;
-// k blocks per chunk of a panel group's packed weights (2 panels x 8 x 2 KiB: in L1; decode measured with chunks of
-// 16 and 64, reading each row in longer runs: slower)
+// k blocks per chunk of a prefill panel pair's packed weights (2 panels x 8 x 2 KiB per weight term)
 constexpr int64_t kChunk = 8;
 
 POSENC_TARGET_AMXBF16 void amx_begin() {
@@ -197,8 +197,7 @@ POSENC_TARGET_AMXBF16 void pack_x_block(const float* x, int64_t n, int64_t in, i
 }
 
 /// Weight rows [o0, o0 + 16 panels) (rows past `out` zero), k blocks [kb0, kb1), as A tiles at dst:
-/// [kb - kb0][w term][panel][16 rows][32 bf16]. A row's blocks are read one after the other (with 64 rows read a
-/// block at a time side by side, decode stalled on DRAM: 45% of its time waiting in this function), and the
+/// [kb - kb0][w term][panel][16 rows][32 bf16] (prefill). A row's blocks are read one after the other, and the
 /// next chunk's bytes of the same rows (or, at the last chunk, the first chunk of the next panels) are
 /// prefetched towards L2 as they go.
 POSENC_TARGET_AMXBF16 void pack_w_chunk(const RawMatrix& w, int64_t o0, int panels, int64_t kb0, int64_t kb1, int nw,
@@ -328,58 +327,6 @@ POSENC_TARGET_AMXBF16 void tile_chunk(const std::byte* wa, const std::byte* xb0,
   }
 }
 
-/// The products of one chunk for four panels and one x tile (decode, and any tile block of one tile): C of panel
-/// q in tmm<q> (four accumulations in flight: with two, tdpbf16ps's latency bound decode to a third of its
-/// throughput), ct[q * 256..]. Each output's sequence of products is tile_chunk's, so the bits are the same.
-template <Bf16Split S>
-POSENC_TARGET_AMXBF16 void tile_chunk4(const std::byte* wa, const std::byte* xb0, int64_t blocks, int nw, int nx,
-                                       bool first, float* ct, const PackJob& job, int64_t part0, int64_t parts) {
-  if (first) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-  } else {
-    _tile_loadd(0, ct, 64);
-    _tile_loadd(1, ct + 256, 64);
-    _tile_loadd(2, ct + 512, 64);
-    _tile_loadd(3, ct + 768, 64);
-  }
-  const int64_t xstride = nx * kTileBytes;
-  for (int64_t b = 0; b < blocks; ++b) {
-    const std::byte* a = wa + b * nw * 4 * kTileBytes;
-    const std::byte* x0 = xb0 + b * xstride;
-#define POSENC_BF16_TERMS4(WT, XT)                       \
-  _tile_loadd(6, x0 + (XT) * kTileBytes, 64);            \
-  _tile_loadd(4, a + ((WT) * 4 + 0) * kTileBytes, 64);   \
-  _tile_dpbf16ps(0, 4, 6);                               \
-  _tile_loadd(5, a + ((WT) * 4 + 1) * kTileBytes, 64);   \
-  _tile_dpbf16ps(1, 5, 6);                               \
-  _tile_loadd(4, a + ((WT) * 4 + 2) * kTileBytes, 64);   \
-  _tile_dpbf16ps(2, 4, 6);                               \
-  _tile_loadd(5, a + ((WT) * 4 + 3) * kTileBytes, 64);   \
-  _tile_dpbf16ps(3, 5, 6);
-    POSENC_BF16_TERMS4(0, 0)
-    POSENC_BF16_TERMS4(0, 1)
-    if constexpr (S == Bf16Split::x6) {
-      POSENC_BF16_TERMS4(0, 2)
-    }
-    if (nw == 2) {
-      POSENC_BF16_TERMS4(1, 0)
-      if constexpr (S == Bf16Split::x6) {
-        POSENC_BF16_TERMS4(1, 1)
-        POSENC_BF16_TERMS4(1, 2)
-      }
-    }
-#undef POSENC_BF16_TERMS4
-    job.slice(part0 + b, parts);
-  }
-  _tile_stored(0, ct, 64);
-  _tile_stored(1, ct + 256, 64);
-  _tile_stored(2, ct + 512, 64);
-  _tile_stored(3, ct + 768, 64);
-}
-
 /// C (16 outputs x 16 rows of x, float32) transposed into y rows [0, rows) and columns [0, cols).
 POSENC_TARGET_AMXBF16 void write_tile(const float* c, float* y, int64_t ldy, int rows, int cols, Epilogue e) {
   __m512i r[16];
@@ -400,6 +347,146 @@ POSENC_TARGET_AMXBF16 void write_tile(const float* c, float* y, int64_t ldy, int
   }
 }
 
+// ---- Decode: one tile of x (n <= 16) ------------------------------------------------------------------------
+// A decode streams each weight once: it is bound by reading and widening the rows, not by the tiles (with the
+// widening left out, the tiles alone ran at 22-31 GB/s of F16 weights on one core; the widening alone at 6-8).
+// Here a thread's rows go 64 at a time (four panels, so that each x tile loaded serves four products), each k
+// block of the 64 rows widened and split into an L1 buffer while the tiles run on the block before (a slice of the
+// rows after each group of four products), and each row prefetched kDecodeAhead blocks ahead (the next group's
+// rows near the end of a row) in runs of kDecodeBurst lines. Against the former decode (four panels too, in chunks
+// of 8 blocks: 2 x 64 KiB of A tiles, past L1, and each row prefetched one chunk ahead): 1.1-1.2x on one thread.
+// Measured and not kept: the 64 rows as 64 runs of consecutive rows read side by side (as the AVX-512 decode's
+// 16 streams; slower at 64), and one panel of 16 rows at a time, its rows read from end to end (0.7x). A C row
+// depends only on its own A row, and each output's products are summed in tile_chunk's order: prefill's bits.
+
+constexpr int kDecodePanels = 4;
+constexpr int64_t kDecodeRows = kDecodePanels * kTile;
+constexpr int64_t kDecodeAhead = 8;  ///< k blocks (of 64 bytes of F16/BF16 per row) a row is prefetched ahead
+constexpr int64_t kDecodeBurst = 4;  ///< lines per prefetch run (measured 1, 4, 8, 16: 4)
+
+/// Rows [o0 + j0, o0 + j1) (of the group of 64 at o0; those at or past r1 zero), k block kb, as A tiles at dst:
+/// [w term][panel][16 rows][32 bf16], row j at j * 64; and the line kDecodeAhead blocks later in the order the
+/// blocks are taken prefetched.
+POSENC_TARGET_AMXBF16 void pack_w_rows(const RawMatrix& w, int64_t o0, int64_t r1, int64_t kb, int j0, int j1,
+                                       std::byte* dst) {
+  const int64_t in = w.cols, rb = w.row_bytes(), k0 = kb * kK, kblocks = (in + kK - 1) / kK;
+  const bool f16 = w.type == WeightType::f16;
+  const __mmask32 m = k0 + 32 <= in ? 0xFFFFFFFFu : static_cast<__mmask32>((1u << (in - k0)) - 1u);
+  // The block kDecodeAhead on: this row's, or the next group's row's.
+  const bool wraps = kb + kDecodeAhead >= kblocks;
+  const int64_t pkb = wraps ? kb + kDecodeAhead - kblocks : kb + kDecodeAhead, po0 = wraps ? o0 + kDecodeRows : o0;
+  const bool prefetch = pkb % kDecodeBurst == 0 && pkb < kblocks;
+  constexpr int64_t kTermBytes = kDecodePanels * kTileBytes;
+  for (int j = j0; j < j1; ++j) {
+    std::byte* a = dst + j * 64;
+    if (prefetch && po0 + j < r1)
+      for (int64_t l = 0; l < kDecodeBurst && pkb + l < kblocks; ++l)
+        _mm_prefetch(reinterpret_cast<const char*>(w.data + (po0 + j) * rb + (pkb + l) * kK * 2), _MM_HINT_T0);
+    if (o0 + j >= r1) {
+      _mm512_store_si512(a, _mm512_setzero_si512());
+      if (f16) _mm512_store_si512(a + kTermBytes, _mm512_setzero_si512());
+      continue;
+    }
+    const __m512i raw = _mm512_maskz_loadu_epi16(m, w.data + (o0 + j) * rb + k0 * 2);
+    if (!f16) {  // BF16: the stored value is the only term
+      _mm512_store_si512(a, raw);
+      continue;
+    }
+    const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(raw));
+    const __m512 hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(raw, 1));
+    const __m512 lo0 = trunc16(lo), hi0 = trunc16(hi);
+    _mm512_store_si512(a, to_bf16(lo0, hi0));
+    _mm512_store_si512(a + kTermBytes, to_bf16(_mm512_sub_ps(lo, lo0), _mm512_sub_ps(hi, hi0)));
+  }
+}
+
+/// Rows [r0, r1) of y[n, out] (n <= 16) from the one x tile xb ([k block][x term][1 KiB]).
+template <Bf16Split S>
+POSENC_TARGET_AMXBF16 void decode_rows(const std::byte* xb, int64_t n, const RawMatrix& w, float* y, Epilogue e,
+                                       int64_t r0, int64_t r1) {
+  if (r0 >= r1) return;
+  const int nw = w.type == WeightType::f16 ? 2 : 1, nx = S == Bf16Split::x6 ? 3 : 2;
+  const int64_t kblocks = (w.cols + kK - 1) / kK, out = w.rows;
+  // The (w term, x term) products of a block in tile_chunk's order.
+  int wt[6], xt[6], terms = 0;
+  for (int a = 0; a < nw; ++a)
+    for (int b = 0; b < nx; ++b)
+      if (S == Bf16Split::x6 || a + b < 2) {
+        wt[terms] = a;
+        xt[terms++] = b;
+      }
+  alignas(64) std::byte buf[2][2 * kDecodePanels * kTileBytes];
+  alignas(64) float ct[kDecodePanels * 256];
+  pack_w_rows(w, r0, r1, 0, 0, static_cast<int>(kDecodeRows), buf[0]);
+  int cur = 0;
+  for (int64_t o0 = r0; o0 < r1; o0 += kDecodeRows) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t kb = 0; kb < kblocks; ++kb) {
+      // The block packed meanwhile: the next of these rows, or the first of the next group's.
+      const int64_t no0 = kb + 1 < kblocks ? o0 : o0 + kDecodeRows, nkb = kb + 1 < kblocks ? kb + 1 : 0;
+      const std::byte* a = buf[cur];
+      const std::byte* xk = xb + kb * nx * kTileBytes;
+      for (int s = 0; s < terms; ++s) {
+        const std::byte* at = a + wt[s] * kDecodePanels * kTileBytes;
+        _tile_loadd(6, xk + xt[s] * kTileBytes, 64);
+        _tile_loadd(4, at, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(5, at + kTileBytes, 64);
+        _tile_dpbf16ps(1, 5, 6);
+        _tile_loadd(4, at + 2 * kTileBytes, 64);
+        _tile_dpbf16ps(2, 4, 6);
+        _tile_loadd(5, at + 3 * kTileBytes, 64);
+        _tile_dpbf16ps(3, 5, 6);
+        if (no0 < r1)
+          pack_w_rows(w, no0, r1, nkb, static_cast<int>(kDecodeRows * s / terms),
+                      static_cast<int>(kDecodeRows * (s + 1) / terms), buf[cur ^ 1]);
+      }
+      cur ^= 1;
+    }
+    _tile_stored(0, ct, 64);
+    _tile_stored(1, ct + 256, 64);
+    _tile_stored(2, ct + 512, 64);
+    _tile_stored(3, ct + 768, 64);
+    // C of panel q, row i (weight row o0 + 16 q + i), column r (row r of x): ct[(16 q + i) * 16 + r].
+    const int64_t count = std::min(kDecodeRows, r1 - o0);
+    for (int64_t r = 0; r < n; ++r) {
+      float* yr = y + r * out + o0;
+      alignas(64) float h3[kDecodeRows];
+      for (int64_t j = 0; j < count; ++j) {
+        const float v = ct[j * 16 + r];
+        if (e == Epilogue::store)
+          yr[j] = v;
+        else if (e == Epilogue::accumulate)
+          yr[j] += v;
+        else
+          h3[j] = v;
+      }
+      if (e == Epilogue::swiglu) swiglu_serial(yr, h3, count);  // element by element: write_tile's bits
+    }
+  }
+}
+
+/// Memory for a call's x tiles: this thread's grow-only buffer when they fit in kKeptXBytes (a decode's: a fresh
+/// allocation per call is mmap'd past glibc's threshold and page-faulted in again, 114 faults per product of rows of
+/// 4864 weights, 10-25% of a decode's time), else `own` (a long prompt's, freed after the call).
+constexpr std::size_t kKeptXBytes = std::size_t{8} << 20;
+std::byte* x_tiles_buffer(std::size_t bytes, std::unique_ptr<std::byte[], FreeDeleter>& own) {
+  if (bytes > kKeptXBytes) {
+    own = aligned_uninitialized<std::byte>(bytes);
+    return own.get();
+  }
+  thread_local std::unique_ptr<std::byte[], FreeDeleter> kept;
+  thread_local std::size_t capacity = 0;
+  if (bytes > capacity) {
+    kept = aligned_uninitialized<std::byte>(bytes);
+    capacity = bytes;
+  }
+  return kept.get();
+}
+
 template <Bf16Split S>
 void matmul_amx_bf16(const float* x, int64_t n, const RawMatrix& w, float* y, Epilogue e) {
   const int64_t in = w.cols, out = w.rows;
@@ -407,14 +494,25 @@ void matmul_amx_bf16(const float* x, int64_t n, const RawMatrix& w, float* y, Ep
   const int64_t kblocks = (in + kK - 1) / kK, tiles = (n + kTile - 1) / kTile;
   // x as B tiles, [tile][k block][x term][1 KiB], once per call.
   const int64_t tile_bytes = kblocks * nx * kTileBytes;
-  const auto xb = aligned_uninitialized<std::byte>(static_cast<std::size_t>(tiles * tile_bytes));
+  std::unique_ptr<std::byte[], FreeDeleter> xb_own;
+  std::byte* const xb = x_tiles_buffer(static_cast<std::size_t>(tiles * tile_bytes), xb_own);
 #pragma omp parallel for schedule(static) collapse(2) if (n * in >= (int64_t{1} << 16))
   for (int64_t t = 0; t < tiles; ++t)
-    for (int64_t kb = 0; kb < kblocks; ++kb) pack_x_block(x, n, in, t, kb, nx, xb.get() + t * tile_bytes + kb * nx * kTileBytes);
-  // Panels two at a time against pairs of x tiles, or four at a time against a single tile (n <= 16: decode).
-  const int g = tiles == 1 ? 4 : 2;
-  const int64_t groups = (out + g * kTile - 1) / (g * kTile);
+    for (int64_t kb = 0; kb < kblocks; ++kb) pack_x_block(x, n, in, t, kb, nx, xb + t * tile_bytes + kb * nx * kTileBytes);
+  if (tiles == 1) {  // decode: threads as the other kernels' (a 1024 x 1024 matrix is 2 MiB of F16 streamed once)
+#pragma omp parallel if (parallel_pays(n, w))
+    {
+      amx_begin();
+      const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+      decode_rows<S>(xb, n, w, y, e, out * me / nt, out * (me + 1) / nt);
+      amx_end();
+    }
+    return;
+  }
   const bool parallel = n * in * out > (int64_t{1} << 20);
+  // Panels two at a time against pairs of x tiles.
+  constexpr int g = 2;
+  const int64_t groups = (out + g * kTile - 1) / (g * kTile);
   const int64_t threads = parallel ? omp_get_max_threads() : 1;
   const int64_t groups_per_thread = (groups + threads - 1) / threads;
   // Blocking. The x tiles of a block, over the k blocks of a super-chunk, are read from L2 by every panel group's
@@ -453,14 +551,13 @@ void matmul_amx_bf16(const float* x, int64_t n, const RawMatrix& w, float* y, Ep
       const int64_t o0 = p * g * kTile;
       for (int64_t t = t0; t < t1; ++t) {
         const int rows = static_cast<int>(std::min<int64_t>(kTile, n - t * kTile));
-        // g == 2: the pair (t, t + 1) from an even offset holds [C(p0, t0), C(p0, t1), C(p1, t0), C(p1, t1)];
-        // g == 4: [C(p0), C(p1), C(p2), C(p3)] of the one tile.
+        // The pair (t, t + 1) from an even offset holds [C(p0, t0), C(p0, t1), C(p1, t0), C(p1, t1)].
         const int64_t pair_base = (t - t0) / 2 * 2, which = (t - t0) % 2;
         for (int q = 0; q < g; ++q) {
           const int64_t oq = o0 + q * kTile;
           if (oq >= out) break;
           const int cols = static_cast<int>(std::min<int64_t>(kTile, out - oq));
-          const float* c = g == 4 ? cg + q * 256 : cg + pair_base * 512 + q * 512 + which * 256;
+          const float* c = cg + pair_base * 512 + q * 512 + which * 256;
           write_tile(c, y + t * kTile * out + oq, out, rows, cols, e);
         }
       }
@@ -503,12 +600,10 @@ void matmul_amx_bf16(const float* x, int64_t n, const RawMatrix& w, float* y, Ep
       float* cg = ct.get() + (persist ? (st.p - p0) * slots : 0);
       const int64_t calls = (t1 - t0 + 1) / 2, blocks = st.kb1 - st.kb0;
       for (int64_t t = t0; t < t1; t += 2) {
-        const std::byte* x0 = xb.get() + t * tile_bytes + st.kb0 * nx * kTileBytes;
+        const std::byte* x0 = xb + t * tile_bytes + st.kb0 * nx * kTileBytes;
         float* c = cg + (t - t0) * 512;
         const int64_t part0 = (t - t0) / 2 * blocks, parts = calls * blocks;
-        if (g == 4)
-          tile_chunk4<S>(a, x0, blocks, nw, nx, st.kb0 == 0, c, next, part0, parts);
-        else if (t + 1 < t1)
+        if (t + 1 < t1)
           tile_chunk<true, S>(a, x0, x0 + tile_bytes, blocks, nw, nx, st.kb0 == 0, c, next, part0, parts);
         else
           tile_chunk<false, S>(a, x0, x0, blocks, nw, nx, st.kb0 == 0, c, next, part0, parts);

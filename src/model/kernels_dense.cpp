@@ -38,6 +38,14 @@ std::string_view to_string(DenseKernel k) {
   return "?";
 }
 
+// More than 2M multiply-adds in all (as matmul_t), or a weight matrix of 256K entries or more, which decode
+// streams once per token (a 256 x 1024 K or V projection is 512 KiB in F16, 272 KiB in Q8_0: memory-bound, and
+// the second core brings its own share of the memory bandwidth; measured on the 487M Q8_0 model at two threads:
+// those two projections took 6% of a decode step on one thread).
+bool parallel_pays(int64_t n, const RawMatrix& w) {
+  return n * w.rows * w.cols > (int64_t{1} << 21) || w.rows * w.cols >= (int64_t{1} << 18);
+}
+
 namespace {
 
 constexpr int kLanes = 16;
@@ -64,15 +72,6 @@ float reduce_lanes(float a[kLanes]) {
   return s2a + s2b;
 }
 
-/// Big enough for threads: more than 2M multiply-adds in all (as matmul_t), or a
-/// weight matrix of 256K entries or more, which decode streams once per token
-/// (a 256 x 1024 K or V projection is 512 KiB in F16, 272 KiB in Q8_0: memory-bound,
-/// and the second core brings its own share of the memory bandwidth; measured on
-/// the 487M Q8_0 model at two threads: those two projections took 6% of a decode
-/// step on one thread).
-bool parallel_pays(int64_t n, const RawMatrix& w) {
-  return n * w.rows * w.cols > (int64_t{1} << 21) || w.rows * w.cols >= (int64_t{1} << 18);
-}
 
 /// The last, partial chunk of a float row (f32, f16, bf16: the blocked types have none) widened into a
 /// zero-padded buffer of 16.

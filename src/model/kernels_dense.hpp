@@ -65,6 +65,9 @@ void matmul_w_reference(const float* x, int64_t n, const RawMatrix& w, float* y,
 /// std::logic_error when this CPU cannot run k.
 void matmul_w_with(DenseKernel k, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate);
 
+/// Whether a product of n rows of x by w is big enough for threads (kernels_dense.cpp says why).
+bool parallel_pays(int64_t n, const RawMatrix& w);
+
 /// n items (rows or tiles of x) taken a block at a time, when `cap` of them fill the cache budget and a block may
 /// hold `slack` more: ceil(n / (cap + slack)) blocks (at least one) whose sizes are multiples of `multiple` (the
 /// kernel's tile; the last block takes what is left) and differ by at most one multiple (two for the last), so that

@@ -157,6 +157,11 @@ TEST(Bf16Split, ARowsBitsDoNotDependOnTheBatchOrTheThreads) {
               << to_string(s) << " " << to_string(t) << " in " << in << " row " << r << " alone, " << threads
               << " threads";
         }
+        // Five rows: one tile of x, which takes the decode path.
+        std::vector<float> five(static_cast<std::size_t>(5 * out));
+        matmul_bf16_split(s, x.data() + 16 * in, 5, w.m, five.data(), false);
+        EXPECT_EQ(std::memcmp(five.data(), batch.data() + 16 * out, five.size() * 4), 0)
+            << to_string(s) << " " << to_string(t) << " rows 16..20 as a batch of five, " << threads << " threads";
         // In a shorter batch that puts it at another place of its tile.
         std::vector<float> shifted(static_cast<std::size_t>((n - 3) * out));
         matmul_bf16_split(s, x.data() + 3 * in, n - 3, w.m, shifted.data(), false);
