@@ -220,6 +220,8 @@ inline constexpr int64_t kMaxIntermediateSize = int64_t{1} << 22;  ///< intermed
 inline constexpr int64_t kMaxLayers = int64_t{1} << 14;            ///< num_hidden_layers, max_window_layers, sliding_window_pattern
 inline constexpr int64_t kMaxVocab = int64_t{1} << 24;             ///< vocab_size; pad_token_id < kMaxVocab
 inline constexpr int64_t kMaxPositions = int64_t{1} << 32;         ///< max_position_embeddings, original_max_position_embeddings, sliding_window
+inline constexpr double kMinRopeFactor = 1e-6;                       ///< rope_scaling.factor (as --rope-factor): below,
+                                                                     ///< the scaled inv_freq overflow float32
 inline constexpr double kMaxRopeFactor = 1e6;                        ///< rope_scaling.factor (as --rope-factor)
 inline constexpr int64_t kMaxT5Buckets = int64_t{1} << 16;         ///< relative_attention_num_buckets
 inline constexpr int64_t kMaxT5Distance = int64_t{1} << 24;        ///< relative_attention_max_distance

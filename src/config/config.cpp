@@ -870,9 +870,12 @@ class Parser {
     auto field = [&](std::string_view key) { return Reader::path(sd.name, key); };
     if (const json* v = get(d, "factor")) {
       p.factor = r_.positive(*v, field("factor"));
-      // Far above every published factor (<= 128); 1e300 gave NaN frequencies that named no field.
-      if (*p.factor > config_limits::kMaxRopeFactor)
-        r_.fail(field("factor"), fmt::format("must be in (0, {:g}]", config_limits::kMaxRopeFactor), *v);
+      // Far outside every published factor (1 to 128); 1e300 gave NaN frequencies that named no field, 1e-300
+      // infinite ones (the bounds of --rope-factor).
+      if (*p.factor > config_limits::kMaxRopeFactor || *p.factor < config_limits::kMinRopeFactor)
+        r_.fail(field("factor"),
+                fmt::format("must be in [{:g}, {:g}]", config_limits::kMinRopeFactor, config_limits::kMaxRopeFactor),
+                *v);
     }
     if (const json* v = get(d, "original_max_position_embeddings")) {
       const int64_t o = r_.positive_int64(*v, field("original_max_position_embeddings"), kMaxPositions);

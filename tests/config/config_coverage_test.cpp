@@ -447,10 +447,13 @@ TEST(ConfigTextConfig, NestedTextConfigAndMropeSectionsOfTheWrongLengthAreConfig
 // Found by a tester: rope_scaling.factor 1e300 (yarn) ran with a failing context_shift and 1e308 (dynamic) gave
 // "inv_freq[1]: must be finite (got -nan)", naming no field; the factor is bounded as --rope-factor is.
 TEST(ConfigLimits, RopeScalingFactorIsBoundedAndNamed) {
-  for (const char* type : {"yarn", "dynamic"}) {
-    const std::string e = error_of(std::string(R"({"model_type": "llama", "num_attention_heads": 8, "hidden_size": 512,
-        "max_position_embeddings": 2048, "rope_scaling": {"rope_type": ")") + type +
-                                   R"(", "factor": 1e300, "original_max_position_embeddings": 128}})");
-    EXPECT_NE(e.find("rope_scaling.factor: must be in (0, 1e+06]"), std::string::npos) << type << ": " << e;
-  }
+  for (const char* type : {"yarn", "dynamic", "linear"})
+    for (const char* factor : {"1e300", "1e-300", "0.0000009"}) {
+      const std::string e = error_of(std::string(R"({"model_type": "llama", "num_attention_heads": 8,
+        "hidden_size": 512, "max_position_embeddings": 2048, "rope_scaling": {"rope_type": ")") + type +
+                                     R"(", "factor": )" + factor +
+                                     (std::string(type) == "linear" ? "}}" : R"(, "original_max_position_embeddings": 128}})"));
+      EXPECT_NE(e.find("rope_scaling.factor: must be in [1e-06, 1e+06]"), std::string::npos)
+          << type << " " << factor << ": " << e;
+    }
 }

@@ -230,9 +230,13 @@ TEST(CliFormats, ConvertWritesAGgufThatReadsBack) {
                          " --prompt '' --max-tokens 20 --ignore-eos");
   ASSERT_EQ(g.exit_code, 0) << g.err;
   EXPECT_EQ(g.out, h.out);  // the same blocks as the published Q8_0 file, and a vocabulary that works
-  expect_failure(run_cli("convert --model " + q(hf()) + " --to gguf --type q4_K --out " + q(d.path() / "x.gguf")), 1,
+  // Values outside the lists are usage errors (exit 2); case does not matter.
+  expect_failure(run_cli("convert --model " + q(hf()) + " --to gguf --type q4_K --out " + q(d.path() / "x.gguf")), 2,
                  "--type");
-  expect_failure(run_cli("convert --model " + q(hf()) + " --to safetensors --out " + q(d.path() / "x")), 1, "--to");
+  expect_failure(run_cli("convert --model " + q(hf()) + " --to safetensors --out " + q(d.path() / "x")), 2, "--to");
+  const auto upper = run_cli("convert --model " + q(hf()) + " --to GGUF --type Q4_0 --out " + q(d.path() / "u.gguf"));
+  ASSERT_EQ(upper.exit_code, 0) << upper.err;
+  EXPECT_NE(upper.out.find("q4_0)"), std::string::npos) << upper.out;
   expect_failure(run_cli("convert --model " + q(hf()) + " --out " + q(d.path())), 2, "directory");
 }
 

@@ -43,8 +43,12 @@ void add_convert_command(CLI::App& app) {
       "convert", "Write a model as GGUF (architecture llama) that llama.cpp loads: F32, F16, BF16, Q8_0 or Q4_0 weights, q/k rows "
                  "in llama.cpp's interleaved order, the tokenizer as tokenizer.ggml.*");
   args->model.add_to(*cmd, /*runs_model=*/false);  // no --quantized-matmul, --max-position: nothing runs
-  cmd->add_option("--to", args->to, "output format (gguf)")->capture_default_str();
-  cmd->add_option("--type", args->type, "weight type of the matrices: f32, f16, bf16, q8_0, q4_0")->capture_default_str();
+  cmd->add_option("--to", args->to, "output format (gguf)")
+      ->capture_default_str()
+      ->transform(CLI::IsMember({"gguf"}, CLI::ignore_case));
+  cmd->add_option("--type", args->type, "weight type of the matrices: f32, f16, bf16, q8_0, q4_0 (any case)")
+      ->capture_default_str()
+      ->transform(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0"}, CLI::ignore_case));  // a bad value: exit 2
   cmd->add_option("--out", args->out, "output file (written atomically)")->required()->check(output_path());
   cmd->add_option("--name", args->name, "general.name (default: the model's file name)");
   cmd->callback([args] { run_convert(*args); });

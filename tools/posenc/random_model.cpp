@@ -60,7 +60,9 @@ void add_random_model_command(CLI::App& app) {
   cmd->add_flag("--tied", args->tied, "the output projection tied to the token embedding (default: an output.weight of "
                                       "its own, as the 487M count has it)");
   cmd->add_option("--seed", args->o.seed, "random stream seed")->capture_default_str();
-  cmd->add_option("--type", args->type, "weight type of the matrices: f32, f16, bf16, q8_0, q4_0")->capture_default_str();
+  cmd->add_option("--type", args->type, "weight type of the matrices: f32, f16, bf16, q8_0, q4_0 (any case)")
+      ->capture_default_str()
+      ->transform(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0"}, CLI::ignore_case));  // a bad value: exit 2
   cmd->add_option("--name", args->o.name, "general.name")->capture_default_str();
   cmd->add_option("--out", args->out, "output file (written atomically)")->required()->check(output_path());
   cmd->callback([args] { run_random_model(*args); });
