@@ -1,6 +1,8 @@
 // The CLI on real models in every format: Hugging Face directories and GGUF
 // files through ppl/generate/tokenize/detect-layout/convert, the positional
 // overrides, and their errors (typed, exit 1; usage errors exit 2).
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 
 #include <gtest/gtest.h>
@@ -263,4 +265,37 @@ TEST(CliFormats, BadModelDirectoriesAreTypedErrors) {
   fs::create_directories(d.path() / "noweights");
   d.file("noweights/config.json", posenc::read_file(hf() / "config.json"));
   expect_failure(run_cli("generate --model " + q(d.path() / "noweights") + " --prompt x"), 1, "model.safetensors");
+}
+
+// Found by a tester: a GGUF's llama.rope.scaling.factor was checked only for > 0, so 1e-30 ran with nonsense
+// frequencies and 1e-44 failed as "inv_freq[0]: must be finite", naming no key; it is bounded as config.json's.
+TEST(CliFormats, GgufRopeScalingFactorIsBoundedAndNamed) {
+  TempDir d;
+  fs::create_directories(d.path() / "lin");
+  std::string cfg = posenc::read_file(hf() / "config.json");
+  cfg.replace(cfg.find("\"rope_scaling\": null"), 20, R"("rope_scaling": {"rope_type": "linear", "factor": 2.0})");
+  d.file("lin/config.json", cfg);
+  for (const char* f : {"model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+    if (fs::exists(hf() / f)) fs::create_symlink(hf() / f, d.path() / "lin" / f);
+  const fs::path gguf = d.path() / "lin.gguf";
+  const auto r = run_cli("convert --model " + q(d.path() / "lin") + " --to gguf --out " + q(gguf));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::string bytes = posenc::read_file(gguf);
+  const std::string key = "llama.rope.scaling.factor";
+  const std::size_t at = bytes.find(key);
+  ASSERT_NE(at, std::string::npos);
+  uint32_t type = 0;
+  std::memcpy(&type, bytes.data() + at + key.size(), 4);
+  ASSERT_EQ(type, 6u);  // GGUF_TYPE_FLOAT32
+  float stored = 0;
+  std::memcpy(&stored, bytes.data() + at + key.size() + 4, 4);
+  ASSERT_EQ(stored, 2.0f);
+  ASSERT_EQ(run_cli("generate --model " + q(gguf) + " --prompt x --max-tokens 2").exit_code, 0);
+  for (const float bad : {1e-30f, 1e-44f, 1e7f}) {
+    std::memcpy(bytes.data() + at + key.size() + 4, &bad, 4);
+    const fs::path p = d.path() / "bad.gguf";
+    d.file("bad.gguf", bytes);
+    expect_failure(run_cli("generate --model " + q(p) + " --prompt x --max-tokens 2"), 1,
+                   "llama.rope.scaling.factor must be in [1e-06, 1e+06]");
+  }
 }

@@ -19,6 +19,7 @@
 
 #include "core/text.hpp"
 #include "model/raw_model.hpp"
+#include "posenc/config.hpp"
 #include "posenc/error.hpp"
 #include "posenc/gguf.hpp"
 #include "posenc/scaling.hpp"
@@ -323,7 +324,12 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
         throw CheckpointError(fmt::format("{}: {}{} must be finite and > 0 (got {})", name, k, key, *v));
       return v;
     };
-    positive("rope.scaling.factor");
+    // Bounded as config.json's rope_scaling.factor: 1e-30 ran with nonsense frequencies, 1e-44 failed as
+    // "inv_freq[0]: must be finite", naming no key.
+    if (const double fct = *positive("rope.scaling.factor");
+        fct < config_limits::kMinRopeFactor || fct > config_limits::kMaxRopeFactor)
+      throw CheckpointError(fmt::format("{}: {}rope.scaling.factor must be in [{:g}, {:g}] (got {:g})", name, k,
+                                        config_limits::kMinRopeFactor, config_limits::kMaxRopeFactor, fct));
     if (f.get_int(k + "rope.scaling.original_context_length")) {
       rp.original_max_position_embeddings = required_int(f, k + "rope.scaling.original_context_length", 1,
                                                          int64_t{1} << 32);
