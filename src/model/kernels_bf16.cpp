@@ -168,6 +168,22 @@ POSENC_TARGET_AMXBF16 inline __m512 trunc16(__m512 v) {
   return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 
+/// One k block of a weight row: 32 stored F16/BF16 values at src (those outside m zero) as A tile row(s): the
+/// value itself for BF16 (at a), or for F16 its two bf16 terms, at a and a + term_stride.
+POSENC_TARGET_AMXBF16 inline void split_w_block(const std::byte* src, __mmask32 m, bool f16, std::byte* a,
+                                                int64_t term_stride) {
+  const __m512i raw = _mm512_maskz_loadu_epi16(m, src);
+  if (!f16) {  // BF16: the stored value is the only term
+    _mm512_store_si512(a, raw);
+    return;
+  }
+  const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(raw));
+  const __m512 hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(raw, 1));
+  const __m512 lo0 = trunc16(lo), hi0 = trunc16(hi);
+  _mm512_store_si512(a, to_bf16(lo0, hi0));
+  _mm512_store_si512(a + term_stride, to_bf16(_mm512_sub_ps(lo, lo0), _mm512_sub_ps(hi, hi0)));
+}
+
 /// x tile t (rows [16t, 16t + 16) of x, those past n zero), k block kb, as `nx` B tiles (x0, x1[, x2]) at dst:
 /// tile c, row p (k pair), lane r = (x_c[r][32kb + 2p], x_c[r][32kb + 2p + 1]).
 POSENC_TARGET_AMXBF16 void pack_x_block(const float* x, int64_t n, int64_t in, int64_t t, int64_t kb, int nx,
@@ -229,16 +245,7 @@ POSENC_TARGET_AMXBF16 void pack_w_chunk(const RawMatrix& w, int64_t o0, int pane
       const int64_t k0 = kb * kK;
       const __mmask32 m = k0 + 32 <= in ? 0xFFFFFFFFu : static_cast<__mmask32>((1u << (in - k0)) - 1u);
       std::byte* a0 = dst + (kb - kb0) * nw * panels * kTileBytes + (i / kTile) * kTileBytes + (i % kTile) * 64;
-      const __m512i raw = _mm512_maskz_loadu_epi16(m, row + k0 * 2);
-      if (!f16) {  // BF16: the stored value is the only term
-        _mm512_store_si512(a0, raw);
-        continue;
-      }
-      const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(raw));
-      const __m512 hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(raw, 1));
-      const __m512 lo0 = trunc16(lo), hi0 = trunc16(hi);
-      _mm512_store_si512(a0, to_bf16(lo0, hi0));
-      _mm512_store_si512(a0 + panels * kTileBytes, to_bf16(_mm512_sub_ps(lo, lo0), _mm512_sub_ps(hi, hi0)));
+      split_w_block(row + k0 * 2, m, f16, a0, panels * kTileBytes);
     }
   }
 }
@@ -387,16 +394,7 @@ POSENC_TARGET_AMXBF16 void pack_w_rows(const RawMatrix& w, int64_t o0, int64_t r
       if (f16) _mm512_store_si512(a + kTermBytes, _mm512_setzero_si512());
       continue;
     }
-    const __m512i raw = _mm512_maskz_loadu_epi16(m, w.data + (o0 + j) * rb + k0 * 2);
-    if (!f16) {  // BF16: the stored value is the only term
-      _mm512_store_si512(a, raw);
-      continue;
-    }
-    const __m512 lo = _mm512_cvtph_ps(_mm512_castsi512_si256(raw));
-    const __m512 hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(raw, 1));
-    const __m512 lo0 = trunc16(lo), hi0 = trunc16(hi);
-    _mm512_store_si512(a, to_bf16(lo0, hi0));
-    _mm512_store_si512(a + kTermBytes, to_bf16(_mm512_sub_ps(lo, lo0), _mm512_sub_ps(hi, hi0)));
+    split_w_block(w.data + (o0 + j) * rb + k0 * 2, m, f16, a, kTermBytes);
   }
 }
 
