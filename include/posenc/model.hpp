@@ -106,8 +106,8 @@ QuantizedMatmul parse_quantized_matmul(std::string_view text, std::string_view f
 ///             the dropped ones under 2^-13 |x w| together. The bits are the AMX unit's: the same
 ///             for decode and prefill and any thread count, not those of
 ///             float32. Prefill of the 487M-parameter F16 benchmark model:
-///             1.28-1.53x float32's (bf16x6), 2.10-2.47x (bf16x3); decode about a
-///             third of float32's (each panel is widened and split again per
+///             1.28-1.53x float32's (bf16x6), 2.10-2.47x (bf16x3); decode under
+///             half of float32's (each weight is widened and split again per
 ///             token). F32, Q8_0 and Q4_0 weights are not affected.
 ///             Model::load throws InvalidArgument (naming dense_matmul) for a
 ///             model with F16/BF16 matrices on a CPU without AMX-BF16.

@@ -239,7 +239,7 @@ void ModelArgs::add_to(CLI::App& cmd, bool runs_model) {
                  "reference; default), bf16x6 (on AMX-BF16 tiles: activations split into three bf16 terms and "
                  "weights into two, every product exact, sums rounded by the AMX unit; prefill up to 1.5x faster "
                  "on a 0.5B model, less on small ones) or bf16x3 (three of the six terms, under 2^-13 of each "
-                 "product, dropped; faster still). Decode is about a third of float32's in both: for prefill-bound "
+                 "product, dropped; faster still). Decode is under half of float32's in both: for prefill-bound "
                  "work (ppl, eval)")
       ->check(non_empty())
       ->check(CLI::IsMember({"float32", "bf16x3", "bf16x6"}))
@@ -367,7 +367,7 @@ void print_model_header(std::FILE* out, const LoadedModel& m, const ModelArgs& a
     const bool dense16 = lower.find("f16") != std::string::npos;  // "f16" and "bf16"
     fmt::print(out, "  dense products: {}{}\n", to_string(model.dense_matmul()),
                dense16 ? " on AMX-BF16 tiles for the F16/BF16 weights (not float32's bits; faster prefill, "
-                         "decode about a third of float32's)"
+                         "decode under half of float32's)"
                        : " (no F16/BF16 weights: --dense-matmul changes nothing)");
   }
   if (model.family() == PositionFamily::rope && !s.layout_reason.empty())
