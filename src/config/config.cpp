@@ -869,10 +869,10 @@ class Parser {
 
     auto field = [&](std::string_view key) { return Reader::path(sd.name, key); };
     if (const json* v = get(d, "factor")) {
-      p.factor = r_.positive(*v, field("factor"));
+      p.factor = r_.number(*v, field("factor"));
       // Far outside every published factor (1 to 128); 1e300 gave NaN frequencies that named no field, 1e-300
       // infinite ones (the bounds of --rope-factor).
-      if (*p.factor > config_limits::kMaxRopeFactor || *p.factor < config_limits::kMinRopeFactor)
+      if (!(*p.factor >= config_limits::kMinRopeFactor && *p.factor <= config_limits::kMaxRopeFactor))
         r_.fail(field("factor"),
                 fmt::format("must be in [{:g}, {:g}]", config_limits::kMinRopeFactor, config_limits::kMaxRopeFactor),
                 *v);

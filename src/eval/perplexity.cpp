@@ -481,7 +481,13 @@ std::optional<std::string> tokenizer_mismatch_warning(double mean_nll, int64_t m
 
 bool is_rope_scaling_name(std::string_view name) {
   if (name == "native") return true;
-  find_rope_scaling(name);  // throws ConfigError listing the known names
+  try {
+    find_rope_scaling(name);  // throws ConfigError listing the known names
+  } catch (const ConfigError& e) {  // which leave out "native", the model's own: said here
+    std::string what = e.what();
+    if (what.ends_with(")")) what.insert(what.size() - 1, ", and native: the model's own");
+    throw ConfigError(what);
+  }
   return true;
 }
 

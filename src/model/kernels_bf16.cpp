@@ -468,8 +468,9 @@ POSENC_TARGET_AMXBF16 void decode_rows(const std::byte* xb, int64_t n, const Raw
 }
 
 /// Memory for a call's x tiles: this thread's grow-only buffer when they fit in kKeptXBytes (a decode's: a fresh
-/// allocation per call is mmap'd past glibc's threshold and page-faulted in again, 114 faults per product of rows of
-/// 4864 weights, 10-25% of a decode's time), else `own` (a long prompt's, freed after the call).
+/// allocation per call is mmap'd past glibc's threshold and page-faulted in again, 114 faults per product by rows
+/// of 4864 weights: page faults were 6-11% of a BM_MatmulDecode profile), else `own` (a long prompt's, freed
+/// after the call). At most 8 MiB kept per thread.
 constexpr std::size_t kKeptXBytes = std::size_t{8} << 20;
 std::byte* x_tiles_buffer(std::size_t bytes, std::unique_ptr<std::byte[], FreeDeleter>& own) {
   if (bytes > kKeptXBytes) {

@@ -370,8 +370,7 @@ std::optional<Tokenizer> Model::load_bundled_tokenizer(const std::filesystem::pa
     case ModelFormat::hf_directory: {
       std::error_code ec;
       if (!std::filesystem::exists(path / "config.json", ec))  // as Model::load says it
-        throw CheckpointError(
-            fmt::format("{}: not a Hugging Face model directory: config.json is missing", path.string()));
+        throw CheckpointError(detail::missing_config_message(path));
       const auto tj = path / "tokenizer.json";
       if (!std::filesystem::exists(tj, ec)) return std::nullopt;
       return Tokenizer::load_tokenizer_json(tj);

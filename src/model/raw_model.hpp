@@ -97,6 +97,9 @@ RawModel read_llama2c(const std::filesystem::path& path);
 RawModel read_posenc(const std::filesystem::path& path);
 /// Hugging Face directories (src/model/formats/hf.cpp).
 RawModel read_hf_directory(const std::filesystem::path& dir);
+/// "<dir>: not a Hugging Face model directory: config.json is missing", naming the model files (.gguf, .bin) the
+/// directory holds, if any, to be given instead.
+std::string missing_config_message(const std::filesystem::path& dir);
 /// GGUF files (src/model/formats/gguf_model.cpp).
 RawModel read_gguf_model(const std::filesystem::path& path);
 /// A GGUF file's embedded tokenizer (nullopt when it has none); `describe`

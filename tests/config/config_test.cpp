@@ -547,7 +547,7 @@ TEST(ConfigErrors, MissingRequiredFields) {
 TEST(ConfigErrors, NonPositiveFactor) {
   expect_error(R"({"model_type": "llama", "num_attention_heads": 4, "hidden_size": 256,
       "rope_scaling": {"rope_type": "linear", "factor": -2}})",
-               {"rope_scaling.factor", "> 0", "(got -2)"});
+               {"rope_scaling.factor", "must be in [1e-06, 1e+06]", "(got -2)"});
   expect_error(R"({"model_type": "llama", "num_attention_heads": 4, "hidden_size": 256,
       "rope_scaling": {"rope_type": "linear", "factor": 0.0}})",
                {"rope_scaling.factor", "(got 0.0)"});

@@ -261,6 +261,11 @@ TEST(CliFormats, BadModelDirectoriesAreTypedErrors) {
   fs::create_symlink(hf() / "model.safetensors", d.path() / "wide/model.safetensors");
   expect_failure(run_cli("generate --model " + q(d.path() / "wide") + " --prompt x --tokenizer " + q(hf())), 1,
                  "model.layers.0.mlp.gate_proj.weight has shape [384, 128], config.json implies [512, 128]");
+  // A directory of a GGUF file (or a llama2.c .bin) names the file to give instead.
+  fs::create_directories(d.path() / "ggufdir");
+  fs::create_symlink(q8(), d.path() / "ggufdir" / "m.gguf");
+  expect_failure(run_cli("generate --model " + q(d.path() / "ggufdir") + " --prompt x"), 1,
+                 "config.json is missing (it holds m.gguf: give the model file itself");
   // No weights at all.
   fs::create_directories(d.path() / "noweights");
   d.file("noweights/config.json", posenc::read_file(hf() / "config.json"));

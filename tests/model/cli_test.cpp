@@ -54,6 +54,9 @@ TEST(Cli, PplBadInputs) {
   expect_clean_failure(run_cli("ppl " + model_args() + " --text " + q(d.path() / "nope.txt")), "nope.txt");
   expect_clean_failure(run_cli("ppl " + model_args() + " --text " + q(d.file("empty.txt", ""))), "text");
   expect_clean_failure(run_cli("ppl " + model_args() + " --text " + text + " --rope-scaling bogus"), "bogus");
+  // The list of known names includes native (the model's own), which every command takes.
+  expect_clean_failure(run_cli("ppl " + model_args() + " --text " + text + " --rope-scaling bogus"),
+                       "proportional, and native: the model's own)");
   expect_clean_failure(run_cli("ppl " + model_args() + " --text " + text + " --rope-layout neox"), "neox");
 }
 

@@ -345,4 +345,8 @@ TEST(WeightsAsStored, Bf16SplitIsRefusedWhereItCannotRunNamingTheSetting) {
   const auto usage = test::run_cli("generate --model '" + model + "' --prompt Once --max-tokens 2 --dense-matmul bf16");
   EXPECT_EQ(usage.exit_code, 2);
   EXPECT_NE(usage.err.find("--dense-matmul"), std::string::npos) << usage.err;
+  // Names in any case (as --type): the header names the mode in its own spelling.
+  const auto upper = test::run_cli("generate --model '" + model + "' --prompt Once --max-tokens 2 --dense-matmul BF16X6");
+  EXPECT_EQ(upper.exit_code, 0) << upper.err;
+  EXPECT_NE(upper.err.find("dense products: bf16x6"), std::string::npos) << upper.err;
 }

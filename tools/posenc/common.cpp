@@ -232,7 +232,7 @@ void ModelArgs::add_to(CLI::App& cmd, bool runs_model) {
                  "float32 products; default) or q8_activations (activations quantized to Q8_0, exact int8 block "
                  "products: llama.cpp's CPU arithmetic, and faster in prefill)")
       ->check(non_empty())
-      ->check(CLI::IsMember({"dequantize", "q8_activations"}))
+      ->transform(CLI::IsMember({"dequantize", "q8_activations"}, CLI::ignore_case))
       ->capture_default_str();
   cmd.add_option("--dense-matmul", dense_matmul,
                  "products with F16/BF16 weights: float32 (each weight widened in registers, float32 FMAs: the "
@@ -242,7 +242,7 @@ void ModelArgs::add_to(CLI::App& cmd, bool runs_model) {
                  "product, dropped; faster still). Decode is under half of float32's in both: for prefill-bound "
                  "work (ppl, eval)")
       ->check(non_empty())
-      ->check(CLI::IsMember({"float32", "bf16x3", "bf16x6"}))
+      ->transform(CLI::IsMember({"float32", "bf16x3", "bf16x6"}, CLI::ignore_case))
       ->capture_default_str();
   cmd.add_option("--max-position", max_position,
                  "largest position id the model may be fed: a longer context, prompt or request is an error naming "

@@ -326,8 +326,7 @@ RawModel read_gguf_model(const std::filesystem::path& path) {
     };
     // Bounded as config.json's rope_scaling.factor: 1e-30 ran with nonsense frequencies, 1e-44 failed as
     // "inv_freq[0]: must be finite", naming no key.
-    if (const double fct = *positive("rope.scaling.factor");
-        fct < config_limits::kMinRopeFactor || fct > config_limits::kMaxRopeFactor)
+    if (const double fct = *rp.factor; !(fct >= config_limits::kMinRopeFactor && fct <= config_limits::kMaxRopeFactor))
       throw CheckpointError(fmt::format("{}: {}rope.scaling.factor must be in [{:g}, {:g}] (got {:g})", name, k,
                                         config_limits::kMinRopeFactor, config_limits::kMaxRopeFactor, fct));
     if (f.get_int(k + "rope.scaling.original_context_length")) {

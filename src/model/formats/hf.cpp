@@ -6,10 +6,13 @@
 // [out_features, in_features]. q/k rows are stored for the `half` layout
 // (rotate_half): transformers' convert_llama_weights_to_hf.py permutes Meta's
 // interleaved q/k rows into that order.
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <memory>
 #include <set>
+#include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -105,12 +108,29 @@ class TensorSource {
 
 }  // namespace
 
+std::string missing_config_message(const fs::path& dir) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string ext = it->path().extension().string();
+    if ((ext == ".gguf" || ext == ".bin") && it->is_regular_file(ec)) files.push_back(it->path().filename().string());
+  }
+  std::sort(files.begin(), files.end());
+  std::string msg = fmt::format("{}: not a Hugging Face model directory: config.json is missing", dir.string());
+  if (!files.empty()) {
+    if (files.size() > 3) files.resize(3);
+    msg += fmt::format(" (it holds {}: give the model file itself, e.g. {})", fmt::join(files, ", "),
+                       (dir / files.front()).string());
+  }
+  return msg;
+}
+
 RawModel read_hf_directory(const std::filesystem::path& dir) {
   const std::string name = dir.string();
   const fs::path config_path = dir / "config.json";
   std::error_code ec;
   if (!fs::exists(config_path, ec))
-    throw CheckpointError(fmt::format("{}: not a Hugging Face model directory: config.json is missing", name));
+    throw CheckpointError(missing_config_message(dir));
   const DecoderSpec d = parse_decoder_spec(read_file(config_path), config_path.string());
   const PositionalSpec& ps = d.positional;
 

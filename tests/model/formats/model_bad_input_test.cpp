@@ -408,9 +408,10 @@ TEST(GgufModelBadInput, ValueLengthMustBeTheHeadDim) {
 TEST(GgufModelBadInput, RopeScalingValuesNameTheFileAndKey) {
   TempDir d;
   const GgufValue lin = str("linear"), yarn = str("yarn");
-  for (double bad : {0.0, -2.0, std::nan("")})
+  // One message for every value outside the bounds config.json's factor has (as --rope-factor).
+  for (double bad : {0.0, -2.0, std::nan(""), 1e-7, 2e6})
     expect_refused(gguf_copy(d, "f.gguf", q8_656(), {{"llama.rope.scaling.type", lin}, {"llama.rope.scaling.factor", f32(bad)}}),
-                   {"f.gguf", "llama.rope.scaling.factor must be finite and > 0"});
+                   {"f.gguf", "llama.rope.scaling.factor must be in [1e-06, 1e+06]"});
   expect_refused(gguf_copy(d, "o.gguf", q8_656(),
                            {{"llama.rope.scaling.type", yarn},
                             {"llama.rope.scaling.factor", f32(4)},
