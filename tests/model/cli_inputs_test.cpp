@@ -406,9 +406,19 @@ TEST(CliInputs, AbsurdOmpNumThreadsIsRefusedNamingTheVariable) {
     EXPECT_NE(r.err.find("at most " + bound), std::string::npos) << r.err;
     EXPECT_EQ(r.out, "");
   }
-  ::setenv("OMP_NUM_THREADS", "2", 1);
-  const CliResult ok = posenc::test::run_cli(ppl);
-  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  // Values that are not counts: libgomp warned and ran with its default; refused the same way.
+  for (const std::string& value : std::vector<std::string>{"abc", "0", "-1", "4,,2", "2x"}) {
+    ::setenv("OMP_NUM_THREADS", value.c_str(), 1);
+    const CliResult r = posenc::test::run_cli(ppl);
+    EXPECT_EQ(r.exit_code, 2) << value << ": " << r.err;
+    EXPECT_NE(r.err.find("OMP_NUM_THREADS '" + value + "'"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("is not a thread count"), std::string::npos) << r.err;
+  }
+  for (const std::string& value : std::vector<std::string>{"2", " 2 ", "2,1"}) {
+    ::setenv("OMP_NUM_THREADS", value.c_str(), 1);
+    const CliResult ok = posenc::test::run_cli(ppl);
+    EXPECT_EQ(ok.exit_code, 0) << value << ": " << ok.err;
+  }
   ::unsetenv("OMP_NUM_THREADS");
   // The --threads flags have the same bound, as a usage error.
   const CliResult s = posenc::test::run_cli("serve " + model_args() + " --threads 100000");

@@ -412,6 +412,8 @@ void check_thread_environment() {
   const char* env = std::getenv("OMP_NUM_THREADS");
   if (env == nullptr) return;
   const std::string value = env;
+  if (std::all_of(value.begin(), value.end(), [](char ch) { return std::isspace(static_cast<unsigned char>(ch)); }))
+    return;  // empty: as unset
   const int bound = max_threads();
   std::size_t pos = 0;
   while (pos <= value.size()) {
@@ -422,6 +424,11 @@ void check_thread_environment() {
     const bool digits = !item.empty() && std::all_of(item.begin(), item.end(), [](char ch) {
       return std::isdigit(static_cast<unsigned char>(ch)) != 0;
     });
+    // Not a count (libgomp only warned and ran with its default: "abc", "0", "-1", "4,,2").
+    if (!digits || item.find_first_not_of('0') == std::string_view::npos)
+      throw UsageError(fmt::format("OMP_NUM_THREADS '{}': '{}' is not a thread count (a positive integer, or a "
+                                   "comma-separated list of them); unset it or give one",
+                                   value, item));
     // A count past the bound, however many digits it has (from_chars fails on overflow: also past it).
     int64_t v = 0;
     if (digits) {
