@@ -431,14 +431,12 @@ void check_thread_environment() {
                                    value, item));
     // A count past the bound, however many digits it has (from_chars fails on overflow: also past it).
     int64_t v = 0;
-    if (digits) {
-      const auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-      if (ec != std::errc() || p != item.data() + item.size() || v > bound)
-        throw UsageError(fmt::format(
-            "OMP_NUM_THREADS '{}': {} threads is more than posenc runs with (at most {}: 64 x the {} hardware "
-            "threads); unset it or give at most {}",
-            value, item, bound, bound / 64, bound));
-    }
+    const auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (ec != std::errc() || p != item.data() + item.size() || v > bound)
+      throw UsageError(fmt::format(
+          "OMP_NUM_THREADS '{}': {} threads is more than posenc runs with (at most {}: 64 x the {} hardware "
+          "threads); unset it or give at most {}",
+          value, item, bound, bound / 64, bound));
     pos = c + 1;
   }
 }
@@ -677,6 +675,22 @@ TaskRecipe RecipeFlags::without_explicit(TaskRecipe r) const {
   if (batch_size != nullptr && batch_size->count() > 0) r.batch_size.reset();
   if (curriculum != nullptr && curriculum->count() > 0) r.curriculum.reset();
   return r;
+}
+
+
+void add_weight_type_option(CLI::App& cmd, std::string& type) {
+  cmd.add_option("--type", type, "weight type of the matrices: f32, f16, bf16, q8_0, q4_0 (any case)")
+      ->capture_default_str()
+      ->transform(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0"}, CLI::ignore_case));
+}
+
+GgmlType weight_type_of(const std::string& type) {
+  if (type == "f16") return GgmlType::f16;
+  if (type == "bf16") return GgmlType::bf16;
+  if (type == "q8_0") return GgmlType::q8_0;
+  if (type == "q4_0") return GgmlType::q4_0;
+  if (type == "f32") return GgmlType::f32;
+  throw ConfigError(fmt::format("--type: must be f32, f16, bf16, q8_0 or q4_0 (got '{}')", type));
 }
 
 }  // namespace posenc::cli

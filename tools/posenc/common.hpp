@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "posenc/error.hpp"
+#include "posenc/gguf.hpp"
 #include "posenc/model.hpp"
 #include "posenc/tokenizer.hpp"
 #include "posenc/train.hpp"
@@ -129,6 +130,11 @@ int max_threads();
 /// before any parallel region runs: UsageError naming OMP_NUM_THREADS, its value and the bound. Values that are not
 /// counts are left to the OpenMP runtime (which warns and ignores them).
 void check_thread_environment();
+/// --type of convert and random-model: f32, f16, bf16, q8_0 or q4_0, in any case (another value: exit 2 naming them).
+void add_weight_type_option(CLI::App& cmd, std::string& type);
+/// The GgmlType of a value add_weight_type_option took.
+GgmlType weight_type_of(const std::string& type);
+
 /// CLI11 check: a value that must be given when the option is (CLI11 reads --opt '' as "not set").
 CLI::Validator non_empty();
 /// CLI11 check: a seed, a decimal integer in [0, 2^64 - 1] ("-1" would wrap to 2^64 - 1).

@@ -21,12 +21,7 @@ struct ConvertArgs {
 void run_convert(const ConvertArgs& a) {
   if (a.to != "gguf") throw ConfigError(fmt::format("--to: only gguf is written (got '{}')", a.to));
   GgufExportOptions o;
-  if (a.type == "f32") o.type = GgmlType::f32;
-  else if (a.type == "f16") o.type = GgmlType::f16;
-  else if (a.type == "bf16") o.type = GgmlType::bf16;
-  else if (a.type == "q8_0") o.type = GgmlType::q8_0;
-  else if (a.type == "q4_0") o.type = GgmlType::q4_0;
-  else throw ConfigError(fmt::format("--type: must be f32, f16, bf16, q8_0 or q4_0 (got '{}')", a.type));
+  o.type = weight_type_of(a.type);
   o.name = a.name;
   LoadedModel lm = load_model(a.model);
   print_model_header(stderr, lm, a.model);
@@ -46,9 +41,7 @@ void add_convert_command(CLI::App& app) {
   cmd->add_option("--to", args->to, "output format (gguf)")
       ->capture_default_str()
       ->transform(CLI::IsMember({"gguf"}, CLI::ignore_case));
-  cmd->add_option("--type", args->type, "weight type of the matrices: f32, f16, bf16, q8_0, q4_0 (any case)")
-      ->capture_default_str()
-      ->transform(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0"}, CLI::ignore_case));  // a bad value: exit 2
+  add_weight_type_option(*cmd, args->type);
   cmd->add_option("--out", args->out, "output file (written atomically)")->required()->check(output_path());
   cmd->add_option("--name", args->name, "general.name (default: the model's file name)");
   cmd->callback([args] { run_convert(*args); });

@@ -18,12 +18,7 @@ struct RandomModelArgs {
 };
 
 void run_random_model(RandomModelArgs a) {
-  if (a.type == "f32") a.o.type = GgmlType::f32;
-  else if (a.type == "f16") a.o.type = GgmlType::f16;
-  else if (a.type == "bf16") a.o.type = GgmlType::bf16;
-  else if (a.type == "q8_0") a.o.type = GgmlType::q8_0;
-  else if (a.type == "q4_0") a.o.type = GgmlType::q4_0;
-  else throw ConfigError(fmt::format("--type: must be f32, f16, bf16, q8_0 or q4_0 (got '{}')", a.type));
+  a.o.type = weight_type_of(a.type);
   a.o.config.shared_classifier = a.tied;
   const GgufExportReport r = write_random_gguf(a.o, a.out);
   for (const auto& n : r.notes) fmt::print(stderr, "  {}\n", n);
@@ -60,9 +55,7 @@ void add_random_model_command(CLI::App& app) {
   cmd->add_flag("--tied", args->tied, "the output projection tied to the token embedding (default: an output.weight of "
                                       "its own, as the 487M count has it)");
   cmd->add_option("--seed", args->o.seed, "random stream seed")->capture_default_str();
-  cmd->add_option("--type", args->type, "weight type of the matrices: f32, f16, bf16, q8_0, q4_0 (any case)")
-      ->capture_default_str()
-      ->transform(CLI::IsMember({"f32", "f16", "bf16", "q8_0", "q4_0"}, CLI::ignore_case));  // a bad value: exit 2
+  add_weight_type_option(*cmd, args->type);
   cmd->add_option("--name", args->o.name, "general.name")->capture_default_str();
   cmd->add_option("--out", args->out, "output file (written atomically)")->required()->check(output_path());
   cmd->callback([args] { run_random_model(*args); });
