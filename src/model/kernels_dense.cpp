@@ -670,41 +670,48 @@ void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* 
   }
 }
 
-// ---- AVX-512 decode: 16 streams of rows at a time --------------------------------------------------------------
+// ---- AVX-512 decode: runs of rows read side by side -------------------------------------------------------------
 // One row of x against the matrix (decode) is memory-bound, but the 1 x 4 tiles above read it badly: four
 // adjacent rows at a time, so a page of rows of 1024 weights holds several streams advancing side by side, which the
-// hardware prefetcher does not follow (F16 at 12.9 GB/s of a 14.1 GB/s DRAM read rate on one core, rows of 1024
-// weights), and for Q8_0 they spend about 16 vector instructions per block and row (the scale converted and
-// broadcast for each of its two chunks). Here a thread splits its rows into 16 runs of consecutive rows and reads
-// the 16 runs side by side, each a long sequential stream through its own pages, prefetched a little ahead;
-// x's chunk is loaded once for the 16 rows, a Q8_0/Q4_0 block takes 10 instructions per row (its scale widened
-// once), and the 16 outputs are summed by reduce16. Same lanes, same fmas in the same order, same tree: the
-// reference's bits. Measured on the 487M model's shapes (BM_MatmulDecode, from DRAM): F16 rows of 1024 weights
-// 12.9 -> 14.5 GB/s at 1 thread and 24.5 -> 27.9 at 2, Q8_0 10.0 -> 14.6 and 18.0 -> 29.3 (the DRAM read
-// rate: 14.1 and 26.2).
+// hardware prefetcher does not follow (F16 at 12.9 GB/s of a 14.1 GB/s DRAM read rate on one Sapphire Rapids core,
+// rows of 1024 weights), and for Q8_0 they spend about 16 vector instructions per block and row (the scale converted
+// and broadcast for each of its two chunks). Here a thread splits its rows into R runs of consecutive rows and reads
+// the R runs side by side, each a long sequential stream through its own pages (R and the software prefetch: the
+// DecodeStreams plan, kernels_dense.hpp); x's chunk is loaded once for the R rows, a Q8_0/Q4_0 block takes 10
+// instructions per row (its scale widened once), and the outputs are summed by reduce16. Same lanes, same fmas in
+// the same order, same tree: the reference's bits, for every plan. Measured on the 487M model's shapes
+// (BM_MatmulDecode, from DRAM), Sapphire Rapids, 16 runs prefetched: F16 rows of 1024 weights 12.9 -> 14.5 GB/s at
+// 1 thread and 24.5 -> 27.9 at 2, Q8_0 10.0 -> 14.6 and 18.0 -> 29.3 (the DRAM read rate: 14.1 and 26.2). On Zen 5
+// the same plan read F16 at 27-29 GB/s of a 42-46 GB/s read rate: its prefetchers follow a few streams, and the
+// software prefetches only cost it. In a standalone model of the loop (16 runs 30 GB/s, 8 34-36, 6 38, 4 40-46,
+// 3 37-46, 2 37-51, each lower with prefetches) and in the model (BM_RealDecode, the 487M F16 model at one thread:
+// 16 prefetched 33 tokens/s, 8 36, 4 39.5, 3 40, 2 41.5) two runs without prefetches read best; Q8_0's blocks,
+// about 10 instructions per 34 bytes a row, still read best as 16 runs prefetched there (68-70 tokens/s, 61-64 with
+// 4 or 2 runs).
 
-constexpr int64_t kDecodeRows = 16;
-/// How far ahead (bytes) each of the 16 streams is prefetched (measured 512, 1024, 2048, 4096 and whole rows of
-/// 1024 or 4864 weights ahead: within 5% of each other but for the rows, up to 20% slower on long rows).
+/// How far ahead (bytes) each stream is prefetched when the plan prefetches (measured on Sapphire Rapids with 16
+/// runs: 512, 1024, 2048, 4096 and whole rows of 1024 or 4864 weights ahead: within 5% of each other but for the
+/// rows, up to 20% slower on long rows).
 constexpr int64_t kDecodePrefetchBytes = 1024;
 
-/// y[o_j] (+)= x · row o_j for the 16 rows o_j = o_0 + j * stride (w: row o_0, rb: bytes per row); the outputs go
-/// to y[j * stride].
-template <WeightType T>
-POSENC_TARGET_AVX512 void decode_tile16(const float* x, int64_t cols, const std::byte* w, int64_t rb, int64_t stride,
-                                        float* y, bool accumulate) {
-  __m512 acc[kDecodeRows];
+/// y[o_j] (+)= x · row o_j for the R rows o_j = o_0 + j * stride (w: row o_0, rb: bytes per row); the outputs go
+/// to y[j * stride]. Prefetch: each row's line kDecodePrefetchBytes ahead, once per line.
+template <WeightType T, int R, bool Prefetch>
+POSENC_TARGET_AVX512 void decode_tile(const float* x, int64_t cols, const std::byte* w, int64_t rb, int64_t stride,
+                                      float* y, bool accumulate) {
+  static_assert(R >= 1 && R <= 16);
+  __m512 acc[16];
 #pragma GCC unroll 16
-  for (int j = 0; j < kDecodeRows; ++j) acc[j] = _mm512_setzero_ps();
+  for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
   if constexpr (T == WeightType::q8_0 || T == WeightType::q4_0) {
     constexpr int64_t kBlockBytes = T == WeightType::q8_0 ? kQ8Bytes : kQ4Bytes;
     const int64_t blocks = cols / kQBlock;
     for (int64_t b = 0; b < blocks; ++b) {
       const __m512 x0 = _mm512_loadu_ps(x + b * kQBlock), x1 = _mm512_loadu_ps(x + b * kQBlock + kLanes);
 #pragma GCC unroll 16
-      for (int j = 0; j < kDecodeRows; ++j) {
+      for (int j = 0; j < R; ++j) {
         const std::byte* blk = w + j * stride * rb + b * kBlockBytes;
-        _mm_prefetch(reinterpret_cast<const char*>(blk + kDecodePrefetchBytes), _MM_HINT_T0);
+        if constexpr (Prefetch) _mm_prefetch(reinterpret_cast<const char*>(blk + kDecodePrefetchBytes), _MM_HINT_T0);
         uint16_t h;
         std::memcpy(&h, blk, 2);
         const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(h)));
@@ -726,45 +733,66 @@ POSENC_TARGET_AVX512 void decode_tile16(const float* x, int64_t cols, const std:
     for (int64_t c = 0; c < chunks; ++c) {
       const __m512 xv = _mm512_loadu_ps(x + c * kLanes);
 #pragma GCC unroll 16
-      for (int j = 0; j < kDecodeRows; ++j) {
+      for (int j = 0; j < R; ++j) {
         const std::byte* row = w + j * stride * rb;
-        if (chunk_bytes < 64 ? (c & 1) == 0 : true)  // one prefetch per cache line of the row
-          _mm_prefetch(reinterpret_cast<const char*>(row + kDecodePrefetchBytes + c * chunk_bytes), _MM_HINT_T0);
+        if constexpr (Prefetch)
+          if (chunk_bytes < 64 ? (c & 1) == 0 : true)  // one prefetch per cache line of the row
+            _mm_prefetch(reinterpret_cast<const char*>(row + kDecodePrefetchBytes + c * chunk_bytes), _MM_HINT_T0);
         acc[j] = _mm512_fmadd_ps(xv, Avx512::load_w<T>(row, c), acc[j]);
       }
     }
   }
+  // The tree for all 16 at once (the accumulators past R are +0 and their sums unused): reduce(acc[j]) for j < R.
   const __m512 s = reduce16(acc);
-  alignas(64) float out[kDecodeRows];
+  alignas(64) float out[16];
   _mm512_store_ps(out, s);
-  for (int j = 0; j < kDecodeRows; ++j) y[j * stride] = accumulate ? y[j * stride] + out[j] : out[j];
+  for (int j = 0; j < R; ++j) y[j * stride] = accumulate ? y[j * stride] + out[j] : out[j];
 }
 
-/// y[out] (+)= x[cols] W^T, W of any dtype, cols % 16 == 0.
-template <WeightType T>
-void decode_avx512(const float* x, const RawMatrix& w, float* y, bool accumulate) {
+/// y[out] (+)= x[cols] W^T, W of any dtype, cols % 16 == 0, read as `plan` says.
+template <WeightType T, int R, bool Prefetch>
+void decode_avx512_runs(const float* x, const RawMatrix& w, float* y, bool accumulate) {
   const int64_t out = w.rows, rb = w.row_bytes();
 #pragma omp parallel if (parallel_pays(1, w))
   {
-    // This thread's rows [r0, r1) as 16 runs of `stride` consecutive rows read side by side, then the rows left
+    // This thread's rows [r0, r1) as R runs of `stride` consecutive rows read side by side, then the rows left
     // over one at a time.
     const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t r0 = out * me / nt, r1 = out * (me + 1) / nt, stride = (r1 - r0) / kDecodeRows;
+    const int64_t r0 = out * me / nt, r1 = out * (me + 1) / nt, stride = (r1 - r0) / R;
     for (int64_t g = 0; g < stride; ++g)
-      decode_tile16<T>(x, w.cols, w.data + (r0 + g) * rb, rb, stride, y + r0 + g, accumulate);
-    for (int64_t o = r0 + stride * kDecodeRows; o < r1; ++o)
+      decode_tile<T, R, Prefetch>(x, w.cols, w.data + (r0 + g) * rb, rb, stride, y + r0 + g, accumulate);
+    for (int64_t o = r0 + stride * R; o < r1; ++o)
       tile_Avx512<T, 1, 1>(x, w.cols, w.data + o * rb, rb, y + o, out, accumulate);
   }
 }
 
-void matmul_avx512(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
+template <WeightType T>
+void decode_avx512(DecodeStreams plan, const float* x, const RawMatrix& w, float* y, bool accumulate) {
+#define POSENC_DECODE_RUNS(R)                                                          \
+  case R:                                                                              \
+    if (plan.prefetch)                                                                 \
+      decode_avx512_runs<T, R, true>(x, w, y, accumulate);                             \
+    else                                                                               \
+      decode_avx512_runs<T, R, false>(x, w, y, accumulate);                            \
+    return;
+  switch (plan.runs) {
+    POSENC_DECODE_RUNS(2)
+    POSENC_DECODE_RUNS(4)
+    POSENC_DECODE_RUNS(8)
+    POSENC_DECODE_RUNS(16)
+    default: throw std::logic_error(fmt::format("decode: {} runs is not a plan (2, 4, 8 or 16)", plan.runs));
+  }
+#undef POSENC_DECODE_RUNS
+}
+
+void matmul_avx512(DecodeStreams plan, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
   if (n == 1 && w.cols > 0 && w.cols % kLanes == 0) {
     switch (w.type) {
-      case WeightType::f32: decode_avx512<WeightType::f32>(x, w, y, accumulate); return;
-      case WeightType::f16: decode_avx512<WeightType::f16>(x, w, y, accumulate); return;
-      case WeightType::bf16: decode_avx512<WeightType::bf16>(x, w, y, accumulate); return;
-      case WeightType::q8_0: decode_avx512<WeightType::q8_0>(x, w, y, accumulate); return;
-      case WeightType::q4_0: decode_avx512<WeightType::q4_0>(x, w, y, accumulate); return;
+      case WeightType::f32: decode_avx512<WeightType::f32>(plan, x, w, y, accumulate); return;
+      case WeightType::f16: decode_avx512<WeightType::f16>(plan, x, w, y, accumulate); return;
+      case WeightType::bf16: decode_avx512<WeightType::bf16>(plan, x, w, y, accumulate); return;
+      case WeightType::q8_0: decode_avx512<WeightType::q8_0>(plan, x, w, y, accumulate); return;
+      case WeightType::q4_0: decode_avx512<WeightType::q4_0>(plan, x, w, y, accumulate); return;
     }
   }
   if (!zpanels_pay(n, w)) {
@@ -785,6 +813,44 @@ void matmul_avx512(const float* x, int64_t n, const RawMatrix& w, float* y, bool
 DenseKernel dense_kernel() {
   static const DenseKernel k = detect_dense_kernel();
   return k;
+}
+
+std::string to_string(DecodeStreams s) { return std::to_string(s.runs) + (s.prefetch ? ":prefetch" : ""); }
+
+bool decode_streams_valid(DecodeStreams s) { return s.runs == 2 || s.runs == 4 || s.runs == 8 || s.runs == 16; }
+
+namespace {
+bool cpu_is_amd() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  char vendor[13] = {};
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
+  std::memcpy(vendor, &b, 4);
+  std::memcpy(vendor + 4, &d, 4);
+  std::memcpy(vendor + 8, &c, 4);
+  return std::string_view(vendor) == "AuthenticAMD";
+}
+
+/// The plan POSENC_DECODE_STREAMS asks for; {0, false} when it is unset or not a plan (reported once).
+DecodeStreams decode_streams_asked() {
+  const char* env = std::getenv("POSENC_DECODE_STREAMS");
+  if (env == nullptr) return {0, false};
+  for (int runs : {2, 4, 8, 16})
+    for (bool prefetch : {false, true})
+      if (to_string(DecodeStreams{runs, prefetch}) == env) return DecodeStreams{runs, prefetch};
+  std::fprintf(stderr,
+               "posenc: POSENC_DECODE_STREAMS=%s is not a decode plan (2, 4, 8 or 16, optionally :prefetch); using "
+               "this CPU's plans\n",
+               env);
+  return {0, false};
+}
+}  // namespace
+
+DecodeStreams decode_streams(WeightType t) {
+  static const DecodeStreams asked = decode_streams_asked();
+  static const bool amd = cpu_is_amd();
+  if (asked.runs != 0) return asked;
+  const bool blocks = t == WeightType::q8_0 || t == WeightType::q4_0;
+  return amd && !blocks ? DecodeStreams{2, false} : DecodeStreams{16, true};
 }
 
 namespace {
@@ -836,8 +902,22 @@ void matmul_w_with(DenseKernel k, const float* x, int64_t n, const RawMatrix& w,
   switch (k) {
     case DenseKernel::reference: matmul_w_reference(x, n, w, y, accumulate); return;
     case DenseKernel::avx2: matmul_avx2(x, n, w, y, accumulate); return;
-    case DenseKernel::avx512: matmul_avx512(x, n, w, y, accumulate); return;
+    case DenseKernel::avx512: matmul_avx512(decode_streams(w.type), x, n, w, y, accumulate); return;
   }
+}
+
+void matmul_w_with(DenseKernel k, DecodeStreams plan, const float* x, int64_t n, const RawMatrix& w, float* y,
+                   bool accumulate) {
+  if (!decode_streams_valid(plan))
+    throw std::logic_error(fmt::format("matmul_w_with: {} is not a decode plan (runs 4, 8 or 16)", to_string(plan)));
+  if (k != DenseKernel::avx512) {
+    matmul_w_with(k, x, n, w, y, accumulate);
+    return;
+  }
+  if (!dense_kernel_supported(k))
+    throw std::logic_error(fmt::format("matmul_w_with: this CPU cannot run the {} path", to_string(k)));
+  if (n <= 0 || w.rows <= 0) return;
+  matmul_avx512(plan, x, n, w, y, accumulate);
 }
 
 void matmul_w(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
@@ -845,7 +925,7 @@ void matmul_w(const float* x, int64_t n, const RawMatrix& w, float* y, bool accu
   switch (dense_kernel()) {
     case DenseKernel::reference: matmul_w_reference(x, n, w, y, accumulate); return;
     case DenseKernel::avx2: matmul_avx2(x, n, w, y, accumulate); return;
-    case DenseKernel::avx512: matmul_avx512(x, n, w, y, accumulate); return;
+    case DenseKernel::avx512: matmul_avx512(decode_streams(w.type), x, n, w, y, accumulate); return;
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "model/raw_model.hpp"
@@ -35,8 +36,8 @@ enum class DenseKernel {
               ///< up to 64 x rows (per 1024-weight segment) and tiles of 4 x rows by 3, one half of the lanes per
               ///< pass
   avx512,     ///< AVX-512 F/BW/VL + F16C: 16-lane accumulators, tiles of 4 x rows by 4 weight rows; for rows
-              ///< of a multiple of 16: one row of x (decode) against 16 runs of a thread's weight rows read side
-              ///< by side, and for n >= 6 (prefill) 8-row weight panels widened once per block of x rows (about
+              ///< of a multiple of 16: one row of x (decode) against runs of a thread's weight rows read side
+              ///< by side (decode_streams(w.type)), and for n >= 6 (prefill) 8-row weight panels widened once per block of x rows (about
               ///< the rows that fill half of the L2, the blocks balanced) and tiles of 3 x rows by 8
 };
 std::string_view to_string(DenseKernel k);
@@ -48,6 +49,28 @@ bool dense_kernel_supported(DenseKernel k);
 /// lacks (or an unknown name) is reported on stderr once and the widest
 /// supported path runs instead.
 DenseKernel dense_kernel();
+
+/// How the AVX-512 path reads a matrix for one row of x (decode, memory-bound): each thread's rows as `runs` runs
+/// of consecutive rows read side by side (one accumulator per run), each run's next line software-prefetched 1 KiB
+/// ahead when `prefetch`. Which is fastest depends on the hardware prefetchers and, for Q8_0/Q4_0, on the
+/// instructions per byte. Measured (BM_MatmulDecode and BM_RealDecode on the 487M model, one thread): a Sapphire
+/// Rapids core reads F16 best as 16 runs prefetched (4 adjacent rows: 12.9 GB/s, 16 runs: 14.5, of a 14.1 GB/s DRAM
+/// read rate); a Zen 5 core reads F16/F32 best as 2 runs left to its own prefetchers (the model's decode 33 tokens/s
+/// with 16 runs prefetched, 36 with 8, 39.5 with 4, 41.5 with 2), but Q8_0 as 16 runs prefetched (68-70 tokens/s;
+/// 61-64 with 4 or 2 runs). The plan changes no bit: each output's lanes take the same fmas in the same order
+/// whatever run it is in.
+struct DecodeStreams {
+  int runs = 16;         ///< 2, 4, 8 or 16
+  bool prefetch = true;  ///< prefetcht0 of each run's line 1 KiB ahead
+};
+/// "16:prefetch", "2", ... (the form POSENC_DECODE_STREAMS takes).
+std::string to_string(DecodeStreams s);
+bool decode_streams_valid(DecodeStreams s);
+/// The plan matmul_w's AVX-512 decode uses for weights of type t, from the CPU vendor (cpuid leaf 0): on AMD
+/// ("AuthenticAMD") {2, no prefetch} for F32/F16/BF16 and {16, prefetch} for Q8_0/Q4_0, on any other CPU
+/// {16, prefetch}. The environment variable POSENC_DECODE_STREAMS=2|4|8|16[:prefetch] asks for one plan for every
+/// type; anything else is reported on stderr once and the CPU's plans run.
+DecodeStreams decode_streams(WeightType t);
 
 /// y[n, w.rows] (+)= x[n, w.cols] · W^T, W as stored (any WeightType; Q8_0/Q4_0
 /// need w.cols % 32 == 0, as their blocks do). x, y row-major float32 with row
@@ -64,6 +87,11 @@ void matmul_w_reference(const float* x, int64_t n, const RawMatrix& w, float* y,
 /// matmul_w through path k (tests and benchmarks compare the paths). Throws
 /// std::logic_error when this CPU cannot run k.
 void matmul_w_with(DenseKernel k, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate);
+
+/// matmul_w_with through decode plan `plan` (for the avx512 path; other paths ignore it). Throws
+/// std::logic_error when this CPU cannot run k or the plan is not one of decode_streams_valid's.
+void matmul_w_with(DenseKernel k, DecodeStreams plan, const float* x, int64_t n, const RawMatrix& w, float* y,
+                   bool accumulate);
 
 /// Whether a product of n rows of x by w is big enough for threads (kernels_dense.cpp says why).
 bool parallel_pays(int64_t n, const RawMatrix& w);

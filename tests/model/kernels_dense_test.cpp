@@ -141,6 +141,51 @@ TEST_P(KernelsDensePath, NonFiniteValuesGiveTheReferenceBits) {
 INSTANTIATE_TEST_SUITE_P(Paths, KernelsDensePath, ::testing::Values(DenseKernel::avx2, DenseKernel::avx512),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
+// Decode (one row of x) reads a thread's weight rows as runs side by side, as the CPU's DecodeStreams plan says
+// (2 runs on AMD for F16, 16 prefetched elsewhere): every plan gives the reference's bits, for every dtype, with
+// rows that are not a multiple of the runs (left over rows one at a time), fewer rows than runs, rows of one chunk
+// and long rows, on one and two threads; the plans differ only in speed. A plan that is not one throws.
+TEST(KernelsDenseDecodePlans, EveryPlanGivesTheReferenceBits) {
+  if (!dense_kernel_supported(DenseKernel::avx512)) GTEST_SKIP() << "this CPU cannot run the avx512 path";
+  const int before = omp_get_max_threads();
+  int cases = 0;
+  for (int runs : {2, 4, 8, 16})
+    for (bool prefetch : {false, true}) {
+      const DecodeStreams plan{runs, prefetch};
+      ASSERT_TRUE(decode_streams_valid(plan));
+      for (WeightType t : kTypes)
+        for (auto [out, in] : {std::pair<int64_t, int64_t>{1, 32}, {3, 64}, {17, 32}, {33, 1056}, {70, 160},
+                               {127, 4896}, {600, 512}})
+          for (int threads : {1, 2}) {
+            omp_set_num_threads(threads);
+            const StoredMatrix w(t, out, in, static_cast<uint32_t>(out * 7 + in));
+            const auto x = randn(static_cast<std::size_t>(in), static_cast<uint32_t>(in + runs), 1.0f);
+            for (bool acc : {false, true}) {
+              const auto y0 = randn(static_cast<std::size_t>(out), static_cast<uint32_t>(out + 3), 1.0f);
+              std::vector<float> fast = y0, ref = y0;
+              matmul_w_with(DenseKernel::avx512, plan, x.data(), 1, w.m, fast.data(), acc);
+              matmul_w_reference(x.data(), 1, w.m, ref.data(), acc);
+              ASSERT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)), 0)
+                  << to_string(plan) << " " << to_string(t) << " out " << out << " in " << in << " threads "
+                  << threads << " accumulate " << acc;
+              ++cases;
+            }
+          }
+    }
+  omp_set_num_threads(before);
+  EXPECT_EQ(cases, 8 * 5 * 7 * 2 * 2);
+  const std::vector<float> x(32, 1.0f);
+  std::vector<float> y(3);
+  const StoredMatrix w(WeightType::f16, 3, 32, 1);
+  for (DecodeStreams bad : {DecodeStreams{3, false}, DecodeStreams{0, true}, DecodeStreams{32, false}}) {
+    EXPECT_FALSE(decode_streams_valid(bad));
+    EXPECT_THROW(matmul_w_with(DenseKernel::avx512, bad, x.data(), 1, w.m, y.data(), false), std::logic_error);
+  }
+  for (WeightType t : kTypes) EXPECT_TRUE(decode_streams_valid(decode_streams(t))) << to_string(t);
+  EXPECT_EQ(to_string(DecodeStreams{16, true}), "16:prefetch");
+  EXPECT_EQ(to_string(DecodeStreams{2, false}), "2");
+}
+
 // The prefill paths' blocks of x rows (and AMX's blocks of tiles): they cover [0, n) in order, each a multiple of
 // the tile but the last, none empty, none larger than max_size() nor than cap + slack (rounded up to the tile), sizes
 // within two tiles of each other (no short remainder), and as few as the budget allows.
