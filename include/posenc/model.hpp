@@ -222,6 +222,8 @@ struct PositionWarning {
   std::string message;          ///< one line, "the sequence passes the trained context (...) at position P: ..."
 };
 
+struct PositionalSpec;
+
 class Model {
  public:
   /// Which loader reads `path`: a directory is a Hugging Face directory; a
@@ -421,6 +423,19 @@ class Model {
   int64_t max_position_ = -1;
   std::shared_ptr<PositionWatch> position_watch_;
 };
+
+/// What a loaded model says about positions, as the PositionalSpec a config.json
+/// parse gives (posenc inspect --model): family; heads, hidden size, layers;
+/// max_position_embeddings = trained_context(); for RoPE/MRoPE the current
+/// rope().params (the file's, unless set_rope changed them), the stored layout
+/// (stored_layout(): interleaved for GGUF and llama2.c, half for Hugging Face)
+/// and MRoPE's sections; ALiBi's max_bias (BLOOM slopes), T5's buckets and max
+/// distance (decoder-only: causal buckets); sinusoidal's interleaved sin/cos;
+/// sliding_window() when set. `source` is the file, `architecture` the
+/// loader's (source().architecture); notes carry the loader's layout reason,
+/// trained-context source and notes. A Hugging Face directory's own config.json
+/// says more (ignored keys, model_type rules): inspect reads that one.
+PositionalSpec positional_spec(const Model& model);
 
 /// The positions a model is trained for in its current setup: trained_context() x the factor of the active
 /// rope_scaling (RopeParams::factor of rope().params; 1 when absent, for native RoPE and for non-RoPE

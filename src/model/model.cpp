@@ -19,6 +19,7 @@
 #include "posenc/absolute.hpp"
 #include "posenc/bias.hpp"
 #include "posenc/checkpoint.hpp"
+#include "posenc/config.hpp"
 #include "posenc/attention.hpp"
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
@@ -946,6 +947,59 @@ std::vector<float> Model::score_window(std::span<const int32_t> tokens) const {
   std::vector<float> logits;
   forward(cache, std::span<const SequenceInput>(&in, 1), LogitsMode::all, logits);
   return logits;
+}
+
+PositionalSpec positional_spec(const Model& model) {
+  const ModelConfig& c = model.config();
+  const ModelSource& src = model.source();
+  const PositionalConfig& pc = model.positional();
+  PositionalSpec s;
+  s.family = pc.family;
+  s.architecture = src.architecture;
+  s.source = src.path.string();
+  s.num_attention_heads = c.n_heads;
+  s.num_key_value_heads = c.n_kv_heads;
+  s.hidden_size = c.dim;
+  s.num_hidden_layers = c.n_layers;
+  s.max_position_embeddings = model.trained_context();
+  switch (pc.family) {
+    case PositionFamily::rope:
+    case PositionFamily::mrope:
+      s.rope = pc.rope.params;
+      s.layout = model.stored_layout();
+      if (pc.family == PositionFamily::mrope) {
+        s.mrope_section = pc.mrope_section;
+        s.mrope_interleaved = pc.mrope_mapping == MropeMapping::interleaved;
+      }
+      break;
+    case PositionFamily::alibi: {
+      AlibiSpec a;
+      a.max_bias = pc.alibi_max_bias;
+      s.alibi = a;
+      break;
+    }
+    case PositionFamily::t5_bias: {
+      T5BiasSpec t;
+      t.relative_attention_num_buckets = pc.t5_num_buckets;
+      t.relative_attention_max_distance = pc.t5_max_distance;
+      t.is_encoder_decoder = false;  // the runtime's models are decoder-only: causal buckets
+      s.t5 = t;
+      break;
+    }
+    case PositionFamily::sinusoidal: s.sinusoidal_layout = SinusoidalLayout::interleaved; break;
+    case PositionFamily::learned_absolute:
+    case PositionFamily::nope: break;
+  }
+  if (model.sliding_window() > 0) {
+    s.sliding_window.size = model.sliding_window();
+    s.sliding_window.active = true;
+    s.sliding_window.source = "the model's sliding window";
+  }
+  if (!src.layout_reason.empty()) s.notes.push_back("layout: " + src.layout_reason);
+  if (!model.trained_context_source().empty())
+    s.notes.push_back("max_position_embeddings: " + model.trained_context_source());
+  for (const std::string& n : src.notes) s.notes.push_back(n);
+  return s;
 }
 
 }  // namespace posenc

@@ -126,6 +126,62 @@ TEST(CliInspect, BiasFamilies) {
   EXPECT_EQ(t.at("relative_attention_max_distance").get<int>(), 128);
 }
 
+// inspect --model reads what the runtime's loaders read: the same model as a Hugging Face directory (its
+// config.json), as GGUF (llama.rope.* keys; q/k stored for interleaved pairs) and, for stories260K, as llama2.c
+// (its header and llama2.c's defaults) give the same frequencies; only the layouts differ, as the files store
+// them. A model file given as --config is sent to --model (exit 2), a directory as --config reads its config.json.
+TEST(CliInspect, ModelsOfEveryFormatGiveTheirConfigsFrequencies) {
+  const std::filesystem::path models = std::filesystem::path(POSENC_SHARED_DIR) / "models";
+  auto inspect = [](const std::vector<std::string>& args) {
+    std::vector<std::string> a{"inspect"};
+    a.insert(a.end(), args.begin(), args.end());
+    a.insert(a.end(), {"--json", "-"});
+    const CliResult r = run_cli(a);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.exit_code == 0 ? json::parse(r.out) : json::object();
+  };
+  const json hf = inspect({"--model", (models / "TinyStories-656K").string()});
+  const json hf_dir = inspect({"--config", (models / "TinyStories-656K").string()});
+  const json gguf = inspect({"--model", (models / "TinyStories-656K-gguf/TinyStories-656K-Q8_0.gguf").string()});
+  ASSERT_FALSE(hf.empty());
+  ASSERT_FALSE(gguf.empty());
+  EXPECT_EQ(hf, hf_dir);
+  EXPECT_EQ(hf.at("layout"), "half");
+  EXPECT_EQ(gguf.at("layout"), "interleaved");
+  for (const char* k : {"family", "rope_type", "rope_theta", "head_dim", "rotary_dim", "attention_factor", "inv_freq"})
+    EXPECT_EQ(hf.at(k), gguf.at(k)) << k;
+  EXPECT_EQ(gguf.at("inv_freq").size(), 8u);
+  const json bin = inspect({"--model", (models / "stories260K/stories260K.bin").string()});
+  const json bin_gguf = inspect({"--model", (models / "stories260K/stories260K.gguf").string()});
+  ASSERT_FALSE(bin.empty());
+  for (const char* k : {"family", "rope_type", "rope_theta", "head_dim", "rotary_dim", "layout", "inv_freq"})
+    EXPECT_EQ(bin.at(k), bin_gguf.at(k)) << k;
+  EXPECT_EQ(bin.at("head_dim").get<int>(), 8);
+  // Each says the context its own file says (models/SOURCES.md: the GGUF's context_length is 2048, the model was
+  // trained at the llama2.c header's 512), so the rotations over it differ by 4x, the wavelengths not at all.
+  ASSERT_EQ(bin.at("channels").size(), bin_gguf.at("channels").size());
+  for (std::size_t i = 0; i < bin.at("channels").size(); ++i) {
+    const json& a = bin.at("channels")[i];
+    const json& b = bin_gguf.at("channels")[i];
+    EXPECT_EQ(a.at("wavelength"), b.at("wavelength")) << i;
+    EXPECT_NEAR(b.at("rotations_original").get<double>() / a.at("rotations_original").get<double>(), 4.0, 1e-12) << i;
+  }
+  // The text names the loader's provenance: the GGUF key the context came from.
+  const CliResult text = run_cli({"inspect", "--model", (models / "TinyStories-656K-gguf/TinyStories-656K-Q8_0.gguf").string()});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("max_position_embeddings:  512"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("GGUF llama.context_length"), std::string::npos) << text.out;
+  // Model files as --config: exit 2, sent to --model.
+  for (const auto& f : {models / "stories260K/stories260K.gguf", models / "stories260K/stories260K.bin"}) {
+    const CliResult r = run_cli({"inspect", "--config", f.string()});
+    EXPECT_EQ(r.exit_code, 2) << f << r.err;
+    EXPECT_NE(r.err.find("give it as --model"), std::string::npos) << r.err;
+  }
+  ScratchDir dir;
+  expect_failure({"inspect", "--config", dir.path().string()}, {"without config.json", "--model"});
+  expect_failure({"inspect", "--model", (dir / "nothing.gguf").string()}, {"nothing.gguf"});
+}
+
 TEST(CliInspect, BadConfigExitsNonZero) {
   ScratchDir dir;
   const auto bad = dir.write("bad.json", R"({"model_type": "llama", "num_attention_heads": 4,

@@ -191,7 +191,6 @@ TEST(CliConvention, RequiredOptionsAreMarkedAndMissingOnesExit2) {
       {"generate", "--model", "generate --tokenizer " + t + " --prompt hi"},
       {"detect-layout", "--text", "detect-layout " + model_args()},
       {"convert", "--out", "convert " + model_args()},
-      {"inspect", "--config", "inspect"},
       {"periods", "--rope-theta", "periods --context 4K"},
       {"periods", "--context", "periods --rope-theta 10000"},
       {"eval", "--out", "eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1"},
@@ -213,6 +212,10 @@ TEST(CliConvention, RequiredOptionsAreMarkedAndMissingOnesExit2) {
   EXPECT_NE(th.out.find("the tokenizer: --model, --tokenizer or both"), std::string::npos) << th.out;
   EXPECT_NE(th.out.find("the text: exactly one of --text (--prompt-file) and --prompt"), std::string::npos) << th.out;
   expect_usage_error("tokenize --prompt hi", {"--model", "--tokenizer"});
+  const CliResult ih = run_cli("inspect --help");
+  EXPECT_NE(ih.out.find("the model: exactly one of --config and --model"), std::string::npos) << ih.out;
+  expect_usage_error("inspect", {"--config", "--model"});
+  expect_usage_error("inspect --config a.json --model " + m, {"--config", "--model"});
   // eval: an in-process --model or a served --endpoint (issue 15), one of them.
   const CliResult eh = run_cli("eval --help");
   EXPECT_NE(eh.out.find("the model: exactly one of --model and --endpoint"), std::string::npos) << eh.out;

@@ -1,7 +1,9 @@
-// posenc inspect --config F [--seq-len N] [--json FILE|-] [--lenient]
-// Prints what a config.json says about positions and, for RoPE, the
-// per-channel table (posenc/analysis.hpp: inspect_rope).
+// posenc inspect (--config F | --model M) [--seq-len N] [--json FILE|-] [--lenient]
+// Prints what a config.json (or a model of any format the runtime loads) says
+// about positions and, for RoPE, the per-channel table (posenc/analysis.hpp:
+// inspect_rope).
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -16,6 +18,7 @@
 #include "posenc/error.hpp"
 #include "posenc/inspect_json.hpp"
 #include "posenc/io.hpp"
+#include "posenc/model.hpp"
 
 namespace posenc::cli {
 
@@ -25,6 +28,7 @@ using json = nlohmann::ordered_json;
 
 struct InspectOptions {
   std::string config;
+  std::string model;
   std::string seq_len;
   bool lenient = false;
   std::string json;  // "" = none, "-" = stdout (instead of the text), else a file
@@ -125,10 +129,35 @@ std::string spec_text(const PositionalSpec& s, const std::optional<RopeInspectio
   return o;
 }
 
-void run_inspect(const InspectOptions& opt) {
+/// --config: a config.json, or a directory holding one; a model file (GGUF, llama2.c, posenc) is named and sent to
+/// --model. --model: a Hugging Face directory's config.json (what it says in full), any other format loaded
+/// (memory-mapped, nothing computed) and described by positional_spec.
+PositionalSpec spec_to_inspect(const InspectOptions& opt) {
   ConfigOptions co;
   co.lenient = opt.lenient;
-  const PositionalSpec spec = load_positional_spec(opt.config, co);
+  namespace fs = std::filesystem;
+  if (!opt.config.empty()) {
+    const fs::path p = opt.config;
+    if (fs::is_directory(p)) {
+      if (!fs::exists(p / "config.json"))
+        throw IoError(fmt::format("--config {}: a directory without config.json (a model file: --model)", p.string()));
+      return load_positional_spec(p / "config.json", co);
+    }
+    if (fs::is_regular_file(p) && p.extension() != ".json") {
+      const ModelFormat f = Model::detect_format(p);
+      if (f == ModelFormat::gguf || f == ModelFormat::posenc || p.extension() == ".bin")
+        throw UsageError(fmt::format("--config {}: a {} model, not a config.json: give it as --model", p.string(),
+                                     f == ModelFormat::llama2c ? "llama2.c" : to_string(f)));
+    }
+    return load_positional_spec(p, co);
+  }
+  const fs::path m = opt.model;
+  if (fs::is_directory(m) && fs::exists(m / "config.json")) return load_positional_spec(m / "config.json", co);
+  return positional_spec(Model::load(m));
+}
+
+void run_inspect(const InspectOptions& opt) {
+  const PositionalSpec spec = spec_to_inspect(opt);
   std::optional<int64_t> seq_len;
   if (!opt.seq_len.empty())
     seq_len = as_usage_error([&] { return parse_context_length(opt.seq_len, "--seq-len"); });
@@ -143,8 +172,14 @@ void run_inspect(const InspectOptions& opt) {
 void add_inspect_command(CLI::App& app) {
   auto opt = std::make_shared<InspectOptions>();
   auto* sub = app.add_subcommand(
-      "inspect", "Show how a config.json encodes positions (RoPE: per-channel periods)");
-  sub->add_option("--config", opt->config, "Model config.json")->required();
+      "inspect", "Show how a config.json or a model encodes positions (RoPE: per-channel periods)");
+  CLI::Option_group* what = sub->add_option_group("model", "the model: exactly one of --config and --model");
+  what->add_option("--config", opt->config, "Model config.json (or a directory holding one)")->check(non_empty());
+  what->add_option("--model", opt->model,
+                   "A model the runtime loads: Hugging Face directory (its config.json), GGUF, llama2.c .bin or posenc "
+                   "checkpoint (what the loader reads: GGUF rope.* keys, llama2.c's defaults)")
+      ->check(non_empty());
+  what->require_option(1);
   sub->add_option("--seq-len", opt->seq_len,
                   "Target length N (K = 1024, M = 1048576); default max_position_embeddings. "
                   "Length-dependent scalings (dynamic, longrope) are computed for N");
