@@ -686,13 +686,21 @@ void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* 
 // software prefetches only cost it. In a standalone model of the loop (16 runs 30 GB/s, 8 34-36, 6 38, 4 40-46,
 // 3 37-46, 2 37-51, each lower with prefetches) and in the model (BM_RealDecode, the 487M F16 model at one thread:
 // 16 prefetched 33 tokens/s, 8 36, 4 39.5, 3 40, 2 41.5) two runs without prefetches read best; Q8_0's blocks,
-// about 10 instructions per 34 bytes a row, still read best as 16 runs prefetched there (68-70 tokens/s, 61-64 with
-// 4 or 2 runs).
+// about 10 instructions per 34 bytes a row, read best prefetched there, as 8 runs (the 487M Q8_0 model's decode:
+// 35.3-36.7 GB/s against 32.0-34.1 with 16 runs, 33 with 4 or 2 runs unprefetched), and Q4_0's as 8 or 4 (its
+// BM_MatmulDecode 17-18 GB/s against 15-15.6 with 16: held by its unpacking, not by the DRAM).
 
 /// How far ahead (bytes) each stream is prefetched when the plan prefetches (measured on Sapphire Rapids with 16
 /// runs: 512, 1024, 2048, 4096 and whole rows of 1024 or 4864 weights ahead: within 5% of each other but for the
 /// rows, up to 20% slower on long rows).
 constexpr int64_t kDecodePrefetchBytes = 1024;
+
+/// prefetcht0 of the line `ahead` bytes past p, which may lie past the end of the matrix (a prefetch does not
+/// fault): the address is formed as an integer, not by pointer arithmetic past the array.
+POSENC_TARGET_AVX512 inline void prefetch_ahead(const std::byte* p, int64_t ahead) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(ahead)),
+               _MM_HINT_T0);
+}
 
 /// y[o_j] (+)= x · row o_j for the R rows o_j = o_0 + j * stride (w: row o_0, rb: bytes per row); the outputs go
 /// to y[j * stride]. Prefetch: each row's line kDecodePrefetchBytes ahead, once per line.
@@ -708,10 +716,15 @@ POSENC_TARGET_AVX512 void decode_tile(const float* x, int64_t cols, const std::b
     const int64_t blocks = cols / kQBlock;
     for (int64_t b = 0; b < blocks; ++b) {
       const __m512 x0 = _mm512_loadu_ps(x + b * kQBlock), x1 = _mm512_loadu_ps(x + b * kQBlock + kLanes);
+      // One prefetch per 64 bytes of a row, not per block: at the blocks that cross a 64-byte boundary of the row,
+      // the line of the block's end kDecodePrefetchBytes ahead (Q8_0's 34-byte blocks had two a line, Q4_0's 18-byte
+      // ones three or four).
+      const bool prefetch = Prefetch && (b * kBlockBytes) % 64 + kBlockBytes >= 64;
 #pragma GCC unroll 16
       for (int j = 0; j < R; ++j) {
         const std::byte* blk = w + j * stride * rb + b * kBlockBytes;
-        if constexpr (Prefetch) _mm_prefetch(reinterpret_cast<const char*>(blk + kDecodePrefetchBytes), _MM_HINT_T0);
+        if (prefetch)
+          prefetch_ahead(blk, kDecodePrefetchBytes + kBlockBytes - 1);
         uint16_t h;
         std::memcpy(&h, blk, 2);
         const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(h)));
@@ -737,7 +750,7 @@ POSENC_TARGET_AVX512 void decode_tile(const float* x, int64_t cols, const std::b
         const std::byte* row = w + j * stride * rb;
         if constexpr (Prefetch)
           if (chunk_bytes < 64 ? (c & 1) == 0 : true)  // one prefetch per cache line of the row
-            _mm_prefetch(reinterpret_cast<const char*>(row + kDecodePrefetchBytes + c * chunk_bytes), _MM_HINT_T0);
+            prefetch_ahead(row, kDecodePrefetchBytes + c * chunk_bytes);
         acc[j] = _mm512_fmadd_ps(xv, Avx512::load_w<T>(row, c), acc[j]);
       }
     }
@@ -830,7 +843,15 @@ bool cpu_is_amd() {
   return std::string_view(vendor) == "AuthenticAMD";
 }
 
-/// The plan POSENC_DECODE_STREAMS asks for; {0, false} when it is unset or not a plan (reported once).
+/// This CPU's plan for dense (F32/F16/BF16) or block (Q8_0/Q4_0) weights.
+DecodeStreams vendor_decode_streams(bool blocks) {
+  static const bool amd = cpu_is_amd();
+  if (!amd) return DecodeStreams{16, true};
+  return blocks ? DecodeStreams{8, true} : DecodeStreams{2, false};
+}
+
+/// The plan POSENC_DECODE_STREAMS asks for; {0, false} when it is unset or not a plan (reported once, naming the
+/// plans used instead).
 DecodeStreams decode_streams_asked() {
   const char* env = std::getenv("POSENC_DECODE_STREAMS");
   if (env == nullptr) return {0, false};
@@ -838,19 +859,17 @@ DecodeStreams decode_streams_asked() {
     for (bool prefetch : {false, true})
       if (to_string(DecodeStreams{runs, prefetch}) == env) return DecodeStreams{runs, prefetch};
   std::fprintf(stderr,
-               "posenc: POSENC_DECODE_STREAMS=%s is not a decode plan (2, 4, 8 or 16, optionally :prefetch); using "
-               "this CPU's plans\n",
-               env);
+               "posenc: POSENC_DECODE_STREAMS='%s' is not a decode plan (2, 4, 8 or 16, optionally :prefetch); using "
+               "this CPU's: %s for F32/F16/BF16, %s for Q8_0/Q4_0\n",
+               env, to_string(vendor_decode_streams(false)).c_str(), to_string(vendor_decode_streams(true)).c_str());
   return {0, false};
 }
 }  // namespace
 
 DecodeStreams decode_streams(WeightType t) {
   static const DecodeStreams asked = decode_streams_asked();
-  static const bool amd = cpu_is_amd();
   if (asked.runs != 0) return asked;
-  const bool blocks = t == WeightType::q8_0 || t == WeightType::q4_0;
-  return amd && !blocks ? DecodeStreams{2, false} : DecodeStreams{16, true};
+  return vendor_decode_streams(t == WeightType::q8_0 || t == WeightType::q4_0);
 }
 
 namespace {
@@ -909,7 +928,7 @@ void matmul_w_with(DenseKernel k, const float* x, int64_t n, const RawMatrix& w,
 void matmul_w_with(DenseKernel k, DecodeStreams plan, const float* x, int64_t n, const RawMatrix& w, float* y,
                    bool accumulate) {
   if (!decode_streams_valid(plan))
-    throw std::logic_error(fmt::format("matmul_w_with: {} is not a decode plan (runs 4, 8 or 16)", to_string(plan)));
+    throw std::logic_error(fmt::format("matmul_w_with: {} is not a decode plan (2, 4, 8 or 16 runs)", to_string(plan)));
   if (k != DenseKernel::avx512) {
     matmul_w_with(k, x, n, w, y, accumulate);
     return;

@@ -56,9 +56,9 @@ DenseKernel dense_kernel();
 /// instructions per byte. Measured (BM_MatmulDecode and BM_RealDecode on the 487M model, one thread): a Sapphire
 /// Rapids core reads F16 best as 16 runs prefetched (4 adjacent rows: 12.9 GB/s, 16 runs: 14.5, of a 14.1 GB/s DRAM
 /// read rate); a Zen 5 core reads F16/F32 best as 2 runs left to its own prefetchers (the model's decode 33 tokens/s
-/// with 16 runs prefetched, 36 with 8, 39.5 with 4, 41.5 with 2), but Q8_0 as 16 runs prefetched (68-70 tokens/s;
-/// 61-64 with 4 or 2 runs). The plan changes no bit: each output's lanes take the same fmas in the same order
-/// whatever run it is in.
+/// with 16 runs prefetched, 36 with 8, 39.5 with 4, 41.5 with 2), but Q8_0 prefetched, as 8 runs (35.3-36.7 GB/s;
+/// 32.0-34.1 with 16, 33 with 4 or 2 unprefetched). The plan changes no bit: each output's lanes take the same fmas
+/// in the same order whatever run it is in.
 struct DecodeStreams {
   int runs = 16;         ///< 2, 4, 8 or 16
   bool prefetch = true;  ///< prefetcht0 of each run's line 1 KiB ahead
@@ -67,9 +67,10 @@ struct DecodeStreams {
 std::string to_string(DecodeStreams s);
 bool decode_streams_valid(DecodeStreams s);
 /// The plan matmul_w's AVX-512 decode uses for weights of type t, from the CPU vendor (cpuid leaf 0): on AMD
-/// ("AuthenticAMD") {2, no prefetch} for F32/F16/BF16 and {16, prefetch} for Q8_0/Q4_0, on any other CPU
+/// ("AuthenticAMD") {2, no prefetch} for F32/F16/BF16 and {8, prefetch} for Q8_0/Q4_0, on any other CPU
 /// {16, prefetch}. The environment variable POSENC_DECODE_STREAMS=2|4|8|16[:prefetch] asks for one plan for every
-/// type; anything else is reported on stderr once and the CPU's plans run.
+/// type; anything else is reported on stderr once (when the AVX-512 path first decodes: the other paths and the
+/// q8_activations kernels have no plan to take) and the CPU's plans run.
 DecodeStreams decode_streams(WeightType t);
 
 /// y[n, w.rows] (+)= x[n, w.cols] · W^T, W as stored (any WeightType; Q8_0/Q4_0

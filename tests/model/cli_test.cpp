@@ -259,6 +259,27 @@ TEST(Cli, DetectLayoutOnATextShorterThanTheTrainedContext) {
 // generate's text ends with a newline however it ends: an error part-way (here --rope-change-policy refuse at the
 // first step past a dynamic-NTK switch point) left the text without one, and the error (or the shell's prompt) was
 // glued onto its last word. A normal run ends with exactly one.
+// Sampled byte tokens need not form UTF-8 (stories260K at temperature 5 samples stray bytes): generate --json
+// writes the text with U+FFFD for each invalid byte, says so in text_is_utf8 and keeps every id; it used to
+// exit 1 with nlohmann's type_error.316 after the generation, writing nothing (a newcomer's find).
+TEST(Cli, GenerateJsonWithTextThatIsNotUtf8) {
+  TempDir d;
+  int replaced = 0;
+  for (int seed : {1, 2, 3}) {
+    const auto out = d.path() / ("g" + std::to_string(seed) + ".json");
+    const auto r = run_cli("generate " + model_args() + " --prompt 'Once' --max-tokens 200 --temperature 5 --seed " +
+                           std::to_string(seed) + " --quiet --json " + q(out));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = nlohmann::json::parse(posenc::test::slurp(out));  // valid JSON, so valid UTF-8
+    EXPECT_FALSE(j.at("generated_ids").empty());
+    const std::string text = j.at("text");
+    const bool utf8 = j.at("text_is_utf8");
+    replaced += utf8 ? 0 : 1;
+    EXPECT_EQ(!utf8, text.find("\xEF\xBF\xBD") != std::string::npos) << seed;  // U+FFFD where bytes were replaced
+  }
+  EXPECT_GE(replaced, 1);
+}
+
 TEST(Cli, GenerateTextEndsWithANewlineAlsoWhenGenerationFails) {
   const std::string base = "generate " + model_args() + " --prompt 'Once upon a time' --quiet --ignore-eos ";
   const auto ok = run_cli(base + "--max-tokens 5");

@@ -588,8 +588,14 @@ void write_output(const std::string& target, std::string_view text) {
   }
 }
 
-void emit_json(const std::string& target, const nlohmann::json& j) { write_output(target, j.dump(2) + "\n"); }
-void emit_json(const std::string& target, const nlohmann::ordered_json& j) { write_output(target, j.dump(2) + "\n"); }
+// Strings that are not UTF-8 (a sampled or decoded text) are written with U+FFFD for each invalid byte, not thrown
+// as nlohmann's type_error.316 after the work is done.
+void emit_json(const std::string& target, const nlohmann::json& j) {
+  write_output(target, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+void emit_json(const std::string& target, const nlohmann::ordered_json& j) {
+  write_output(target, j.dump(2, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n");
+}
 
 void distinct_outputs(const std::vector<std::string>& targets, const std::vector<std::string>& names) {
   namespace fs = std::filesystem;

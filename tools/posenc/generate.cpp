@@ -7,11 +7,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "posenc/io.hpp"
-
 #include "commands.hpp"
 #include "common.hpp"
 #include "posenc/generate.hpp"
+#include "posenc/io.hpp"
 #include "posenc/perplexity.hpp"
 #include "posenc/scaling.hpp"
 
@@ -118,7 +117,10 @@ void run_generate(const GenerateArgs& a) {
     j["prompt_ids"] = res.prompt_tokens;
     j["generated_ids"] = res.new_tokens;
     j["generated_logprobs"] = res.new_token_logprobs;
+    // Sampled byte tokens need not form UTF-8: the text is written with each invalid byte as U+FFFD (the ids above
+    // keep every token) and text_is_utf8 says whether it was replaced.
     j["text"] = res.text;
+    j["text_is_utf8"] = !first_invalid_utf8(res.text).has_value();
     j["stop_reason"] = res.stop_reason;
     j["trained_context"] = res.trained_context;
     j["passed_trained_context_at"] =
@@ -145,7 +147,7 @@ void run_generate(const GenerateArgs& a) {
     j["kv_dtype"] = std::string(to_string(model.kv_cache_dtype()));
     j["prefill_seconds"] = res.prefill_seconds;
     j["decode_seconds"] = res.decode_seconds;
-    write_output(a.json_path, j.dump(2) + "\n");
+    write_output(a.json_path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   }
   if (a.stats) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -223,7 +223,7 @@ void run_ppl(const PplArgs& a) {
     j["results"] = nlohmann::json::array();
     for (const auto& r : results) j["results"].push_back(ppl_result_json(r));
     if (!a.json_path.empty()) {
-      write_output(a.json_path, j.dump(2) + "\n");
+      write_output(a.json_path, j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
       if (!a.quiet && a.json_path != "-") fmt::print(stderr, "wrote {}\n", a.json_path);
     }
     if (!a.plot_path.empty()) {
