@@ -907,7 +907,7 @@ struct NarrowPrefetch {
   int kvh0, nh;
   /// (rows, n): this pass's key or value rows; (next, next_n): the next pass's (next null: none).
   void item(const T* const* rows, int n, const T* const* next, int next_n, int jg, int hh) const {
-    if constexpr (sizeof(T) != 2) return;  // float32 caches: measured slower with it (below)
+    if constexpr (sizeof(T) != 2) return;  // float32 caches: measured slower with it (above)
     int h = hh + kNarrowAhead, g = jg;
     while (h >= nh) {
       h -= nh;
