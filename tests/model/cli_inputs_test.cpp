@@ -168,6 +168,10 @@ TEST(CliInputs, HelpFooterStatesTheExitCodeRule) {
   const CliResult r = posenc::test::run_cli("--help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("Exit codes: 0 success; 2 the command line is rejected"), std::string::npos) << r.out;
+  // Every environment variable the CLI and library read for users (not the tests' own hooks) is named there.
+  for (const char* v : {"OMP_NUM_THREADS", "POSENC_DENSE_KERNEL", "POSENC_Q8_KERNEL", "POSENC_DECODE_STREAMS",
+                        "POSENC_PYTHON", "POSENC_SCRIPTS_DIR"})
+    EXPECT_NE(r.out.find(v), std::string::npos) << v << " missing from --help:\n" << r.out;
 }
 
 // An existing output directory must itself be writable (the check used to test

@@ -34,7 +34,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
   app.set_version_flag("--version", posenc::cli::version_text(), "Print the version and the git commit, and exit");
-  app.footer(std::string(posenc::cli::kCliConvention) + "\n" + posenc::cli::kExitCodeRule);
+  app.footer(std::string(posenc::cli::kCliConvention) + "\n" + posenc::cli::kExitCodeRule + "\n" +
+             posenc::cli::kEnvironment);
   posenc::cli::add_ppl_command(app);
   posenc::cli::add_generate_command(app);
   posenc::cli::add_detect_layout_command(app);
