@@ -915,28 +915,21 @@ void matmul_w_reference(const float* x, int64_t n, const RawMatrix& w, float* y,
 }
 
 void matmul_w_with(DenseKernel k, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
-  if (!dense_kernel_supported(k))
-    throw std::logic_error(fmt::format("matmul_w_with: this CPU cannot run the {} path", to_string(k)));
-  if (n <= 0 || w.rows <= 0) return;
-  switch (k) {
-    case DenseKernel::reference: matmul_w_reference(x, n, w, y, accumulate); return;
-    case DenseKernel::avx2: matmul_avx2(x, n, w, y, accumulate); return;
-    case DenseKernel::avx512: matmul_avx512(decode_streams(w.type), x, n, w, y, accumulate); return;
-  }
+  matmul_w_with(k, decode_streams(w.type), x, n, w, y, accumulate);
 }
 
 void matmul_w_with(DenseKernel k, DecodeStreams plan, const float* x, int64_t n, const RawMatrix& w, float* y,
                    bool accumulate) {
   if (!decode_streams_valid(plan))
     throw std::logic_error(fmt::format("matmul_w_with: {} is not a decode plan (2, 4, 8 or 16 runs)", to_string(plan)));
-  if (k != DenseKernel::avx512) {
-    matmul_w_with(k, x, n, w, y, accumulate);
-    return;
-  }
   if (!dense_kernel_supported(k))
     throw std::logic_error(fmt::format("matmul_w_with: this CPU cannot run the {} path", to_string(k)));
   if (n <= 0 || w.rows <= 0) return;
-  matmul_avx512(plan, x, n, w, y, accumulate);
+  switch (k) {
+    case DenseKernel::reference: matmul_w_reference(x, n, w, y, accumulate); return;
+    case DenseKernel::avx2: matmul_avx2(x, n, w, y, accumulate); return;
+    case DenseKernel::avx512: matmul_avx512(plan, x, n, w, y, accumulate); return;
+  }
 }
 
 void matmul_w(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
