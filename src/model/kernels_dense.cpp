@@ -685,15 +685,16 @@ void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* 
 // the same plan read F16 at 27-29 GB/s of a 42-46 GB/s read rate: its prefetchers follow a few streams, and the
 // software prefetches only cost it. In a standalone model of the loop (16 runs 30 GB/s, 8 34-36, 6 38, 4 40-46,
 // 3 37-46, 2 37-51, each lower with prefetches) and in the model (BM_RealDecode, the 487M F16 model at one thread:
-// 16 prefetched 33 tokens/s, 8 36, 4 39.5, 3 40, 2 41.5) two runs without prefetches read best; Q8_0's blocks,
-// about 10 instructions per 34 bytes a row, read best prefetched there, as 8 runs (the 487M Q8_0 model's decode:
-// 35.3-36.7 GB/s against 32.0-34.1 with 16 runs, 33 with 4 or 2 runs unprefetched), and Q4_0's as 8 or 4 (its
-// BM_MatmulDecode 17-18 GB/s against 15-15.6 with 16: held by its unpacking, not by the DRAM).
-
-/// How far ahead (bytes) each stream is prefetched when the plan prefetches (measured on Sapphire Rapids with 16
-/// runs: 512, 1024, 2048, 4096 and whole rows of 1024 or 4864 weights ahead: within 5% of each other but for the
-/// rows, up to 20% slower on long rows).
-constexpr int64_t kDecodePrefetchBytes = 1024;
+// 16 prefetched 33 tokens/s, 8 36, 4 39.5, 3 40, 2 41.5) two runs read best. What a Zen 5 core needs in
+// addition is distance: its prefetches 1 KiB ahead arrive too late for a loop that spends as many cycles on each
+// byte as Q8_0's (about 10 vector instructions per 34-byte block and row, 3.1-3.4 cycles: from L2 or L3 it reads
+// 44-48 GB/s, barely over the DRAM rate). In a standalone model of the Q8_0 loop over 340 MB (one thread, of a
+// 42.5 GB/s read rate): 8 runs prefetched 1 KiB ahead 28.8 GB/s, 8 runs 1.5 or 2 KiB 29, 4 runs 1 KiB 29.7, 2 KiB
+// 38, 3 KiB 40, 4 KiB 39, 2 runs 2-8 KiB 31-35, 16 runs 22-24; prefetcht1 or prefetchnta no better than prefetcht0.
+// In the model (BM_RealDecode, the 487M Q8_0 model, warmed up, alternated): 8 runs 1 KiB 69.4-69.5 tokens/s at one
+// thread and 123-126 at two, 4 runs 3 KiB 80.1-81.4 and 142-143 (5 KiB 76-79 and 128-138); F16 as 2 runs 3 KiB ahead
+// 40.7-41.6 and 73-76 against 39.3-40.1 and 52-72 unprefetched. Q4_0 reads 17-18 GB/s in every plan (its nibble
+// unpacking holds it, not the DRAM).
 
 /// prefetcht0 of the line `ahead` bytes past p, which may lie past the end of the matrix (a prefetch does not
 /// fault): the address is formed as an integer, not by pointer arithmetic past the array.
@@ -703,10 +704,10 @@ POSENC_TARGET_AVX512 inline void prefetch_ahead(const std::byte* p, int64_t ahea
 }
 
 /// y[o_j] (+)= x · row o_j for the R rows o_j = o_0 + j * stride (w: row o_0, rb: bytes per row); the outputs go
-/// to y[j * stride]. Prefetch: each row's line kDecodePrefetchBytes ahead, once per line.
+/// to y[j * stride]. Prefetch: each row's line `ahead` bytes ahead (a multiple of 64), once per line.
 template <WeightType T, int R, bool Prefetch>
 POSENC_TARGET_AVX512 void decode_tile(const float* x, int64_t cols, const std::byte* w, int64_t rb, int64_t stride,
-                                      float* y, bool accumulate) {
+                                      float* y, bool accumulate, int64_t ahead) {
   static_assert(R >= 1 && R <= 16);
   __m512 acc[16];
 #pragma GCC unroll 16
@@ -717,14 +718,14 @@ POSENC_TARGET_AVX512 void decode_tile(const float* x, int64_t cols, const std::b
     for (int64_t b = 0; b < blocks; ++b) {
       const __m512 x0 = _mm512_loadu_ps(x + b * kQBlock), x1 = _mm512_loadu_ps(x + b * kQBlock + kLanes);
       // One prefetch per 64 bytes of a row, not per block: at the blocks that cross a 64-byte boundary of the row,
-      // the line of the block's end kDecodePrefetchBytes ahead (Q8_0's 34-byte blocks had two a line, Q4_0's 18-byte
+      // the line of the block's end `ahead` bytes ahead (Q8_0's 34-byte blocks had two a line, Q4_0's 18-byte
       // ones three or four).
       const bool prefetch = Prefetch && (b * kBlockBytes) % 64 + kBlockBytes >= 64;
 #pragma GCC unroll 16
       for (int j = 0; j < R; ++j) {
         const std::byte* blk = w + j * stride * rb + b * kBlockBytes;
         if (prefetch)
-          prefetch_ahead(blk, kDecodePrefetchBytes + kBlockBytes - 1);
+          prefetch_ahead(blk, ahead + kBlockBytes - 1);
         uint16_t h;
         std::memcpy(&h, blk, 2);
         const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(h)));
@@ -750,7 +751,7 @@ POSENC_TARGET_AVX512 void decode_tile(const float* x, int64_t cols, const std::b
         const std::byte* row = w + j * stride * rb;
         if constexpr (Prefetch)
           if (chunk_bytes < 64 ? (c & 1) == 0 : true)  // one prefetch per cache line of the row
-            prefetch_ahead(row, kDecodePrefetchBytes + c * chunk_bytes);
+            prefetch_ahead(row, ahead + c * chunk_bytes);
         acc[j] = _mm512_fmadd_ps(xv, Avx512::load_w<T>(row, c), acc[j]);
       }
     }
@@ -764,7 +765,7 @@ POSENC_TARGET_AVX512 void decode_tile(const float* x, int64_t cols, const std::b
 
 /// y[out] (+)= x[cols] W^T, W of any dtype, cols % 16 == 0, read as `plan` says.
 template <WeightType T, int R, bool Prefetch>
-void decode_avx512_runs(const float* x, const RawMatrix& w, float* y, bool accumulate) {
+void decode_avx512_runs(const float* x, const RawMatrix& w, float* y, bool accumulate, int64_t ahead) {
   const int64_t out = w.rows, rb = w.row_bytes();
 #pragma omp parallel if (parallel_pays(1, w))
   {
@@ -773,7 +774,7 @@ void decode_avx512_runs(const float* x, const RawMatrix& w, float* y, bool accum
     const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
     const int64_t r0 = out * me / nt, r1 = out * (me + 1) / nt, stride = (r1 - r0) / R;
     for (int64_t g = 0; g < stride; ++g)
-      decode_tile<T, R, Prefetch>(x, w.cols, w.data + (r0 + g) * rb, rb, stride, y + r0 + g, accumulate);
+      decode_tile<T, R, Prefetch>(x, w.cols, w.data + (r0 + g) * rb, rb, stride, y + r0 + g, accumulate, ahead);
     for (int64_t o = r0 + stride * R; o < r1; ++o)
       tile_Avx512<T, 1, 1>(x, w.cols, w.data + o * rb, rb, y + o, out, accumulate);
   }
@@ -783,10 +784,10 @@ template <WeightType T>
 void decode_avx512(DecodeStreams plan, const float* x, const RawMatrix& w, float* y, bool accumulate) {
 #define POSENC_DECODE_RUNS(R)                                                          \
   case R:                                                                              \
-    if (plan.prefetch)                                                                 \
-      decode_avx512_runs<T, R, true>(x, w, y, accumulate);                             \
+    if (plan.prefetch_bytes > 0)                                                       \
+      decode_avx512_runs<T, R, true>(x, w, y, accumulate, plan.prefetch_bytes);        \
     else                                                                               \
-      decode_avx512_runs<T, R, false>(x, w, y, accumulate);                            \
+      decode_avx512_runs<T, R, false>(x, w, y, accumulate, 0);                         \
     return;
   switch (plan.runs) {
     POSENC_DECODE_RUNS(2)
@@ -828,9 +829,46 @@ DenseKernel dense_kernel() {
   return k;
 }
 
-std::string to_string(DecodeStreams s) { return std::to_string(s.runs) + (s.prefetch ? ":prefetch" : ""); }
+std::string to_string(DecodeStreams s) {
+  return std::to_string(s.runs) + (s.prefetch_bytes > 0 ? ":prefetch=" + std::to_string(s.prefetch_bytes) : "");
+}
 
-bool decode_streams_valid(DecodeStreams s) { return s.runs == 2 || s.runs == 4 || s.runs == 8 || s.runs == 16; }
+bool decode_streams_valid(DecodeStreams s) {
+  return (s.runs == 2 || s.runs == 4 || s.runs == 8 || s.runs == 16) &&
+         (s.prefetch_bytes == 0 || (s.prefetch_bytes >= 64 && s.prefetch_bytes <= 65536 && s.prefetch_bytes % 64 == 0));
+}
+
+std::optional<DecodeStreams> parse_decode_streams(std::string_view text) {
+  // Digits only (no sign, space or leading +), read whole; a number too long for int is not a plan.
+  const auto number = [](std::string_view digits) -> std::optional<int> {
+    int v = 0;
+    if (digits.empty() || digits.size() > 6) return std::nullopt;
+    for (char c : digits) {
+      if (c < '0' || c > '9') return std::nullopt;
+      v = v * 10 + (c - '0');
+    }
+    return v;
+  };
+  const std::size_t colon = text.find(':');
+  const auto runs = number(text.substr(0, colon));
+  if (!runs) return std::nullopt;
+  DecodeStreams s{*runs, 0};
+  if (colon != std::string_view::npos) {
+    const std::string_view rest = text.substr(colon + 1);
+    constexpr std::string_view kPrefetch = "prefetch";
+    if (rest == kPrefetch) {
+      s.prefetch_bytes = 1024;
+    } else if (rest.size() > kPrefetch.size() + 1 && rest.substr(0, kPrefetch.size() + 1) == "prefetch=") {
+      const auto bytes = number(rest.substr(kPrefetch.size() + 1));
+      if (!bytes || *bytes == 0) return std::nullopt;
+      s.prefetch_bytes = *bytes;
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (!decode_streams_valid(s)) return std::nullopt;
+  return s;
+}
 
 namespace {
 bool cpu_is_amd() {
@@ -846,20 +884,19 @@ bool cpu_is_amd() {
 /// This CPU's plan for dense (F32/F16/BF16) or block (Q8_0/Q4_0) weights.
 DecodeStreams vendor_decode_streams(bool blocks) {
   static const bool amd = cpu_is_amd();
-  if (!amd) return DecodeStreams{16, true};
-  return blocks ? DecodeStreams{8, true} : DecodeStreams{2, false};
+  if (!amd) return DecodeStreams{16, 1024};
+  return blocks ? DecodeStreams{4, 3072} : DecodeStreams{2, 3072};
 }
 
-/// The plan POSENC_DECODE_STREAMS asks for; {0, false} when it is unset or not a plan (reported once, naming the
+/// The plan POSENC_DECODE_STREAMS asks for; {0, 0} when it is unset or not a plan (reported once, naming the
 /// plans used instead).
 DecodeStreams decode_streams_asked() {
   const char* env = std::getenv("POSENC_DECODE_STREAMS");
-  if (env == nullptr) return {0, false};
-  for (int runs : {2, 4, 8, 16})
-    for (bool prefetch : {false, true})
-      if (to_string(DecodeStreams{runs, prefetch}) == env) return DecodeStreams{runs, prefetch};
+  if (env == nullptr) return {0, 0};
+  if (const auto plan = parse_decode_streams(env)) return *plan;
   std::fprintf(stderr,
-               "posenc: POSENC_DECODE_STREAMS='%s' is not a decode plan (2, 4, 8 or 16, optionally :prefetch); using "
+               "posenc: POSENC_DECODE_STREAMS='%s' is not a decode plan (2, 4, 8 or 16, optionally :prefetch or "
+               ":prefetch=BYTES, a multiple of 64 up to 65536); using "
                "this CPU's: %s for F32/F16/BF16, %s for Q8_0/Q4_0\n",
                env, to_string(vendor_decode_streams(false)).c_str(), to_string(vendor_decode_streams(true)).c_str());
   return {0, false};

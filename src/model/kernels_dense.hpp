@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -51,26 +52,29 @@ bool dense_kernel_supported(DenseKernel k);
 DenseKernel dense_kernel();
 
 /// How the AVX-512 path reads a matrix for one row of x (decode, memory-bound): each thread's rows as `runs` runs
-/// of consecutive rows read side by side (one accumulator per run), each run's next line software-prefetched 1 KiB
-/// ahead when `prefetch`. Which is fastest depends on the hardware prefetchers and, for Q8_0/Q4_0, on the
-/// instructions per byte. Measured (BM_MatmulDecode and BM_RealDecode on the 487M model, one thread): a Sapphire
-/// Rapids core reads F16 best as 16 runs prefetched (4 adjacent rows: 12.9 GB/s, 16 runs: 14.5, of a 14.1 GB/s DRAM
-/// read rate); a Zen 5 core reads F16/F32 best as 2 runs left to its own prefetchers (the model's decode 33 tokens/s
-/// with 16 runs prefetched, 36 with 8, 39.5 with 4, 41.5 with 2), but Q8_0 prefetched, as 8 runs (35.3-36.7 GB/s;
-/// 32.0-34.1 with 16, 33 with 4 or 2 unprefetched). The plan changes no bit: each output's lanes take the same fmas
-/// in the same order whatever run it is in.
+/// of consecutive rows read side by side (one accumulator per run), each run's lines software-prefetched (prefetcht0)
+/// `prefetch_bytes` ahead, or not at all when 0. Which is fastest depends on the hardware prefetchers and, for
+/// Q8_0/Q4_0, on the instructions per byte. Measured (BM_MatmulDecode and BM_RealDecode on the 487M model, one
+/// thread): a Sapphire Rapids core reads F16 best as 16 runs prefetched 1 KiB ahead (4 adjacent rows: 12.9 GB/s,
+/// 16 runs: 14.5, of a 14.1 GB/s DRAM read rate); a Zen 5 core reads F16 best as 2 runs prefetched 3 KiB ahead and
+/// Q8_0 as 4 runs prefetched 3 KiB ahead (the model's Q8_0 decode 69.5 tokens/s with 8 runs 1 KiB ahead, 81 with
+/// 4 runs 3 KiB ahead; kernels_dense.cpp gives the figures). The plan changes no bit: each
+/// output's lanes take the same fmas in the same order whatever run it is in.
 struct DecodeStreams {
-  int runs = 16;         ///< 2, 4, 8 or 16
-  bool prefetch = true;  ///< prefetcht0 of each run's line 1 KiB ahead
+  int runs = 16;              ///< 2, 4, 8 or 16
+  int prefetch_bytes = 1024;  ///< 0 (no software prefetch) or a multiple of 64 in [64, 65536]
 };
-/// "16:prefetch", "2", ... (the form POSENC_DECODE_STREAMS takes).
+/// "16:prefetch=1024", "2", ... (the form POSENC_DECODE_STREAMS takes).
 std::string to_string(DecodeStreams s);
 bool decode_streams_valid(DecodeStreams s);
+/// The plan a POSENC_DECODE_STREAMS value names: "R" (no software prefetch), "R:prefetch" (1 KiB ahead) or
+/// "R:prefetch=BYTES", R one of 2, 4, 8, 16; nullopt for anything else (not a valid plan included).
+std::optional<DecodeStreams> parse_decode_streams(std::string_view text);
 /// The plan matmul_w's AVX-512 decode uses for weights of type t, from the CPU vendor (cpuid leaf 0): on AMD
-/// ("AuthenticAMD") {2, no prefetch} for F32/F16/BF16 and {8, prefetch} for Q8_0/Q4_0, on any other CPU
-/// {16, prefetch}. The environment variable POSENC_DECODE_STREAMS=2|4|8|16[:prefetch] asks for one plan for every
-/// type; anything else is reported on stderr once (when the AVX-512 path first decodes: the other paths and the
-/// q8_activations kernels have no plan to take) and the CPU's plans run.
+/// ("AuthenticAMD") {2, 3 KiB} for F32/F16/BF16 and {4, 3 KiB} for Q8_0/Q4_0, on any other CPU
+/// {16, 1 KiB}. The environment variable POSENC_DECODE_STREAMS (parse_decode_streams's forms) asks for one plan for
+/// every type; anything else is reported on stderr once (when the AVX-512 path first decodes: the other paths and
+/// the q8_activations kernels have no plan to take) and the CPU's plans run.
 DecodeStreams decode_streams(WeightType t);
 
 /// y[n, w.rows] (+)= x[n, w.cols] · W^T, W as stored (any WeightType; Q8_0/Q4_0

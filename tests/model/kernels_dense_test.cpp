@@ -142,16 +142,17 @@ INSTANTIATE_TEST_SUITE_P(Paths, KernelsDensePath, ::testing::Values(DenseKernel:
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
 // Decode (one row of x) reads a thread's weight rows as runs side by side, as the CPU's DecodeStreams plan says
-// (2 runs on AMD for F16, 16 prefetched elsewhere): every plan gives the reference's bits, for every dtype, with
-// rows that are not a multiple of the runs (left over rows one at a time), fewer rows than runs, rows of one chunk
-// and long rows, on one and two threads; the plans differ only in speed. A plan that is not one throws.
+// (on AMD 2 runs for F16 and 4 for Q8_0, 3 KiB ahead; 16 prefetched 1 KiB ahead elsewhere): every plan gives the reference's bits, for every
+// dtype, with rows that are not a multiple of the runs (left over rows one at a time), fewer rows than runs, rows of
+// one chunk and long rows, prefetches past the matrix's end, on one and two threads; the plans differ only in speed.
+// A plan that is not one throws, and POSENC_DECODE_STREAMS's forms parse to the plans they name.
 TEST(KernelsDenseDecodePlans, EveryPlanGivesTheReferenceBits) {
   if (!dense_kernel_supported(DenseKernel::avx512)) GTEST_SKIP() << "this CPU cannot run the avx512 path";
   const int before = omp_get_max_threads();
   int cases = 0;
   for (int runs : {2, 4, 8, 16})
-    for (bool prefetch : {false, true}) {
-      const DecodeStreams plan{runs, prefetch};
+    for (int prefetch_bytes : {0, 64, 1024, 3072}) {
+      const DecodeStreams plan{runs, prefetch_bytes};
       ASSERT_TRUE(decode_streams_valid(plan));
       for (WeightType t : kTypes)
         for (auto [out, in] : {std::pair<int64_t, int64_t>{1, 32}, {3, 64}, {17, 32}, {33, 1056}, {70, 160},
@@ -173,17 +174,33 @@ TEST(KernelsDenseDecodePlans, EveryPlanGivesTheReferenceBits) {
           }
     }
   omp_set_num_threads(before);
-  EXPECT_EQ(cases, 8 * 5 * 7 * 2 * 2);
+  EXPECT_EQ(cases, 16 * 5 * 7 * 2 * 2);
   const std::vector<float> x(32, 1.0f);
   std::vector<float> y(3);
   const StoredMatrix w(WeightType::f16, 3, 32, 1);
-  for (DecodeStreams bad : {DecodeStreams{3, false}, DecodeStreams{0, true}, DecodeStreams{32, false}}) {
+  for (DecodeStreams bad : {DecodeStreams{3, 0}, DecodeStreams{0, 1024}, DecodeStreams{32, 0}, DecodeStreams{4, 1},
+                            DecodeStreams{4, 100}, DecodeStreams{4, -64}, DecodeStreams{4, 65600}}) {
     EXPECT_FALSE(decode_streams_valid(bad));
     EXPECT_THROW(matmul_w_with(DenseKernel::avx512, bad, x.data(), 1, w.m, y.data(), false), std::logic_error);
   }
   for (WeightType t : kTypes) EXPECT_TRUE(decode_streams_valid(decode_streams(t))) << to_string(t);
-  EXPECT_EQ(to_string(DecodeStreams{16, true}), "16:prefetch");
-  EXPECT_EQ(to_string(DecodeStreams{2, false}), "2");
+  EXPECT_EQ(to_string(DecodeStreams{16, 1024}), "16:prefetch=1024");
+  EXPECT_EQ(to_string(DecodeStreams{2, 0}), "2");
+  const auto same = [](std::optional<DecodeStreams> a, DecodeStreams b) {
+    return a && a->runs == b.runs && a->prefetch_bytes == b.prefetch_bytes;
+  };
+  EXPECT_TRUE(same(parse_decode_streams("2"), {2, 0}));
+  EXPECT_TRUE(same(parse_decode_streams("16:prefetch"), {16, 1024}));
+  EXPECT_TRUE(same(parse_decode_streams("4:prefetch=3072"), {4, 3072}));
+  EXPECT_TRUE(same(parse_decode_streams("8:prefetch=65536"), {8, 65536}));
+  for (const char* bad : {"", "3", "32", "-4", "+4", " 4", "4 ", "4:", "4:pre", "4:prefetch=", "4:prefetch=0",
+                          "4:prefetch=100", "4:prefetch=65600", "4:prefetch=3072x", "4:prefetch=-64",
+                          "4:prefetch=99999999999999999999", "4:prefetch:prefetch", "prefetch", "4:Prefetch"})
+    EXPECT_FALSE(parse_decode_streams(bad).has_value()) << "'" << bad << "'";
+  for (WeightType t : kTypes) {
+    const DecodeStreams d = decode_streams(t);
+    EXPECT_TRUE(same(parse_decode_streams(to_string(d)), d)) << to_string(t);
+  }
 }
 
 // The prefill paths' blocks of x rows (and AMX's blocks of tiles): they cover [0, n) in order, each a multiple of
