@@ -91,6 +91,12 @@ void matmul_q8(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, 
 /// cannot run k.
 void matmul_q8_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out,
                     float* y, bool accumulate);
+struct DecodeStreams;  // kernels_dense.hpp
+/// matmul_q8_with reading the weights for one row of x (decode) as `plan` says (the avx512_vnni and amx paths'
+/// decode; the others ignore it; matmul_q8 takes decode_streams(Q8_0 or Q4_0)). The same bits in every plan.
+/// Throws std::logic_error when this CPU cannot run k or the plan is not one of decode_streams_valid's.
+void matmul_q8_with(Q8Kernel k, DecodeStreams plan, const std::byte* x_q, int64_t n, int64_t in,
+                    const std::byte* w, bool q4, int64_t out, float* y, bool accumulate);
 /// h1[n, out] = silu(h1) * (x_q[n, in] · W[out, in]^T), the same bits as matmul_q8 into h3 followed by
 /// swiglu(h1, h3, n * out): SwiGLU with h1 the gate projection's output and W the up projection. On the amx path
 /// (n >= kAmxMinRows) the SwiGLU is the epilogue of each 16 x 16 tile, so the up projection's [n, out] float32

@@ -73,8 +73,9 @@ std::optional<DecodeStreams> parse_decode_streams(std::string_view text);
 /// The plan matmul_w's AVX-512 decode uses for weights of type t, from the CPU vendor (cpuid leaf 0): on AMD
 /// ("AuthenticAMD") {2, 3 KiB} for F32/F16/BF16 and {4, 3 KiB} for Q8_0/Q4_0, on any other CPU
 /// {16, 1 KiB}. The environment variable POSENC_DECODE_STREAMS (parse_decode_streams's forms) asks for one plan for
-/// every type; anything else is reported on stderr once (when the AVX-512 path first decodes: the other paths and
-/// the q8_activations kernels have no plan to take) and the CPU's plans run.
+/// every type; anything else is reported on stderr once (when an AVX-512 decode first asks: the float32 products'
+/// avx512 path and the q8_activations avx512_vnni/amx paths take the plan, the other paths have none) and the CPU's
+/// plans run.
 DecodeStreams decode_streams(WeightType t);
 
 /// y[n, w.rows] (+)= x[n, w.cols] · W^T, W as stored (any WeightType; Q8_0/Q4_0

@@ -10,6 +10,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <cpuid.h>
@@ -362,8 +363,8 @@ void matmul_q8_avx2(const std::byte* x_q, int64_t n, int64_t in, const std::byte
 // Both read the weights where the file keeps them: no copy outlives a call. A panel of 16 weight rows is repacked
 // per call into the layout the instructions read (per block: the 16 rows' 32 int8 as 8 groups x 16 rows x 4 bytes,
 // which is both _mm512_dpbusd_epi32's operand and AMX's B tile; the 16 scales as float; the rows' int8 sums),
-// used by every row of x, and dropped. Decode (one row of x) reads the blocks directly, 16 runs of rows side by
-// side as the dense decode does. Every path computes each output as the reference: over the blocks in ascending
+// used by every row of x, and dropped. Decode (one row of x) reads the blocks directly, as runs of rows side by
+// side, prefetched as the dense decode's plan for the dtype says (DecodeStreams, kernels_dense.hpp). Every path computes each output as the reference: over the blocks in ascending
 // order, acc = fmaf((float) isum, d_w * d_x, acc), isum the exact int32 block dot product; integer sums are exact
 // in any order, so the bits are the reference's.
 
@@ -557,67 +558,134 @@ POSENC_TARGET_VNNI inline __m512i sum_lanes8x16(const __m256i* v) {
   return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s);
 }
 
-/// Decode: one row of x (xq, dxf: its scales as float) against the 16 rows o_j = o_0 + j * stride (w: row o_0);
-/// outputs to y[j * stride]. Per row and block: |w| (u8) and x with w's sign (s8) into one 256-bit dpbusd.
-template <bool Q4>
-POSENC_TARGET_VNNI void vnni_decode_tile16(const std::byte* xq, const float* dxf, int64_t blocks, const std::byte* w,
-                                           int64_t wrow, int64_t stride, float* y, bool accumulate) {
+/// Lane i of the result = lane (i + K) mod 16 of v.
+template <int K>
+POSENC_TARGET_VNNI inline __m512 rotate_lanes(__m512 v) {
+  if constexpr (K % 16 == 0)
+    return v;
+  else
+    return _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(v), _mm512_castps_si512(v), K % 16));
+}
+
+/// Decode: one row of x (xq, dxf: its scales as float) against the R rows o_j = o_0 + j * stride (w: row o_0),
+/// S = 16 / R blocks at a time; outputs to y[j * stride]. Per row and block: |w| (u8) and x with w's sign (s8) into
+/// one 256-bit dpbusd; the 16 block sums of a step (lane s * R + j: block b0 + s, row j) are reduced at once, and
+/// each row's S fmas then run in block order in lanes 0..R-1 (the other lanes' values are not used). Prefetch: each
+/// row's line `ahead` bytes ahead, once per 64 bytes of the row (the plan's; kernels_dense.hpp).
+template <bool Q4, int R, bool Prefetch>
+POSENC_TARGET_VNNI void vnni_decode_tile(const std::byte* xq, const float* dxf, int64_t blocks, const std::byte* w,
+                                         int64_t wrow, int64_t stride, float* y, bool accumulate, int64_t ahead) {
+  static_assert(R == 2 || R == 4 || R == 8 || R == 16);
+  constexpr int S = 16 / R;
   constexpr int64_t wb = Q4 ? kQ4Bytes : kQ8Bytes;
   __m512 acc = _mm512_setzero_ps();
-  alignas(32) uint16_t h[16];
-  for (int64_t b = 0; b < blocks; ++b) {
-    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kQ8Bytes + 2));
+  for (int64_t b0 = 0; b0 < blocks; b0 += S) {
+    const int steps = static_cast<int>(std::min<int64_t>(S, blocks - b0));
     __m256i part[16];
+    // The 16 weight scales (fp16 bits), four to a 64-bit word in lane order, assembled in general registers: stored
+    // as 16 halfs and loaded as one vector they stalled the loop on a failed store-to-load forward (measured with the
+    // plan of 4 runs: 34.7 GB/s against 42 with the scales left out).
+    uint64_t hq[4] = {0, 0, 0, 0};
+#pragma GCC unroll 8
+    for (int s = 0; s < S; ++s) {
+      if (s >= steps) {  // the last step of a row whose blocks are not a multiple of S: zero sums, zero scales
 #pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) {
-      const std::byte* blk = w + j * stride * wrow + b * wb;
-      _mm_prefetch(reinterpret_cast<const char*>(blk + 1024), _MM_HINT_T0);  // as the dense decode
-      std::memcpy(&h[j], blk, 2);
-      __m256i wv;
-      if constexpr (Q4) {
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-        const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
-        wv = _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
-      } else {
-        wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+        for (int j = 0; j < R; ++j) part[s * R + j] = _mm256_setzero_si256();
+        continue;
       }
-      // |w| as u8 (-128 gives 128) times x with w's sign (x in [-127, 127]): the products w x, exactly.
-      part[j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+      const int64_t b = b0 + s;
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * kQ8Bytes + 2));
+      const bool prefetch = Prefetch && (b * wb) % 64 + wb >= 64;
+#pragma GCC unroll 16
+      for (int j = 0; j < R; ++j) {
+        const std::byte* blk = w + j * stride * wrow + b * wb;
+        if (prefetch)  // the address as an integer: it may lie past the matrix (a prefetch does not fault)
+          _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(blk) +
+                                                     static_cast<uintptr_t>(ahead + wb - 1)),
+                       _MM_HINT_T0);
+        uint16_t h;
+        std::memcpy(&h, blk, 2);
+        hq[(s * R + j) / 4] |= uint64_t{h} << (16 * ((s * R + j) % 4));
+        __m256i wv;
+        if constexpr (Q4) {
+          const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+          const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
+          wv = _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+        } else {
+          wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+        }
+        // |w| as u8 (-128 gives 128) times x with w's sign (x in [-127, 127]): the products w x, exactly.
+        part[s * R + j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+      }
     }
     const __m512 isum = _mm512_cvtepi32_ps(sum_lanes8x16(part));  // exact: |isum| <= 32 * 127 * 128 < 2^24
-    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h)));
-    acc = _mm512_fmadd_ps(isum, _mm512_mul_ps(dw, _mm512_set1_ps(dxf[b])), acc);
+    const __m512 dw = _mm512_cvtph_ps(_mm256_set_epi64x(static_cast<long long>(hq[3]), static_cast<long long>(hq[2]),
+                                                        static_cast<long long>(hq[1]), static_cast<long long>(hq[0])));
+    // Lane s * R + j takes x's scale of block b0 + s (the blocks past the row's end: 0, read from no memory).
+    const __m512 dx = _mm512_permutexvar_ps(
+        _mm512_setr_epi32(0 / R, 1 / R, 2 / R, 3 / R, 4 / R, 5 / R, 6 / R, 7 / R, 8 / R, 9 / R, 10 / R, 11 / R,
+                          12 / R, 13 / R, 14 / R, 15 / R),
+        _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << steps) - 1), dxf + b0));
+    const __m512 scale = _mm512_mul_ps(dw, dx);  // d_w * d_x, as the reference
+    // Block b0 + s's lanes moved down to 0..R-1 (a rotation: valignd of a vector with itself), s in order.
+    [&]<int... Ss>(std::integer_sequence<int, Ss...>) {
+      ((Ss < steps ? (acc = _mm512_fmadd_ps(rotate_lanes<Ss * R>(isum), rotate_lanes<Ss * R>(scale), acc), 0) : 0),
+       ...);
+    }(std::make_integer_sequence<int, S>{});
   }
   alignas(64) float v[16];
   _mm512_store_ps(v, acc);
-  for (int j = 0; j < 16; ++j) y[j * stride] = accumulate ? y[j * stride] + v[j] : v[j];
+  for (int j = 0; j < R; ++j) y[j * stride] = accumulate ? y[j * stride] + v[j] : v[j];
 }
 
-template <bool Q4>
-void matmul_q8_vnni_decode(const std::byte* x_q, int64_t in, const std::byte* w, int64_t out, float* y,
-                           bool accumulate) {
+template <bool Q4, int R, bool Prefetch>
+void matmul_q8_vnni_decode_runs(const std::byte* x_q, int64_t in, const std::byte* w, int64_t out, float* y,
+                                bool accumulate, int64_t ahead) {
   const int64_t blocks = in / kQBlock, wrow = blocks * (Q4 ? kQ4Bytes : kQ8Bytes);
   const std::vector<float> dxf = x_scales(x_q, 1, blocks);
 #pragma omp parallel if (out * wrow >= (int64_t{1} << 17))
   {
+    // This thread's rows [r0, r1) as R runs of `stride` consecutive rows read side by side (the dense decode's
+    // DecodeStreams plan), then the rows left over one at a time.
     const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t r0 = out * me / nt, r1 = out * (me + 1) / nt, stride = (r1 - r0) / 16;
+    const int64_t r0 = out * me / nt, r1 = out * (me + 1) / nt, stride = (r1 - r0) / R;
     for (int64_t g = 0; g < stride; ++g)
-      vnni_decode_tile16<Q4>(x_q, dxf.data(), blocks, w + (r0 + g) * wrow, wrow, stride, y + r0 + g, accumulate);
-    for (int64_t o = r0 + stride * 16; o < r1; ++o) {
+      vnni_decode_tile<Q4, R, Prefetch>(x_q, dxf.data(), blocks, w + (r0 + g) * wrow, wrow, stride, y + r0 + g,
+                                        accumulate, ahead);
+    for (int64_t o = r0 + stride * R; o < r1; ++o) {
       const float v = dot_row(w + o * wrow, Q4, x_q, blocks);
       y[o] = accumulate ? y[o] + v : v;
     }
   }
 }
 
-void matmul_q8_vnni(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,
-                    bool accumulate) {
+template <bool Q4>
+void matmul_q8_vnni_decode(DecodeStreams plan, const std::byte* x_q, int64_t in, const std::byte* w, int64_t out,
+                           float* y, bool accumulate) {
+#define POSENC_VNNI_DECODE_RUNS(R)                                                                            \
+  case R:                                                                                                     \
+    if (plan.prefetch_bytes > 0)                                                                              \
+      matmul_q8_vnni_decode_runs<Q4, R, true>(x_q, in, w, out, y, accumulate, plan.prefetch_bytes);           \
+    else                                                                                                      \
+      matmul_q8_vnni_decode_runs<Q4, R, false>(x_q, in, w, out, y, accumulate, 0);                            \
+    return;
+  switch (plan.runs) {
+    POSENC_VNNI_DECODE_RUNS(2)
+    POSENC_VNNI_DECODE_RUNS(4)
+    POSENC_VNNI_DECODE_RUNS(8)
+    POSENC_VNNI_DECODE_RUNS(16)
+    default: throw std::logic_error(fmt::format("q8 decode: {} runs is not a plan (2, 4, 8 or 16)", plan.runs));
+  }
+#undef POSENC_VNNI_DECODE_RUNS
+}
+
+void matmul_q8_vnni(DecodeStreams plan, const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4,
+                    int64_t out, float* y, bool accumulate) {
   if (n == 1) {
     if (q4)
-      matmul_q8_vnni_decode<true>(x_q, in, w, out, y, accumulate);
+      matmul_q8_vnni_decode<true>(plan, x_q, in, w, out, y, accumulate);
     else
-      matmul_q8_vnni_decode<false>(x_q, in, w, out, y, accumulate);
+      matmul_q8_vnni_decode<false>(plan, x_q, in, w, out, y, accumulate);
   } else if (q4) {
     matmul_q8_vnni_panels<true>(x_q, n, in, w, out, y, store_or_accumulate(accumulate));
   } else {
@@ -831,6 +899,13 @@ Q8Kernel q8_kernel() {
 
 void matmul_q8_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out,
                     float* y, bool accumulate) {
+  matmul_q8_with(k, decode_streams(q4 ? WeightType::q4_0 : WeightType::q8_0), x_q, n, in, w, q4, out, y, accumulate);
+}
+
+void matmul_q8_with(Q8Kernel k, DecodeStreams plan, const std::byte* x_q, int64_t n, int64_t in, const std::byte* w,
+                    bool q4, int64_t out, float* y, bool accumulate) {
+  if (!decode_streams_valid(plan))
+    throw std::logic_error(fmt::format("matmul_q8_with: {} is not a decode plan", to_string(plan)));
   if (!q8_kernel_supported(k))
     throw std::logic_error(fmt::format("matmul_q8_with: this CPU cannot run the {} path", to_string(k)));
   if (n <= 0 || out <= 0) return;
@@ -842,10 +917,10 @@ void matmul_q8_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t in, con
   switch (k) {
     case Q8Kernel::reference: matmul_q8_reference(x_q, n, in, w, q4, out, y, accumulate); return;
     case Q8Kernel::avx2: matmul_q8_avx2(x_q, n, in, w, q4, out, y, accumulate); return;
-    case Q8Kernel::avx512_vnni: matmul_q8_vnni(x_q, n, in, w, q4, out, y, accumulate); return;
+    case Q8Kernel::avx512_vnni: matmul_q8_vnni(plan, x_q, n, in, w, q4, out, y, accumulate); return;
     case Q8Kernel::amx:
       if (n < kAmxMinRows)
-        matmul_q8_vnni(x_q, n, in, w, q4, out, y, accumulate);
+        matmul_q8_vnni(plan, x_q, n, in, w, q4, out, y, accumulate);
       else if (q4)
         matmul_q8_amx_impl<true>(x_q, n, in, w, out, y, store_or_accumulate(accumulate));
       else

@@ -297,3 +297,48 @@ TEST(KernelsQ8, DispatchTakesTheWidestPathThisCpuRuns) {
   EXPECT_EQ(q8_kernel(), want) << to_string(q8_kernel());
   RecordProperty("q8_kernel", std::string(to_string(q8_kernel())));
 }
+
+// Decode on the VNNI path reads the weights as the dtype's DecodeStreams plan says (kernels_dense.hpp): R runs of
+// rows side by side, 16 / R blocks reduced at once, the last step partial when the blocks are not a multiple of
+// 16 / R (1, 3, 5, 7, 9 and 33 blocks), rows not a multiple of R (left over rows one at a time), fewer rows than
+// runs, prefetches past the matrix's end, Q8_0 and Q4_0, one and two threads, accumulate or not: the reference's
+// bits in every plan, with x scales of every magnitude (rows scaled by 1e-3 .. 1e3) and weights at the int8 extremes.
+TEST(KernelsQ8DecodePlans, EveryPlanGivesTheReferenceBits) {
+  if (!q8_kernel_supported(Q8Kernel::avx512_vnni)) GTEST_SKIP() << "this CPU cannot run the avx512_vnni path";
+  const int before = omp_get_max_threads();
+  int cases = 0;
+  for (int runs : {2, 4, 8, 16})
+    for (int prefetch_bytes : {0, 64, 3072}) {
+      const DecodeStreams plan{runs, prefetch_bytes};
+      for (bool q4 : {false, true})
+        for (auto [out, in] : {std::pair<int64_t, int64_t>{1, 32}, {3, 96}, {17, 160}, {33, 224}, {70, 288},
+                               {127, 1056}, {600, 256}})
+          for (int threads : {1, 2}) {
+            omp_set_num_threads(threads);
+            auto wf = randn(static_cast<std::size_t>(out * in), static_cast<uint32_t>(out * 7 + in), 0.05f);
+            for (std::size_t i = 0; i < wf.size(); i += 37) wf[i] = i % 2 ? 10.0f : -10.0f;  // int8 extremes
+            const auto wq = ggml_quantize(q4 ? GgmlType::q4_0 : GgmlType::q8_0, wf);
+            auto x = randn(static_cast<std::size_t>(in), static_cast<uint32_t>(in + runs), 1.0f);
+            for (int64_t b = 0; b < in / 32; ++b)
+              for (int64_t i = 0; i < 32; ++i) x[static_cast<std::size_t>(b * 32 + i)] *= std::pow(10.0f, static_cast<float>(b % 7) - 3.0f);
+            const auto xq = quantized(x, 1, in);
+            for (bool acc : {false, true}) {
+              const auto y0 = randn(static_cast<std::size_t>(out), static_cast<uint32_t>(out + 3), 1.0f);
+              std::vector<float> fast = y0, ref = y0;
+              matmul_q8_with(Q8Kernel::avx512_vnni, plan, xq.data(), 1, in, wq.data(), q4, out, fast.data(), acc);
+              matmul_q8_reference(xq.data(), 1, in, wq.data(), q4, out, ref.data(), acc);
+              ASSERT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)), 0)
+                  << to_string(plan) << (q4 ? " Q4_0" : " Q8_0") << " out " << out << " in " << in << " threads "
+                  << threads << " accumulate " << acc;
+              ++cases;
+            }
+          }
+    }
+  omp_set_num_threads(before);
+  EXPECT_EQ(cases, 12 * 2 * 7 * 2 * 2);
+  const std::vector<std::byte> wq(34), xq(34);
+  std::vector<float> y(1);
+  EXPECT_THROW(matmul_q8_with(Q8Kernel::avx512_vnni, DecodeStreams{3, 0}, xq.data(), 1, 32, wq.data(), false, 1,
+                              y.data(), false),
+               std::logic_error);
+}
