@@ -133,7 +133,8 @@ void decode(benchmark::State& state, const Loaded* m, int threads) {
   }
   const double tokens = n * static_cast<double>(state.iterations());
   state.counters["tokens_per_s"] = benchmark::Counter(tokens, benchmark::Counter::kIsRate);
-  state.counters["weight_GB_per_s"] = benchmark::Counter(tokens * m->decode_bytes / 1e9, benchmark::Counter::kIsRate);
+  state.counters["weight_GB_per_s"] =
+      benchmark::Counter(tokens * m->decode_bytes / 1e9, benchmark::Counter::kIsRate);
 }
 
 // AVX2 loads (every x86-64 CPU this runs on has them; one 32-byte load per cycle is far above DRAM's rate).

@@ -142,10 +142,11 @@ INSTANTIATE_TEST_SUITE_P(Paths, KernelsDensePath, ::testing::Values(DenseKernel:
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
 // Decode (one row of x) reads a thread's weight rows as runs side by side, as the CPU's DecodeStreams plan says
-// (on AMD 2 runs for F16 and 4 for Q8_0, 3 KiB ahead; 16 prefetched 1 KiB ahead elsewhere): every plan gives the reference's bits, for every
-// dtype, with rows that are not a multiple of the runs (left over rows one at a time), fewer rows than runs, rows of
-// one chunk and long rows, prefetches past the matrix's end, on one and two threads; the plans differ only in speed.
-// A plan that is not one throws, and POSENC_DECODE_STREAMS's forms parse to the plans they name.
+// (on AMD 2 runs for F16 and 4 for Q8_0, 3 KiB ahead; 16 prefetched 1 KiB ahead elsewhere): every plan gives the
+// reference's bits, for every dtype, with rows that are not a multiple of the runs (left over rows one at a time),
+// fewer rows than runs, rows of one chunk and long rows, prefetches past the matrix's end, on one and two threads;
+// the plans differ only in speed. A plan that is not one throws, and POSENC_DECODE_STREAMS's forms parse to the
+// plans they name.
 TEST(KernelsDenseDecodePlans, EveryPlanGivesTheReferenceBits) {
   if (!dense_kernel_supported(DenseKernel::avx512)) GTEST_SKIP() << "this CPU cannot run the avx512 path";
   const int before = omp_get_max_threads();

@@ -320,7 +320,8 @@ TEST(KernelsQ8DecodePlans, EveryPlanGivesTheReferenceBits) {
             const auto wq = ggml_quantize(q4 ? GgmlType::q4_0 : GgmlType::q8_0, wf);
             auto x = randn(static_cast<std::size_t>(in), static_cast<uint32_t>(in + runs), 1.0f);
             for (int64_t b = 0; b < in / 32; ++b)
-              for (int64_t i = 0; i < 32; ++i) x[static_cast<std::size_t>(b * 32 + i)] *= std::pow(10.0f, static_cast<float>(b % 7) - 3.0f);
+              for (int64_t i = 0; i < 32; ++i)
+                x[static_cast<std::size_t>(b * 32 + i)] *= std::pow(10.0f, static_cast<float>(b % 7) - 3.0f);
             const auto xq = quantized(x, 1, in);
             for (bool acc : {false, true}) {
               const auto y0 = randn(static_cast<std::size_t>(out), static_cast<uint32_t>(out + 3), 1.0f);
