@@ -567,6 +567,16 @@ POSENC_TARGET_VNNI inline __m512 rotate_lanes(__m512 v) {
     return _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(v), _mm512_castps_si512(v), K % 16));
 }
 
+/// acc (lanes 0..R-1) += the products of blocks s = 0 .. steps-1 in order, block s's R lanes at s * R of isum and
+/// scale moved down to 0..R-1. (A function, not a lambda: clang does not give a lambda its caller's target
+/// attribute, and the AVX-512 intrinsics would not inline into it.)
+template <int R, int... Ss>
+POSENC_TARGET_VNNI inline __m512 fma_blocks_in_order(__m512 isum, __m512 scale, __m512 acc, int steps,
+                                                     std::integer_sequence<int, Ss...>) {
+  ((Ss < steps ? (acc = _mm512_fmadd_ps(rotate_lanes<Ss * R>(isum), rotate_lanes<Ss * R>(scale), acc), 0) : 0), ...);
+  return acc;
+}
+
 /// Decode: one row of x (xq, dxf: its scales as float) against the R rows o_j = o_0 + j * stride (w: row o_0),
 /// S = 16 / R blocks at a time; outputs to y[j * stride]. Per row and block: |w| (u8) and x with w's sign (s8) into
 /// one 256-bit dpbusd; the 16 block sums of a step (lane s * R + j: block b0 + s, row j) are reduced at once, and
@@ -627,11 +637,7 @@ POSENC_TARGET_VNNI void vnni_decode_tile(const std::byte* xq, const float* dxf, 
                           12 / R, 13 / R, 14 / R, 15 / R),
         _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << steps) - 1), dxf + b0));
     const __m512 scale = _mm512_mul_ps(dw, dx);  // d_w * d_x, as the reference
-    // Block b0 + s's lanes moved down to 0..R-1 (a rotation: valignd of a vector with itself), s in order.
-    [&]<int... Ss>(std::integer_sequence<int, Ss...>) {
-      ((Ss < steps ? (acc = _mm512_fmadd_ps(rotate_lanes<Ss * R>(isum), rotate_lanes<Ss * R>(scale), acc), 0) : 0),
-       ...);
-    }(std::make_integer_sequence<int, S>{});
+    acc = fma_blocks_in_order<R>(isum, scale, acc, steps, std::make_integer_sequence<int, S>{});
   }
   alignas(64) float v[16];
   _mm512_store_ps(v, acc);
