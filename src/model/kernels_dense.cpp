@@ -829,6 +829,12 @@ DenseKernel dense_kernel() {
   return k;
 }
 
+std::string describe_invalid(DecodeStreams s) {
+  return fmt::format("runs {}, prefetch_bytes {} is not a decode plan (runs 2, 4, 8 or 16; prefetch_bytes 0 or a "
+                     "multiple of 64 from 64 to 65536)",
+                     s.runs, s.prefetch_bytes);
+}
+
 std::string to_string(DecodeStreams s) {
   return std::to_string(s.runs) + (s.prefetch_bytes > 0 ? ":prefetch=" + std::to_string(s.prefetch_bytes) : "");
 }
@@ -839,10 +845,10 @@ bool decode_streams_valid(DecodeStreams s) {
 }
 
 std::optional<DecodeStreams> parse_decode_streams(std::string_view text) {
-  // Digits only (no sign, space or leading +), read whole; a number too long for int is not a plan.
+  // Digits only (no sign, space, leading + or leading zero), read whole; a number too long for int is not a plan.
   const auto number = [](std::string_view digits) -> std::optional<int> {
     int v = 0;
-    if (digits.empty() || digits.size() > 6) return std::nullopt;
+    if (digits.empty() || digits.size() > 6 || digits.front() == '0') return std::nullopt;
     for (char c : digits) {
       if (c < '0' || c > '9') return std::nullopt;
       v = v * 10 + (c - '0');
@@ -888,18 +894,30 @@ DecodeStreams vendor_decode_streams(bool blocks) {
   return blocks ? DecodeStreams{4, 3072} : DecodeStreams{2, 3072};
 }
 
-/// The plan POSENC_DECODE_STREAMS asks for; {0, 0} when it is unset or not a plan (reported once, naming the
-/// plans used instead).
+/// `text` for a one-line message: bytes outside printable ASCII as \xNN, cut after 64 characters.
+std::string printable(std::string_view text) {
+  std::string out;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    if (out.size() >= 64) return out + "...";
+    const auto c = static_cast<unsigned char>(text[i]);
+    out += c >= 0x20 && c < 0x7f ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02x}", c);
+  }
+  return out;
+}
+
+/// The plan POSENC_DECODE_STREAMS asks for; {0, 0} when it is unset or empty (as the other POSENC_* variables) or
+/// not a plan (reported once, naming the plans used instead).
 DecodeStreams decode_streams_asked() {
   const char* env = std::getenv("POSENC_DECODE_STREAMS");
-  if (env == nullptr) return {0, 0};
+  if (env == nullptr || *env == '\0') return {0, 0};
   if (const auto plan = parse_decode_streams(env)) return *plan;
   std::fprintf(stderr,
-               "posenc: POSENC_DECODE_STREAMS='%s' is not a decode plan (2, 4, 8 or 16, optionally :prefetch or "
-               ":prefetch=BYTES, a multiple of 64 up to 65536); using "
-               "this CPU's: %s for F32/F16/BF16, %s for Q8_0/Q4_0\n",
-               env, to_string(vendor_decode_streams(false)).c_str(), to_string(vendor_decode_streams(true)).c_str());
-  return {0, false};
+               "posenc: POSENC_DECODE_STREAMS='%s' is not a decode plan (R, R:prefetch or R:prefetch=BYTES; R 2, 4, "
+               "8 or 16; BYTES a multiple of 64 from 64 to 65536); using this CPU's: %s for F32/F16/BF16, %s for "
+               "Q8_0/Q4_0\n",
+               printable(env).c_str(), to_string(vendor_decode_streams(false)).c_str(),
+               to_string(vendor_decode_streams(true)).c_str());
+  return {0, 0};
 }
 }  // namespace
 
@@ -952,13 +970,15 @@ void matmul_w_reference(const float* x, int64_t n, const RawMatrix& w, float* y,
 }
 
 void matmul_w_with(DenseKernel k, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
-  matmul_w_with(k, decode_streams(w.type), x, n, w, y, accumulate);
+  // Only an AVX-512 decode takes a plan (and only then is a bad POSENC_DECODE_STREAMS reported).
+  matmul_w_with(k, k == DenseKernel::avx512 && n == 1 ? decode_streams(w.type) : DecodeStreams{}, x, n, w, y,
+                accumulate);
 }
 
 void matmul_w_with(DenseKernel k, DecodeStreams plan, const float* x, int64_t n, const RawMatrix& w, float* y,
                    bool accumulate) {
   if (!decode_streams_valid(plan))
-    throw std::logic_error(fmt::format("matmul_w_with: {} is not a decode plan (2, 4, 8 or 16 runs)", to_string(plan)));
+    throw std::logic_error("matmul_w_with: " + describe_invalid(plan));
   if (!dense_kernel_supported(k))
     throw std::logic_error(fmt::format("matmul_w_with: this CPU cannot run the {} path", to_string(k)));
   if (n <= 0 || w.rows <= 0) return;
@@ -974,7 +994,9 @@ void matmul_w(const float* x, int64_t n, const RawMatrix& w, float* y, bool accu
   switch (dense_kernel()) {
     case DenseKernel::reference: matmul_w_reference(x, n, w, y, accumulate); return;
     case DenseKernel::avx2: matmul_avx2(x, n, w, y, accumulate); return;
-    case DenseKernel::avx512: matmul_avx512(decode_streams(w.type), x, n, w, y, accumulate); return;
+    case DenseKernel::avx512:
+      matmul_avx512(n == 1 ? decode_streams(w.type) : DecodeStreams{}, x, n, w, y, accumulate);
+      return;
   }
 }
 

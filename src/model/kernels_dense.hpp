@@ -66,9 +66,12 @@ struct DecodeStreams {
 };
 /// "16:prefetch=1024", "2", ... (the form POSENC_DECODE_STREAMS takes).
 std::string to_string(DecodeStreams s);
+/// "runs R, prefetch_bytes P is not a decode plan (...the rule...)": the message for a plan that is not valid.
+std::string describe_invalid(DecodeStreams s);
 bool decode_streams_valid(DecodeStreams s);
 /// The plan a POSENC_DECODE_STREAMS value names: "R" (no software prefetch), "R:prefetch" (1 KiB ahead) or
-/// "R:prefetch=BYTES", R one of 2, 4, 8, 16; nullopt for anything else (not a valid plan included).
+/// "R:prefetch=BYTES", R one of 2, 4, 8, 16, numbers without a leading zero; nullopt for anything else (not a
+/// valid plan included).
 std::optional<DecodeStreams> parse_decode_streams(std::string_view text);
 /// The plan matmul_w's AVX-512 decode uses for weights of type t, from the CPU vendor (cpuid leaf 0): on AMD
 /// ("AuthenticAMD") {2, 3 KiB} for F32/F16/BF16 and {4, 3 KiB} for Q8_0/Q4_0, on any other CPU

@@ -905,13 +905,16 @@ Q8Kernel q8_kernel() {
 
 void matmul_q8_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out,
                     float* y, bool accumulate) {
-  matmul_q8_with(k, decode_streams(q4 ? WeightType::q4_0 : WeightType::q8_0), x_q, n, in, w, q4, out, y, accumulate);
+  // Only a VNNI/AMX decode takes a plan (and only then is a bad POSENC_DECODE_STREAMS reported).
+  const bool decode = n == 1 && (k == Q8Kernel::avx512_vnni || k == Q8Kernel::amx);
+  matmul_q8_with(k, decode ? decode_streams(q4 ? WeightType::q4_0 : WeightType::q8_0) : DecodeStreams{}, x_q, n, in,
+                 w, q4, out, y, accumulate);
 }
 
 void matmul_q8_with(Q8Kernel k, DecodeStreams plan, const std::byte* x_q, int64_t n, int64_t in, const std::byte* w,
                     bool q4, int64_t out, float* y, bool accumulate) {
   if (!decode_streams_valid(plan))
-    throw std::logic_error(fmt::format("matmul_q8_with: {} is not a decode plan", to_string(plan)));
+    throw std::logic_error("matmul_q8_with: " + describe_invalid(plan));
   if (!q8_kernel_supported(k))
     throw std::logic_error(fmt::format("matmul_q8_with: this CPU cannot run the {} path", to_string(k)));
   if (n <= 0 || out <= 0) return;

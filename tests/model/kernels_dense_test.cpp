@@ -184,6 +184,14 @@ TEST(KernelsDenseDecodePlans, EveryPlanGivesTheReferenceBits) {
     EXPECT_FALSE(decode_streams_valid(bad));
     EXPECT_THROW(matmul_w_with(DenseKernel::avx512, bad, x.data(), 1, w.m, y.data(), false), std::logic_error);
   }
+  // The message names both fields as given (a negative distance was printed as the valid plan "4").
+  try {
+    matmul_w_with(DenseKernel::avx512, DecodeStreams{4, -64}, x.data(), 1, w.m, y.data(), false);
+    ADD_FAILURE() << "no exception";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("runs 4, prefetch_bytes -64 is not a decode plan"), std::string::npos)
+        << e.what();
+  }
   for (WeightType t : kTypes) EXPECT_TRUE(decode_streams_valid(decode_streams(t))) << to_string(t);
   EXPECT_EQ(to_string(DecodeStreams{16, 1024}), "16:prefetch=1024");
   EXPECT_EQ(to_string(DecodeStreams{2, 0}), "2");
@@ -196,7 +204,8 @@ TEST(KernelsDenseDecodePlans, EveryPlanGivesTheReferenceBits) {
   EXPECT_TRUE(same(parse_decode_streams("8:prefetch=65536"), {8, 65536}));
   for (const char* bad : {"", "3", "32", "-4", "+4", " 4", "4 ", "4:", "4:pre", "4:prefetch=", "4:prefetch=0",
                           "4:prefetch=100", "4:prefetch=65600", "4:prefetch=3072x", "4:prefetch=-64",
-                          "4:prefetch=99999999999999999999", "4:prefetch:prefetch", "prefetch", "4:Prefetch"})
+                          "4:prefetch=99999999999999999999", "4:prefetch:prefetch", "prefetch", "4:Prefetch", "04",
+                          "016:prefetch=1024", "4:prefetch=03072", "4:prefetch=001024"})
     EXPECT_FALSE(parse_decode_streams(bad).has_value()) << "'" << bad << "'";
   for (WeightType t : kTypes) {
     const DecodeStreams d = decode_streams(t);
