@@ -93,6 +93,20 @@ std::string_view to_string(QuantizedMatmul mode);
 /// Parses "dequantize" or "q8_activations". Throws ConfigError naming `field`.
 QuantizedMatmul parse_quantized_matmul(std::string_view text, std::string_view field);
 
+/// What a timing of this process depends on and its results do not (every path and plan gives the same bits):
+/// the matrix-product paths, chosen once per process from the CPU and POSENC_DENSE_KERNEL / POSENC_Q8_KERNEL, the
+/// AVX-512 decode plans (POSENC_DECODE_STREAMS or the CPU vendor's), and the OpenMP thread count.
+struct KernelInfo {
+  std::string dense_kernel;        ///< float32 products: "reference", "avx2" or "avx512"
+  std::string q8_kernel;           ///< q8_activations products: "reference", "avx2", "avx512_vnni" or "amx"
+  std::string decode_plan_dense;   ///< F32/F16/BF16 decode plan ("2:prefetch=3072"); "" when no AVX-512 decode runs
+  std::string decode_plan_blocks;  ///< Q8_0/Q4_0 decode plan (float32 avx512 and the VNNI/AMX decode); "" likewise
+  int threads = 1;                 ///< omp_get_max_threads()
+};
+/// This process's KernelInfo. Asking for the plans reports a bad POSENC_DECODE_STREAMS on stderr once, as a decode
+/// would, only when an AVX-512 decode path is in use.
+KernelInfo kernel_info();
+
 /// How products with F16/BF16 weights are computed.
 ///  - float32: each weight widened to float32 in registers, float32 FMAs in
 ///             the fixed order of kernels_dense.hpp (the reference forward;

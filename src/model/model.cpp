@@ -11,6 +11,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include "core/aligned.hpp"
 #include "model/kernels.hpp"
@@ -150,6 +151,20 @@ std::string_view to_string(ModelFormat format) {
     case ModelFormat::gguf: return "GGUF";
   }
   return "?";
+}
+
+KernelInfo kernel_info() {
+  KernelInfo k;
+  const detail::DenseKernel dense = detail::dense_kernel();
+  const detail::Q8Kernel q8 = detail::q8_kernel();
+  k.dense_kernel = std::string(detail::to_string(dense));
+  k.q8_kernel = std::string(detail::to_string(q8));
+  if (dense == detail::DenseKernel::avx512)
+    k.decode_plan_dense = detail::to_string(detail::decode_streams(detail::WeightType::f16));
+  if (dense == detail::DenseKernel::avx512 || q8 == detail::Q8Kernel::avx512_vnni || q8 == detail::Q8Kernel::amx)
+    k.decode_plan_blocks = detail::to_string(detail::decode_streams(detail::WeightType::q8_0));
+  k.threads = omp_get_max_threads();
+  return k;
 }
 
 std::string_view to_string(QuantizedMatmul mode) {

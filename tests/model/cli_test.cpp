@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "posenc/model.hpp"
 #include "posenc/perplexity.hpp"
 #include "posenc/tokenizer.hpp"
 #include "test_support.hpp"
@@ -333,3 +334,43 @@ TEST(Cli, ProgressAt100PercentIsPrintedOnce) {
   EXPECT_LE(lines, 2u) << eval.err;  // the first report and the final one: the run takes far less than 15 s
 }
 
+
+// --json records what the timings depend on and the results do not (kernels): the matrix-product paths, the AVX-512
+// decode plans and the thread count. OMP_NUM_THREADS and POSENC_DECODE_STREAMS show there; unset, the plans are
+// this CPU's defaults (the library's kernel_info() in this process); a plan is null when no AVX-512 decode runs.
+TEST(Cli, JsonRecordsTheKernelsItsTimingsDependOn) {
+  TempDir d;
+  const posenc::KernelInfo here = posenc::kernel_info();
+  const auto plan_or_null = [](const std::string& p) { return p.empty() ? nlohmann::json(nullptr) : nlohmann::json(p); };
+  const auto generate = [&](const std::string& env, const std::filesystem::path& out) {
+    const std::string cmd = "env -u POSENC_DECODE_STREAMS " + env + " '" + std::string(POSENC_CLI_PATH) +
+                            "' generate " + model_args() + " --prompt Once --max-tokens 3 --quiet --json " + q(out) +
+                            " >/dev/null 2>&1";
+    const int st = std::system(cmd.c_str());
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  ASSERT_EQ(generate("OMP_NUM_THREADS=1", d.path() / "a.json"), 0);
+  const auto a = nlohmann::json::parse(posenc::test::slurp(d.path() / "a.json")).at("kernels");
+  EXPECT_EQ(a.at("threads"), 1);
+  EXPECT_EQ(a.at("dense_kernel"), here.dense_kernel);
+  EXPECT_EQ(a.at("q8_kernel"), here.q8_kernel);
+  if (std::getenv("POSENC_DECODE_STREAMS") == nullptr) {
+    EXPECT_EQ(a.at("decode_plan_dense"), plan_or_null(here.decode_plan_dense)) << a.dump();
+    EXPECT_EQ(a.at("decode_plan_blocks"), plan_or_null(here.decode_plan_blocks)) << a.dump();
+  }
+  ASSERT_EQ(generate("OMP_NUM_THREADS=2 POSENC_DECODE_STREAMS=8:prefetch=64", d.path() / "b.json"), 0);
+  const auto b = nlohmann::json::parse(posenc::test::slurp(d.path() / "b.json")).at("kernels");
+  EXPECT_EQ(b.at("threads"), 2);
+  const bool avx512 = here.dense_kernel == "avx512";
+  const bool blocks = avx512 || here.q8_kernel == "avx512_vnni" || here.q8_kernel == "amx";
+  EXPECT_EQ(b.at("decode_plan_dense"), avx512 ? nlohmann::json("8:prefetch=64") : nlohmann::json(nullptr)) << b.dump();
+  EXPECT_EQ(b.at("decode_plan_blocks"), blocks ? nlohmann::json("8:prefetch=64") : nlohmann::json(nullptr))
+      << b.dump();
+  const auto out = d.path() / "p.json";
+  const auto r = run_cli("ppl " + model_args() + " --text " + q(posenc::test::text_path()) +
+                         " --context 64 --scored-tokens 256 --json " + q(out));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto p = nlohmann::json::parse(posenc::test::slurp(out)).at("kernels");
+  EXPECT_EQ(p.at("dense_kernel"), here.dense_kernel);
+  EXPECT_TRUE(p.at("threads").is_number_integer());
+}

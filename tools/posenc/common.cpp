@@ -277,6 +277,16 @@ void install_position_bounds(Model& model, const ModelArgs& args) {
 }
 }  // namespace
 
+nlohmann::json kernels_json() {
+  const KernelInfo k = kernel_info();
+  const auto plan = [](const std::string& p) { return p.empty() ? nlohmann::json(nullptr) : nlohmann::json(p); };
+  return {{"dense_kernel", k.dense_kernel},
+          {"q8_kernel", k.q8_kernel},
+          {"decode_plan_dense", plan(k.decode_plan_dense)},
+          {"decode_plan_blocks", plan(k.decode_plan_blocks)},
+          {"threads", k.threads}};
+}
+
 nlohmann::json position_warning_json() {
   const std::lock_guard<std::mutex> lock(g_position_warning_mutex);
   if (!g_position_warning) return nullptr;

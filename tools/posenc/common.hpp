@@ -53,6 +53,10 @@ struct ModelArgs {
 /// trained_position_bound, else {position, bound, trained_context, factor, message}.
 nlohmann::json position_warning_json();
 
+/// kernel_info() as JSON for a command's --json output: {dense_kernel, q8_kernel, decode_plan_dense,
+/// decode_plan_blocks (null when no AVX-512 decode runs), threads}.
+nlohmann::json kernels_json();
+
 struct LoadedModel {
   Model model;
   Tokenizer tokenizer;

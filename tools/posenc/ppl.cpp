@@ -215,6 +215,7 @@ void run_ppl(const PplArgs& a) {
     j["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
     j["dense_matmul"] = std::string(to_string(model.dense_matmul()));
     j["kv_dtype"] = std::string(to_string(model.kv_cache_dtype()));
+    j["kernels"] = kernels_json();  // what its timing depends on (the results do not)
     j["buckets"] = edges.empty() ? "trained_context" : "--buckets";
     j["bootstrap"] = {{"resamples", PplOptions{}.bootstrap_resamples}, {"level", 0.95}, {"unit", "window"}};
     j["fine_bins_per_bucket"] = kFineBins;
