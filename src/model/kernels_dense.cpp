@@ -24,6 +24,7 @@
 #include <fmt/format.h>
 
 #include "core/aligned.hpp"
+#include "core/text.hpp"
 #include "model/kernels.hpp"
 #include "posenc/float16.hpp"
 
@@ -894,15 +895,9 @@ DecodeStreams vendor_decode_streams(bool blocks) {
   return blocks ? DecodeStreams{4, 3072} : DecodeStreams{2, 3072};
 }
 
-/// `text` for a one-line message: bytes outside printable ASCII as \xNN, cut after 64 characters.
-std::string printable(std::string_view text) {
-  std::string out;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    if (out.size() >= 64) return out + "...";
-    const auto c = static_cast<unsigned char>(text[i]);
-    out += c >= 0x20 && c < 0x7f ? std::string(1, static_cast<char>(c)) : fmt::format("\\x{:02x}", c);
-  }
-  return out;
+/// `text` for a one-line message: detail::escaped (control bytes and malformed UTF-8 as \xNN), cut after 64 bytes.
+std::string shown(std::string_view text) {
+  return text.size() > 64 ? escaped(text.substr(0, 64)) + "..." : escaped(text);
 }
 
 /// The plan POSENC_DECODE_STREAMS asks for; {0, 0} when it is unset or empty (as the other POSENC_* variables) or
@@ -915,7 +910,7 @@ DecodeStreams decode_streams_asked() {
                "posenc: POSENC_DECODE_STREAMS='%s' is not a decode plan (R, R:prefetch or R:prefetch=BYTES; R 2, 4, "
                "8 or 16; BYTES a multiple of 64 from 64 to 65536); using this CPU's: %s for F32/F16/BF16, %s for "
                "Q8_0/Q4_0\n",
-               printable(env).c_str(), to_string(vendor_decode_streams(false)).c_str(),
+               shown(env).c_str(), to_string(vendor_decode_streams(false)).c_str(),
                to_string(vendor_decode_streams(true)).c_str());
   return {0, 0};
 }
