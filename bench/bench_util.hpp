@@ -5,8 +5,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <random>
+#include <sstream>
+#include <string>
 
 #include <benchmark/benchmark.h>
 #include <omp.h>
@@ -34,6 +37,36 @@ struct FloatBuffer {
   std::unique_ptr<float[], Free> data;
   std::size_t size;
 };
+
+/// The share of the resident bytes of this process's mappings that `pick` selects (by start address and path,
+/// from /proc/self/smaps) which are mapped by 2 MiB page-table entries (AnonHugePages + FilePmdMapped over Rss);
+/// -1 where smaps cannot be read or nothing selected is resident. Decode's read rate depends on it (TLB walks).
+template <class Pick>
+double huge_page_share(Pick pick) {
+  std::ifstream smaps("/proc/self/smaps");
+  double rss = 0, huge = 0;
+  bool in = false;
+  for (std::string line; std::getline(smaps, line);) {
+    const auto colon = line.find(':');
+    const auto dash = line.find('-');
+    if (dash != std::string::npos && dash < line.find(' ') && (colon == std::string::npos || dash < colon)) {
+      // "start-end perms offset dev inode   path"
+      const uintptr_t start = std::stoull(line.substr(0, dash), nullptr, 16);
+      std::istringstream fields(line);
+      std::string range, perms, offset, dev, inode, path;
+      fields >> range >> perms >> offset >> dev >> inode;
+      std::getline(fields >> std::ws, path);
+      in = pick(start, path);
+      continue;
+    }
+    if (!in || colon == std::string::npos) continue;
+    const std::string key = line.substr(0, colon);
+    if (key != "Rss" && key != "AnonHugePages" && key != "FilePmdMapped") continue;
+    const double kb = std::stod(line.substr(colon + 1));
+    (key == "Rss" ? rss : huge) += kb;
+  }
+  return rss > 0 ? huge / rss : -1.0;
+}
 
 /// Sets OpenMP's thread count for the lifetime of the object.
 struct ThreadScope {

@@ -34,6 +34,14 @@ def main(out_dir):
         print(f"FMA peak with the AVX-512 prefill tile's loads (11 per 24 FMAs, from L1; one thread): {ceiling:.0f} "
               f"GFLOP/s, {100 * ceiling / peak[1]:.0f}% of the FMA peak")
         print()
+    huge = [f"DRAM read buffer {100 * med[k]['huge_page_share']:.0f}%" for k in ("BM_DramRead/threads:1/real_time",)
+            if k in med and med[k].get("huge_page_share", -1) >= 0]
+    for k, r in sorted(med.items()):
+        if k.startswith("BM_RealDecode/") and k.endswith("/threads:1/real_time") and r.get("huge_page_share", -1) >= 0:
+            huge.append(f"{k.split('/')[1]} {100 * r['huge_page_share']:.0f}%")
+    if huge:
+        print("Resident bytes mapped in 2 MiB pages (posenc's process): " + ", ".join(huge))
+        print()
     print("| model | test | threads | posenc t/s | llama.cpp t/s | posenc / llama.cpp | share of the machine's limit |")
     print("|---|---|--:|--:|--:|--:|--:|")
     for path in sorted(glob.glob(os.path.join(out_dir, "llama-bench-*.json"))):

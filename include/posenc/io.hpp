@@ -14,7 +14,9 @@ namespace posenc {
 
 /// A read-only memory map of a whole file. Move-only.
 /// Throws IoError if the file cannot be opened or mapped. An empty file maps
-/// to an empty span (no mapping is created).
+/// to an empty span (no mapping is created). A file of 2 MiB or more is
+/// advised to be mapped in 2 MiB pages (madvise MADV_HUGEPAGE, a hint the
+/// kernel may ignore; it takes effect for the parts not yet in the page cache).
 class MappedFile {
  public:
   MappedFile() = default;

@@ -92,6 +92,13 @@ MappedFile::MappedFile(const std::filesystem::path& path) : path_(path) {
       throw IoError(fmt::format("{}: cannot mmap ({})", path.string(), errno_text()));
     }
     data_ = static_cast<const std::byte*>(p);
+    // Ask for 2 MiB pages. Where the file is not yet in the page cache, the kernel then reads it into 2 MiB folios
+    // mapped by one page-table entry each (where it is, the folios it has stay as they are). Decode reads every
+    // weight once per token: with 4 KiB pages each 4 KiB of a stream costs a TLB walk, and the software prefetches
+    // that run ahead of a stream walk too. Measured on the 487M F16 model at one thread (Zen 5): 36.6-37.6 GB/s
+    // mapped in 4 KiB pages, 38.8-39.5 in 2 MiB pages. A hint only: a kernel without transparent huge pages for
+    // files ignores it or refuses it (EINVAL), and nothing changes.
+    if (size_ >= (std::size_t{2} << 20)) (void)::madvise(p, size_, MADV_HUGEPAGE);
   }
 }
 
