@@ -4,7 +4,8 @@
 Usage: vs_llama_cpp_table.py OUT_DIR   (session.txt, posenc.json, llama-bench-<model>.json as the script writes them)
 Prints a Markdown table: tokens/s of each (posenc: median of the repetitions; llama.cpp: median of its samples),
 the ratio posenc / llama.cpp, decode's weight bytes per second as a share of the DRAM read bandwidth measured in
-the same posenc process, and prefill's projection GFLOP/s as a share of the measured FMA peak (above the table: that
+the same posenc process (between the decode's own iterations, where posenc.json has it: dram_GB_per_s; else
+BM_DramRead's), and prefill's projection GFLOP/s as a share of the measured FMA peak (above the table: that
 peak when 11 vectors per 24 FMAs are loaded from L1, the AVX-512 prefill tile's ceiling). A quantized model
 measured also with --quantized-matmul q8_activations (llama.cpp's own arithmetic: int8 products on activations
 quantized to Q8_0) gets a second row, "(q8_activations)"; the first is the exact float32 products. An F16 model
@@ -63,7 +64,10 @@ def main(out_dir):
                     print(f"| {name}{label} | {test} | {t} | (not run) | {ll:,.1f} | | |")
                     continue
                 pt = p["tokens_per_s"]
-                if kind == "RealDecode" and dram.get(t):
+                if kind == "RealDecode" and p.get("dram_GB_per_s"):
+                    # the read rate measured between the decode's own iterations (bench/real_size_bench.cpp)
+                    share = f"{100 * p['weight_GB_per_s'] / p['dram_GB_per_s']:.0f}% of DRAM read ({p['weight_GB_per_s']:.1f} of {p['dram_GB_per_s']:.1f} GB/s beside it)"
+                elif kind == "RealDecode" and dram.get(t):
                     share = f"{100 * p['weight_GB_per_s'] / dram[t]:.0f}% of DRAM read ({p['weight_GB_per_s']:.1f} of {dram[t]:.1f} GB/s)"
                 elif kind == "RealPrefill" and peak.get(t):
                     share = f"{100 * p['matmul_GFLOP_per_s'] / peak[t]:.0f}% of FMA peak ({p['matmul_GFLOP_per_s']:.0f} of {peak[t]:.0f} GFLOP/s)"

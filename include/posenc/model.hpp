@@ -99,7 +99,7 @@ QuantizedMatmul parse_quantized_matmul(std::string_view text, std::string_view f
 struct KernelInfo {
   std::string dense_kernel;        ///< float32 products: "reference", "avx2" or "avx512"
   std::string q8_kernel;           ///< q8_activations products: "reference", "avx2", "avx512_vnni" or "amx"
-  std::string decode_plan_dense;   ///< F32/F16/BF16 decode plan ("2:prefetch=3072"); "" when no AVX-512 decode runs
+  std::string decode_plan_dense;   ///< F32/F16/BF16 decode plan ("2:prefetch=4096"); "" when no AVX-512 decode runs
   std::string decode_plan_blocks;  ///< Q8_0/Q4_0 decode plan (float32 avx512 and the VNNI/AMX decode); "" likewise
   int threads = 1;                 ///< omp_get_max_threads()
 };

@@ -695,7 +695,10 @@ void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* 
 // In the model (BM_RealDecode, the 487M Q8_0 model, warmed up, alternated): 8 runs 1 KiB 69.4-69.5 tokens/s at one
 // thread and 123-126 at two, 4 runs 3 KiB 80.1-81.4 and 142-143 (5 KiB 76-79 and 128-138); F16 as 2 runs 3 KiB ahead
 // 40.7-41.6 and 73-76 against 39.3-40.1 and 52-72 unprefetched. Q4_0 reads 17-18 GB/s in every plan (its nibble
-// unpacking holds it, not the DRAM).
+// unpacking holds it, not the DRAM). With the weights in 2 MiB pages (MappedFile; no TLB walk per 4 KiB) F16's
+// distance moved: 2 runs at one thread, two alternations, GB/s: 2 KiB 36.0-36.5, 3 KiB 38.7-39.1, 4 KiB 39.3-40.4,
+// 5 KiB 39.2-40.0, 6 KiB 38.0-39.1, 8 KiB 36.5-37.2, unprefetched 37.3-38.2 (4 runs 3 KiB 35.3-36.1); at two threads
+// 3 and 4 KiB alike (46-48 of 51 GB/s). Q8_0 stayed: 4 runs 3 KiB 38.7-40.3, 4 KiB 37.4-38.2, 2 KiB 36.7-37.6.
 
 /// prefetcht0 of the line `ahead` bytes past p, which may lie past the end of the matrix (a prefetch does not
 /// fault): the address is formed as an integer, not by pointer arithmetic past the array.
@@ -892,7 +895,7 @@ bool cpu_is_amd() {
 DecodeStreams vendor_decode_streams(bool blocks) {
   static const bool amd = cpu_is_amd();
   if (!amd) return DecodeStreams{16, 1024};
-  return blocks ? DecodeStreams{4, 3072} : DecodeStreams{2, 3072};
+  return blocks ? DecodeStreams{4, 3072} : DecodeStreams{2, 4096};
 }
 
 /// `text` for a one-line message: detail::escaped (control bytes and malformed UTF-8 as \xNN), cut after 64 bytes.
