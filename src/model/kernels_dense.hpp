@@ -56,7 +56,7 @@ DenseKernel dense_kernel();
 /// `prefetch_bytes` ahead, or not at all when 0. Which is fastest depends on the hardware prefetchers and, for
 /// Q8_0/Q4_0, on the instructions per byte. Measured (BM_MatmulDecode and BM_RealDecode on the 487M model, one
 /// thread): a Sapphire Rapids core reads F16 best as 16 runs prefetched 1 KiB ahead (4 adjacent rows: 12.9 GB/s,
-/// 16 runs: 14.5, of a 14.1 GB/s DRAM read rate); a Zen 5 core reads F16 best as 2 runs prefetched 3 KiB ahead and
+/// 16 runs: 14.5, of a 14.1 GB/s DRAM read rate); a Zen 5 core reads F16 best as 2 runs prefetched 4 KiB ahead and
 /// Q8_0 as 4 runs prefetched 3 KiB ahead (the model's Q8_0 decode 69.5 tokens/s with 8 runs 1 KiB ahead, 81 with
 /// 4 runs 3 KiB ahead; kernels_dense.cpp gives the figures). The plan changes no bit: each
 /// output's lanes take the same fmas in the same order whatever run it is in.
@@ -74,7 +74,7 @@ bool decode_streams_valid(DecodeStreams s);
 /// valid plan included).
 std::optional<DecodeStreams> parse_decode_streams(std::string_view text);
 /// The plan matmul_w's AVX-512 decode uses for weights of type t, from the CPU vendor (cpuid leaf 0): on AMD
-/// ("AuthenticAMD") {2, 3 KiB} for F32/F16/BF16 and {4, 3 KiB} for Q8_0/Q4_0, on any other CPU
+/// ("AuthenticAMD") {2, 4 KiB} for F32/F16/BF16 and {4, 3 KiB} for Q8_0/Q4_0, on any other CPU
 /// {16, 1 KiB}. The environment variable POSENC_DECODE_STREAMS (parse_decode_streams's forms) asks for one plan for
 /// every type; anything else is reported on stderr once (when an AVX-512 decode first asks: the float32 products'
 /// avx512 path and the q8_activations avx512_vnni/amx paths take the plan, the other paths have none) and the CPU's
