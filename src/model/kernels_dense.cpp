@@ -453,7 +453,7 @@ void matmul_avx2(const float* x, int64_t n, const RawMatrix& w, float* y, bool a
 // 11 loads per 24 fmas), x comes from L2, prefetched a few chunks ahead, and the 24 outputs are summed 16 at a time
 // by reduce16. Rows of at most 64 chunks (1024 weights) are one block of chunks: a block of x rows is about the rows
 // that fill half of the L2 (255 on a 2 MiB L2; BalancedBlocks, so a 256-token prompt is one block of 256, not 255
-// and 1), and a tile runs its row from end to end.
+// and 1), on AMD at least 2 MiB of rows (x_block_budget_bytes), and a tile runs its row from end to end.
 // Longer rows go a block of chunks at a time over a group of panels, each tile's lanes kept in memory between
 // blocks (zpanel_block_rows says how the L2 is shared). Every lane takes the fmas of tile_Avx512 in the same order
 // from the same +0, and the tree is the same: the reference's bits, for every n and thread count. Measured on the
@@ -469,22 +469,42 @@ struct ZTileAcc {
   __m512 v[kZRows][kZCols];
 };
 
-/// Half of this CPU's L2 (sysconf; 1 MiB when it does not say), the budget of a block of x rows.
-int64_t l2_half_bytes() {
-  static const int64_t half = [] {
+/// Whether cpuid's vendor string (leaf 0) is "AuthenticAMD".
+bool cpu_is_amd() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  char vendor[13] = {};
+  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
+  std::memcpy(vendor, &b, 4);
+  std::memcpy(vendor + 4, &d, 4);
+  std::memcpy(vendor + 8, &c, 4);
+  return std::string_view(vendor) == "AuthenticAMD";
+}
+
+/// The cache budget of a block of x rows (and of a group of panels' accumulators, for rows of more than one block
+/// of chunks): half of this CPU's L2 (sysconf; 1 MiB when it does not say), where the tiles' x rows are to stay,
+/// and on AMD at least 2 MiB: a Zen 5 core's L3 feeds the tiles' x rows (prefetched kXPrefetch chunks ahead) fast
+/// enough that fewer, larger blocks pay, each weight being widened once per block. Measured on Zen 5 (1 MiB of L2
+/// per core, 32 MiB of L3), the 487M model's 256-token prefill at one thread, tokens/s, two alternations: Q8_0
+/// with 512 KiB (a 256-token prompt in 2 blocks, 4 for the down projection) 249-257, 1 MiB 254-266, 2 MiB (one
+/// block) 256-264; F16 242-250, 254-258, 259-261; 256 KiB 230-244 for both. At two threads 458-494 -> 483-495.
+int64_t x_block_budget_bytes() {
+  static const int64_t budget = [] {
     const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    return l2 >= (int64_t{256} << 10) && l2 <= (int64_t{64} << 20) ? int64_t{l2} / 2 : int64_t{1} << 20;
+    const int64_t half =
+        l2 >= (int64_t{256} << 10) && l2 <= (int64_t{64} << 20) ? int64_t{l2} / 2 : int64_t{1} << 20;
+    return cpu_is_amd() ? std::max(half, int64_t{2} << 20) : half;
   }();
-  return half;
+  return budget;
 }
 
 /// The cap of x rows per block (BalancedBlocks evens the blocks out, a quarter more allowed; each weight is widened
-/// once per block of rows): a multiple of the tile whose rows fill half of the L2 when they are one block of chunks,
-/// and whose block of chunks (kZChunks of each row) fills a quarter of it otherwise (the accumulators of a group of
-/// panels take another quarter). Measured on the 4864-weight rows of an FFN's down projection: 130 GFLOP/s with half
-/// of the L2 for x and 4 panels a group, 137 with a quarter and 8.
+/// once per block of rows): a multiple of the tile whose rows fill the budget (x_block_budget_bytes) when they are
+/// one block of chunks, and whose block of chunks (kZChunks of each row) fills half of it otherwise (the
+/// accumulators of a group of panels take the other half). Measured on Sapphire Rapids (2 MiB L2), the 4864-weight
+/// rows of an FFN's down projection: 130 GFLOP/s with half of the L2 for x and 4 panels a group, 137 with a quarter
+/// and 8.
 int64_t zpanel_block_rows(int64_t cols) {
-  const int64_t budget = cols <= kZChunks * kLanes ? l2_half_bytes() : l2_half_bytes() / 2;
+  const int64_t budget = cols <= kZChunks * kLanes ? x_block_budget_bytes() : x_block_budget_bytes() / 2;
   return std::max<int64_t>(kZRows, budget / (std::min(cols, kZChunks * kLanes) * 4) / kZRows * kZRows);
 }
 
@@ -641,7 +661,7 @@ void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* 
     const int64_t tiles_max = (std::min(blocks.max_size(), n) + kZRows - 1) / kZRows;
     const int64_t group =
         cblocks == 1 ? 1
-                     : std::max<int64_t>(1, l2_half_bytes() / 2 / (tiles_max * static_cast<int64_t>(sizeof(ZTileAcc))));
+                     : std::max<int64_t>(1, x_block_budget_bytes() / 2 / (tiles_max * static_cast<int64_t>(sizeof(ZTileAcc))));
     const std::unique_ptr<ZTileAcc[]> acc(new ZTileAcc[static_cast<std::size_t>(tiles_max * std::min(group, std::max<int64_t>(p1 - p0, 1)))]);
     for (int64_t bi = 0; bi < blocks.count; ++bi) {
       const int64_t b0 = blocks.begin(bi), b1 = blocks.begin(bi + 1), tiles = (b1 - b0 + kZRows - 1) / kZRows;
@@ -881,16 +901,6 @@ std::optional<DecodeStreams> parse_decode_streams(std::string_view text) {
 }
 
 namespace {
-bool cpu_is_amd() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  char vendor[13] = {};
-  if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
-  std::memcpy(vendor, &b, 4);
-  std::memcpy(vendor + 4, &d, 4);
-  std::memcpy(vendor + 8, &c, 4);
-  return std::string_view(vendor) == "AuthenticAMD";
-}
-
 /// This CPU's plan for dense (F32/F16/BF16) or block (Q8_0/Q4_0) weights.
 DecodeStreams vendor_decode_streams(bool blocks) {
   static const bool amd = cpu_is_amd();

@@ -39,7 +39,7 @@ enum class DenseKernel {
   avx512,     ///< AVX-512 F/BW/VL + F16C: 16-lane accumulators, tiles of 4 x rows by 4 weight rows; for rows
               ///< of a multiple of 16: one row of x (decode) against runs of a thread's weight rows read side
               ///< by side (decode_streams(w.type)), and for n >= 6 (prefill) 8-row weight panels widened once per block of x rows (about
-              ///< the rows that fill half of the L2, the blocks balanced) and tiles of 3 x rows by 8
+              ///< the rows that fill half of the L2, on AMD at least 2 MiB of them, the blocks balanced) and tiles of 3 x rows by 8
 };
 std::string_view to_string(DenseKernel k);
 /// Whether this CPU runs path k (cpuid, through __builtin_cpu_supports).

@@ -82,13 +82,16 @@ TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitAcrossPrefillBlocks) {
   // rows plus 63 for rows of up to 64 chunks: 400 rows are blocks of 201 and 199; 126 plus 31 for longer ones: 200
   // rows are blocks of 99 and 101, 133 rows one block), weight rows not a multiple of 8 (a last panel of 4, 5 or 7),
   // x rows not a multiple of 3, and 200 x 300 x 1056 for two blocks of rows, each over two groups of panels per
-  // thread (10 panels a group at 34 tiles: 19 panels each).
+  // thread (10 panels a group at 34 tiles: 19 panels each). On AMD the budget is at least 2 MiB of rows
+  // (x_block_budget_bytes: caps of 510 + 127 and 255 + 63 rows): 700 rows of 1024 weights are blocks of 351 and
+  // 349 there (three blocks on a 2 MiB L2), 400 rows of 1056 blocks of 201 and 199.
   const DenseKernel k = GetParam();
   if (!dense_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
   for (WeightType t : kTypes)
     for (auto [n, out, in] : {std::tuple<int64_t, int64_t, int64_t>{67, 7, 1056}, {29, 5, 4864}, {8, 3, 1056}, {133, 20, 1056},
                                  {70, 7, 4864}, {133, 300, 1056}, {256, 13, 1024},
-                                 {200, 20, 1056}, {400, 13, 1024}, {200, 300, 1056}})
+                                 {200, 20, 1056}, {400, 13, 1024}, {200, 300, 1056}, {700, 13, 1024},
+                                 {400, 13, 1056}})
       ASSERT_TRUE(path_equals_reference(k, t, n, out, in, static_cast<uint32_t>(in + out + n),
                                         static_cast<uint32_t>(n + 2000), 78));
 }
