@@ -248,6 +248,11 @@ TEST(CliFormats, BadModelDirectoriesAreTypedErrors) {
   expect_failure(run_cli("generate --model " + q(d.path() / "empty") + " --prompt x"), 1, "config.json is missing");
   // tokenize reads only the tokenizer, and says the same (not "brings no tokenizer").
   expect_failure(run_cli("tokenize --model " + q(d.path() / "empty") + " --prompt x"), 1, "config.json is missing");
+  // A llama2.c .bin brings no tokenizer: without --tokenizer the command line lacks a flag this model needs (exit 2,
+  // as --endpoint without --tokenizer), for tokenize as for generate.
+  const std::string bin = q(posenc::test::model_path());
+  expect_failure(run_cli("tokenize --model " + bin + " --prompt x"), 2, "brings no tokenizer; pass --tokenizer");
+  expect_failure(run_cli("generate --model " + bin + " --prompt x"), 2, "--tokenizer: required");
   fs::create_directories(d.path() / "gpt2");
   d.file("gpt2/config.json", R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768,
                                  "n_head": 12, "n_layer": 12, "n_positions": 1024, "vocab_size": 50257})");

@@ -311,7 +311,8 @@ TEST(CliInputs, CheckCacheWithoutTextNeedsNoTokenizer) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.err.find("tokenizer: none"), std::string::npos) << r.err;
   EXPECT_NE(r.out.find("PASSED"), std::string::npos) << r.out;
-  expect_exit(1, m + " --text " + q(posenc::test::text_path()), {"--tokenizer: required"});
+  // A flag the model needs is missing: the command line is rejected (exit 2), as --endpoint without --tokenizer.
+  expect_exit(2, m + " --text " + q(posenc::test::text_path()), {"--tokenizer: required"});
 }
 
 // generate --json recorded the model's base rope_type ("default") whatever --rope-scaling applied.

@@ -341,7 +341,8 @@ LoadedModel load_model(const ModelArgs& args) {
                                        e.find("--tokenizer") != std::string::npos
                                            ? ""
                                            : "; pass --tokenizer with a tokenizer.json or llama2.c tokenizer .bin"));
-    throw ConfigError(fmt::format("--tokenizer: required, {} brings no tokenizer", args.model_path));
+    // A flag this model needs is missing: the command line's fault (exit 2), as for --endpoint without --tokenizer.
+    throw UsageError(fmt::format("--tokenizer: required, {} brings no tokenizer", args.model_path));
   }();
   // The reason names the tokenizer's file; a bundled one is also said to be the model's.
   if (!tok.usable())

@@ -47,7 +47,7 @@ void run_tokenize(const TokenizeArgs& a) {
       return load_tokenizer_file(a.tokenizer_path);
     }
     auto t = Model::load_bundled_tokenizer(a.model_path);
-    if (!t) throw ConfigError(fmt::format("--model {}: brings no tokenizer; pass --tokenizer", a.model_path));
+    if (!t) throw UsageError(fmt::format("--model {}: brings no tokenizer; pass --tokenizer", a.model_path));
     source = a.model_path + " (bundled)";
     return std::move(*t);
   }();
