@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "eval/llama_server_support.hpp"
 #include "model/tokenizer_refs.hpp"
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
@@ -287,13 +288,16 @@ TEST(TokenizerGguf, MalformedVocabulariesNameTheField) {
   EXPECT_HAS(expect_error([&] { Tokenizer::from_bpe_vocab(b); }), "tokenizer.ggml.add_bos_token");
 }
 
-// Re-runs the llama.cpp reference script when llama-tokenize is available
-// (POSENC_LLAMA_TOKENIZE, or the build described in shared/docs/references.md).
+// Re-runs the llama.cpp reference script when llama-tokenize is available: POSENC_LLAMA_TOKENIZE, or the one
+// scripts/build-llama-server puts beside its llama-server (llama.cpp de3ff81, the commit the saved file names).
 TEST(TokenizerGguf, LlamaCppReferenceScriptReproducesSavedFile) {
   std::string bin = std::getenv("POSENC_LLAMA_TOKENIZE") ? std::getenv("POSENC_LLAMA_TOKENIZE") : "";
-  if (bin.empty()) bin = "/work/refs/llama.cpp-src/build/bin/llama-tokenize";
-  if (!std::filesystem::exists(bin) || std::system("node --version >/dev/null 2>&1") != 0)
-    GTEST_SKIP() << "llama-tokenize not found (set POSENC_LLAMA_TOKENIZE) or node missing";
+  if (bin.empty()) bin = (llama_server_cache_path().parent_path() / "llama-tokenize").string();
+  if (!std::filesystem::exists(bin))
+    GTEST_SKIP() << "no llama-tokenize at " << bin
+                 << ": scripts/build-llama-server builds it (~10 min on 2 cores, into a cache outside the checkout), "
+                    "or set POSENC_LLAMA_TOKENIZE=/path/to/llama-tokenize";
+  if (std::system("node --version >/dev/null 2>&1") != 0) GTEST_SKIP() << "node not found (scripts/install-deps)";
   // The script imports hf_tokenizers_refs.mjs, which requires the tokenizers package (scripts/install-refs).
   if (!ref_installed("tokenizers")) GTEST_SKIP() << "tools/refs/node_modules/tokenizers not installed (scripts/install-refs)";
   TempDir d;
