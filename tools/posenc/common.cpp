@@ -320,6 +320,9 @@ LoadedModel load_model(const ModelArgs& args) {
   lo.quantized_matmul = parse_quantized_matmul(args.quantized_matmul, "--quantized-matmul");
   lo.dense_matmul = parse_dense_matmul(args.dense_matmul, "--dense-matmul");
   Model model = Model::load(args.model_path, lo);
+  // The matrix-product paths and decode plans are chosen now, so that a bad POSENC_* value is reported before any
+  // output (it was reported when the first decode asked: in the middle of generate's streamed text).
+  (void)kernel_info();
   const ModelConfig& c = model.config();
   std::string tok_source;
   if (args.tokenizer_optional && args.tokenizer_path.empty() && !model.bundled_tokenizer()) {
