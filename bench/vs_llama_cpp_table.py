@@ -9,8 +9,8 @@ before the rounds (zen5-12 and earlier), posenc.json and llama-bench-<model>.jso
 Prints a Markdown table: tokens/s of each (the median over the rounds; posenc's over its repetitions in the old
 layout, llama.cpp's over its samples), the ratio posenc / llama.cpp (the median of the rounds' ratios, and their
 range when there are several rounds), decode's weight bytes per second as a share of the DRAM read rate measured
-in the same posenc process (between the decode's own iterations, dram_GB_per_s, where the JSON has it; else
-BM_DramRead's), and prefill's projection GFLOP/s as a share of the measured FMA peak (above the table: that peak
+in the same posenc process (between the decode's own iterations, dram_GB_per_s, where the JSON has it: the median
+round's share with its two rates, and the range; else BM_DramRead's), and prefill's projection GFLOP/s as a share of the measured FMA peak (above the table: that peak
 when 11 vectors per 24 FMAs are loaded from L1, the AVX-512 prefill tile's ceiling). A quantized model measured
 also with --quantized-matmul q8_activations (llama.cpp's own arithmetic: int8 products on activations quantized
 to Q8_0) gets a second row, "(q8_activations)"; the first is the exact float32 products. An F16 model measured
@@ -76,8 +76,10 @@ def main(out_dir):
     print(open(os.path.join(out_dir, "session.txt")).read().strip())
     print()
     if len(rounds) > 1:
-        print(f"{len(rounds)} rounds, llama-bench and posenc taking turns model by model; figures are medians over "
-              "the rounds, ratios the median of the rounds' ratios [their range]")
+        print(f"{len(rounds)} rounds, llama-bench and posenc taking turns model by model: tokens/s are medians over the "
+              "rounds; a ratio is the median of the rounds' own ratios [their range], not the quotient of the two "
+              "medians; a decode's share is the median round's share of the read rate measured beside it [the range], "
+              "with that round's GB/s")
         print()
     ceiling = median_of(per_round("BM_FmaPeakWithLoads/loads:11/real_time", "GFLOPs"))
     if ceiling and peak.get(1):
@@ -117,11 +119,11 @@ def main(out_dir):
             if kind == "RealDecode":
                 beside = [(p["weight_GB_per_s"], p["dram_GB_per_s"]) for p in ps if p and p.get("dram_GB_per_s")]
                 if beside:  # each round's share of the read rate measured between its own iterations
-                    shares = [100 * w / d for w, d in beside]
-                    share_text = f"{statistics.median(shares):.0f}%"
-                    if len(shares) > 1:
-                        share_text += f" [{min(shares):.0f}-{max(shares):.0f}]"
-                    w, d = median_of([b[0] for b in beside]), median_of([b[1] for b in beside])
+                    ranked = sorted(beside, key=lambda b: b[0] / b[1])
+                    w, d = ranked[(len(ranked) - 1) // 2]  # the median round (the lower one of an even count)
+                    share_text = f"{100 * w / d:.0f}%"
+                    if len(ranked) > 1:
+                        share_text += f" [{100 * ranked[0][0] / ranked[0][1]:.0f}-{100 * ranked[-1][0] / ranked[-1][1]:.0f}]"
                     share_text += f" of DRAM read ({w:.1f} of {d:.1f} GB/s beside it)"
                 elif dram.get(t):
                     w = median_of([p["weight_GB_per_s"] if p else None for p in ps])
