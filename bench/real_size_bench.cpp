@@ -128,8 +128,9 @@ __attribute__((target("avx2"))) float sum_range(const float* p, std::size_t n) {
 }
 
 /// `floats` zero floats at a 2 MiB boundary of an anonymous mapping advised to use 2 MiB pages: the read rate the
-/// models' weights are held to is the best this machine's pages give (measured on Zen 5 at one thread: 42.0-43.3
-/// GB/s in 4 KiB pages, 43.9-44.2 in 2 MiB pages, as the model files are mapped; see MappedFile).
+/// models' weights are held to is the best this machine's pages give, as the model files are mapped (see
+/// MappedFile). A standalone sum over 900 MB with AVX-512 loads on one Zen 5 core: 42.0-43.3 GB/s in 4 KiB pages,
+/// 43.9-44.2 in 2 MiB pages; this benchmark there, in 2 MiB pages: 41.0-43.3 (the host's rate moves).
 struct HugeBuffer {
   explicit HugeBuffer(std::size_t n) : floats(n), bytes(n * sizeof(float) + (std::size_t{2} << 20)) {
     mapping = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
