@@ -194,6 +194,11 @@ void require_utf8(std::string_view text, std::string_view what) {
 std::string read_file_prefix(const std::filesystem::path& path, std::size_t n) {
   Fd f;
   const std::uint64_t size = open_regular(path, f);
+  // No readahead: the format sniffs read a few bytes of a model file before it is mapped, and readahead left a mark
+  // in the page cache that the mapping's first faults followed, reading on in small folios which stay so when
+  // MappedFile's mapping asks for 2 MiB pages. Measured, cold files through the CLI: a 500 MB Q8_0 GGUF 93% in
+  // 2 MiB pages with readahead, 99% without; an 82 MB F16 one 58% and 93%.
+  (void)::posix_fadvise(f.fd, 0, 0, POSIX_FADV_RANDOM);
   return read_up_to(path, f, static_cast<std::size_t>(std::min<std::uint64_t>(size, n)));
 }
 
