@@ -8,6 +8,7 @@
 #include <chrono>
 #include <filesystem>
 #include <future>
+#include <map>
 #include <sstream>
 #include <vector>
 
@@ -124,18 +125,26 @@ TEST(Io, SizeLimitIsCheckedBeforeReading) {
   EXPECT_EQ(0, std::memcmp(s.data(), m.bytes().data(), s.size()));
 }
 
-/// The VmFlags of this process's mapping that starts at p ("" if none).
-std::string vm_flags_of(const void* p) {
+/// The "Key: value" lines /proc/self/smaps gives for this process's mapping that starts at p (empty if none).
+std::map<std::string, std::string> smaps_of(const void* p) {
   std::istringstream smaps(read_file("/proc/self/smaps"));
+  std::map<std::string, std::string> out;
   bool in = false;
   for (std::string line; std::getline(smaps, line);) {
-    if (line.find(':') > line.find('-') && line.find('-') < line.find(' ')) {
-      in = std::stoull(line.substr(0, line.find('-')), nullptr, 16) == reinterpret_cast<uintptr_t>(p);
-    } else if (in && line.rfind("VmFlags:", 0) == 0) {
-      return line.substr(8) + " ";
-    }
+    const auto colon = line.find(':'), dash = line.find('-');
+    if (colon > dash && dash < line.find(' '))  // "start-end perms offset dev inode path": a mapping begins
+      in = std::stoull(line.substr(0, dash), nullptr, 16) == reinterpret_cast<uintptr_t>(p);
+    else if (in && colon != std::string::npos)
+      out[line.substr(0, colon)] = line.substr(colon + 1);
   }
-  return "";
+  return out;
+}
+
+/// The VmFlags of the mapping that starts at p, with a space before and after each ("" if none).
+std::string vm_flags_of(const void* p) {
+  const auto m = smaps_of(p);
+  const auto it = m.find("VmFlags");
+  return it == m.end() ? "" : it->second + " ";
 }
 
 // Decode streams every weight once per token; MappedFile asks for 2 MiB pages for files of 2 MiB or more (fewer
@@ -172,26 +181,17 @@ void evict(const fs::path& f) {
 double huge_share_after_reading(const MappedFile& m) {
   volatile unsigned char sink = 0;
   for (std::size_t i = 0; i < m.size(); i += 4096) sink = sink + static_cast<unsigned char>(m.bytes()[i]);
-  std::istringstream smaps(read_file("/proc/self/smaps"));
-  bool in = false;
-  double rss = 0, pmd = 0;
-  for (std::string line; std::getline(smaps, line);) {
-    if (line.find(':') > line.find('-') && line.find('-') < line.find(' ')) {
-      in = std::stoull(line.substr(0, line.find('-')), nullptr, 16) == reinterpret_cast<uintptr_t>(m.bytes().data());
-    } else if (in && line.rfind("Rss:", 0) == 0) {
-      rss = std::stod(line.substr(4));
-    } else if (in && line.rfind("FilePmdMapped:", 0) == 0) {
-      pmd = std::stod(line.substr(14));
-    }
-  }
-  return rss > 0 ? pmd / rss : 0.0;
+  auto fields = smaps_of(m.bytes().data());
+  const double rss = fields.count("Rss") ? std::stod(fields["Rss"]) : 0.0;
+  return rss > 0 && fields.count("FilePmdMapped") ? std::stod(fields["FilePmdMapped"]) / rss : 0.0;
 }
 
 // The format sniffs read a few bytes of a model file before MappedFile maps it. With readahead, that read left a
 // readahead mark in the page cache which the mapping's first faults then followed, in small folios that stay so when
 // the mapping asks for 2 MiB pages (a cold 82 MB GGUF through the CLI: 58% of it in 2 MiB pages, a 500 MB one 93%;
-// without readahead 93% and 99%; the 32 MiB file here 0% and 87.5%). read_file_prefix reads without readahead. The control, the same file mapped cold
-// without a prefix read, says whether this kernel and file system give a file 2 MiB pages at all.
+// without readahead 93% and 99%; the 32 MiB file here 0% and 87.5%). read_file_prefix reads without readahead.
+// The control, the same file mapped cold without a prefix read, says whether this kernel and file system give a
+// file 2 MiB pages at all.
 TEST(Io, PrefixReadsLeaveAColdFileTo2MiBPages) {
   Tmp t;
   const fs::path f = t.dir / "cold";

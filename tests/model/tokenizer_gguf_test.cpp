@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "eval/llama_server_support.hpp"
+#include "eval/llama_cpp_cache.hpp"
 #include "model/tokenizer_refs.hpp"
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
@@ -292,7 +292,7 @@ TEST(TokenizerGguf, MalformedVocabulariesNameTheField) {
 // scripts/build-llama-server puts beside its llama-server (llama.cpp de3ff81, the commit the saved file names).
 TEST(TokenizerGguf, LlamaCppReferenceScriptReproducesSavedFile) {
   std::string bin = std::getenv("POSENC_LLAMA_TOKENIZE") ? std::getenv("POSENC_LLAMA_TOKENIZE") : "";
-  if (bin.empty()) bin = (llama_server_cache_path().parent_path() / "llama-tokenize").string();
+  if (bin.empty()) bin = llama_tokenize_cache_path().string();
   if (!std::filesystem::exists(bin))
     GTEST_SKIP() << "no llama-tokenize at " << bin
                  << ": scripts/build-llama-server builds it (~10 min on 2 cores, into a cache outside the checkout), "
