@@ -9,7 +9,9 @@
 // count (1, 2):
 //   BM_RealPrefill: one 256-token prompt of fixed random ids from an empty cache, logits of the last
 //                   position only (the work of llama-bench -p 256);
-//   BM_RealDecode:  64 tokens decoded one forward at a time from an empty cache (llama-bench -n 64).
+//   BM_RealDecode:  64 tokens decoded one forward at a time from an empty cache (llama-bench -n 64);
+//   BM_RealDecodeTeam (2 threads): the same tokens alternating, two at a time, between the decode team (one
+//                   parallel region per layer, the default) and a region per projection: team_over_regions.
 // Counters: tokens_per_s; prefill also matmul_GFLOP_per_s (to set against BM_FmaPeak); decode also weight_GB_per_s
 // (the tensor bytes a decode step reads x tokens/s: every tensor of the file but token_embd, of which one row is
 // read, unless the classifier is tied to it; the whole file's bytes, counted until stop 37, overstated it by the
@@ -218,6 +220,35 @@ void decode(benchmark::State& state, const Loaded* m, int threads) {
   state.counters["huge_page_share"] = file_huge_share(m);
 }
 
+/// The decode team (Model::forward's one parallel region per layer) against a region per projection, in one
+/// process: tokens alternate between the two, two at a time, so both see the same host (whose two-core read rate
+/// moves between levels within seconds: separate runs could not tell a 1-3% difference apart).
+void decode_team_ab(benchmark::State& state, const Loaded* m, int threads) {
+  posenc::bench::ThreadScope scope(threads);
+  std::vector<float> logits;
+  double seconds[2] = {0, 0};
+  int64_t tokens[2] = {0, 0};
+  for (auto _ : state) {
+    KvCache cache = m->model.make_cache(16);
+    const auto seq = cache.create();
+    for (int i = 0; i < 64; ++i) {
+      const int team = (i / 2) % 2;
+      posenc::detail::set_decode_team(team == 1);
+      Model::SequenceInput in{seq, std::span(m->prompt.data() + i, 1), {}};
+      const auto t0 = std::chrono::steady_clock::now();
+      m->model.forward(cache, std::span(&in, 1), Model::LogitsMode::last, logits);
+      seconds[team] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      ++tokens[team];
+    }
+    benchmark::DoNotOptimize(logits.data());
+  }
+  posenc::detail::set_decode_team(true);
+  const auto rate = [&](int team) { return static_cast<double>(tokens[team]) / seconds[team]; };
+  state.counters["team_tokens_per_s"] = rate(1);
+  state.counters["regions_tokens_per_s"] = rate(0);
+  state.counters["team_over_regions"] = rate(1) / rate(0);
+}
+
 void BM_DramRead(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   posenc::bench::ThreadScope scope(threads);
@@ -255,6 +286,12 @@ const bool registered = [] {
                                    })
           ->Unit(benchmark::kMillisecond)->UseRealTime();
     }
+    benchmark::RegisterBenchmark(("BM_RealDecodeTeam/" + name + "/threads:2").c_str(),
+                                 [holder, path](benchmark::State& s) {
+                                   if (!*holder) *holder = std::make_unique<Loaded>(load(path));
+                                   decode_team_ab(s, holder->get(), 2);
+                                 })
+        ->Unit(benchmark::kMillisecond)->UseRealTime();
   }
   return true;
 }();

@@ -787,31 +787,44 @@ POSENC_TARGET_AVX512 void decode_tile(const float* x, int64_t cols, const std::b
   for (int j = 0; j < R; ++j) y[j * stride] = accumulate ? y[j * stride] + out[j] : out[j];
 }
 
-/// y[out] (+)= x[cols] W^T, W of any dtype, cols % 16 == 0, read as `plan` says.
+/// y[r0, r1) (+)= x[cols] W[r0, r1)^T, W of any dtype, cols % 16 == 0: the rows as R runs of `stride` consecutive
+/// rows read side by side, then the rows left over one at a time.
 template <WeightType T, int R, bool Prefetch>
-void decode_avx512_runs(const float* x, const RawMatrix& w, float* y, bool accumulate, int64_t ahead) {
-  const int64_t out = w.rows, rb = w.row_bytes();
+void decode_avx512_rows(const float* x, const RawMatrix& w, float* y, bool accumulate, int64_t ahead, int64_t r0,
+                        int64_t r1) {
+  const int64_t rb = w.row_bytes(), stride = (r1 - r0) / R;
+  for (int64_t g = 0; g < stride; ++g)
+    decode_tile<T, R, Prefetch>(x, w.cols, w.data + (r0 + g) * rb, rb, stride, y + r0 + g, accumulate, ahead);
+  for (int64_t o = r0 + stride * R; o < r1; ++o)
+    tile_Avx512<T, 1, 1>(x, w.cols, w.data + o * rb, rb, y + o, w.rows, accumulate);
+}
+
+/// y[out] (+)= x[cols] W^T, W of any dtype, cols % 16 == 0, read as `plan` says: each thread of its own region a
+/// contiguous share of the rows; or, with `rows` (first >= 0), only the rows [first, second), on the calling thread.
+template <WeightType T, int R, bool Prefetch>
+void decode_avx512_runs(const float* x, const RawMatrix& w, float* y, bool accumulate, int64_t ahead,
+                        std::pair<int64_t, int64_t> rows) {
+  if (rows.first >= 0) {
+    decode_avx512_rows<T, R, Prefetch>(x, w, y, accumulate, ahead, rows.first, rows.second);
+    return;
+  }
+  const int64_t out = w.rows;
 #pragma omp parallel if (parallel_pays(1, w))
   {
-    // This thread's rows [r0, r1) as R runs of `stride` consecutive rows read side by side, then the rows left
-    // over one at a time.
     const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t r0 = out * me / nt, r1 = out * (me + 1) / nt, stride = (r1 - r0) / R;
-    for (int64_t g = 0; g < stride; ++g)
-      decode_tile<T, R, Prefetch>(x, w.cols, w.data + (r0 + g) * rb, rb, stride, y + r0 + g, accumulate, ahead);
-    for (int64_t o = r0 + stride * R; o < r1; ++o)
-      tile_Avx512<T, 1, 1>(x, w.cols, w.data + o * rb, rb, y + o, out, accumulate);
+    decode_avx512_rows<T, R, Prefetch>(x, w, y, accumulate, ahead, out * me / nt, out * (me + 1) / nt);
   }
 }
 
 template <WeightType T>
-void decode_avx512(DecodeStreams plan, const float* x, const RawMatrix& w, float* y, bool accumulate) {
+void decode_avx512(DecodeStreams plan, const float* x, const RawMatrix& w, float* y, bool accumulate,
+                   std::pair<int64_t, int64_t> rows) {
 #define POSENC_DECODE_RUNS(R)                                                          \
   case R:                                                                              \
     if (plan.prefetch_bytes > 0)                                                       \
-      decode_avx512_runs<T, R, true>(x, w, y, accumulate, plan.prefetch_bytes);        \
+      decode_avx512_runs<T, R, true>(x, w, y, accumulate, plan.prefetch_bytes, rows);  \
     else                                                                               \
-      decode_avx512_runs<T, R, false>(x, w, y, accumulate, 0);                         \
+      decode_avx512_runs<T, R, false>(x, w, y, accumulate, 0, rows);                   \
     return;
   switch (plan.runs) {
     POSENC_DECODE_RUNS(2)
@@ -823,15 +836,23 @@ void decode_avx512(DecodeStreams plan, const float* x, const RawMatrix& w, float
 #undef POSENC_DECODE_RUNS
 }
 
+/// The AVX-512 one-row product (decode): all of it in its own parallel region (rows {-1, -1}) or the rows
+/// [rows.first, rows.second) on the calling thread.
+void decode_avx512_any(DecodeStreams plan, const float* x, const RawMatrix& w, float* y, bool accumulate,
+                       std::pair<int64_t, int64_t> rows) {
+  switch (w.type) {
+    case WeightType::f32: decode_avx512<WeightType::f32>(plan, x, w, y, accumulate, rows); return;
+    case WeightType::f16: decode_avx512<WeightType::f16>(plan, x, w, y, accumulate, rows); return;
+    case WeightType::bf16: decode_avx512<WeightType::bf16>(plan, x, w, y, accumulate, rows); return;
+    case WeightType::q8_0: decode_avx512<WeightType::q8_0>(plan, x, w, y, accumulate, rows); return;
+    case WeightType::q4_0: decode_avx512<WeightType::q4_0>(plan, x, w, y, accumulate, rows); return;
+  }
+}
+
 void matmul_avx512(DecodeStreams plan, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
   if (n == 1 && w.cols > 0 && w.cols % kLanes == 0) {
-    switch (w.type) {
-      case WeightType::f32: decode_avx512<WeightType::f32>(plan, x, w, y, accumulate); return;
-      case WeightType::f16: decode_avx512<WeightType::f16>(plan, x, w, y, accumulate); return;
-      case WeightType::bf16: decode_avx512<WeightType::bf16>(plan, x, w, y, accumulate); return;
-      case WeightType::q8_0: decode_avx512<WeightType::q8_0>(plan, x, w, y, accumulate); return;
-      case WeightType::q4_0: decode_avx512<WeightType::q4_0>(plan, x, w, y, accumulate); return;
-    }
+    decode_avx512_any(plan, x, w, y, accumulate, {-1, -1});
+    return;
   }
   if (!zpanels_pay(n, w)) {
     matmul_any_Avx512(x, n, w, y, accumulate);
@@ -995,6 +1016,22 @@ void matmul_w_with(DenseKernel k, DecodeStreams plan, const float* x, int64_t n,
     case DenseKernel::avx2: matmul_avx2(x, n, w, y, accumulate); return;
     case DenseKernel::avx512: matmul_avx512(plan, x, n, w, y, accumulate); return;
   }
+}
+
+bool decode_rows_supported(const RawMatrix& w) {
+  return dense_kernel() == DenseKernel::avx512 && w.cols > 0 && w.cols % kLanes == 0;
+}
+
+void matmul_w_decode_rows(const float* x, const RawMatrix& w, float* y, bool accumulate, int64_t first,
+                          int64_t last) {
+  if (!decode_rows_supported(w))
+    throw std::logic_error(fmt::format("matmul_w_decode_rows: a {} x {} matrix on the {} path has no row-range decode",
+                                       w.rows, w.cols, to_string(dense_kernel())));
+  if (first < 0 || first > last || last > w.rows)
+    throw std::logic_error(
+        fmt::format("matmul_w_decode_rows: rows [{}, {}) are not rows of a matrix of {}", first, last, w.rows));
+  if (first == last) return;
+  decode_avx512_any(decode_streams(w.type), x, w, y, accumulate, {first, last});
 }
 
 void matmul_w(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {

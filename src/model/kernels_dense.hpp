@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "model/raw_model.hpp"
 
@@ -104,6 +105,19 @@ void matmul_w_with(DenseKernel k, DecodeStreams plan, const float* x, int64_t n,
 
 /// Whether a product of n rows of x by w is big enough for threads (kernels_dense.cpp says why).
 bool parallel_pays(int64_t n, const RawMatrix& w);
+
+/// One thread's part of a one-row product run by a team the caller keeps (its own OpenMP parallel region):
+/// thread `me` of `threads`; {0, 0} is "not in a team" (matmul_w makes its own region).
+/// Whether matmul_w_decode_rows runs w on this CPU: the avx512 path (dense_kernel()) and w.cols a positive
+/// multiple of 16 (the one-row product matmul_w's AVX-512 decode runs).
+bool decode_rows_supported(const RawMatrix& w);
+
+/// The rows [first, last) of matmul_w(x, 1, w, y, accumulate), on the calling thread: y[r] (+)= x[w.cols] · W[r]^T,
+/// read as decode_streams(w.type) says (its runs within these rows); each output the same bits as matmul_w's.
+/// For a team the caller keeps (its own parallel region): threads given disjoint ranges may run at once, and
+/// nothing is synchronised (the caller's barrier is, before y is read). Throws std::logic_error when
+/// !decode_rows_supported(w) or the range is not one of w's rows (0 <= first <= last <= w.rows).
+void matmul_w_decode_rows(const float* x, const RawMatrix& w, float* y, bool accumulate, int64_t first, int64_t last);
 
 /// n items (rows or tiles of x) taken a block at a time, when `cap` of them fill the cache budget and a block may
 /// hold `slack` more: ceil(n / (cap + slack)) blocks (at least one) whose sizes are multiples of `multiple` (the

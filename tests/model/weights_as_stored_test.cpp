@@ -13,10 +13,13 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include "model/kernels.hpp"
+#include "model/kernels_dense.hpp"
 #include "posenc/convert.hpp"
 #include "posenc/error.hpp"
+#include "posenc/io.hpp"
 #include "posenc/model.hpp"
 #include "posenc/tokenizer.hpp"
 #include "test_support.hpp"
@@ -349,4 +352,90 @@ TEST(WeightsAsStored, Bf16SplitIsRefusedWhereItCannotRunNamingTheSetting) {
   const auto upper = test::run_cli("generate --model '" + model + "' --prompt Once --max-tokens 2 --dense-matmul BF16X6");
   EXPECT_EQ(upper.exit_code, 0) << upper.err;
   EXPECT_NE(upper.err.find("dense products: bf16x6"), std::string::npos) << upper.err;
+}
+
+namespace {
+
+/// The last-token logits of decoding `ids` one token at a time, concatenated.
+std::vector<float> decode_steps(const Model& m, const std::vector<int32_t>& ids) {
+  KvCache cache = m.make_cache();
+  const auto seq = cache.create();
+  std::vector<float> out, last;
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    Model::SequenceInput in{seq, std::span(ids.data() + i, 1), {}};
+    m.forward(cache, std::span(&in, 1), Model::LogitsMode::last, last);
+    out.insert(out.end(), last.begin(), last.end());
+  }
+  return out;
+}
+
+/// Restores the OpenMP thread count and the decode team's switch when a test ends.
+struct TeamScope {
+  int threads = omp_get_max_threads();
+  ~TeamScope() {
+    omp_set_num_threads(threads);
+    detail::set_decode_team(true);
+  }
+};
+
+}  // namespace
+
+// The decode team (Model::forward's one parallel region per layer for a one-token step, its projections split
+// between the threads and synchronised by barriers) against a parallel region per projection: the same bits for
+// every weight type, with biases on every projection and Qwen3's Q/K norms, at 2 threads and at 3 (which split
+// rows unevenly: 32 K rows as 10 + 11 + 11); and decode still equals prefill. The team's step count shows the path
+// under test ran; under q8_activations (its own kernels) and on one thread it does not.
+TEST(WeightsAsStored, DecodeTeamGivesTheBitsOfARegionPerProjection) {
+  if (!detail::dense_kernel_supported(detail::DenseKernel::avx512))
+    GTEST_SKIP() << "the decode team runs the AVX-512 one-row product; this CPU has no AVX-512";
+  TeamScope scope;
+  test::TempDir dir;
+  std::vector<std::pair<std::string, std::filesystem::path>> models;
+  for (GgmlType t : {GgmlType::f32, GgmlType::f16, GgmlType::bf16, GgmlType::q8_0, GgmlType::q4_0}) {
+    const std::string name = ggml_type_name(static_cast<uint32_t>(t));
+    const auto path = dir.path() / (name + ".gguf");
+    write_random_gguf(small_random(3, t), path);
+    models.emplace_back(name + " (3 layers)", path);
+  }
+  const auto biased = dir.path() / "biased-f16.gguf";
+  test::tiny::gguf_writer({.qkv_bias = true, .o_bias = true, .untied = true}, GgmlType::f16).write(biased);
+  models.emplace_back("GGUF F16 with q/k/v/o biases", biased);
+  const auto hf_dir = [&](const std::string& name, const test::tiny::Parts& parts) {
+    const auto hf = dir.path() / name;
+    std::filesystem::create_directories(hf);
+    write_file_atomic(hf / "config.json", test::tiny::hf_config(parts).dump());
+    write_file_atomic(hf / "model.safetensors", test::tiny::safetensors_bytes(test::tiny::hf_tensors(parts)));
+    models.emplace_back(name, hf);
+  };
+  hf_dir("HF Llama with attention and MLP biases", {.qkv_bias = true, .o_bias = true, .mlp_bias = true, .untied = true});
+  hf_dir("HF Qwen3 (Q/K norms)", {.qk_norm = true, .untied = true});
+
+  const std::vector<int32_t> ids = {1, 7, 12, 30, 5, 19, 3, 25, 11, 38};
+  for (const auto& [name, path] : models) {
+    const Model m = Model::load(path);
+    for (int threads : {2, 3}) {
+      const std::string label = name + ", " + std::to_string(threads) + " threads";
+      omp_set_num_threads(threads);
+      detail::set_decode_team(true);
+      const int64_t before = detail::decode_team_steps();
+      const std::vector<float> team = decode_steps(m, ids);
+      EXPECT_EQ(detail::decode_team_steps() - before, static_cast<int64_t>(ids.size())) << label;
+      detail::set_decode_team(false);
+      const std::vector<float> regions = decode_steps(m, ids);
+      EXPECT_EQ(detail::decode_team_steps() - before, static_cast<int64_t>(ids.size())) << label;
+      ASSERT_EQ(team.size(), regions.size()) << label;
+      EXPECT_EQ(std::memcmp(team.data(), regions.data(), team.size() * sizeof(float)), 0) << label;
+      detail::set_decode_team(true);
+      expect_decode_equals_prefill(m, ids, label);
+    }
+  }
+  // Not the team's: one thread, and Q8_0 under q8_activations.
+  const int64_t before = detail::decode_team_steps();
+  omp_set_num_threads(1);
+  decode_steps(Model::load(models.front().second), ids);
+  omp_set_num_threads(2);
+  LoadOptions options;
+  options.quantized_matmul = QuantizedMatmul::q8_activations;
+  decode_steps(Model::load(models[3].second, options), ids);
+  EXPECT_EQ(detail::decode_team_steps(), before);
 }
