@@ -97,6 +97,16 @@ struct DecodeStreams;  // kernels_dense.hpp
 /// Throws std::logic_error when this CPU cannot run k or the plan is not one of decode_streams_valid's.
 void matmul_q8_with(Q8Kernel k, DecodeStreams plan, const std::byte* x_q, int64_t n, int64_t in,
                     const std::byte* w, bool q4, int64_t out, float* y, bool accumulate);
+/// Whether matmul_q8_decode_rows runs rows of `in` weights (Q4_0 when q4, else Q8_0) on this CPU: q8_kernel() is
+/// avx512_vnni or amx (whose one-row product is the VNNI decode) and in a positive multiple of 32 whose 16 rows
+/// stay under 2^31 bytes (longer rows take another path in matmul_q8).
+bool q8_decode_rows_supported(int64_t in, bool q4);
+/// The rows [first, last) of matmul_q8(x_q, 1, in, w, q4, out, y, accumulate), on the calling thread, read as
+/// decode_streams(Q8_0 or Q4_0) says; each output the same bits as matmul_q8's. For a team the caller keeps:
+/// threads given disjoint ranges may run at once; nothing is synchronised. Throws std::logic_error when
+/// !q8_decode_rows_supported(in, q4) or the range is not one of the matrix's rows (0 <= first <= last <= out).
+void matmul_q8_decode_rows(const std::byte* x_q, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,
+                           bool accumulate, int64_t first, int64_t last);
 /// h1[n, out] = silu(h1) * (x_q[n, in] · W[out, in]^T), the same bits as matmul_q8 into h3 followed by
 /// swiglu(h1, h3, n * out): SwiGLU with h1 the gate projection's output and W the up projection. On the amx path
 /// (n >= kAmxMinRows) the SwiGLU is the epilogue of each 16 x 16 tile, so the up projection's [n, out] float32

@@ -644,36 +644,49 @@ POSENC_TARGET_VNNI void vnni_decode_tile(const std::byte* xq, const float* dxf, 
   for (int j = 0; j < R; ++j) y[j * stride] = accumulate ? y[j * stride] + v[j] : v[j];
 }
 
+/// The rows [r0, r1) as R runs of `stride` consecutive rows read side by side (the dense decode's DecodeStreams
+/// plan), then the rows left over one at a time.
+template <bool Q4, int R, bool Prefetch>
+void vnni_decode_rows(const std::byte* x_q, const float* dxf, int64_t blocks, const std::byte* w, float* y,
+                      bool accumulate, int64_t ahead, int64_t r0, int64_t r1) {
+  const int64_t wrow = blocks * (Q4 ? kQ4Bytes : kQ8Bytes), stride = (r1 - r0) / R;
+  for (int64_t g = 0; g < stride; ++g)
+    vnni_decode_tile<Q4, R, Prefetch>(x_q, dxf, blocks, w + (r0 + g) * wrow, wrow, stride, y + r0 + g, accumulate,
+                                      ahead);
+  for (int64_t o = r0 + stride * R; o < r1; ++o) {
+    const float v = dot_row(w + o * wrow, Q4, x_q, blocks);
+    y[o] = accumulate ? y[o] + v : v;
+  }
+}
+
+/// Each thread of its own region a contiguous share of the rows; or, with `rows` (first >= 0), only the rows
+/// [first, second), on the calling thread.
 template <bool Q4, int R, bool Prefetch>
 void matmul_q8_vnni_decode_runs(const std::byte* x_q, int64_t in, const std::byte* w, int64_t out, float* y,
-                                bool accumulate, int64_t ahead) {
+                                bool accumulate, int64_t ahead, std::pair<int64_t, int64_t> rows) {
   const int64_t blocks = in / kQBlock, wrow = blocks * (Q4 ? kQ4Bytes : kQ8Bytes);
   const std::vector<float> dxf = x_scales(x_q, 1, blocks);
+  if (rows.first >= 0) {
+    vnni_decode_rows<Q4, R, Prefetch>(x_q, dxf.data(), blocks, w, y, accumulate, ahead, rows.first, rows.second);
+    return;
+  }
 #pragma omp parallel if (out * wrow >= (int64_t{1} << 17))
   {
-    // This thread's rows [r0, r1) as R runs of `stride` consecutive rows read side by side (the dense decode's
-    // DecodeStreams plan), then the rows left over one at a time.
     const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t r0 = out * me / nt, r1 = out * (me + 1) / nt, stride = (r1 - r0) / R;
-    for (int64_t g = 0; g < stride; ++g)
-      vnni_decode_tile<Q4, R, Prefetch>(x_q, dxf.data(), blocks, w + (r0 + g) * wrow, wrow, stride, y + r0 + g,
-                                        accumulate, ahead);
-    for (int64_t o = r0 + stride * R; o < r1; ++o) {
-      const float v = dot_row(w + o * wrow, Q4, x_q, blocks);
-      y[o] = accumulate ? y[o] + v : v;
-    }
+    vnni_decode_rows<Q4, R, Prefetch>(x_q, dxf.data(), blocks, w, y, accumulate, ahead, out * me / nt,
+                                      out * (me + 1) / nt);
   }
 }
 
 template <bool Q4>
 void matmul_q8_vnni_decode(DecodeStreams plan, const std::byte* x_q, int64_t in, const std::byte* w, int64_t out,
-                           float* y, bool accumulate) {
+                           float* y, bool accumulate, std::pair<int64_t, int64_t> rows = {-1, -1}) {
 #define POSENC_VNNI_DECODE_RUNS(R)                                                                            \
   case R:                                                                                                     \
     if (plan.prefetch_bytes > 0)                                                                              \
-      matmul_q8_vnni_decode_runs<Q4, R, true>(x_q, in, w, out, y, accumulate, plan.prefetch_bytes);           \
+      matmul_q8_vnni_decode_runs<Q4, R, true>(x_q, in, w, out, y, accumulate, plan.prefetch_bytes, rows);     \
     else                                                                                                      \
-      matmul_q8_vnni_decode_runs<Q4, R, false>(x_q, in, w, out, y, accumulate, 0);                            \
+      matmul_q8_vnni_decode_runs<Q4, R, false>(x_q, in, w, out, y, accumulate, 0, rows);                      \
     return;
   switch (plan.runs) {
     POSENC_VNNI_DECODE_RUNS(2)
@@ -971,6 +984,28 @@ void matmul_q8_swiglu(const std::byte* x_q, int64_t n, int64_t in, const std::by
 void matmul_q8(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,
                bool accumulate) {
   matmul_q8_with(q8_kernel(), x_q, n, in, w, q4, out, y, accumulate);
+}
+
+bool q8_decode_rows_supported(int64_t in, bool q4) {
+  const Q8Kernel k = q8_kernel();
+  const int64_t wrow = in / kQBlock * (q4 ? kQ4Bytes : kQ8Bytes);
+  return (k == Q8Kernel::avx512_vnni || k == Q8Kernel::amx) && in > 0 && in % kQBlock == 0 && 16 * wrow <= INT32_MAX;
+}
+
+void matmul_q8_decode_rows(const std::byte* x_q, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,
+                           bool accumulate, int64_t first, int64_t last) {
+  if (!q8_decode_rows_supported(in, q4))
+    throw std::logic_error(fmt::format("matmul_q8_decode_rows: rows of {} weights on the {} path have no row-range "
+                                       "decode", in, to_string(q8_kernel())));
+  if (first < 0 || first > last || last > out)
+    throw std::logic_error(
+        fmt::format("matmul_q8_decode_rows: rows [{}, {}) are not rows of a matrix of {}", first, last, out));
+  if (first == last) return;
+  const DecodeStreams plan = decode_streams(q4 ? WeightType::q4_0 : WeightType::q8_0);
+  if (q4)
+    matmul_q8_vnni_decode<true>(plan, x_q, in, w, out, y, accumulate, {first, last});
+  else
+    matmul_q8_vnni_decode<false>(plan, x_q, in, w, out, y, accumulate, {first, last});
 }
 
 void add_bias(float* y, int64_t n, int64_t d, const float* bias) {

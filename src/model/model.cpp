@@ -76,6 +76,12 @@ struct Scratch {
   std::vector<KvBlock> blocks;
 };
 
+/// Bytes of one row of the widest projection input (dim, the attention output, hidden) quantized to Q8_0.
+std::size_t q8_input_bytes_max(const ModelConfig& c) {
+  const int64_t in = std::max({int64_t{c.dim}, int64_t{c.q_dim()}, int64_t{c.hidden_dim}});
+  return static_cast<std::size_t>((in / detail::kQBlock) * detail::kQ8Bytes);
+}
+
 /// Bytes of n rows of l's input quantized to Q8_0.
 std::size_t q8_input_bytes(const Linear& l, int64_t n) {
   return static_cast<std::size_t>(n * (l.in / detail::kQBlock) * detail::kQ8Bytes);
@@ -666,12 +672,14 @@ void Model::recompute_sequence(KvCache& cache, KvCache::SeqId seq, const KvCache
 namespace {
 /// Whether a one-token forward runs its layers in one parallel region each (Model::forward): the team switched on
 /// (detail::set_decode_team), more than one thread, not inside a parallel region already, and every projection on
-/// matmul_w's AVX-512 one-row product (decode_rows_supported; not q8_activations, not the bf16 splits).
+/// an AVX-512 one-row product: matmul_w's (decode_rows_supported; not the bf16 splits) or, under q8_activations,
+/// matmul_q8's VNNI one (q8_decode_rows_supported).
 template <class Weights>
 bool decode_team_pays(const Weights& m) {
   if (!detail::decode_team() || omp_get_max_threads() < 2 || omp_in_parallel()) return false;
   const auto plain = [](const Linear& l) {
-    return !l.q8_activations && !l.split && detail::decode_rows_supported(l.w);
+    if (l.q8_activations) return detail::q8_decode_rows_supported(l.in, l.w.type == detail::WeightType::q4_0);
+    return !l.split && detail::decode_rows_supported(l.w);
   };
   if (!plain(m.classifier)) return false;
   for (const LayerWeights& w : m.layers)
@@ -910,57 +918,88 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     }
   };
 
-  // One token (decode) with every projection on the AVX-512 one-row product: one parallel region per layer (from
-  // the output projection to the next layer's Q, K and V) instead of one per projection, its threads synchronised
-  // by barriers. Each thread takes the rows of each matrix matmul_w's own region would give it, so every output
-  // has the same bits. On the 487M model at two threads (Zen 5, tokens alternated in one process): 0.3-2.8%
-  // faster, most where the two cores read the most (a region's start and end cost about 1 us there, seven a layer).
+  // One token (decode) with every projection on an AVX-512 one-row product (matmul_w's, or matmul_q8's VNNI one
+  // under q8_activations): one parallel region per layer (from the output projection to the next layer's Q, K and
+  // V) instead of one per projection, its threads synchronised by barriers. Each thread takes the rows of each
+  // matrix the kernels' own regions would give it, so every output has the same bits. On the 487M model at two
+  // threads (Zen 5; BM_RealDecodeTeam, tokens alternated in one process): F16 0.9-2.2% faster, Q8_0 1.2-3.4%, most
+  // where the two cores read the most (a region's start and end cost about 1 us each there, seven a layer).
   if (N == 1 && decode_team_pays(m)) {
     Scratch& t = s;  // the caller's scratch (each thread of the team has its own thread_local one)
     const auto rows_of = [](int64_t n, int nt, int me) {
       return std::pair<int64_t, int64_t>{n * me / nt, n * (me + 1) / nt};
     };
+    // x's Q8_0 quantization in t.xq, made (by one thread, before the barrier that precedes its readers) when a
+    // projection reading x takes q8_activations.
+    t.xq.resize(q8_input_bytes_max(c));
+    t.xq_of = nullptr;
+    const auto quantize_for = [&](std::initializer_list<const Linear*> readers, const float* x, int64_t in) {
+      for (const Linear* l : readers)
+        if (l->q8_activations) {
+          detail::quantize_rows_q8_0(x, 1, in, t.xq.data());
+          return;
+        }
+    };
     const auto shares = [&](const Linear& l, const float* x, float* y, bool accumulate) {
       const auto [r0, r1] = rows_of(l.out, omp_get_num_threads(), omp_get_thread_num());
-      detail::matmul_w_decode_rows(x, l.w, y, accumulate, r0, r1);
+      if (l.q8_activations)
+        detail::matmul_q8_decode_rows(t.xq.data(), l.in, l.w.data, l.w.type == detail::WeightType::q4_0, l.out, y,
+                                      accumulate, r0, r1);
+      else
+        detail::matmul_w_decode_rows(x, l.w, y, accumulate, r0, r1);
       if (l.bias != nullptr)
         for (int64_t r = r0; r < r1; ++r) y[r] += l.bias[r];
+    };
+    const auto norm_att = [&](const LayerWeights& w) {  // one thread
+      detail::rmsnorm(t.x.data(), w.rms_att, 1, D, c.norm_eps, t.xb.data());
+      quantize_for({&w.wq, &w.wk, &w.wv}, t.xb.data(), D);
     };
     const auto qkv = [&](const LayerWeights& w) {
       shares(w.wq, t.xb.data(), t.q.data(), false);
       shares(w.wk, t.xb.data(), t.k.data(), false);
       shares(w.wv, t.xb.data(), t.v.data(), false);
     };
-    detail::rmsnorm(t.x.data(), m.layers.front().rms_att, 1, D, c.norm_eps, t.xb.data());
+    norm_att(m.layers.front());
     logits.resize(static_cast<std::size_t>(c.vocab_size));
 #pragma omp parallel
     qkv(m.layers.front());
     for (int l = 0; l < c.n_layers; ++l) {
       attend(l);
       const LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
+      quantize_for({&w.wo}, t.att.data(), Q);
       const bool last = l + 1 == c.n_layers;
 #pragma omp parallel
       {
         shares(w.wo, t.att.data(), t.x.data(), true);
 #pragma omp barrier
 #pragma omp single
-        detail::rmsnorm(t.x.data(), w.rms_ffn, 1, D, c.norm_eps, t.xb.data());
+        {
+          detail::rmsnorm(t.x.data(), w.rms_ffn, 1, D, c.norm_eps, t.xb.data());
+          quantize_for({&w.w1, &w.w3}, t.xb.data(), D);
+        }
         shares(w.w1, t.xb.data(), t.h1.data(), false);
         shares(w.w3, t.xb.data(), t.h3.data(), false);
         // SwiGLU element by element on this thread's rows of both (w1 and w3 have HID rows, split alike).
         const auto [g0, g1] = rows_of(HID, omp_get_num_threads(), omp_get_thread_num());
         detail::swiglu_serial(t.h1.data() + g0, t.h3.data() + g0, g1 - g0);
 #pragma omp barrier
+        if (w.w2.q8_activations) {
+#pragma omp single
+          quantize_for({&w.w2}, t.h1.data(), HID);
+        }
         shares(w.w2, t.h1.data(), t.x.data(), true);
 #pragma omp barrier
         if (!last) {
           const LayerWeights& next = m.layers[static_cast<std::size_t>(l) + 1];
 #pragma omp single
-          detail::rmsnorm(t.x.data(), next.rms_att, 1, D, c.norm_eps, t.xb.data());
+          norm_att(next);
           qkv(next);
         } else {
 #pragma omp single
-          detail::rmsnorm(t.x.data(), m.rms_final, 1, D, c.norm_eps, t.xb.data());
+          {
+            detail::rmsnorm(t.x.data(), m.rms_final, 1, D, c.norm_eps, t.xb.data());
+            quantize_for({&m.classifier}, t.xb.data(), D);
+          }
           shares(m.classifier, t.xb.data(), logits.data(), false);
         }
       }

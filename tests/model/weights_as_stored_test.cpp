@@ -382,37 +382,55 @@ struct TeamScope {
 
 // The decode team (Model::forward's one parallel region per layer for a one-token step, its projections split
 // between the threads and synchronised by barriers) against a parallel region per projection: the same bits for
-// every weight type, with biases on every projection and Qwen3's Q/K norms, at 2 threads and at 3 (which split
-// rows unevenly: 32 K rows as 10 + 11 + 11); and decode still equals prefill. The team's step count shows the path
-// under test ran; under q8_activations (its own kernels) and on one thread it does not.
+// every weight type, in float32 products and under q8_activations (a file mixing F16 and Q8_0 included), with
+// biases on every projection and Qwen3's Q/K norms, at 2 threads and at 3 (which split rows unevenly: 32 K rows
+// as 10 + 11 + 11); and decode still equals prefill. The team's step count shows the path under test ran; on one
+// thread, and for rows whose length is not a multiple of 16 (matmul_w's one-row product needs it), it does not.
 TEST(WeightsAsStored, DecodeTeamGivesTheBitsOfARegionPerProjection) {
   if (!detail::dense_kernel_supported(detail::DenseKernel::avx512))
     GTEST_SKIP() << "the decode team runs the AVX-512 one-row product; this CPU has no AVX-512";
   TeamScope scope;
   test::TempDir dir;
-  std::vector<std::pair<std::string, std::filesystem::path>> models;
+  struct Case {
+    std::string name;
+    std::filesystem::path path;
+    LoadOptions options;
+  };
+  std::vector<Case> models;
+  LoadOptions q8_activations;
+  q8_activations.quantized_matmul = QuantizedMatmul::q8_activations;
+  const bool vnni = detail::q8_decode_rows_supported(64, false);
   for (GgmlType t : {GgmlType::f32, GgmlType::f16, GgmlType::bf16, GgmlType::q8_0, GgmlType::q4_0}) {
     const std::string name = ggml_type_name(static_cast<uint32_t>(t));
     const auto path = dir.path() / (name + ".gguf");
     write_random_gguf(small_random(3, t), path);
-    models.emplace_back(name + " (3 layers)", path);
+    models.push_back({name + " (3 layers)", path, {}});
+    if ((t == GgmlType::q8_0 || t == GgmlType::q4_0) && vnni)
+      models.push_back({name + " (3 layers) under q8_activations", path, q8_activations});
   }
   const auto biased = dir.path() / "biased-f16.gguf";
   test::tiny::gguf_writer({.qkv_bias = true, .o_bias = true, .untied = true}, GgmlType::f16).write(biased);
-  models.emplace_back("GGUF F16 with q/k/v/o biases", biased);
+  models.push_back({"GGUF F16 with q/k/v/o biases", biased, {}});
+  if (vnni) {
+    const auto mixed = dir.path() / "mixed.gguf";
+    test::tiny::gguf_writer({.qkv_bias = true, .o_bias = true, .untied = true}, GgmlType::q8_0,
+                            {{"blk.0.attn_k.weight", GgmlType::f16}, {"blk.0.ffn_up.weight", GgmlType::f16}})
+        .write(mixed);
+    models.push_back({"GGUF Q8_0 with F16 K and up, biases, under q8_activations", mixed, q8_activations});
+  }
   const auto hf_dir = [&](const std::string& name, const test::tiny::Parts& parts) {
     const auto hf = dir.path() / name;
     std::filesystem::create_directories(hf);
     write_file_atomic(hf / "config.json", test::tiny::hf_config(parts).dump());
     write_file_atomic(hf / "model.safetensors", test::tiny::safetensors_bytes(test::tiny::hf_tensors(parts)));
-    models.emplace_back(name, hf);
+    models.push_back({name, hf, {}});
   };
   hf_dir("HF Llama with attention and MLP biases", {.qkv_bias = true, .o_bias = true, .mlp_bias = true, .untied = true});
   hf_dir("HF Qwen3 (Q/K norms)", {.qk_norm = true, .untied = true});
 
   const std::vector<int32_t> ids = {1, 7, 12, 30, 5, 19, 3, 25, 11, 38};
-  for (const auto& [name, path] : models) {
-    const Model m = Model::load(path);
+  for (const auto& [name, path, options] : models) {
+    const Model m = Model::load(path, options);
     for (int threads : {2, 3}) {
       const std::string label = name + ", " + std::to_string(threads) + " threads";
       omp_set_num_threads(threads);
@@ -429,13 +447,14 @@ TEST(WeightsAsStored, DecodeTeamGivesTheBitsOfARegionPerProjection) {
       expect_decode_equals_prefill(m, ids, label);
     }
   }
-  // Not the team's: one thread, and Q8_0 under q8_activations.
+  // Not the team's: one thread, and an FFN of 40 (the down projection's rows are not a multiple of 16).
   const int64_t before = detail::decode_team_steps();
   omp_set_num_threads(1);
-  decode_steps(Model::load(models.front().second), ids);
+  decode_steps(Model::load(models.front().path), ids);
   omp_set_num_threads(2);
-  LoadOptions options;
-  options.quantized_matmul = QuantizedMatmul::q8_activations;
-  decode_steps(Model::load(models[3].second, options), ids);
+  RandomGgufOptions odd = small_random(2, GgmlType::f16);
+  odd.config.hidden_dim = 40;
+  write_random_gguf(odd, dir.path() / "ffn40.gguf");
+  decode_steps(Model::load(dir.path() / "ffn40.gguf"), ids);
   EXPECT_EQ(detail::decode_team_steps(), before);
 }
