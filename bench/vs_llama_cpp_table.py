@@ -14,7 +14,9 @@ round's share with its two rates, and the range; else BM_DramRead's), and prefil
 when 11 vectors per 24 FMAs are loaded from L1, the AVX-512 prefill tile's ceiling). A quantized model measured
 also with --quantized-matmul q8_activations (llama.cpp's own arithmetic: int8 products on activations quantized
 to Q8_0) gets a second row, "(q8_activations)"; the first is the exact float32 products. An F16 model measured
-also with --dense-matmul bf16x6 / bf16x3 (AMX-BF16 tiles) gets rows "(bf16x6)", "(bf16x3)".
+also with --dense-matmul bf16x6 / bf16x3 (AMX-BF16 tiles) gets rows "(bf16x6)", "(bf16x3)". Under the table, where
+the run has BM_RealDecodeTeam: the two-thread decode team's speed over a parallel region per projection (median of
+the rounds [range]).
 """
 import glob
 import json
@@ -190,6 +192,22 @@ def main(out_dir):
                 else:
                     share_text = ""
                 print(f"| {name}{label} | {test} | {t} | {pt:,.1f} | {ll:,.1f} | {ratio} | {share_text} |")
+    # BM_RealDecodeTeam (runs from zen5-15 on): the decode team against a parallel region per projection, tokens
+    # alternated in one process at two threads.
+    team = []
+    for name in models:
+        for mode in ("", "q8_activations"):
+            bench = f"BM_RealDecodeTeam/{name}.gguf{'@' + mode if mode else ''}/threads:2/real_time"
+            ratios = [r[name][0][bench]["team_over_regions"] for r in rounds if bench in r[name][0]]
+            if ratios:
+                text = f"{name}{' (' + mode + ')' if mode else ''} {statistics.median(ratios):.3f}x"
+                if len(ratios) > 1:
+                    text += f" [{min(ratios):.3f}-{max(ratios):.3f}]"
+                team.append(text)
+    if team:
+        print()
+        print("Decode at two threads, one parallel region per layer (the default) against one per projection, tokens "
+              "alternated in one process (BM_RealDecodeTeam): " + ", ".join(team))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@
 #include <set>
 
 #include <fmt/format.h>
+#include <immintrin.h>
 #include <omp.h>
 
 #include "core/aligned.hpp"
@@ -959,6 +960,29 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
       shares(w.wk, t.xb.data(), t.k.data(), false);
       shares(w.wv, t.xb.data(), t.v.data(), false);
     };
+    std::vector<KvBlock> kv_blocks;
+    KvCache::SeqId team_seq = batch[0].seq;  // the sequence with the token (the others of the batch have none)
+    for (const SequenceInput& in : batch)
+      if (!in.tokens.empty()) team_seq = in.seq;
+    const auto prefetch_kv = [&](int layer) {
+      kv_blocks.clear();
+      cache.blocks_as_stored(layer, team_seq, kv_blocks);
+      std::size_t budget = std::size_t{512} << 10;
+      const std::size_t row = static_cast<std::size_t>(KV);
+      for (const KvBlock& b : kv_blocks) {
+        for (int part = 0; part < 2; ++part) {
+          const void* p = b.dtype == KvCacheDtype::f32 ? static_cast<const void*>(part == 0 ? b.k : b.v)
+                                                        : static_cast<const void*>(part == 0 ? b.k16 : b.v16);
+          if (p == nullptr) continue;
+          const std::size_t bytes = std::min(budget, static_cast<std::size_t>(b.n_tokens) * row *
+                                                         (b.dtype == KvCacheDtype::f32 ? 4 : 2));
+          const auto* c0 = static_cast<const char*>(p);
+          for (std::size_t off = 0; off < bytes; off += 64) _mm_prefetch(c0 + off, _MM_HINT_T1);
+          budget -= bytes;
+          if (budget == 0) return;
+        }
+      }
+    };
     norm_att(m.layers.front());
     logits.resize(static_cast<std::size_t>(c.vocab_size));
 #pragma omp parallel
@@ -994,6 +1018,9 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
 #pragma omp single
           norm_att(next);
           qkv(next);
+          // The next layer's keys and values towards this thread's L2 (the one attend runs on): the weights streamed
+          // since evicted them, and attention at a few dozen positions then waited on DRAM latency.
+          if (omp_get_thread_num() == 0) prefetch_kv(l + 1);
         } else {
 #pragma omp single
           {
