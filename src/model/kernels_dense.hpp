@@ -9,7 +9,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <utility>
 
 #include "model/raw_model.hpp"
 
@@ -106,8 +105,6 @@ void matmul_w_with(DenseKernel k, DecodeStreams plan, const float* x, int64_t n,
 /// Whether a product of n rows of x by w is big enough for threads (kernels_dense.cpp says why).
 bool parallel_pays(int64_t n, const RawMatrix& w);
 
-/// One thread's part of a one-row product run by a team the caller keeps (its own OpenMP parallel region):
-/// thread `me` of `threads`; {0, 0} is "not in a team" (matmul_w makes its own region).
 /// Whether matmul_w_decode_rows runs w on this CPU: the avx512 path (dense_kernel()) and w.cols a positive
 /// multiple of 16 (the one-row product matmul_w's AVX-512 decode runs).
 bool decode_rows_supported(const RawMatrix& w);

@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <optional>
 #include <fstream>
 #include <set>
+#include <utility>
 
 #include <fmt/format.h>
 #include <immintrin.h>
@@ -960,10 +962,11 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
       shares(w.wk, t.xb.data(), t.k.data(), false);
       shares(w.wv, t.xb.data(), t.v.data(), false);
     };
-    std::vector<KvBlock> kv_blocks;
     KvCache::SeqId team_seq = batch[0].seq;  // the sequence with the token (the others of the batch have none)
     for (const SequenceInput& in : batch)
       if (!in.tokens.empty()) team_seq = in.seq;
+    std::vector<KvBlock> kv_blocks;  // every layer has as many blocks: sized here, not inside the region
+    cache.blocks_as_stored(0, team_seq, kv_blocks);
     const auto prefetch_kv = [&](int layer) {
       kv_blocks.clear();
       cache.blocks_as_stored(layer, team_seq, kv_blocks);
