@@ -233,7 +233,8 @@ void decode_team_ab(benchmark::State& state, const Loaded* m, int threads) {
     const auto seq = cache.create();
     for (int i = 0; i < 64; ++i) {
       const int team = (i / 2) % 2;
-      posenc::detail::set_decode_team(team == 1);
+      posenc::detail::set_decode_team(team == 1 ? posenc::detail::DecodeTeam::automatic
+                                                : posenc::detail::DecodeTeam::off);
       Model::SequenceInput in{seq, std::span(m->prompt.data() + i, 1), {}};
       const auto t0 = std::chrono::steady_clock::now();
       m->model.forward(cache, std::span(&in, 1), Model::LogitsMode::last, logits);
@@ -242,7 +243,7 @@ void decode_team_ab(benchmark::State& state, const Loaded* m, int threads) {
     }
     benchmark::DoNotOptimize(logits.data());
   }
-  posenc::detail::set_decode_team(true);
+  posenc::detail::set_decode_team(posenc::detail::DecodeTeam::automatic);
   const auto rate = [&](int team) { return static_cast<double>(tokens[team]) / seconds[team]; };
   state.counters["team_tokens_per_s"] = rate(1);
   state.counters["regions_tokens_per_s"] = rate(0);

@@ -399,10 +399,11 @@ class Model {
   /// sequence in `cache`, and writes logits [rows, vocab_size] float32 into
   /// `logits` (resized): one row per input token in batch order (all), or one
   /// per sequence (last). Uses all OpenMP threads for large steps; a step of
-  /// one token whose projections all run the AVX-512 one-row product (float32
-  /// products, rows of a multiple of 16 weights) keeps one team of threads per
-  /// layer, synchronised by barriers, instead of one per projection (the same
-  /// bits; detail::set_decode_team).
+  /// one token whose projections all run an AVX-512 one-row product (float32
+  /// products on rows of a multiple of 16 weights, or q8_activations on
+  /// AVX-512 VNNI) keeps one team of threads per layer, synchronised by
+  /// barriers, instead of one per projection, when its matrices are large
+  /// enough for threads to pay (the same bits; detail::set_decode_team).
   /// Throws InvalidArgument for token ids outside [0, vocab_size), a
   /// position_ids span of the wrong size, a sequence listed twice; PositionError
   /// for a position past a learned position table; CacheError per the RoPE
@@ -473,10 +474,14 @@ namespace detail {
 enum class PositionBug { none, restart_each_chunk, count_padding };
 void set_position_bug_for_testing(PositionBug bug);
 PositionBug position_bug_for_testing();
-/// Whether forward may run a one-token step as one team of threads per layer (on by default): tests and
-/// benchmarks turn it off to compare against a parallel region per projection, which gives the same bits.
-void set_decode_team(bool on);
-bool decode_team();
+/// When forward runs a one-token step as one team of threads per layer (a parallel region per projection
+/// otherwise; the same bits either way). automatic (the default): when every projection can run in a team and
+/// Q, O and the FFN's matrices are each large enough that matmul_w would open a parallel region for it
+/// (detail::parallel_pays; smaller models decode their projections on one thread, which a team's barriers would
+/// slow down). always: whenever every projection can run in a team, whatever its size (tests). off.
+enum class DecodeTeam { automatic, always, off };
+void set_decode_team(DecodeTeam mode);
+DecodeTeam decode_team();
 /// How many one-token steps this process has run as a team (tests check that the path they compare ran).
 int64_t decode_team_steps();
 }  // namespace detail

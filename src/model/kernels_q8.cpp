@@ -665,11 +665,16 @@ template <bool Q4, int R, bool Prefetch>
 void matmul_q8_vnni_decode_runs(const std::byte* x_q, int64_t in, const std::byte* w, int64_t out, float* y,
                                 bool accumulate, int64_t ahead, std::pair<int64_t, int64_t> rows) {
   const int64_t blocks = in / kQBlock, wrow = blocks * (Q4 ? kQ4Bytes : kQ8Bytes);
-  const std::vector<float> dxf = x_scales(x_q, 1, blocks);
   if (rows.first >= 0) {
+    // Called inside the caller's parallel region (a decode team): x's scales in a buffer of this thread's, sized
+    // once, not a fresh vector per call.
+    thread_local std::vector<float> dxf;
+    dxf.resize(static_cast<std::size_t>(blocks));
+    for (int64_t b = 0; b < blocks; ++b) dxf[static_cast<std::size_t>(b)] = load_fp16(x_q + b * kQ8Bytes);
     vnni_decode_rows<Q4, R, Prefetch>(x_q, dxf.data(), blocks, w, y, accumulate, ahead, rows.first, rows.second);
     return;
   }
+  const std::vector<float> dxf = x_scales(x_q, 1, blocks);
 #pragma omp parallel if (out * wrow >= (int64_t{1} << 17))
   {
     const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();

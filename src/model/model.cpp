@@ -206,13 +206,13 @@ QuantizedMatmul parse_quantized_matmul(std::string_view text, std::string_view f
 namespace detail {
 namespace {
 std::atomic<PositionBug> g_position_bug{PositionBug::none};
-std::atomic<bool> g_decode_team{true};
+std::atomic<DecodeTeam> g_decode_team{DecodeTeam::automatic};
 std::atomic<int64_t> g_decode_team_steps{0};
 }  // namespace
 void set_position_bug_for_testing(PositionBug bug) { g_position_bug.store(bug); }
 PositionBug position_bug_for_testing() { return g_position_bug.load(std::memory_order_relaxed); }
-void set_decode_team(bool on) { g_decode_team.store(on); }
-bool decode_team() { return g_decode_team.load(std::memory_order_relaxed); }
+void set_decode_team(DecodeTeam mode) { g_decode_team.store(mode); }
+DecodeTeam decode_team() { return g_decode_team.load(std::memory_order_relaxed); }
 int64_t decode_team_steps() { return g_decode_team_steps.load(std::memory_order_relaxed); }
 }  // namespace detail
 
@@ -673,21 +673,31 @@ void Model::recompute_sequence(KvCache& cache, KvCache::SeqId seq, const KvCache
 }
 
 namespace {
-/// Whether a one-token forward runs its layers in one parallel region each (Model::forward): the team switched on
-/// (detail::set_decode_team), more than one thread, not inside a parallel region already, and every projection on
-/// an AVX-512 one-row product: matmul_w's (decode_rows_supported; not the bf16 splits) or, under q8_activations,
-/// matmul_q8's VNNI one (q8_decode_rows_supported).
+/// Whether a one-token forward runs its layers in one parallel region each (Model::forward): the team not switched
+/// off (detail::set_decode_team), more than one thread (OMP_NUM_THREADS and OMP_THREAD_LIMIT), not inside a
+/// parallel region already, and every projection on an AVX-512 one-row product: matmul_w's (decode_rows_supported;
+/// not the bf16 splits) or, under q8_activations, matmul_q8's VNNI one (q8_decode_rows_supported). In automatic mode
+/// also Q, O, gate, up and down each large enough for matmul_w to open a parallel region for it (parallel_pays): a
+/// smaller model's projections run on one thread, and a team's six barriers a layer would cost more than they save
+/// (a newcomer measured a dim-256 model's decode at 0.07-0.8x of the regions' with a team forced on).
 template <class Weights>
 bool decode_team_pays(const Weights& m) {
-  if (!detail::decode_team() || omp_get_max_threads() < 2 || omp_in_parallel()) return false;
+  const detail::DecodeTeam mode = detail::decode_team();
+  if (mode == detail::DecodeTeam::off || std::min(omp_get_max_threads(), omp_get_thread_limit()) < 2 ||
+      omp_in_parallel())
+    return false;
   const auto plain = [](const Linear& l) {
     if (l.q8_activations) return detail::q8_decode_rows_supported(l.in, l.w.type == detail::WeightType::q4_0);
     return !l.split && detail::decode_rows_supported(l.w);
   };
+  const auto pays = [&](const Linear& l) { return mode == detail::DecodeTeam::always || detail::parallel_pays(1, l.w); };
   if (!plain(m.classifier)) return false;
-  for (const LayerWeights& w : m.layers)
+  for (const LayerWeights& w : m.layers) {
     for (const Linear* l : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w1, &w.w2, &w.w3})
       if (!plain(*l)) return false;
+    for (const Linear* l : {&w.wq, &w.wo, &w.w1, &w.w2, &w.w3})
+      if (!pays(*l)) return false;
+  }
   return true;
 }
 }  // namespace
@@ -922,11 +932,14 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   };
 
   // One token (decode) with every projection on an AVX-512 one-row product (matmul_w's, or matmul_q8's VNNI one
-  // under q8_activations): one parallel region per layer (from the output projection to the next layer's Q, K and
-  // V) instead of one per projection, its threads synchronised by barriers. Each thread takes the rows of each
-  // matrix the kernels' own regions would give it, so every output has the same bits. On the 487M model at two
-  // threads (Zen 5; BM_RealDecodeTeam, tokens alternated in one process): F16 0.9-2.2% faster, Q8_0 1.2-3.4%, most
-  // where the two cores read the most (a region's start and end cost about 1 us each there, seven a layer).
+  // under q8_activations), large enough for threads (decode_team_pays): one parallel region per layer (from the
+  // output projection to the next layer's Q, K and V; layer 0's Q, K and V have one of their own, and the last
+  // layer's region ends with the classifier) instead of one per projection, its threads synchronised by barriers.
+  // Each thread takes a contiguous range of each matrix's rows; every output row is computed the same way whichever
+  // thread computes it and however the rows are split (kernels_dense.hpp, kernels.hpp), so the bits are the same.
+  // On the 487M model at two threads (Zen 5; BM_RealDecodeTeam, tokens alternated in one process, runs zen5-16 and
+  // zen5-17): F16 0.999-1.031x, Q8_0 1.004-1.041x, q8_activations 1.000-1.034x, most where the two cores read the
+  // most (a region's start and end cost about 1 us each there, seven a layer).
   if (N == 1 && decode_team_pays(m)) {
     Scratch& t = s;  // the caller's scratch (each thread of the team has its own thread_local one)
     const auto rows_of = [](int64_t n, int nt, int me) {

@@ -374,7 +374,7 @@ struct TeamScope {
   int threads = omp_get_max_threads();
   ~TeamScope() {
     omp_set_num_threads(threads);
-    detail::set_decode_team(true);
+    detail::set_decode_team(detail::DecodeTeam::automatic);
   }
 };
 
@@ -385,10 +385,13 @@ struct TeamScope {
 // every weight type, in float32 products and under q8_activations (a file mixing F16 and Q8_0 included), with
 // biases on every projection and Qwen3's Q/K norms, at 2 threads and at 3 (which split rows unevenly: 32 K rows
 // as 10 + 11 + 11); and decode still equals prefill. The team's step count shows the path under test ran; on one
-// thread, and for rows whose length is not a multiple of 16 (matmul_w's one-row product needs it), it does not.
+// thread, and for rows whose length is not a multiple of 16 (matmul_w's one-row product needs it), it does not;
+// by default (DecodeTeam::automatic) only models whose matrices are large enough for threads use it.
 TEST(WeightsAsStored, DecodeTeamGivesTheBitsOfARegionPerProjection) {
   if (!detail::dense_kernel_supported(detail::DenseKernel::avx512))
     GTEST_SKIP() << "the decode team runs the AVX-512 one-row product; this CPU has no AVX-512";
+  if (omp_get_thread_limit() < 2)
+    GTEST_SKIP() << "OMP_THREAD_LIMIT=" << omp_get_thread_limit() << " leaves no second thread for a team";
   TeamScope scope;
   test::TempDir dir;
   struct Case {
@@ -434,21 +437,22 @@ TEST(WeightsAsStored, DecodeTeamGivesTheBitsOfARegionPerProjection) {
     for (int threads : {2, 3}) {
       const std::string label = name + ", " + std::to_string(threads) + " threads";
       omp_set_num_threads(threads);
-      detail::set_decode_team(true);
+      detail::set_decode_team(detail::DecodeTeam::always);  // these models are small: automatic would not team
       const int64_t before = detail::decode_team_steps();
       const std::vector<float> team = decode_steps(m, ids);
       EXPECT_EQ(detail::decode_team_steps() - before, static_cast<int64_t>(ids.size())) << label;
-      detail::set_decode_team(false);
+      detail::set_decode_team(detail::DecodeTeam::off);
       const std::vector<float> regions = decode_steps(m, ids);
       EXPECT_EQ(detail::decode_team_steps() - before, static_cast<int64_t>(ids.size())) << label;
       ASSERT_EQ(team.size(), regions.size()) << label;
       EXPECT_EQ(std::memcmp(team.data(), regions.data(), team.size() * sizeof(float)), 0) << label;
-      detail::set_decode_team(true);
+      detail::set_decode_team(detail::DecodeTeam::always);
       expect_decode_equals_prefill(m, ids, label);
     }
   }
-  // Not the team's: one thread, and an FFN of 40 (the down projection's rows are not a multiple of 16).
-  const int64_t before = detail::decode_team_steps();
+  // Not the team's even when always asked: one thread, and an FFN of 40 (the down projection's rows are not a
+  // multiple of 16). Nor, by default (automatic), a model this small.
+  int64_t before = detail::decode_team_steps();
   omp_set_num_threads(1);
   decode_steps(Model::load(models.front().path), ids);
   omp_set_num_threads(2);
@@ -456,5 +460,23 @@ TEST(WeightsAsStored, DecodeTeamGivesTheBitsOfARegionPerProjection) {
   odd.config.hidden_dim = 40;
   write_random_gguf(odd, dir.path() / "ffn40.gguf");
   decode_steps(Model::load(dir.path() / "ffn40.gguf"), ids);
+  detail::set_decode_team(detail::DecodeTeam::automatic);
+  decode_steps(Model::load(models.front().path), ids);
   EXPECT_EQ(detail::decode_team_steps(), before);
+  // By default a model whose Q, O and FFN matrices are each 512 x 512 or larger (matmul_w's threshold for a
+  // parallel region) decodes in a team, with the bits of a region per projection.
+  RandomGgufOptions big = small_random(2, GgmlType::f16);
+  big.config.dim = 512;
+  big.config.n_heads = 8;
+  big.config.n_kv_heads = 2;
+  big.config.hidden_dim = 512;
+  write_random_gguf(big, dir.path() / "dim512.gguf");
+  const Model m512 = Model::load(dir.path() / "dim512.gguf");
+  before = detail::decode_team_steps();
+  const std::vector<float> team = decode_steps(m512, ids);
+  EXPECT_EQ(detail::decode_team_steps() - before, static_cast<int64_t>(ids.size()));
+  detail::set_decode_team(detail::DecodeTeam::off);
+  const std::vector<float> regions = decode_steps(m512, ids);
+  ASSERT_EQ(team.size(), regions.size());
+  EXPECT_EQ(std::memcmp(team.data(), regions.data(), team.size() * sizeof(float)), 0);
 }
