@@ -492,10 +492,16 @@ POSENC_TARGET_VNNI void vnni_panel_rows(const std::byte* xq, int64_t xrow, const
   }
 }
 
+/// x's block scales as float into dxf, [n][blocks] (exact), resizing it.
+void x_scales_into(const std::byte* x_q, int64_t n, int64_t blocks, std::vector<float>& dxf) {
+  dxf.resize(static_cast<std::size_t>(n * blocks));
+  for (int64_t i = 0; i < n * blocks; ++i) dxf[static_cast<std::size_t>(i)] = load_fp16(x_q + i * kQ8Bytes);
+}
+
 /// x's block scales as float, [n][blocks] (exact).
 std::vector<float> x_scales(const std::byte* x_q, int64_t n, int64_t blocks) {
-  std::vector<float> dxf(static_cast<std::size_t>(n * blocks));
-  for (int64_t i = 0; i < n * blocks; ++i) dxf[static_cast<std::size_t>(i)] = load_fp16(x_q + i * kQ8Bytes);
+  std::vector<float> dxf;
+  x_scales_into(x_q, n, blocks, dxf);
   return dxf;
 }
 
@@ -669,8 +675,7 @@ void matmul_q8_vnni_decode_runs(const std::byte* x_q, int64_t in, const std::byt
     // Called inside the caller's parallel region (a decode team): x's scales in a buffer of this thread's, sized
     // once, not a fresh vector per call.
     thread_local std::vector<float> dxf;
-    dxf.resize(static_cast<std::size_t>(blocks));
-    for (int64_t b = 0; b < blocks; ++b) dxf[static_cast<std::size_t>(b)] = load_fp16(x_q + b * kQ8Bytes);
+    x_scales_into(x_q, 1, blocks, dxf);
     vnni_decode_rows<Q4, R, Prefetch>(x_q, dxf.data(), blocks, w, y, accumulate, ahead, rows.first, rows.second);
     return;
   }
