@@ -95,14 +95,23 @@ struct KvBlock {
   const uint16_t* v16 = nullptr;
 };
 
-/// Execution options of one attention call (they never change the result
-/// beyond float rounding).
+/// Execution options of one attention call (they never change a computed
+/// head's output: its bits are the same whatever the options).
 struct AttentionOptions {
   /// Threads to use: 0 = OpenMP's current default (omp_get_max_threads()),
   /// 1 = the calling thread only. Small calls (below ~1M multiply-adds, e.g.
   /// decode of a small model) always run on the calling thread: forking a
   /// team would cost more than the work.
   int num_threads = 0;
+  /// Only the query heads of the KV heads [kv_head_begin, kv_head_end) are
+  /// computed (KV head g serves query heads g * heads / num_key_value_heads
+  /// onwards); out's other heads are left as they are. kv_head_end = -1 means
+  /// num_key_value_heads. For threads the caller already runs (one parallel
+  /// region over a whole decode step): each takes a range, and every head's
+  /// output has the bits of one call over all heads. Throws InvalidArgument
+  /// unless 0 <= kv_head_begin <= kv_head_end <= num_key_value_heads.
+  int kv_head_begin = 0;
+  int kv_head_end = -1;
 };
 
 /// out = softmax(q kᵀ * scale + bias + mask) v, per head, over all keys of all

@@ -401,9 +401,10 @@ class Model {
   /// per sequence (last). Uses all OpenMP threads for large steps; a step of
   /// one token whose projections all run an AVX-512 one-row product (float32
   /// products on rows of a multiple of 16 weights, or q8_activations on
-  /// AVX-512 VNNI) keeps one team of threads per layer, synchronised by
-  /// barriers, instead of one per projection, when its matrices are large
-  /// enough for threads to pay (the same bits; detail::set_decode_team).
+  /// AVX-512 VNNI) keeps one team of threads through the layers (attention
+  /// split by KV heads), synchronised by barriers, instead of one per
+  /// projection, when its matrices are large enough for threads to pay (the
+  /// same bits; detail::set_decode_team).
   /// Throws InvalidArgument for token ids outside [0, vocab_size), a
   /// position_ids span of the wrong size, a sequence listed twice; PositionError
   /// for a position past a learned position table; CacheError per the RoPE
@@ -474,8 +475,8 @@ namespace detail {
 enum class PositionBug { none, restart_each_chunk, count_padding };
 void set_position_bug_for_testing(PositionBug bug);
 PositionBug position_bug_for_testing();
-/// When forward runs a one-token step as one team of threads per layer (a parallel region per projection
-/// otherwise; the same bits either way). automatic (the default): when every projection can run in a team and
+/// When forward runs a one-token step as one team of threads through its layers (a parallel region per
+/// projection otherwise, attention between them; the same bits either way). automatic (the default): when every projection can run in a team and
 /// Q, O and the FFN's matrices are each large enough that matmul_w would open a parallel region for it
 /// (detail::parallel_pays; smaller models decode their projections on one thread, which a team's barriers would
 /// slow down). always: whenever every projection can run in a team, whatever its size (tests). off.

@@ -1854,6 +1854,14 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
   const int64_t kv_tokens = check_kv_blocks(kv, "attention_forward");
   if (options.num_threads < 0)
     fail_field<InvalidArgument>("num_threads", "must be >= 0", options.num_threads);
+  const int kv_begin = options.kv_head_begin;
+  const int kv_end = options.kv_head_end < 0 ? spec.kv_heads : options.kv_head_end;
+  if (kv_begin < 0 || kv_begin > kv_end || kv_end > spec.kv_heads || options.kv_head_end < -1)
+    throw InvalidArgument(fmt::format("attention_forward: kv_head_begin {} / kv_head_end {}: must satisfy 0 <= "
+                                      "kv_head_begin <= kv_head_end <= num_key_value_heads ({}; -1: all)",
+                                      options.kv_head_begin, options.kv_head_end, spec.kv_heads));
+  if (kv_begin == kv_end) return;
+  const int kv_range = kv_end - kv_begin;
 
   Ctx c;
   c.spec = &spec;
@@ -1901,17 +1909,17 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
   // (decode and prefill see the same key order, hence the same tiles).
   const bool sort_keys = spec.mask != MaskKind::none && kv_tokens <= INT32_MAX;
   const int64_t rows = q_tokens * c.group;  // per KV head
-  const double work = static_cast<double>(q_tokens) * c.H * static_cast<double>(kv_tokens) * c.D;
+  const double work = static_cast<double>(q_tokens) * c.group * kv_range * static_cast<double>(kv_tokens) * c.D;
   int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   if (work < kParallelMinWork || omp_in_parallel()) threads = 1;
 
 #if defined(POSENC_ATTN_AVX512) || defined(POSENC_ATTN_AVX2)
   // The narrow kernel over tiles of element type T, one item per thread: a contiguous range of KV heads each.
   auto run_narrow = [&]<class E>(std::span<const TileOf<typename E::T>> tiles) {
-    const int n_items = std::min(threads, c.KVH);
+    const int n_items = std::min(threads, kv_range);
     auto run = [&](int item) {
-      const int h0 = static_cast<int>(static_cast<int64_t>(c.KVH) * item / n_items);
-      const int h1 = static_cast<int>(static_cast<int64_t>(c.KVH) * (item + 1) / n_items);
+      const int h0 = kv_begin + static_cast<int>(static_cast<int64_t>(kv_range) * item / n_items);
+      const int h1 = kv_begin + static_cast<int>(static_cast<int64_t>(kv_range) * (item + 1) / n_items);
       narrow_heads<E>(c, h0, h1, static_cast<int>(rows), tiles, thread_scratch());
     };
     if (n_items <= 1) {
@@ -1963,12 +1971,12 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
   }
 #endif
   const int64_t n_blocks = (rows + kBQ - 1) / kBQ;
-  const int64_t n_items = n_blocks * c.KVH;
+  const int64_t n_items = n_blocks * kv_range;
   threads = static_cast<int>(std::min<int64_t>(threads, n_items));
   auto run_item = [&](int64_t item) {
     // Heaviest first: with causal masks the last row blocks see the most keys.
-    const int64_t block = n_blocks - 1 - item / c.KVH;
-    const int kvh = static_cast<int>(item % c.KVH);
+    const int64_t block = n_blocks - 1 - item / kv_range;
+    const int kvh = kv_begin + static_cast<int>(item % kv_range);
     const int64_t g0 = block * kBQ;
     const int nr = static_cast<int>(std::min<int64_t>(kBQ, rows - g0));
     Scratch& sc = thread_scratch();

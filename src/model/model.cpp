@@ -425,6 +425,7 @@ const std::optional<Tokenizer>& Model::bundled_tokenizer() const { return w_->to
 QuantizedMatmul Model::quantized_matmul() const { return w_->options.quantized_matmul; }
 DenseMatmul Model::dense_matmul() const { return w_->options.dense_matmul; }
 
+
 void Model::set_trained_context(int64_t n, std::string source) {
   if (n <= 0) fail_field<InvalidArgument>("trained_context", "must be positive", n);
   trained_context_ = n;
@@ -859,7 +860,10 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   }
 
   // ---- the network ----
-  thread_local Scratch s;
+  thread_local Scratch thread_scratch;
+  // A reference, not the thread_local itself: a lambda below run by another thread of a parallel region (the decode
+  // team's) then reaches this call's scratch, not that thread's own.
+  Scratch& s = thread_scratch;
   const int D = c.dim, Q = c.q_dim(), KV = c.kv_dim(), HID = c.hidden_dim, HD = c.head_dim;
   const auto sz = static_cast<std::size_t>(N);
   s.x.resize(sz * D);
@@ -899,8 +903,8 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     spec.t5.bidirectional = false;
   }
 
-  // Between the projections: Q/K norms, RoPE, the cache's append and attention, for layer l (q, k, v -> att).
-  const auto attend = [&](int l) {
+  // Between the projections: Q/K norms, RoPE and the cache's append for layer l (q, k, v), then attention (-> att).
+  const auto prepare_attention = [&](int l) {
     const LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
     if (w.q_norm != nullptr) {  // Qwen3: RMSNorm over each head's channels, before RoPE
       detail::rmsnorm(s.q.data(), w.q_norm, N * c.n_heads, HD, c.norm_eps, s.q.data());
@@ -920,6 +924,9 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
       for (int64_t i = 0; i < n; ++i)
         cache.write(l, slots[b][static_cast<std::size_t>(i)], s.k.data() + (r0 + i) * KV, s.v.data() + (r0 + i) * KV);
     }
+  };
+  const auto attend = [&](int l) {
+    prepare_attention(l);
     for (std::size_t b = 0; b < B; ++b) {
       const int64_t r0 = offset[b], n = offset[b + 1] - offset[b];
       if (n == 0) continue;
@@ -932,16 +939,21 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   };
 
   // One token (decode) with every projection on an AVX-512 one-row product (matmul_w's, or matmul_q8's VNNI one
-  // under q8_activations), large enough for threads (decode_team_pays): one parallel region per layer (from the
-  // output projection to the next layer's Q, K and V; layer 0's Q, K and V have one of their own, and the last
-  // layer's region ends with the classifier) instead of one per projection, its threads synchronised by barriers.
-  // Each thread takes a contiguous range of each matrix's rows; every output row is computed the same way whichever
-  // thread computes it and however the rows are split (kernels_dense.hpp, kernels.hpp), so the bits are the same.
-  // On the 487M model at two threads (Zen 5; BM_RealDecodeTeam, tokens alternated in one process, runs zen5-16 and
-  // zen5-17): F16 0.999-1.031x, Q8_0 1.004-1.041x, q8_activations 1.000-1.034x, most where the two cores read the
-  // most (a region's start and end cost about 1 us each there, seven a layer).
+  // under q8_activations), large enough for threads (decode_team_pays): one team of threads for the step instead of
+  // a parallel region per projection: layer 0's Q, K and V in a region of their own, layer 0's attention on the
+  // calling thread (it validates the attention's arguments), then one region from layer 0's output projection to
+  // the classifier, its threads synchronised by barriers. Inside it each thread takes a contiguous range of each
+  // matrix's rows and, from layer 1 on, a contiguous range of the KV heads for attention (AttentionOptions'
+  // kv_head_begin/end) after one thread has rotated Q and K and appended K and V. Every output row and every head is
+  // computed the same way whichever thread computes it and however the work is split (kernels_dense.hpp,
+  // kernels.hpp, attention.hpp), so the bits are the same.
+  // On the 487M model at two threads (Zen 5; BM_RealDecodeTeam, tokens alternated in one process): a region per
+  // layer with attention between them (runs zen5-16..18) gave F16 0.999-1.052x, Q8_0 1.001-1.045x, q8_activations
+  // 1.000-1.043x over a region per projection (a region's start and end cost about 1 us each at the host's higher
+  // read rate, seven a layer); attention inside the team, against that, 1.002-1.006x at 64 positions and
+  // 1.022-1.023x at 2K and 8K positions (an f32 cache).
   if (N == 1 && decode_team_pays(m)) {
-    Scratch& t = s;  // the caller's scratch (each thread of the team has its own thread_local one)
+    Scratch& t = s;
     const auto rows_of = [](int64_t n, int nt, int me) {
       return std::pair<int64_t, int64_t>{n * me / nt, n * (me + 1) / nt};
     };
@@ -976,26 +988,36 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
       shares(w.wv, t.xb.data(), t.v.data(), false);
     };
     KvCache::SeqId team_seq = batch[0].seq;  // the sequence with the token (the others of the batch have none)
-    for (const SequenceInput& in : batch)
-      if (!in.tokens.empty()) team_seq = in.seq;
-    std::vector<KvBlock> kv_blocks;  // every layer has as many blocks: sized here, not inside the region
-    cache.blocks_as_stored(0, team_seq, kv_blocks);
-    const auto prefetch_kv = [&](int layer) {
-      kv_blocks.clear();
-      cache.blocks_as_stored(layer, team_seq, kv_blocks);
-      std::size_t budget = std::size_t{512} << 10;
-      const std::size_t row = static_cast<std::size_t>(KV);
-      for (const KvBlock& b : kv_blocks) {
+    std::size_t team_b = 0;
+    for (std::size_t i = 0; i < B; ++i)
+      if (!batch[i].tokens.empty()) {
+        team_seq = batch[i].seq;
+        team_b = i;
+      }
+    const std::span<const int64_t> team_pos(pos.data() + offset[team_b], 1);
+    // Each thread's blocks of a layer (block pointers and token counts are the same in every layer: sized here,
+    // reused inside the region).
+    std::vector<KvBlock> first_blocks;
+    cache.blocks_as_stored(0, team_seq, first_blocks);
+    // The keys and values of KV heads [h0, h1) of `blocks` towards this thread's L2 (up to `budget` bytes): the
+    // weights streamed since they were written evicted them, and attention at a few dozen positions then waited
+    // on DRAM latency.
+    const auto prefetch_kv = [&](const std::vector<KvBlock>& blocks, int h0, int h1, std::size_t budget) {
+      for (const KvBlock& b : blocks) {
+        const bool f32 = b.dtype == KvCacheDtype::f32;
+        const std::size_t es = f32 ? 4 : 2;
+        const std::size_t row = static_cast<std::size_t>(KV) * es;
+        const std::size_t off = static_cast<std::size_t>(h0) * HD * es, len = static_cast<std::size_t>(h1 - h0) * HD * es;
         for (int part = 0; part < 2; ++part) {
-          const void* p = b.dtype == KvCacheDtype::f32 ? static_cast<const void*>(part == 0 ? b.k : b.v)
-                                                        : static_cast<const void*>(part == 0 ? b.k16 : b.v16);
+          const void* p = f32 ? static_cast<const void*>(part == 0 ? b.k : b.v)
+                              : static_cast<const void*>(part == 0 ? b.k16 : b.v16);
           if (p == nullptr) continue;
-          const std::size_t bytes = std::min(budget, static_cast<std::size_t>(b.n_tokens) * row *
-                                                         (b.dtype == KvCacheDtype::f32 ? 4 : 2));
-          const auto* c0 = static_cast<const char*>(p);
-          for (std::size_t off = 0; off < bytes; off += 64) _mm_prefetch(c0 + off, _MM_HINT_T1);
-          budget -= bytes;
-          if (budget == 0) return;
+          const auto* c0 = static_cast<const char*>(p) + off;
+          for (int64_t j = 0; j < b.n_tokens; ++j, c0 += row) {
+            for (std::size_t o = 0; o < len; o += 64) _mm_prefetch(c0 + o, _MM_HINT_T1);
+            if (budget <= len) return;
+            budget -= len;
+          }
         }
       }
     };
@@ -1003,13 +1025,26 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     logits.resize(static_cast<std::size_t>(c.vocab_size));
 #pragma omp parallel
     qkv(m.layers.front());
-    for (int l = 0; l < c.n_layers; ++l) {
-      attend(l);
-      const LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
-      quantize_for({&w.wo}, t.att.data(), Q);
-      const bool last = l + 1 == c.n_layers;
+    // Layer 0's attention outside the team: it validates the attention's arguments (nothing may throw inside the
+    // region); every later layer's are the same shapes over the same blocks.
+    attend(0);
 #pragma omp parallel
-      {
+    {
+      const int nt = omp_get_num_threads(), me = omp_get_thread_num();
+      const auto [h0, h1] = rows_of(c.n_kv_heads, nt, me);
+      AttentionOptions own;  // this thread's KV heads, on this thread
+      own.num_threads = 1;
+      own.kv_head_begin = static_cast<int>(h0);
+      own.kv_head_end = static_cast<int>(h1);
+      thread_local std::vector<KvBlock> blocks;
+      blocks.reserve(first_blocks.size());
+      for (int l = 0; l < c.n_layers; ++l) {
+        const LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
+        const bool last = l + 1 == c.n_layers;
+        if (w.wo.q8_activations) {
+#pragma omp single
+          quantize_for({&w.wo}, t.att.data(), Q);
+        }
         shares(w.wo, t.att.data(), t.x.data(), true);
 #pragma omp barrier
 #pragma omp single
@@ -1020,7 +1055,7 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
         shares(w.w1, t.xb.data(), t.h1.data(), false);
         shares(w.w3, t.xb.data(), t.h3.data(), false);
         // SwiGLU element by element on this thread's rows of both (w1 and w3 have HID rows, split alike).
-        const auto [g0, g1] = rows_of(HID, omp_get_num_threads(), omp_get_thread_num());
+        const auto [g0, g1] = rows_of(HID, nt, me);
         detail::swiglu_serial(t.h1.data() + g0, t.h3.data() + g0, g1 - g0);
 #pragma omp barrier
         if (w.w2.q8_activations) {
@@ -1029,22 +1064,28 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
         }
         shares(w.w2, t.h1.data(), t.x.data(), true);
 #pragma omp barrier
-        if (!last) {
-          const LayerWeights& next = m.layers[static_cast<std::size_t>(l) + 1];
-#pragma omp single
-          norm_att(next);
-          qkv(next);
-          // The next layer's keys and values towards this thread's L2 (the one attend runs on): the weights streamed
-          // since evicted them, and attention at a few dozen positions then waited on DRAM latency.
-          if (omp_get_thread_num() == 0) prefetch_kv(l + 1);
-        } else {
+        if (last) {
 #pragma omp single
           {
             detail::rmsnorm(t.x.data(), m.rms_final, 1, D, c.norm_eps, t.xb.data());
             quantize_for({&m.classifier}, t.xb.data(), D);
           }
           shares(m.classifier, t.xb.data(), logits.data(), false);
+          break;
         }
+        const LayerWeights& next = m.layers[static_cast<std::size_t>(l) + 1];
+#pragma omp single
+        norm_att(next);
+        qkv(next);
+        blocks.clear();
+        cache.blocks_as_stored(l + 1, team_seq, blocks);
+        prefetch_kv(blocks, own.kv_head_begin, own.kv_head_end, (std::size_t{512} << 10) / static_cast<std::size_t>(nt));
+#pragma omp barrier
+#pragma omp single
+        prepare_attention(l + 1);
+        // Attention on this thread's KV heads (the same bits as one call over all of them).
+        attention_forward(spec, t.q.data(), team_pos, blocks, t.att.data(), own);
+#pragma omp barrier
       }
     }
     detail::g_decode_team_steps.fetch_add(1, std::memory_order_relaxed);

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -554,4 +555,105 @@ TEST(Attention, SixteenBitBlocksWithoutTheirDataAreRejected) {
   EXPECT_THROW(attention_with_rope(d.spec, default_rope_frequencies(16, 16, 1e4), RopeLayout::half,
                                    AnglePrecision::float32, d.q.data(), d.q_pos, kv, out.data()),
                InvalidArgument);
+}
+
+// AttentionOptions::kv_head_begin/end (the decode team splits one call so): every KV head range gives, for the
+// query heads it covers, the bits of one call over all heads, whether the rows take the narrow (decode) or the
+// wide (prefill) kernel, over float32 or 16-bit blocks, at 1 or 2 threads inside the range; the heads outside the
+// range keep what the caller left there. Per-head arguments (ALiBi slopes, T5 columns) must follow the head's
+// index, not its place in the range.
+TEST(Attention, KvHeadRangesGiveTheBitsOfOneCallOverAllHeads) {
+  struct P {
+    int heads, kv_heads, head_dim;
+    MaskKind mask;
+    int64_t window;
+    LogitBias bias;
+    std::vector<int> blocks;
+  };
+  const P params[] = {{8, 4, 64, MaskKind::causal, 0, LogitBias::none, {64, 16, 100, 7}},
+                      {8, 8, 17, MaskKind::causal, 0, LogitBias::alibi, {40, 33}},
+                      {12, 3, 32, MaskKind::sliding_window, 50, LogitBias::t5, {64, 64, 10}},
+                      {6, 2, 20, MaskKind::none, 0, LogitBias::none, {30, 0, 45}},
+                      // Enough keys (work >= 2^20) that 2 threads split a range of several heads.
+                      {8, 8, 64, MaskKind::causal, 0, LogitBias::none, {3000, 2000}}};
+  for (const P& pr : params)
+    for (int q_tokens : {1, 3, 70})
+      for (bool sixteen : {false, true}) {
+        Case c{pr.heads, pr.kv_heads, pr.head_dim, q_tokens, pr.mask, pr.window, pr.bias,
+               false, pr.blocks, true, 0.05, 11};
+        Data d = make(c);
+        std::vector<std::vector<uint16_t>> k16, v16;
+        std::vector<KvBlock> blocks = d.blocks;
+        if (sixteen)
+          for (std::size_t b = 0; b < d.k.size(); ++b) {
+            k16.emplace_back(d.k[b].size());
+            v16.emplace_back(d.v[b].size());
+            std::transform(d.k[b].begin(), d.k[b].end(), k16.back().begin(), f32_to_f16);
+            std::transform(d.v[b].begin(), d.v[b].end(), v16.back().begin(), f32_to_f16);
+            blocks[b].k = blocks[b].v = nullptr;
+            blocks[b].dtype = KvCacheDtype::f16;
+            blocks[b].k16 = k16.back().data();
+            blocks[b].v16 = v16.back().data();
+          }
+        const std::string what = fmt::format("{}{}", c.describe(), sixteen ? " f16 blocks" : "");
+        std::vector<float> want(d.q.size());
+        attention_forward(d.spec, d.q.data(), d.q_pos, blocks, want.data());
+        const int group = pr.heads / pr.kv_heads;
+        const std::size_t per_head = static_cast<std::size_t>(pr.head_dim);
+        const float sentinel = -7.25f;
+        // Every range [h0, h1) (empty ones included), then two complementary ranges filling one buffer.
+        for (int h0 = 0; h0 <= pr.kv_heads; ++h0)
+          for (int h1 = h0; h1 <= pr.kv_heads; ++h1)
+            for (int threads : {1, 2}) {
+              if (threads == 2 && h1 - h0 < 2) continue;
+              AttentionOptions opt;
+              opt.num_threads = threads;
+              opt.kv_head_begin = h0;
+              opt.kv_head_end = h1 == pr.kv_heads && h0 % 2 == 1 ? -1 : h1;  // -1: to the last head
+              std::vector<float> got(d.q.size(), sentinel);
+              attention_forward(d.spec, d.q.data(), d.q_pos, blocks, got.data(), opt);
+              for (int t = 0; t < q_tokens; ++t)
+                for (int h = 0; h < pr.heads; ++h) {
+                  const std::size_t at = (static_cast<std::size_t>(t) * pr.heads + h) * per_head;
+                  const bool inside = h / group >= h0 && h / group < h1;
+                  if (inside)
+                    ASSERT_EQ(std::memcmp(got.data() + at, want.data() + at, per_head * sizeof(float)), 0)
+                        << what << ": kv heads [" << h0 << ", " << h1 << ") at " << threads
+                        << " threads, token " << t << " head " << h;
+                  else
+                    for (std::size_t i = 0; i < per_head; ++i)
+                      ASSERT_EQ(got[at + i], sentinel) << what << ": head " << h << " outside [" << h0 << ", "
+                                                       << h1 << ") was written";
+                }
+            }
+        std::vector<float> halves(d.q.size(), sentinel);
+        for (int part = 0; part < 2; ++part) {
+          AttentionOptions opt;
+          opt.num_threads = 1;
+          opt.kv_head_begin = part == 0 ? 0 : pr.kv_heads / 2;
+          opt.kv_head_end = part == 0 ? pr.kv_heads / 2 : pr.kv_heads;
+          attention_forward(d.spec, d.q.data(), d.q_pos, blocks, halves.data(), opt);
+        }
+        EXPECT_EQ(std::memcmp(halves.data(), want.data(), want.size() * sizeof(float)), 0) << what;
+      }
+}
+
+TEST(Attention, KvHeadRangesOutsideTheHeadsAreRejected) {
+  Case c{8, 4, 16, 1, MaskKind::causal, 0, LogitBias::none, false, {8}};
+  Data d = make(c);
+  std::vector<float> out(d.q.size(), 3.0f);
+  const std::pair<int, int> bad[] = {{-1, 2}, {3, 2}, {0, 5}, {5, -1}, {0, -2}, {2, 1}};
+  for (const auto& [b, e] : bad) {
+    AttentionOptions opt;
+    opt.kv_head_begin = b;
+    opt.kv_head_end = e;
+    try {
+      attention_forward(d.spec, d.q.data(), d.q_pos, d.blocks, out.data(), opt);
+      ADD_FAILURE() << "no exception for [" << b << ", " << e << ")";
+    } catch (const InvalidArgument& ex) {
+      EXPECT_NE(std::string(ex.what()).find("kv_head_begin " + std::to_string(b)), std::string::npos) << ex.what();
+      EXPECT_NE(std::string(ex.what()).find("num_key_value_heads (4"), std::string::npos) << ex.what();
+    }
+    for (float x : out) ASSERT_EQ(x, 3.0f) << "a rejected call wrote its output";
+  }
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -380,8 +381,9 @@ struct TeamScope {
 
 }  // namespace
 
-// The decode team (Model::forward's one parallel region per layer for a one-token step, its projections split
-// between the threads and synchronised by barriers) against a parallel region per projection: the same bits for
+// The decode team (Model::forward's one team of threads for a one-token step, its projections split by rows and
+// its attention by KV heads between the threads, synchronised by barriers) against a parallel region per
+// projection: the same bits for
 // every weight type, in float32 products and under q8_activations (a file mixing F16 and Q8_0 included), with
 // biases on every projection and Qwen3's Q/K norms, at 2 threads and at 3 (which split rows unevenly: 32 K rows
 // as 10 + 11 + 11); and decode still equals prefill. The team's step count shows the path under test ran; on one
@@ -448,6 +450,55 @@ TEST(WeightsAsStored, DecodeTeamGivesTheBitsOfARegionPerProjection) {
       EXPECT_EQ(std::memcmp(team.data(), regions.data(), team.size() * sizeof(float)), 0) << label;
       detail::set_decode_team(detail::DecodeTeam::always);
       expect_decode_equals_prefill(m, ids, label);
+    }
+  }
+  // Attention inside the team, each thread on its own KV heads: one KV head (MQA: a thread with none), four KV
+  // heads on 3 threads (1 + 1 + 2), f16 and bf16 caches, and 150 positions (many blocks, a prefetch past the
+  // first tiles) give the bits of a region per projection (attention between the regions).
+  {
+    struct Shape {
+      int heads, kv_heads;
+      KvCacheDtype cache;
+      int tokens;
+    };
+    const Shape shapes[] = {{4, 1, KvCacheDtype::f32, 20},
+                            {8, 4, KvCacheDtype::f16, 20},
+                            {4, 2, KvCacheDtype::bf16, 20},
+                            {4, 2, KvCacheDtype::f32, 150}};
+    for (const Shape& sh : shapes) {
+      RandomGgufOptions o = small_random(3, GgmlType::f16);
+      o.config.n_heads = sh.heads;
+      o.config.n_kv_heads = sh.kv_heads;
+      o.config.head_dim = 16;
+      const auto path = dir.path() / fmt::format("h{}kv{}.gguf", sh.heads, sh.kv_heads);
+      write_random_gguf(o, path);
+      const Model m = Model::load(path);
+      std::vector<int32_t> long_ids(static_cast<std::size_t>(sh.tokens));
+      for (std::size_t i = 0; i < long_ids.size(); ++i) long_ids[i] = static_cast<int32_t>((i * 37 + 5) % 300);
+      const auto steps = [&] {
+        KvCache cache = m.make_cache(16, 0, sh.cache);
+        const auto seq = cache.create();
+        std::vector<float> out, last;
+        for (std::size_t i = 0; i < long_ids.size(); ++i) {
+          Model::SequenceInput in{seq, std::span(long_ids.data() + i, 1), {}};
+          m.forward(cache, std::span(&in, 1), Model::LogitsMode::last, last);
+          out.insert(out.end(), last.begin(), last.end());
+        }
+        return out;
+      };
+      for (int threads : {2, 3}) {
+        const std::string label = fmt::format("{} heads / {} KV heads, {} cache, {} tokens, {} threads", sh.heads,
+                                              sh.kv_heads, to_string(sh.cache), sh.tokens, threads);
+        omp_set_num_threads(threads);
+        detail::set_decode_team(detail::DecodeTeam::always);
+        const int64_t before = detail::decode_team_steps();
+        const std::vector<float> team = steps();
+        EXPECT_EQ(detail::decode_team_steps() - before, sh.tokens) << label;
+        detail::set_decode_team(detail::DecodeTeam::off);
+        const std::vector<float> regions = steps();
+        ASSERT_EQ(team.size(), regions.size()) << label;
+        EXPECT_EQ(std::memcmp(team.data(), regions.data(), team.size() * sizeof(float)), 0) << label;
+      }
     }
   }
   // Not the team's even when always asked: one thread, and an FFN of 40 (the down projection's rows are not a
