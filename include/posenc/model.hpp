@@ -305,6 +305,12 @@ class Model {
   QuantizedMatmul quantized_matmul() const;
   /// How F16/BF16 weights are multiplied (LoadOptions).
   DenseMatmul dense_matmul() const;
+  /// Whether some matrix (a projection or the classifier) is stored as Q8_0/Q4_0: quantized_matmul() changes
+  /// the results only then.
+  bool has_block_quantized_matrices() const;
+  /// Whether some matrix (a projection or the classifier) is stored as F16/BF16: dense_matmul() changes the
+  /// results only then.
+  bool has_half_precision_matrices() const;
   const PositionalConfig& positional() const { return positional_; }
   PositionFamily family() const { return positional_.family; }
   /// The RoPE setup (meaningful for family() == rope, and for mrope: its frequencies,

@@ -746,9 +746,11 @@ std::string eval_run_id(const EvalConfig& c, const Model& model) {
     a["rope_factor_native"] = rp.factor ? json(*rp.factor) : json(nullptr);
   }
   if (model.trained_context() != model.config().max_position_embeddings) a["trained_context"] = model.trained_context();
-  if (model.quantized_matmul() != QuantizedMatmul::dequantize)
+  // A mode the model has no matrices for changes nothing, and leaves the id alone.
+  if (model.quantized_matmul() != QuantizedMatmul::dequantize && model.has_block_quantized_matrices())
     a["quantized_matmul"] = std::string(to_string(model.quantized_matmul()));
-  if (model.dense_matmul() != DenseMatmul::float32) a["dense_matmul"] = std::string(to_string(model.dense_matmul()));
+  if (model.dense_matmul() != DenseMatmul::float32 && model.has_half_precision_matrices())
+    a["dense_matmul"] = std::string(to_string(model.dense_matmul()));
   if (model.kv_cache_dtype() != KvCacheDtype::f32) a["kv_dtype"] = std::string(to_string(model.kv_cache_dtype()));
   return hex16(hash_bytes(a.dump()));
 }

@@ -425,6 +425,28 @@ const std::optional<Tokenizer>& Model::bundled_tokenizer() const { return w_->to
 QuantizedMatmul Model::quantized_matmul() const { return w_->options.quantized_matmul; }
 DenseMatmul Model::dense_matmul() const { return w_->options.dense_matmul; }
 
+namespace {
+template <class Weights, class Pred>
+bool any_matrix(const Weights& w, Pred pred) {
+  if (pred(w.classifier.w.type)) return true;
+  for (const LayerWeights& lw : w.layers)
+    for (const Linear* l : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.w1, &lw.w2, &lw.w3})
+      if (pred(l->w.type)) return true;
+  return false;
+}
+}  // namespace
+
+bool Model::has_block_quantized_matrices() const {
+  return any_matrix(*w_, [](detail::WeightType t) {
+    return t == detail::WeightType::q8_0 || t == detail::WeightType::q4_0;
+  });
+}
+
+bool Model::has_half_precision_matrices() const {
+  return any_matrix(*w_, [](detail::WeightType t) {
+    return t == detail::WeightType::f16 || t == detail::WeightType::bf16;
+  });
+}
 
 void Model::set_trained_context(int64_t n, std::string source) {
   if (n <= 0) fail_field<InvalidArgument>("trained_context", "must be positive", n);

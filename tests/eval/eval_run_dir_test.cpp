@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "eval/eval_run_seeds.hpp"
+#include "posenc/convert.hpp"
 #include "posenc/error.hpp"
 #include "posenc/eval.hpp"
 #include "posenc/io.hpp"
@@ -239,5 +240,51 @@ TEST(EvalRunDir, OldRunsKeepAssumedChanceAndNewRunsMeasureIt) {
     TempDir d;
     const std::string e = data_error_of([&] { (void)rebuild_eval_outputs(lay_out(d.path(), seed("v2_acc_count_edited.txt"))); });
     EXPECT_NE(e.find("cell.metrics.acc"), std::string::npos) << e;
+  }
+}
+
+// The run id hashes --quantized-matmul and --dense-matmul only for a model whose matrices they change (Q8_0/Q4_0
+// ones, F16/BF16 ones): the same run of a float32 model under another mode is the same run.
+TEST(EvalRunId, MatmulModesCountOnlyForMatricesTheyChange) {
+  TempDir dir;
+  const auto write = [&](GgmlType type) {
+    RandomGgufOptions o;
+    o.config.dim = 64;
+    o.config.n_layers = 1;
+    o.config.n_heads = 4;
+    o.config.n_kv_heads = 2;
+    o.config.hidden_dim = 96;
+    o.config.vocab_size = 300;
+    o.type = type;
+    const fs::path p = dir.path() / (std::string(ggml_type_name(static_cast<uint32_t>(type))) + ".gguf");
+    write_random_gguf(o, p);
+    return p;
+  };
+  const auto id = [](const fs::path& path, const LoadOptions& options) {
+    const Model m = Model::load(path, options);
+    EvalConfig c;
+    c.model_path = path.string();
+    return eval_run_id(c, m);
+  };
+  LoadOptions q8;
+  q8.quantized_matmul = QuantizedMatmul::q8_activations;
+  LoadOptions bf16x3;
+  bf16x3.dense_matmul = DenseMatmul::bf16x3;
+  const fs::path f32 = write(GgmlType::f32), q8_0 = write(GgmlType::q8_0), f16 = write(GgmlType::f16);
+  EXPECT_FALSE(Model::load(f32).has_block_quantized_matrices());
+  EXPECT_FALSE(Model::load(f32).has_half_precision_matrices());
+  EXPECT_TRUE(Model::load(q8_0).has_block_quantized_matrices());
+  EXPECT_TRUE(Model::load(f16).has_half_precision_matrices());
+  EXPECT_FALSE(Model::load(f16).has_block_quantized_matrices());
+  EXPECT_EQ(id(f32, q8), id(f32, {}));
+  EXPECT_EQ(id(f32, bf16x3), id(f32, {}));  // no F16/BF16 matrix: loads without AMX too
+  EXPECT_EQ(id(f16, q8), id(f16, {}));
+  EXPECT_NE(id(q8_0, q8), id(q8_0, {}));
+  EXPECT_EQ(id(q8_0, bf16x3), id(q8_0, {}));
+  // An F16 model under bf16x3 is a different run (it needs AMX-BF16 to load at all).
+  try {
+    EXPECT_NE(id(f16, bf16x3), id(f16, {}));
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("AMX-BF16"), std::string::npos) << e.what();
   }
 }

@@ -366,7 +366,7 @@ void print_model_header(std::FILE* out, const LoadedModel& m, const ModelArgs& a
   else
     fmt::print(out, "model: {} ({}, {})\n", args.model_path, format, s.architecture);
   fmt::print(out, "  {}\n", describe(model));
-  const bool quantized = s.weights.find("q8_0") != std::string::npos || s.weights.find("q4_0") != std::string::npos;
+  const bool quantized = model.has_block_quantized_matrices();
   fmt::print(out, "  weights: {}{}\n", s.weights,
              !quantized ? (model.quantized_matmul() == QuantizedMatmul::q8_activations
                                ? " (no Q8_0/Q4_0 weights: --quantized-matmul q8_activations changes nothing)"
@@ -376,9 +376,7 @@ void print_model_header(std::FILE* out, const LoadedModel& m, const ModelArgs& a
                  : " (read as stored, dequantized to float32 in registers; --quantized-matmul q8_activations for llama.cpp's "
                    "arithmetic)");
   if (model.dense_matmul() != DenseMatmul::float32) {
-    std::string lower = s.weights;
-    for (char& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-    const bool dense16 = lower.find("f16") != std::string::npos;  // "f16" and "bf16"
+    const bool dense16 = model.has_half_precision_matrices();
     fmt::print(out, "  dense products: {}{}\n", to_string(model.dense_matmul()),
                dense16 ? " on AMX-BF16 tiles for the F16/BF16 weights (not float32's bits; faster prefill, "
                          "decode under half of float32's)"
