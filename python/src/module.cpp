@@ -14,6 +14,7 @@
 #include "posenc/config.hpp"
 #include "posenc/error.hpp"
 #include "posenc/inspect_json.hpp"
+#include "posenc/threads.hpp"
 #include "posenc/version.hpp"
 
 namespace posenc::python {
@@ -200,6 +201,9 @@ factor or original_max_position_embeddings).)doc");
 PYBIND11_MODULE(_posenc, m) {
   namespace py = pybind11;
   m.doc() = "posenc's C++ core (positional encodings, model runtime): the extension behind the posenc package.";
+  // Before any parallel region: libgomp crashes on an absurd OMP_NUM_THREADS (the import fails with ImportError
+  // naming it instead, as the CLI exits 2).
+  posenc::check_omp_num_threads();
   m.attr("__version__") = std::string(posenc::version());  // the CMake project version
   posenc::python::bind_errors(m);
   posenc::python::bind_rope(m);

@@ -22,6 +22,7 @@
 #include "posenc/io.hpp"
 #include "posenc/overrides.hpp"
 #include "posenc/perplexity.hpp"
+#include "posenc/threads.hpp"
 #include "posenc/version.hpp"
 
 namespace posenc::cli {
@@ -415,41 +416,13 @@ void print_model_header(std::FILE* out, const LoadedModel& m, const ModelArgs& a
   for (const auto& n : m.overrides) fmt::print(out, "  override: {}\n", n);
 }
 
-int max_threads() {
-  const unsigned hw = std::thread::hardware_concurrency();
-  return 64 * static_cast<int>(hw == 0 ? 1U : std::min(hw, 1U << 16));
-}
+int max_threads() { return max_omp_threads(); }
 
 void check_thread_environment() {
-  const char* env = std::getenv("OMP_NUM_THREADS");
-  if (env == nullptr) return;
-  const std::string value = env;
-  if (std::all_of(value.begin(), value.end(), [](char ch) { return std::isspace(static_cast<unsigned char>(ch)); }))
-    return;  // empty: as unset
-  const int bound = max_threads();
-  std::size_t pos = 0;
-  while (pos <= value.size()) {
-    const std::size_t c = std::min(value.find(',', pos), value.size());
-    std::string_view item(value.data() + pos, c - pos);
-    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) item.remove_prefix(1);
-    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.remove_suffix(1);
-    const bool digits = !item.empty() && std::all_of(item.begin(), item.end(), [](char ch) {
-      return std::isdigit(static_cast<unsigned char>(ch)) != 0;
-    });
-    // Not a count (libgomp only warned and ran with its default: "abc", "0", "-1", "4,,2").
-    if (!digits || item.find_first_not_of('0') == std::string_view::npos)
-      throw UsageError(fmt::format("OMP_NUM_THREADS '{}': '{}' is not a thread count (a positive integer, or a "
-                                   "comma-separated list of them); unset it or give one",
-                                   value, item));
-    // A count past the bound, however many digits it has (from_chars fails on overflow: also past it).
-    int64_t v = 0;
-    const auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-    if (ec != std::errc() || p != item.data() + item.size() || v > bound)
-      throw UsageError(fmt::format(
-          "OMP_NUM_THREADS '{}': {} threads is more than posenc runs with (at most {}: 64 x the {} hardware "
-          "threads); unset it or give at most {}",
-          value, item, bound, bound / 64, bound));
-    pos = c + 1;
+  try {
+    check_omp_num_threads();
+  } catch (const InvalidArgument& e) {
+    throw UsageError(e.what());
   }
 }
 

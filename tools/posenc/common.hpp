@@ -135,14 +135,10 @@ inline constexpr const char* kCliConvention =
 /// instead of wrapping, saturating or failing later.
 CLI::Validator int_in(int64_t lo, int64_t hi);
 
-/// The most OpenMP threads a command runs with: 64 x the hardware threads (std::thread::hardware_concurrency, at
-/// least 1). Far more than ever pays off, and far below what breaks libgomp: OMP_NUM_THREADS=100000 made every
-/// command die of SIGSEGV inside GOMP_parallel (its first parallel region) without a message.
+/// The most OpenMP threads a command runs with: posenc::max_omp_threads() (threads.hpp).
 int max_threads();
 
-/// Refuses an OMP_NUM_THREADS any of whose comma-separated counts (one per nesting level) exceeds max_threads(),
-/// before any parallel region runs: UsageError naming OMP_NUM_THREADS, its value and the bound. Values that are not
-/// counts are left to the OpenMP runtime (which warns and ignores them).
+/// posenc::check_omp_num_threads() before any parallel region runs, its InvalidArgument as a UsageError (exit 2).
 void check_thread_environment();
 /// --type of convert and random-model: f32, f16, bf16, q8_0 or q4_0, in any case (another value: exit 2 naming them).
 void add_weight_type_option(CLI::App& cmd, std::string& type);

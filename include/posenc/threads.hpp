@@ -1,0 +1,18 @@
+// posenc — the OpenMP thread counts posenc runs with.
+#pragma once
+
+namespace posenc {
+
+/// The most OpenMP threads posenc runs with: 64 x std::thread::hardware_concurrency() (at least 1 hardware
+/// thread). Far more than ever pays off, and far below what breaks libgomp: OMP_NUM_THREADS=100000 made every
+/// parallel region die of SIGSEGV inside GOMP_parallel, without a message. Never throws.
+int max_omp_threads() noexcept;
+
+/// Checks the OMP_NUM_THREADS environment variable before any parallel region runs (the CLI at start-up, the
+/// Python module at import): unset, empty or all blanks passes; otherwise every comma-separated item (one count
+/// per nesting level) must be a positive decimal integer of at most max_omp_threads(). Throws InvalidArgument
+/// naming OMP_NUM_THREADS, its value, the offending item and, for a count past it, the bound ("abc", "0", "-1",
+/// "4,,2": libgomp only warned and ran with its default, so a typo went unnoticed).
+void check_omp_num_threads();
+
+}  // namespace posenc

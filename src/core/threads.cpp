@@ -1,0 +1,55 @@
+#include "posenc/threads.hpp"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <string_view>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "posenc/error.hpp"
+
+namespace posenc {
+
+int max_omp_threads() noexcept {
+  const unsigned hw = std::thread::hardware_concurrency();
+  return 64 * static_cast<int>(hw == 0 ? 1U : std::min(hw, 1U << 16));
+}
+
+void check_omp_num_threads() {
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (env == nullptr) return;
+  const std::string value = env;
+  if (std::all_of(value.begin(), value.end(), [](char ch) { return std::isspace(static_cast<unsigned char>(ch)); }))
+    return;  // empty: as unset
+  const int bound = max_omp_threads();
+  std::size_t pos = 0;
+  while (pos <= value.size()) {
+    const std::size_t c = std::min(value.find(',', pos), value.size());
+    std::string_view item(value.data() + pos, c - pos);
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) item.remove_prefix(1);
+    while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.remove_suffix(1);
+    const bool digits = !item.empty() && std::all_of(item.begin(), item.end(), [](char ch) {
+      return std::isdigit(static_cast<unsigned char>(ch)) != 0;
+    });
+    if (!digits || item.find_first_not_of('0') == std::string_view::npos)
+      throw InvalidArgument(fmt::format("OMP_NUM_THREADS '{}': '{}' is not a thread count (a positive integer, or a "
+                                        "comma-separated list of them); unset it or give one",
+                                        value, item));
+    // A count past the bound, however many digits it has (from_chars fails on overflow: also past it).
+    int64_t v = 0;
+    const auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+    if (ec != std::errc() || p != item.data() + item.size() || v > bound)
+      throw InvalidArgument(fmt::format(
+          "OMP_NUM_THREADS '{}': {} threads is more than posenc runs with (at most {}: 64 x the {} hardware "
+          "threads); unset it or give at most {}",
+          value, item, bound, bound / 64, bound));
+    pos = c + 1;
+  }
+}
+
+}  // namespace posenc

@@ -1,0 +1,27 @@
+"""The environment the import reads: OMP_NUM_THREADS is checked at `import posenc` as the CLI checks it at start-up
+(libgomp reads it when the extension loads and crashed at the first parallel region on an absurd count). Each import
+runs in a child interpreter."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.parametrize("value,words", [("100000", "more than posenc runs with"), ("abc", "is not a thread count"),
+                                         ("4,,2", "is not a thread count"), ("0", "is not a thread count")])
+def test_a_bad_omp_num_threads_fails_the_import_naming_it(value, words):
+    """libgomp crashed (SIGSEGV) on OMP_NUM_THREADS=100000 at the first parallel region, and only warned on a
+    value that is not a count; the import refuses both, as the CLI exits 2."""
+    env = dict(os.environ, OMP_NUM_THREADS=value)
+    r = subprocess.run([sys.executable, "-c", "import posenc"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 1, f"exit {r.returncode}: {r.stderr}"
+    assert "ImportError" in r.stderr and f"OMP_NUM_THREADS '{value}'" in r.stderr and words in r.stderr, r.stderr
+
+
+def test_a_good_or_empty_omp_num_threads_imports():
+    for value in ("2", " 3 ", "2,1", ""):
+        env = dict(os.environ, OMP_NUM_THREADS=value)
+        r = subprocess.run([sys.executable, "-c", "import posenc; posenc.alibi_slopes(8)"], capture_output=True,
+                           text=True, timeout=60, env=env)
+        assert r.returncode == 0, f"OMP_NUM_THREADS='{value}': exit {r.returncode}: {r.stderr}"
