@@ -1025,11 +1025,13 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     // weights streamed since they were written evicted them, and attention at a few dozen positions then waited
     // on DRAM latency.
     const auto prefetch_kv = [&](const std::vector<KvBlock>& blocks, int h0, int h1, std::size_t budget) {
+      if (h0 == h1) return;
       for (const KvBlock& b : blocks) {
         const bool f32 = b.dtype == KvCacheDtype::f32;
         const std::size_t es = f32 ? 4 : 2;
         const std::size_t row = static_cast<std::size_t>(KV) * es;
-        const std::size_t off = static_cast<std::size_t>(h0) * HD * es, len = static_cast<std::size_t>(h1 - h0) * HD * es;
+        const std::size_t off = static_cast<std::size_t>(h0) * HD * es;
+        const std::size_t len = static_cast<std::size_t>(h1 - h0) * HD * es;
         for (int part = 0; part < 2; ++part) {
           const void* p = f32 ? static_cast<const void*>(part == 0 ? b.k : b.v)
                               : static_cast<const void*>(part == 0 ? b.k16 : b.v16);
@@ -1101,7 +1103,8 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
         qkv(next);
         blocks.clear();
         cache.blocks_as_stored(l + 1, team_seq, blocks);
-        prefetch_kv(blocks, own.kv_head_begin, own.kv_head_end, (std::size_t{512} << 10) / static_cast<std::size_t>(nt));
+        prefetch_kv(blocks, own.kv_head_begin, own.kv_head_end,
+                    (std::size_t{512} << 10) / static_cast<std::size_t>(nt));
 #pragma omp barrier
 #pragma omp single
         prepare_attention(l + 1);
