@@ -11,7 +11,7 @@
 //                   position only (the work of llama-bench -p 256);
 //   BM_RealDecode:  64 tokens decoded one forward at a time from an empty cache (llama-bench -n 64);
 //   BM_RealDecodeTeam (2 threads): the same tokens alternating, two at a time, between the decode team (one
-//                   parallel region per layer, the default) and a region per projection: team_over_regions.
+//                   team of threads through the layers, the default) and a region per projection: team_over_regions.
 // Counters: tokens_per_s; prefill also matmul_GFLOP_per_s (to set against BM_FmaPeak); decode also weight_GB_per_s
 // (the tensor bytes a decode step reads x tokens/s: every tensor of the file but token_embd, of which one row is
 // read, unless the classifier is tied to it; the whole file's bytes, counted until stop 37, overstated it by the
@@ -220,7 +220,7 @@ void decode(benchmark::State& state, const Loaded* m, int threads) {
   state.counters["huge_page_share"] = file_huge_share(m);
 }
 
-/// The decode team (Model::forward's one parallel region per layer) against a region per projection, in one
+/// The decode team (Model::forward's one team of threads through the layers) against a region per projection, in one
 /// process: tokens alternate between the two, two at a time, so both see the same host (whose two-core read rate
 /// moves between levels within seconds: separate runs could not tell a 1-3% difference apart).
 void decode_team_ab(benchmark::State& state, const Loaded* m, int threads) {

@@ -206,8 +206,8 @@ def main(out_dir):
                 team.append(text)
     if team:
         print()
-        print("Decode at two threads, one parallel region per layer (the default) against one per projection, tokens "
-              "alternated in one process (BM_RealDecodeTeam): " + ", ".join(team))
+        print("Decode at two threads, one team of threads through the layers (the default) against a region per "
+              "projection, tokens alternated in one process (BM_RealDecodeTeam): " + ", ".join(team))
 
 
 if __name__ == "__main__":
