@@ -966,48 +966,64 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   // calling thread (it validates the attention's arguments), then one region from layer 0's output projection to
   // the classifier, its threads synchronised by barriers. Inside it each thread takes a contiguous range of each
   // matrix's rows and, from layer 1 on, a contiguous range of the KV heads for attention (AttentionOptions'
-  // kv_head_begin/end) after one thread has rotated Q and K and appended K and V. Every output row and every head is
-  // computed the same way whichever thread computes it and however the work is split (kernels_dense.hpp,
-  // kernels.hpp, attention.hpp), so the bits are the same.
+  // kv_head_begin/end) after one thread has rotated Q and K and appended K and V; each normalises (and quantizes)
+  // a projection's input itself. Every output row, head and normed input is computed the same way whichever thread
+  // computes it and however the work is split (kernels_dense.hpp, kernels.hpp, attention.hpp), so the bits are the
+  // same.
   // On the 487M model at two threads (Zen 5; BM_RealDecodeTeam, tokens alternated in one process): a region per
   // layer with attention between them (runs zen5-16..18) gave F16 0.999-1.052x, Q8_0 1.001-1.045x, q8_activations
   // 1.000-1.043x over a region per projection (a region's start and end cost about 1 us each at the host's higher
   // read rate, seven a layer); attention inside the team, against that, 1.002-1.006x at 64 positions and
-  // 1.022-1.023x at 2K and 8K positions (an f32 cache).
+  // 1.022-1.023x at 2K and 8K positions (an f32 cache); each thread's own norms and quantizations instead of an
+  // omp single's (two to four barriers a layer fewer), against that, 1.007-1.016x where the two cores read about
+  // 83 GB/s and 0.999-1.007x at about 53.
   if (N == 1 && decode_team_pays(m)) {
     Scratch& t = s;
     const auto rows_of = [](int64_t n, int nt, int me) {
       return std::pair<int64_t, int64_t>{n * me / nt, n * (me + 1) / nt};
     };
-    // x's Q8_0 quantization in t.xq, made (by one thread, before the barrier that precedes its readers) when a
-    // projection reading x takes q8_activations.
-    t.xq.resize(q8_input_bytes_max(c));
-    t.xq_of = nullptr;
-    const auto quantize_for = [&](std::initializer_list<const Linear*> readers, const float* x, int64_t in) {
+    // Every thread normalises a projection's input and quantizes it (when a projection reading it takes
+    // q8_activations) into buffers of its own: the same bits on every thread (row-wise arithmetic), where one
+    // thread computing them in an omp single had the others wait at its barrier.
+    const std::size_t xq_bytes = q8_input_bytes_max(c);
+    const auto quantize_for = [&](std::initializer_list<const Linear*> readers, const float* x, int64_t in,
+                                  std::byte* xq) {
       for (const Linear* l : readers)
         if (l->q8_activations) {
-          detail::quantize_rows_q8_0(x, 1, in, t.xq.data());
+          detail::quantize_rows_q8_0(x, 1, in, xq);
           return;
         }
     };
-    const auto shares = [&](const Linear& l, const float* x, float* y, bool accumulate) {
+    const auto shares = [&](const Linear& l, const float* x, const std::byte* xq, float* y, bool accumulate) {
       const auto [r0, r1] = rows_of(l.out, omp_get_num_threads(), omp_get_thread_num());
       if (l.q8_activations)
-        detail::matmul_q8_decode_rows(t.xq.data(), l.in, l.w.data, l.w.type == detail::WeightType::q4_0, l.out, y,
+        detail::matmul_q8_decode_rows(xq, l.in, l.w.data, l.w.type == detail::WeightType::q4_0, l.out, y,
                                       accumulate, r0, r1);
       else
         detail::matmul_w_decode_rows(x, l.w, y, accumulate, r0, r1);
       if (l.bias != nullptr)
         for (int64_t r = r0; r < r1; ++r) y[r] += l.bias[r];
     };
-    const auto norm_att = [&](const LayerWeights& w) {  // one thread
-      detail::rmsnorm(t.x.data(), w.rms_att, 1, D, c.norm_eps, t.xb.data());
-      quantize_for({&w.wq, &w.wk, &w.wv}, t.xb.data(), D);
+    // This thread's normed input of a projection (xb) and its Q8_0 quantization (xq).
+    struct Own {
+      detail::AlignedFloatVector xb;
+      std::vector<std::byte> xq;
     };
-    const auto qkv = [&](const LayerWeights& w) {
-      shares(w.wq, t.xb.data(), t.q.data(), false);
-      shares(w.wk, t.xb.data(), t.k.data(), false);
-      shares(w.wv, t.xb.data(), t.v.data(), false);
+    const auto own_buffers = [&]() -> Own& {
+      thread_local Own own;
+      own.xb.resize(static_cast<std::size_t>(D));
+      own.xq.resize(xq_bytes);
+      return own;
+    };
+    const auto norm = [&](Own& o, const float* weight, std::initializer_list<const Linear*> readers) {
+      detail::rmsnorm(t.x.data(), weight, 1, D, c.norm_eps, o.xb.data());
+      quantize_for(readers, o.xb.data(), D, o.xq.data());
+    };
+    const auto norm_qkv = [&](Own& o, const LayerWeights& w) {
+      norm(o, w.rms_att, {&w.wq, &w.wk, &w.wv});
+      shares(w.wq, o.xb.data(), o.xq.data(), t.q.data(), false);
+      shares(w.wk, o.xb.data(), o.xq.data(), t.k.data(), false);
+      shares(w.wv, o.xb.data(), o.xq.data(), t.v.data(), false);
     };
     KvCache::SeqId team_seq = batch[0].seq;  // the sequence with the token (the others of the batch have none)
     std::size_t team_b = 0;
@@ -1045,10 +1061,9 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
         }
       }
     };
-    norm_att(m.layers.front());
     logits.resize(static_cast<std::size_t>(c.vocab_size));
 #pragma omp parallel
-    qkv(m.layers.front());
+    norm_qkv(own_buffers(), m.layers.front());
     // Layer 0's attention outside the team: it validates the attention's arguments (nothing may throw inside the
     // region); every later layer's are the same shapes over the same blocks.
     attend(0);
@@ -1056,60 +1071,43 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     {
       const int nt = omp_get_num_threads(), me = omp_get_thread_num();
       const auto [h0, h1] = rows_of(c.n_kv_heads, nt, me);
-      AttentionOptions own;  // this thread's KV heads, on this thread
-      own.num_threads = 1;
-      own.kv_head_begin = static_cast<int>(h0);
-      own.kv_head_end = static_cast<int>(h1);
+      AttentionOptions heads;  // this thread's KV heads, on this thread
+      heads.num_threads = 1;
+      heads.kv_head_begin = static_cast<int>(h0);
+      heads.kv_head_end = static_cast<int>(h1);
+      Own& o = own_buffers();
       thread_local std::vector<KvBlock> blocks;
       blocks.reserve(first_blocks.size());
       for (int l = 0; l < c.n_layers; ++l) {
         const LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
-        const bool last = l + 1 == c.n_layers;
-        if (w.wo.q8_activations) {
-#pragma omp single
-          quantize_for({&w.wo}, t.att.data(), Q);
-        }
-        shares(w.wo, t.att.data(), t.x.data(), true);
+        quantize_for({&w.wo}, t.att.data(), Q, o.xq.data());
+        shares(w.wo, t.att.data(), o.xq.data(), t.x.data(), true);
 #pragma omp barrier
-#pragma omp single
-        {
-          detail::rmsnorm(t.x.data(), w.rms_ffn, 1, D, c.norm_eps, t.xb.data());
-          quantize_for({&w.w1, &w.w3}, t.xb.data(), D);
-        }
-        shares(w.w1, t.xb.data(), t.h1.data(), false);
-        shares(w.w3, t.xb.data(), t.h3.data(), false);
+        norm(o, w.rms_ffn, {&w.w1, &w.w3});
+        shares(w.w1, o.xb.data(), o.xq.data(), t.h1.data(), false);
+        shares(w.w3, o.xb.data(), o.xq.data(), t.h3.data(), false);
         // SwiGLU element by element on this thread's rows of both (w1 and w3 have HID rows, split alike).
         const auto [g0, g1] = rows_of(HID, nt, me);
         detail::swiglu_serial(t.h1.data() + g0, t.h3.data() + g0, g1 - g0);
 #pragma omp barrier
-        if (w.w2.q8_activations) {
-#pragma omp single
-          quantize_for({&w.w2}, t.h1.data(), HID);
-        }
-        shares(w.w2, t.h1.data(), t.x.data(), true);
+        quantize_for({&w.w2}, t.h1.data(), HID, o.xq.data());
+        shares(w.w2, t.h1.data(), o.xq.data(), t.x.data(), true);
 #pragma omp barrier
-        if (last) {
-#pragma omp single
-          {
-            detail::rmsnorm(t.x.data(), m.rms_final, 1, D, c.norm_eps, t.xb.data());
-            quantize_for({&m.classifier}, t.xb.data(), D);
-          }
-          shares(m.classifier, t.xb.data(), logits.data(), false);
+        if (l + 1 == c.n_layers) {
+          norm(o, m.rms_final, {&m.classifier});
+          shares(m.classifier, o.xb.data(), o.xq.data(), logits.data(), false);
           break;
         }
-        const LayerWeights& next = m.layers[static_cast<std::size_t>(l) + 1];
-#pragma omp single
-        norm_att(next);
-        qkv(next);
+        norm_qkv(o, m.layers[static_cast<std::size_t>(l) + 1]);
         blocks.clear();
         cache.blocks_as_stored(l + 1, team_seq, blocks);
-        prefetch_kv(blocks, own.kv_head_begin, own.kv_head_end,
+        prefetch_kv(blocks, heads.kv_head_begin, heads.kv_head_end,
                     (std::size_t{512} << 10) / static_cast<std::size_t>(nt));
 #pragma omp barrier
 #pragma omp single
         prepare_attention(l + 1);
         // Attention on this thread's KV heads (the same bits as one call over all of them).
-        attention_forward(spec, t.q.data(), team_pos, blocks, t.att.data(), own);
+        attention_forward(spec, t.q.data(), team_pos, blocks, t.att.data(), heads);
 #pragma omp barrier
       }
     }
