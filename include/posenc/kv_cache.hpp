@@ -147,6 +147,13 @@ class KvCache {
   /// KvCacheDtype; f32: copied bit for bit). Throws InvalidArgument for a layer
   /// or slot outside the cache.
   void write(int layer, Slot slot, const float* k, const float* v);
+  /// write() of the KV heads [kv_head_begin, kv_head_end) only: k and v are
+  /// still whole rows ([kv_heads, head_dim] float32), of which those heads'
+  /// channels are read and stored, the same values write() stores for them.
+  /// Threads may write disjoint head ranges of one slot at once (the decode
+  /// team does). Throws InvalidArgument for a layer or slot outside the cache
+  /// or a range outside [0, kv_heads].
+  void write(int layer, Slot slot, const float* k, const float* v, int kv_head_begin, int kv_head_end);
   /// One slot's k or v at `layer` widened to float32 (exact): [kv_heads, head_dim].
   void read_key(int layer, Slot slot, float* out) const;
   void read_value(int layer, Slot slot, float* out) const;

@@ -283,6 +283,25 @@ void KvCache::write(int layer, Slot slot, const float* k, const float* v) {
   }
 }
 
+void KvCache::write(int layer, Slot slot, const float* k, const float* v, int kv_head_begin, int kv_head_end) {
+  check_slot(config_, blocks_.size(), layer, slot, "KvCache::write");
+  if (kv_head_begin < 0 || kv_head_begin > kv_head_end || kv_head_end > config_.kv_heads)
+    throw InvalidArgument(fmt::format("KvCache::write: KV heads [{}, {}) are not within [0, {}] (num_key_value_heads)",
+                                      kv_head_begin, kv_head_end, config_.kv_heads));
+  const std::size_t hd = static_cast<std::size_t>(config_.head_dim);
+  const std::size_t first = static_cast<std::size_t>(kv_head_begin) * hd;
+  const std::size_t n = static_cast<std::size_t>(kv_head_end - kv_head_begin) * hd;
+  Block& b = *blocks_[static_cast<std::size_t>(slot.block)];
+  const std::size_t ki = element_index(layer, 0, slot.offset) + first, vi = element_index(layer, 1, slot.offset) + first;
+  if (config_.dtype == KvCacheDtype::f32) {
+    std::copy(k + first, k + first + n, b.data.data() + ki);
+    std::copy(v + first, v + first + n, b.data.data() + vi);
+  } else {
+    narrow_to(config_.dtype, k + first, b.half.data() + ki, n);
+    narrow_to(config_.dtype, v + first, b.half.data() + vi, n);
+  }
+}
+
 void KvCache::read_key(int layer, Slot slot, float* out) const {
   check_slot(config_, blocks_.size(), layer, slot, "KvCache::read_key");
   const std::size_t kv_dim = static_cast<std::size_t>(config_.kv_heads) * static_cast<std::size_t>(config_.head_dim);

@@ -966,8 +966,10 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   // calling thread (it validates the attention's arguments), then one region from layer 0's output projection to
   // the classifier, its threads synchronised by barriers. Inside it each thread takes a contiguous range of each
   // matrix's rows and, from layer 1 on, a contiguous range of the KV heads for attention (AttentionOptions'
-  // kv_head_begin/end) after one thread has rotated Q and K and appended K and V; each normalises (and quantizes)
-  // a projection's input itself. Every output row, head and normed input is computed the same way whichever thread
+  // kv_head_begin/end): when the KV heads split evenly its rows of Q, K and V are its heads' rows, and it rotates
+  // its Q and K heads and appends its K and V heads itself (prepare_heads, no barrier between its projections and
+  // its attention); otherwise one thread does that for all heads between two barriers. Each thread normalises
+  // (and quantizes) a projection's input itself. Every output row, head and normed input is computed the same way whichever thread
   // computes it and however the work is split (kernels_dense.hpp, kernels.hpp, attention.hpp), so the bits are the
   // same.
   // On the 487M model at two threads (Zen 5; BM_RealDecodeTeam, tokens alternated in one process): a region per
@@ -976,7 +978,8 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   // read rate, seven a layer); attention inside the team, against that, 1.002-1.006x at 64 positions and
   // 1.022-1.023x at 2K and 8K positions (an f32 cache); each thread's own norms and quantizations instead of an
   // omp single's (two to four barriers a layer fewer), against that, 1.007-1.016x where the two cores read about
-  // 83 GB/s and 0.999-1.007x at about 53.
+  // 83 GB/s and 0.999-1.007x at about 53; each thread's own heads prepared by itself (4 KV heads on 2 threads),
+  // against one thread preparing them all, Q8_0 1.012-1.014x, F16 1.004-1.009x, q8_activations 1.006-1.010x.
   if (N == 1 && decode_team_pays(m)) {
     Scratch& t = s;
     const auto rows_of = [](int64_t n, int nt, int me) {
@@ -1061,6 +1064,30 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
         }
       }
     };
+    // With the KV heads split evenly between the threads, each thread's rows of Q, K and V (rows_of) are exactly
+    // its heads' rows, so it can rotate its Q and K heads, append its K and V heads and attend with no barrier since
+    // its projections (prepare_heads); otherwise one thread does all of that for all heads after a barrier.
+    const auto prepare_heads = [&](int l, int h0, int h1) {
+      const LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
+      const int group = c.n_heads / c.n_kv_heads;
+      float* q = t.q.data() + static_cast<std::size_t>(h0) * group * HD;
+      float* k = t.k.data() + static_cast<std::size_t>(h0) * HD;
+      const int qh = (h1 - h0) * group, kh = h1 - h0;
+      if (kh == 0) return;
+      if (w.q_norm != nullptr) {  // Qwen3: RMSNorm over each head's channels, before RoPE
+        detail::rmsnorm(q, w.q_norm, qh, HD, c.norm_eps, q);
+        detail::rmsnorm(k, w.k_norm, kh, HD, c.norm_eps, k);
+      }
+      if (rope) {
+        apply_rope(q, 1, qh, HD, tables[team_b], states[team_b].layout, RopeDirection::forward, Q);
+        apply_rope(k, 1, kh, HD, tables[team_b], states[team_b].layout, RopeDirection::forward, KV);
+      }
+      if (mrope) {
+        apply_rope(q, 1, qh, HD, mtables[team_b], mstates[team_b].layout, RopeDirection::forward, Q);
+        apply_rope(k, 1, kh, HD, mtables[team_b], mstates[team_b].layout, RopeDirection::forward, KV);
+      }
+      cache.write(l, slots[team_b][0], t.k.data(), t.v.data(), h0, h1);
+    };
     logits.resize(static_cast<std::size_t>(c.vocab_size));
 #pragma omp parallel
     norm_qkv(own_buffers(), m.layers.front());
@@ -1076,6 +1103,7 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
       heads.kv_head_begin = static_cast<int>(h0);
       heads.kv_head_end = static_cast<int>(h1);
       Own& o = own_buffers();
+      const bool own_heads = c.n_kv_heads % nt == 0;
       thread_local std::vector<KvBlock> blocks;
       blocks.reserve(first_blocks.size());
       for (int l = 0; l < c.n_layers; ++l) {
@@ -1103,9 +1131,13 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
         cache.blocks_as_stored(l + 1, team_seq, blocks);
         prefetch_kv(blocks, heads.kv_head_begin, heads.kv_head_end,
                     (std::size_t{512} << 10) / static_cast<std::size_t>(nt));
+        if (own_heads) {
+          prepare_heads(l + 1, heads.kv_head_begin, heads.kv_head_end);
+        } else {
 #pragma omp barrier
 #pragma omp single
-        prepare_attention(l + 1);
+          prepare_attention(l + 1);
+        }
         // Attention on this thread's KV heads (the same bits as one call over all of them).
         attention_forward(spec, t.q.data(), team_pos, blocks, t.att.data(), heads);
 #pragma omp barrier

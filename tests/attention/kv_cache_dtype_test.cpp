@@ -8,6 +8,9 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -370,6 +373,61 @@ TEST(KvCacheDtype, ShiftAndRerotateRoundTheRotatedKeysAgain) {
                     bits(round_as(d, v[(i * kLayers + 1) * kKv + static_cast<std::size_t>(j)]));
       }
       EXPECT_EQ(differ, 0u) << to_string(d) << (rerotate ? " rerotate" : " shift");
+    }
+  }
+}
+
+// KvCache::write of a KV head range stores, for those heads, exactly what write() stores, leaves the other heads
+// as they were, and two disjoint ranges make the whole row; a range outside [0, kv_heads] is refused by name.
+TEST(KvCacheDtype, WritingAHeadRangeStoresWhatWriteStoresForThoseHeads) {
+  for (KvCacheDtype dtype : {KvCacheDtype::f32, KvCacheDtype::f16, KvCacheDtype::bf16}) {
+    KvCache::Config cfg;
+    cfg.n_layers = 2;
+    cfg.kv_heads = 4;
+    cfg.head_dim = 8;
+    cfg.block_size = 4;
+    cfg.dtype = dtype;
+    const std::size_t row = 32;
+    std::vector<float> k(row), v(row), k2(row), v2(row);
+    for (std::size_t i = 0; i < row; ++i) {
+      k[i] = 0.1f * static_cast<float>(i) - 1.3f;
+      v[i] = 1.0f / (1.0f + static_cast<float>(i));
+      k2[i] = -7.0f;
+      v2[i] = 9.0f;
+    }
+    KvCache whole(cfg), parts(cfg);
+    const auto sw = whole.create(), sp = parts.create();
+    const auto slot_w = whole.append(sw, std::vector<int64_t>{0}).at(0);
+    const auto slot_p = parts.append(sp, std::vector<int64_t>{0}).at(0);
+    whole.write(1, slot_w, k.data(), v.data());
+    parts.write(1, slot_p, k2.data(), v2.data());  // something else first: the ranges must overwrite all of it
+    parts.write(1, slot_p, k.data(), v.data(), 0, 1);
+    std::vector<float> got(row), want(row);
+    parts.read_key(1, slot_p, got.data());
+    whole.read_key(1, slot_w, want.data());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), 8 * sizeof(float)), 0) << to_string(dtype) << ": head 0";
+    std::vector<float> other(row);
+    KvCache ref(cfg);
+    const auto sr = ref.create();
+    const auto slot_r = ref.append(sr, std::vector<int64_t>{0}).at(0);
+    ref.write(1, slot_r, k2.data(), v2.data());
+    ref.read_key(1, slot_r, other.data());
+    EXPECT_EQ(std::memcmp(got.data() + 8, other.data() + 8, 24 * sizeof(float)), 0)
+        << to_string(dtype) << ": heads 1-3 were written";
+    parts.write(1, slot_p, k.data(), v.data(), 1, 4);
+    parts.write(1, slot_p, k.data(), v.data(), 2, 2);  // empty: nothing
+    parts.read_key(1, slot_p, got.data());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), row * sizeof(float)), 0) << to_string(dtype) << ": keys";
+    parts.read_value(1, slot_p, got.data());
+    whole.read_value(1, slot_w, want.data());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), row * sizeof(float)), 0) << to_string(dtype) << ": values";
+    for (const auto& [b, e] : std::vector<std::pair<int, int>>{{-1, 2}, {3, 2}, {0, 5}}) {
+      try {
+        parts.write(1, slot_p, k.data(), v.data(), b, e);
+        ADD_FAILURE() << "no exception for [" << b << ", " << e << ")";
+      } catch (const InvalidArgument& ex) {
+        EXPECT_NE(std::string(ex.what()).find("num_key_value_heads"), std::string::npos) << ex.what();
+      }
     }
   }
 }

@@ -11,6 +11,7 @@
 // the loader refused it ("mrope models are not run by this runtime").
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -19,7 +20,9 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include "model/kernels_dense.hpp"
 #include "posenc/checkpoint.hpp"
 #include "posenc/consistency.hpp"
 #include "posenc/error.hpp"
@@ -355,4 +358,44 @@ TEST(MropeModel, PaddedDecodeStepContinuesFromTheDelta) {
   const std::vector<float> got(logits.begin() + kVocab, logits.end());
   const std::vector<float> want(ref.begin() + kPromptLen * kVocab, ref.begin() + (kPromptLen + 1) * kVocab);
   EXPECT_LE(max_diff(got, want), 1e-5);
+}
+
+// The decode team (Model::forward's one team of threads for a one-token step) rotates each thread's own Q and K
+// heads with the M-RoPE table when the KV heads split evenly (2 KV heads on 2 threads), one thread all of them
+// otherwise (3 threads): after an image prompt, decode steps give the bits of a region per projection.
+TEST(MropeModel, DecodeTeamGivesTheBitsOfARegionPerProjection) {
+  if (!detail::dense_kernel_supported(detail::DenseKernel::avx512))
+    GTEST_SKIP() << "the decode team runs the AVX-512 one-row product; this CPU has no AVX-512";
+  if (omp_get_thread_limit() < 2) GTEST_SKIP() << "OMP_THREAD_LIMIT leaves no second thread for a team";
+  posenc::test::TempDir d;
+  const int threads_before = omp_get_max_threads();
+  const Model m = save_and_load(d, "m.pt", random_checkpoint(PositionFamily::mrope, MropeMapping::interleaved));
+  const MropePositionIds prompt = mrope_position_ids(kPrompt, {});
+  const auto toks = tokens(static_cast<std::size_t>(kPromptLen + kDecode), 3);
+  const auto run = [&] {
+    KvCache cache = m.make_cache(4);
+    const KvCache::SeqId s = cache.create();
+    std::vector<float> out, logits;
+    Model::SequenceInput pre{s, std::span(toks).subspan(0, kPromptLen), {}, prompt.position_ids};
+    m.forward(cache, std::span(&pre, 1), Model::LogitsMode::last, logits);
+    for (int64_t i = kPromptLen; i < kPromptLen + kDecode; ++i) {
+      Model::SequenceInput in{s, std::span(toks).subspan(static_cast<std::size_t>(i), 1), {}};
+      m.forward(cache, std::span(&in, 1), Model::LogitsMode::last, logits);
+      out.insert(out.end(), logits.begin(), logits.end());
+    }
+    return out;
+  };
+  for (int threads : {2, 3}) {
+    omp_set_num_threads(threads);
+    detail::set_decode_team(detail::DecodeTeam::always);
+    const int64_t before = detail::decode_team_steps();
+    const std::vector<float> team = run();
+    EXPECT_EQ(detail::decode_team_steps() - before, kDecode) << threads << " threads";
+    detail::set_decode_team(detail::DecodeTeam::off);
+    const std::vector<float> regions = run();
+    ASSERT_EQ(team.size(), regions.size());
+    EXPECT_EQ(std::memcmp(team.data(), regions.data(), team.size() * sizeof(float)), 0) << threads << " threads";
+  }
+  detail::set_decode_team(detail::DecodeTeam::automatic);
+  omp_set_num_threads(threads_before);
 }
