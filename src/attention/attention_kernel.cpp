@@ -1812,13 +1812,24 @@ int64_t check_kv_blocks(std::span<const KvBlock> kv, std::string_view caller) {
 }
 
 std::span<const KvBlock> widen_kv_blocks(std::span<const KvBlock> kv, int64_t row, std::vector<float>& storage,
-                                         std::vector<KvBlock>& widened) {
+                                         std::vector<KvBlock>& widened, int64_t first, int64_t count) {
+  if (count < 0) count = row - first;
   std::size_t need = 0;
   for (const KvBlock& b : kv)
     if (b.dtype != KvCacheDtype::f32) need += 2 * static_cast<std::size_t>(b.n_tokens) * static_cast<std::size_t>(row);
   if (need == 0) return kv;
   storage.resize(need);  // before taking pointers into it
   widened.assign(kv.begin(), kv.end());
+  const auto widen = [](KvCacheDtype dtype, const uint16_t* src, float* out, std::size_t n) {
+    std::size_t i = 0;
+#if (defined(POSENC_ATTN_AVX2) || defined(POSENC_ATTN_AVX512)) && defined(__F16C__)
+    if (dtype == KvCacheDtype::f16)
+      for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+    for (; i < n; ++i) out[i] = dtype == KvCacheDtype::f16 ? f16_to_f32(src[i]) : bf16_to_f32(src[i]);
+  };
+  const bool whole = first == 0 && count == row;
   float* dst = storage.data();
   for (KvBlock& b : widened) {
     if (b.dtype == KvCacheDtype::f32) continue;
@@ -1826,13 +1837,12 @@ std::span<const KvBlock> widen_kv_blocks(std::span<const KvBlock> kv, int64_t ro
     for (int kv_i = 0; kv_i < 2; ++kv_i) {
       const uint16_t* src = kv_i == 0 ? b.k16 : b.v16;
       float* out = dst + kv_i * n;
-      std::size_t i = 0;
-#if (defined(POSENC_ATTN_AVX2) || defined(POSENC_ATTN_AVX512)) && defined(__F16C__)
-      if (b.dtype == KvCacheDtype::f16)
-        for (; i + 8 <= n; i += 8)
-          _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-#endif
-      for (; i < n; ++i) out[i] = b.dtype == KvCacheDtype::f16 ? f16_to_f32(src[i]) : bf16_to_f32(src[i]);
+      if (whole) {
+        widen(b.dtype, src, out, n);
+      } else {
+        for (int64_t j = 0; j < b.n_tokens; ++j)
+          widen(b.dtype, src + j * row + first, out + j * row + first, static_cast<std::size_t>(count));
+      }
     }
     b.k = dst;
     b.v = dst + n;
@@ -1957,7 +1967,10 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
   // Every other call over f16/bf16 blocks reads an exact float32 copy of them (per thread, reused).
   thread_local std::vector<float> widened_storage;
   thread_local std::vector<KvBlock> widened_blocks;
-  kv = widen_kv_blocks(kv, c.ks, widened_storage, widened_blocks);
+  // Only the channels of the heads the call computes (the decode team's threads each widen their own, while the
+  // others may still be appending theirs).
+  kv = widen_kv_blocks(kv, c.ks, widened_storage, widened_blocks, static_cast<int64_t>(kv_begin) * c.D,
+                       static_cast<int64_t>(kv_range) * c.D);
 
   thread_local KeyTable key_table;
   thread_local std::vector<Tile> tile_storage;

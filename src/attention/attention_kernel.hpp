@@ -29,9 +29,11 @@ int64_t check_kv_blocks(std::span<const KvBlock> kv, std::string_view caller);
 /// written to `storage` (resized) and the blocks, pointing at them, to
 /// `widened`; returns a span over `widened`, or kv itself when every block is
 /// float32 already (nothing written). row: kv_heads * head_dim elements per
-/// token.
+/// token. Only the channels [first, first + count) of each token's row are
+/// widened (count -1: to the row's end); the copy's other channels hold
+/// whatever storage held, and must not be read.
 std::span<const KvBlock> widen_kv_blocks(std::span<const KvBlock> kv, int64_t row, std::vector<float>& storage,
-                                         std::vector<KvBlock>& widened);
+                                         std::vector<KvBlock>& widened, int64_t first = 0, int64_t count = -1);
 
 /// attention_forward with an optional query rotation (nullptr: none).
 /// Validates its arguments (InvalidArgument).
