@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -357,9 +358,11 @@ TEST(WeightsAsStored, Bf16SplitIsRefusedWhereItCannotRunNamingTheSetting) {
 
 namespace {
 
-/// The last-token logits of decoding `ids` one token at a time, concatenated.
-std::vector<float> decode_steps(const Model& m, const std::vector<int32_t>& ids) {
-  KvCache cache = m.make_cache();
+/// The last-token logits of decoding `ids` one token at a time, concatenated (a cache of `dtype`, or of the
+/// model's kv_cache_dtype()).
+std::vector<float> decode_steps(const Model& m, const std::vector<int32_t>& ids,
+                                std::optional<KvCacheDtype> dtype = std::nullopt) {
+  KvCache cache = dtype ? m.make_cache(16, 0, *dtype) : m.make_cache();
   const auto seq = cache.create();
   std::vector<float> out, last;
   for (std::size_t i = 0; i < ids.size(); ++i) {
@@ -475,17 +478,7 @@ TEST(WeightsAsStored, DecodeTeamGivesTheBitsOfARegionPerProjection) {
       const Model m = Model::load(path);
       std::vector<int32_t> long_ids(static_cast<std::size_t>(sh.tokens));
       for (std::size_t i = 0; i < long_ids.size(); ++i) long_ids[i] = static_cast<int32_t>((i * 37 + 5) % 300);
-      const auto steps = [&] {
-        KvCache cache = m.make_cache(16, 0, sh.cache);
-        const auto seq = cache.create();
-        std::vector<float> out, last;
-        for (std::size_t i = 0; i < long_ids.size(); ++i) {
-          Model::SequenceInput in{seq, std::span(long_ids.data() + i, 1), {}};
-          m.forward(cache, std::span(&in, 1), Model::LogitsMode::last, last);
-          out.insert(out.end(), last.begin(), last.end());
-        }
-        return out;
-      };
+      const auto steps = [&] { return decode_steps(m, long_ids, sh.cache); };
       for (int threads : {2, 3}) {
         const std::string label = fmt::format("{} heads / {} KV heads, {} cache, {} tokens, {} threads", sh.heads,
                                               sh.kv_heads, to_string(sh.cache), sh.tokens, threads);
