@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <nlohmann/json.hpp>
 
 #include "posenc/model.hpp"
@@ -366,6 +367,23 @@ TEST(Cli, JsonRecordsTheKernelsItsTimingsDependOn) {
   EXPECT_EQ(b.at("decode_plan_dense"), avx512 ? nlohmann::json("8:prefetch=64") : nlohmann::json(nullptr)) << b.dump();
   EXPECT_EQ(b.at("decode_plan_blocks"), blocks ? nlohmann::json("8:prefetch=64") : nlohmann::json(nullptr))
       << b.dump();
+  // stories260K is too small for the decode team; a dim-512 model decodes in one at two threads (AVX-512), not at one.
+  EXPECT_EQ(b.at("decode_team_steps"), 0) << b.dump();
+  const auto big = d.path() / "dim512.gguf";
+  ASSERT_EQ(run_cli("random-model --dim 512 --layers 2 --heads 8 --kv-heads 2 --ffn 512 --vocab 300 --type f16 "
+                    "--out " + q(big)).exit_code, 0);
+  for (int threads : {1, 2}) {
+    const auto out = d.path() / ("big" + std::to_string(threads) + ".json");
+    const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " '" + std::string(POSENC_CLI_PATH) +
+                            "' generate --model " + q(big) + " --prompt 'tok5 tok9' --max-tokens 4 --ignore-eos "
+                            "--quiet --json " + q(out) + " >/dev/null 2>&1";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    const auto k = nlohmann::json::parse(posenc::test::slurp(out)).at("kernels");
+    if (threads == 1 || here.dense_kernel != "avx512" || omp_get_thread_limit() < 2)
+      EXPECT_EQ(k.at("decode_team_steps"), 0) << k.dump();
+    else
+      EXPECT_EQ(k.at("decode_team_steps"), 3) << k.dump();  // the tokens after the first, one step each
+  }
   const auto out = d.path() / "p.json";
   const auto r = run_cli("ppl " + model_args() + " --text " + q(posenc::test::text_path()) +
                          " --context 64 --scored-tokens 256 --json " + q(out));

@@ -285,7 +285,10 @@ nlohmann::json kernels_json() {
           {"q8_kernel", k.q8_kernel},
           {"decode_plan_dense", plan(k.decode_plan_dense)},
           {"decode_plan_blocks", plan(k.decode_plan_blocks)},
-          {"threads", k.threads}};
+          {"threads", k.threads},
+          // One-token steps this process ran as one team of threads (Model::forward's decode team: models whose
+          // matrices are large enough for threads, on AVX-512, at two threads or more).
+          {"decode_team_steps", detail::decode_team_steps()}};
 }
 
 nlohmann::json position_warning_json() {
