@@ -1853,15 +1853,19 @@ std::span<const KvBlock> widen_kv_blocks(std::span<const KvBlock> kv, int64_t ro
   return widened;
 }
 
+bool reads_16bit_blocks_in_place(int64_t rows) {
+#if defined(POSENC_ATTN_AVX512) || (defined(POSENC_ATTN_AVX2) && defined(__F16C__))
+  return rows <= kNarrowMaxRows;
+#else
+  (void)rows;
+  return false;
+#endif
+}
+
 void attention_kernel(const AttentionSpec& spec, const float* q,
                       std::span<const int64_t> q_position_ids, std::span<const KvBlock> kv,
                       float* out, const AttentionOptions& options, const QueryRope* q_rope) {
   spec.validate();
-  const int64_t q_tokens = static_cast<int64_t>(q_position_ids.size());
-  if (q_tokens == 0) return;
-  if (!q || !out)
-    throw InvalidArgument("attention_forward: q and out must not be null when q_tokens > 0");
-  const int64_t kv_tokens = check_kv_blocks(kv, "attention_forward");
   if (options.num_threads < 0)
     fail_field<InvalidArgument>("num_threads", "must be >= 0", options.num_threads);
   const int kv_begin = options.kv_head_begin;
@@ -1870,6 +1874,11 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
     throw InvalidArgument(fmt::format("attention_forward: kv_head_begin {} / kv_head_end {}: must satisfy 0 <= "
                                       "kv_head_begin <= kv_head_end <= num_key_value_heads ({}; -1: all)",
                                       options.kv_head_begin, options.kv_head_end, spec.kv_heads));
+  const int64_t q_tokens = static_cast<int64_t>(q_position_ids.size());
+  if (q_tokens == 0) return;
+  if (!q || !out)
+    throw InvalidArgument("attention_forward: q and out must not be null when q_tokens > 0");
+  const int64_t kv_tokens = check_kv_blocks(kv, "attention_forward");
   if (kv_begin == kv_end) return;
   const int kv_range = kv_end - kv_begin;
 

@@ -35,6 +35,11 @@ int64_t check_kv_blocks(std::span<const KvBlock> kv, std::string_view caller);
 std::span<const KvBlock> widen_kv_blocks(std::span<const KvBlock> kv, int64_t row, std::vector<float>& storage,
                                          std::vector<KvBlock>& widened, int64_t first = 0, int64_t count = -1);
 
+/// Whether a call with `rows` query rows per KV head (q_tokens x the GQA group) over f16/bf16 blocks reads them
+/// in place (the narrow kernels, up to 8 rows, on AVX-512 or AVX2 with F16C); otherwise it widens them into a
+/// float32 copy per thread of the call, the size of the blocks' rows (the decode team keeps out of such calls).
+bool reads_16bit_blocks_in_place(int64_t rows);
+
 /// attention_forward with an optional query rotation (nullptr: none).
 /// Validates its arguments (InvalidArgument).
 void attention_kernel(const AttentionSpec& spec, const float* q,

@@ -20,6 +20,22 @@ int max_omp_threads() noexcept {
   return 64 * static_cast<int>(hw == 0 ? 1U : std::min(hw, 1U << 16));
 }
 
+namespace {
+/// `text` with every byte outside printable ASCII as \xHH: the message stays valid UTF-8 (Python's ImportError
+/// could not carry a raw \xff and came out empty).
+std::string printable(std::string_view text) {
+  std::string out;
+  for (const char ch : text) {
+    const auto u = static_cast<unsigned char>(ch);
+    if (u >= 0x20 && u < 0x7f)
+      out += ch;
+    else
+      out += fmt::format("\\x{:02x}", u);
+  }
+  return out;
+}
+}  // namespace
+
 void check_omp_num_threads() {
   const char* env = std::getenv("OMP_NUM_THREADS");
   if (env == nullptr) return;
@@ -39,7 +55,7 @@ void check_omp_num_threads() {
     if (!digits || item.find_first_not_of('0') == std::string_view::npos)
       throw InvalidArgument(fmt::format("OMP_NUM_THREADS '{}': '{}' is not a thread count (a positive integer, or a "
                                         "comma-separated list of them); unset it or give one",
-                                        value, item));
+                                        printable(value), printable(item)));
     // A count past the bound, however many digits it has (from_chars fails on overflow: also past it).
     int64_t v = 0;
     const auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
@@ -47,7 +63,7 @@ void check_omp_num_threads() {
       throw InvalidArgument(fmt::format(
           "OMP_NUM_THREADS '{}': {} threads is more than posenc runs with (at most {}: 64 x the {} hardware "
           "threads); unset it or give at most {}",
-          value, item, bound, bound / 64, bound));
+          printable(value), printable(item), bound, bound / 64, bound));
     pos = c + 1;
   }
 }

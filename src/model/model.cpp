@@ -17,6 +17,7 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include "attention/attention_kernel.hpp"
 #include "core/aligned.hpp"
 #include "model/kernels.hpp"
 #include "model/kernels_dense.hpp"
@@ -980,7 +981,12 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   // omp single's (two to four barriers a layer fewer), against that, 1.007-1.016x where the two cores read about
   // 83 GB/s and 0.999-1.007x at about 53; each thread's own heads prepared by itself (4 KV heads on 2 threads),
   // against one thread preparing them all, Q8_0 1.012-1.014x, F16 1.004-1.009x, q8_activations 1.006-1.010x.
-  if (N == 1 && decode_team_pays(m)) {
+  // Not with a 16-bit cache the attention would widen (more than 8 query heads per KV head): each thread of the team
+  // would hold a float32 copy of the layer's cache (an adversary measured 194 MB for a 64 MB f16 cache at 4 threads),
+  // allocated inside the region, where running out of memory ends the process instead of throwing.
+  const bool team_attention_in_place =
+      kc.dtype == KvCacheDtype::f32 || detail::reads_16bit_blocks_in_place(c.n_heads / c.n_kv_heads);
+  if (N == 1 && team_attention_in_place && decode_team_pays(m)) {
     Scratch& t = s;
     const auto rows_of = [](int64_t n, int nt, int me) {
       return std::pair<int64_t, int64_t>{n * me / nt, n * (me + 1) / nt};

@@ -686,5 +686,8 @@ TEST(Attention, KvHeadRangesOutsideTheHeadsAreRejected) {
       EXPECT_NE(std::string(ex.what()).find("num_key_value_heads (4"), std::string::npos) << ex.what();
     }
     for (float x : out) ASSERT_EQ(x, 3.0f) << "a rejected call wrote its output";
+    // With no query token too (nothing to compute, but the range is still checked).
+    EXPECT_THROW(attention_forward(d.spec, d.q.data(), std::span<const int64_t>(), d.blocks, out.data(), opt),
+                 InvalidArgument);
   }
 }

@@ -25,3 +25,12 @@ def test_a_good_or_empty_omp_num_threads_imports():
         r = subprocess.run([sys.executable, "-c", "import posenc; posenc.alibi_slopes(8)"], capture_output=True,
                            text=True, timeout=60, env=env)
         assert r.returncode == 0, f"OMP_NUM_THREADS='{value}': exit {r.returncode}: {r.stderr}"
+
+
+def test_a_value_that_is_not_utf8_is_named_with_its_bytes_escaped():
+    """pybind11 could not put a raw 0xff byte into the ImportError's message, which came out empty."""
+    env = dict(os.environb)
+    env[b"OMP_NUM_THREADS"] = b"\xff2"
+    r = subprocess.run([sys.executable, "-c", "import posenc"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 1, f"exit {r.returncode}: {r.stderr}"
+    assert "OMP_NUM_THREADS '\\xff2'" in r.stderr and "is not a thread count" in r.stderr, r.stderr

@@ -373,7 +373,7 @@ void print_model_header(std::FILE* out, const LoadedModel& m, const ModelArgs& a
   const bool quantized = model.has_block_quantized_matrices();
   fmt::print(out, "  weights: {}{}\n", s.weights,
              !quantized ? (model.quantized_matmul() == QuantizedMatmul::q8_activations
-                               ? " (no Q8_0/Q4_0 weights: --quantized-matmul q8_activations changes nothing)"
+                               ? " (no Q8_0/Q4_0 matrices: --quantized-matmul q8_activations changes nothing)"
                                : "")
              : model.quantized_matmul() == QuantizedMatmul::q8_activations
                  ? " (kept in blocks; products with Q8_0-quantized activations, llama.cpp's arithmetic)"
@@ -384,7 +384,7 @@ void print_model_header(std::FILE* out, const LoadedModel& m, const ModelArgs& a
     fmt::print(out, "  dense products: {}{}\n", to_string(model.dense_matmul()),
                dense16 ? " on AMX-BF16 tiles for the F16/BF16 weights (not float32's bits; faster prefill, "
                          "decode under half of float32's)"
-                       : " (no F16/BF16 weights: --dense-matmul changes nothing)");
+                       : " (no F16/BF16 matrices: --dense-matmul changes nothing)");
   }
   if (model.family() == PositionFamily::rope && !s.layout_reason.empty())
     fmt::print(out, "  layout: {}{}\n", args.rope_layout.empty() ? s.layout_reason : to_string(model.rope().layout),
