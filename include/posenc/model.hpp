@@ -485,7 +485,9 @@ PositionBug position_bug_for_testing();
 /// projection otherwise, attention between them; the same bits either way). automatic (the default): when every projection can run in a team and
 /// Q, O and the FFN's matrices are each large enough that matmul_w would open a parallel region for it
 /// (detail::parallel_pays; smaller models decode their projections on one thread, which a team's barriers would
-/// slow down). always: whenever every projection can run in a team, whatever its size (tests). off.
+/// slow down). always: whenever every projection can run in a team, whatever its size (tests). off. Neither
+/// teams a step whose attention would widen an f16/bf16 cache into a float32 copy per thread (more than 8 query
+/// heads per KV head).
 enum class DecodeTeam { automatic, always, off };
 void set_decode_team(DecodeTeam mode);
 DecodeTeam decode_team();
