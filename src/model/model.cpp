@@ -927,29 +927,46 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   }
 
   // Between the projections: Q/K norms, RoPE and the cache's append for layer l (q, k, v), then attention (-> att).
-  const auto prepare_attention = [&](int l) {
+  // Of the KV heads [h0, h1) and their query heads only (the decode team's threads each prepare their own; every
+  // step is per head, so the bits do not depend on the range).
+  const auto prepare_attention = [&](int l, int h0, int h1) {
     const LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
+    const int group = c.n_heads / c.n_kv_heads, qh = (h1 - h0) * group, kh = h1 - h0;
+    if (kh == 0) return;
+    const std::size_t q0 = static_cast<std::size_t>(h0) * group * HD, k0 = static_cast<std::size_t>(h0) * HD;
     if (w.q_norm != nullptr) {  // Qwen3: RMSNorm over each head's channels, before RoPE
-      detail::rmsnorm(s.q.data(), w.q_norm, N * c.n_heads, HD, c.norm_eps, s.q.data());
-      detail::rmsnorm(s.k.data(), w.k_norm, N * c.n_kv_heads, HD, c.norm_eps, s.k.data());
+      if (kh == c.n_kv_heads) {
+        detail::rmsnorm(s.q.data(), w.q_norm, N * c.n_heads, HD, c.norm_eps, s.q.data());
+        detail::rmsnorm(s.k.data(), w.k_norm, N * c.n_kv_heads, HD, c.norm_eps, s.k.data());
+      } else {
+        for (int64_t r = 0; r < N; ++r) {
+          float* q = s.q.data() + r * Q + q0;
+          float* k = s.k.data() + r * KV + k0;
+          detail::rmsnorm(q, w.q_norm, qh, HD, c.norm_eps, q);
+          detail::rmsnorm(k, w.k_norm, kh, HD, c.norm_eps, k);
+        }
+      }
     }
     for (std::size_t b = 0; b < B; ++b) {
       const int64_t r0 = offset[b], n = offset[b + 1] - offset[b];
       if (n == 0) continue;
+      float* q = s.q.data() + r0 * Q + q0;
+      float* k = s.k.data() + r0 * KV + k0;
       if (rope) {
-        apply_rope(s.q.data() + r0 * Q, n, c.n_heads, c.head_dim, tables[b], states[b].layout);
-        apply_rope(s.k.data() + r0 * KV, n, c.n_kv_heads, c.head_dim, tables[b], states[b].layout);
+        apply_rope(q, n, qh, HD, tables[b], states[b].layout, RopeDirection::forward, Q);
+        apply_rope(k, n, kh, HD, tables[b], states[b].layout, RopeDirection::forward, KV);
       }
       if (mrope) {
-        apply_rope(s.q.data() + r0 * Q, n, c.n_heads, c.head_dim, mtables[b], mstates[b].layout);
-        apply_rope(s.k.data() + r0 * KV, n, c.n_kv_heads, c.head_dim, mtables[b], mstates[b].layout);
+        apply_rope(q, n, qh, HD, mtables[b], mstates[b].layout, RopeDirection::forward, Q);
+        apply_rope(k, n, kh, HD, mtables[b], mstates[b].layout, RopeDirection::forward, KV);
       }
       for (int64_t i = 0; i < n; ++i)
-        cache.write(l, slots[b][static_cast<std::size_t>(i)], s.k.data() + (r0 + i) * KV, s.v.data() + (r0 + i) * KV);
+        cache.write(l, slots[b][static_cast<std::size_t>(i)], s.k.data() + (r0 + i) * KV, s.v.data() + (r0 + i) * KV,
+                    h0, h1);
     }
   };
   const auto attend = [&](int l) {
-    prepare_attention(l);
+    prepare_attention(l, 0, c.n_kv_heads);
     for (std::size_t b = 0; b < B; ++b) {
       const int64_t r0 = offset[b], n = offset[b + 1] - offset[b];
       if (n == 0) continue;
@@ -968,7 +985,7 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   // the classifier, its threads synchronised by barriers. Inside it each thread takes a contiguous range of each
   // matrix's rows and, from layer 1 on, a contiguous range of the KV heads for attention (AttentionOptions'
   // kv_head_begin/end): when the KV heads split evenly its rows of Q, K and V are its heads' rows, and it rotates
-  // its Q and K heads and appends its K and V heads itself (prepare_heads, no barrier between its projections and
+  // its Q and K heads and appends its K and V heads itself (no barrier between its projections and
   // its attention); otherwise one thread does that for all heads between two barriers. Each thread normalises
   // (and quantizes) a projection's input itself. Every output row, head and normed input is computed the same way whichever thread
   // computes it and however the work is split (kernels_dense.hpp, kernels.hpp, attention.hpp), so the bits are the
@@ -1072,28 +1089,7 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     };
     // With the KV heads split evenly between the threads, each thread's rows of Q, K and V (rows_of) are exactly
     // its heads' rows, so it can rotate its Q and K heads, append its K and V heads and attend with no barrier since
-    // its projections (prepare_heads); otherwise one thread does all of that for all heads after a barrier.
-    const auto prepare_heads = [&](int l, int h0, int h1) {
-      const LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
-      const int group = c.n_heads / c.n_kv_heads;
-      float* q = t.q.data() + static_cast<std::size_t>(h0) * group * HD;
-      float* k = t.k.data() + static_cast<std::size_t>(h0) * HD;
-      const int qh = (h1 - h0) * group, kh = h1 - h0;
-      if (kh == 0) return;
-      if (w.q_norm != nullptr) {  // Qwen3: RMSNorm over each head's channels, before RoPE
-        detail::rmsnorm(q, w.q_norm, qh, HD, c.norm_eps, q);
-        detail::rmsnorm(k, w.k_norm, kh, HD, c.norm_eps, k);
-      }
-      if (rope) {
-        apply_rope(q, 1, qh, HD, tables[team_b], states[team_b].layout, RopeDirection::forward, Q);
-        apply_rope(k, 1, kh, HD, tables[team_b], states[team_b].layout, RopeDirection::forward, KV);
-      }
-      if (mrope) {
-        apply_rope(q, 1, qh, HD, mtables[team_b], mstates[team_b].layout, RopeDirection::forward, Q);
-        apply_rope(k, 1, kh, HD, mtables[team_b], mstates[team_b].layout, RopeDirection::forward, KV);
-      }
-      cache.write(l, slots[team_b][0], t.k.data(), t.v.data(), h0, h1);
-    };
+    // its projections; otherwise one thread does all of that for all heads after a barrier.
     logits.resize(static_cast<std::size_t>(c.vocab_size));
 #pragma omp parallel
     norm_qkv(own_buffers(), m.layers.front());
@@ -1138,11 +1134,11 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
         prefetch_kv(blocks, heads.kv_head_begin, heads.kv_head_end,
                     (std::size_t{512} << 10) / static_cast<std::size_t>(nt));
         if (own_heads) {
-          prepare_heads(l + 1, heads.kv_head_begin, heads.kv_head_end);
+          prepare_attention(l + 1, heads.kv_head_begin, heads.kv_head_end);
         } else {
 #pragma omp barrier
 #pragma omp single
-          prepare_attention(l + 1);
+          prepare_attention(l + 1, 0, c.n_kv_heads);
         }
         // Attention on this thread's KV heads (the same bits as one call over all of them).
         attention_forward(spec, t.q.data(), team_pos, blocks, t.att.data(), heads);
