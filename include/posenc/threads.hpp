@@ -8,11 +8,12 @@ namespace posenc {
 /// parallel region die of SIGSEGV inside GOMP_parallel, without a message. Never throws.
 int max_omp_threads() noexcept;
 
-/// Checks the OMP_NUM_THREADS environment variable before any parallel region runs (the CLI at start-up, the
-/// Python module at import): unset, empty or all blanks passes; otherwise every comma-separated item (one count
-/// per nesting level) must be a positive decimal integer of at most max_omp_threads(). Throws InvalidArgument
-/// naming OMP_NUM_THREADS, its value, the offending item and, for a count past it, the bound ("abc", "0", "-1",
-/// "4,,2": libgomp only warned and ran with its default, so a typo went unnoticed).
+/// Checks the OMP_NUM_THREADS environment variable before any parallel region runs (the CLI once its command line
+/// is parsed, the Python module at import): unset, empty or all blanks passes; otherwise every comma-separated item
+/// (one count per nesting level) must be a positive decimal integer, a leading + allowed as libgomp allows it, of
+/// at most max_omp_threads(). Throws InvalidArgument naming OMP_NUM_THREADS, its value, the offending item and, for
+/// a count past it, the bound ("abc", "0", "-1", "4,,2": libgomp only warned and ran with its default, so a typo
+/// went unnoticed).
 void check_omp_num_threads();
 
 }  // namespace posenc

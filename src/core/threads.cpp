@@ -49,6 +49,7 @@ void check_omp_num_threads() {
     std::string_view item(value.data() + pos, c - pos);
     while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) item.remove_prefix(1);
     while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.remove_suffix(1);
+    if (item.size() > 1 && item.front() == '+') item.remove_prefix(1);  // libgomp reads "+2" as 2 (strtoul)
     const bool digits = !item.empty() && std::all_of(item.begin(), item.end(), [](char ch) {
       return std::isdigit(static_cast<unsigned char>(ch)) != 0;
     });

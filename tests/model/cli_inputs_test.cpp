@@ -412,18 +412,30 @@ TEST(CliInputs, AbsurdOmpNumThreadsIsRefusedNamingTheVariable) {
     EXPECT_EQ(r.out, "");
   }
   // Values that are not counts: libgomp warned and ran with its default; refused the same way.
-  for (const std::string& value : std::vector<std::string>{"abc", "0", "-1", "4,,2", "2x"}) {
+  for (const std::string& value : std::vector<std::string>{"abc", "0", "-1", "4,,2", "2x", "+", "++2", "+ 2"}) {
     ::setenv("OMP_NUM_THREADS", value.c_str(), 1);
     const CliResult r = posenc::test::run_cli(ppl);
     EXPECT_EQ(r.exit_code, 2) << value << ": " << r.err;
     EXPECT_NE(r.err.find("OMP_NUM_THREADS '" + value + "'"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("is not a thread count"), std::string::npos) << r.err;
   }
-  for (const std::string& value : std::vector<std::string>{"2", " 2 ", "2,1"}) {
+  for (const std::string& value : std::vector<std::string>{"2", " 2 ", "2,1", "+2"}) {
     ::setenv("OMP_NUM_THREADS", value.c_str(), 1);
     const CliResult ok = posenc::test::run_cli(ppl);
     EXPECT_EQ(ok.exit_code, 0) << value << ": " << ok.err;
   }
+  // --version and --help answer under any value (they run no parallel region); a command still exits 2.
+  ::setenv("OMP_NUM_THREADS", "100000", 1);
+  const CliResult v = posenc::test::run_cli("--version");
+  EXPECT_EQ(v.exit_code, 0) << v.err;
+  EXPECT_TRUE(v.out.starts_with("posenc ")) << v.out;
+  const CliResult h = posenc::test::run_cli("ppl --help");
+  EXPECT_EQ(h.exit_code, 0) << h.err;
+  EXPECT_NE(h.out.find("--context"), std::string::npos) << h.out;
+  const CliResult i = posenc::test::run_cli(ppl);
+  EXPECT_EQ(i.exit_code, 2) << i.err;
+  EXPECT_NE(i.err.find("OMP_NUM_THREADS '100000'"), std::string::npos) << i.err;
+  EXPECT_EQ(i.out, "");
   ::unsetenv("OMP_NUM_THREADS");
   // The --threads flags have the same bound, as a usage error.
   const CliResult s = posenc::test::run_cli("serve " + model_args() + " --threads 100000");

@@ -114,7 +114,7 @@ inline constexpr const char* kExitCodeRule =
 /// The environment variables posenc reads (`posenc --help`'s footer).
 inline constexpr const char* kEnvironment =
     "Environment: OMP_NUM_THREADS (threads; empty runs as unset, after libgomp's own warning; not a count, or past "
-    "the bound, exits 2); "
+    "the bound, exits 2 before the command runs); "
     "POSENC_DENSE_KERNEL=reference|avx2|avx512 and POSENC_Q8_KERNEL=reference|avx2|avx512_vnni|amx (ask for a "
     "matrix-product path; the same bits on every path); POSENC_DECODE_STREAMS=2|4|8|16[:prefetch[=BYTES]] (how the "
     "AVX-512 decode reads a matrix: runs of rows side by side, software-prefetched BYTES ahead (1024 when not given) "

@@ -52,8 +52,10 @@ int main(int argc, char** argv) {
   posenc::cli::add_serve_command(app);
   posenc::cli::add_verify_command(app);
   posenc::cli::add_precision_command(app);
+  // OMP_NUM_THREADS is checked once the command line is parsed and before any command runs (its first parallel
+  // region: libgomp crashed on absurd counts); --help and --version answer under any value.
+  app.parse_complete_callback([] { posenc::cli::check_thread_environment(); });
   try {
-    posenc::cli::check_thread_environment();  // before any parallel region: libgomp crashed on absurd counts
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; a command line CLI11 rejects (unknown option, missing
