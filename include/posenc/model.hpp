@@ -414,7 +414,11 @@ class Model {
   /// Throws InvalidArgument for token ids outside [0, vocab_size), a
   /// position_ids span of the wrong size, a sequence listed twice; PositionError
   /// for a position past a learned position table; CacheError per the RoPE
-  /// change policy. Nothing is appended to the cache when it throws.
+  /// change policy. Nothing is appended to the cache when it throws one of
+  /// those (they are checked first). An exception from inside the network
+  /// (std::bad_alloc; on the decode team's threads too, rethrown on the
+  /// calling thread) leaves the step's tokens appended with keys and values
+  /// written for some layers only: free or clear those sequences.
   void forward(KvCache& cache, std::span<const SequenceInput> batch, LogitsMode mode,
                std::vector<float>& logits) const;
 
@@ -493,6 +497,10 @@ void set_decode_team(DecodeTeam mode);
 DecodeTeam decode_team();
 /// How many one-token steps this process has run as a team (tests check that the path they compare ran).
 int64_t decode_team_steps();
+/// Makes team thread `thread` throw std::bad_alloc at its `segment`-th piece of work of every team step (0: layer
+/// 0's Q, K, V; then each piece between two barriers, in order); -1 stops it. Tests only: an exception inside the
+/// team reaches forward's caller (rethrown after the region) instead of ending the process or hanging the others.
+void set_decode_team_fault_for_testing(int segment, int thread);
 }  // namespace detail
 
 }  // namespace posenc

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <new>
 #include <optional>
 #include <fstream>
 #include <set>
@@ -19,6 +20,7 @@
 
 #include "attention/attention_kernel.hpp"
 #include "core/aligned.hpp"
+#include "core/parallel.hpp"
 #include "model/kernels.hpp"
 #include "model/kernels_dense.hpp"
 #include "model/raw_model.hpp"
@@ -209,12 +211,18 @@ namespace {
 std::atomic<PositionBug> g_position_bug{PositionBug::none};
 std::atomic<DecodeTeam> g_decode_team{DecodeTeam::automatic};
 std::atomic<int64_t> g_decode_team_steps{0};
+std::atomic<int> g_decode_team_fault_segment{-1};
+std::atomic<int> g_decode_team_fault_thread{0};
 }  // namespace
 void set_position_bug_for_testing(PositionBug bug) { g_position_bug.store(bug); }
 PositionBug position_bug_for_testing() { return g_position_bug.load(std::memory_order_relaxed); }
 void set_decode_team(DecodeTeam mode) { g_decode_team.store(mode); }
 DecodeTeam decode_team() { return g_decode_team.load(std::memory_order_relaxed); }
 int64_t decode_team_steps() { return g_decode_team_steps.load(std::memory_order_relaxed); }
+void set_decode_team_fault_for_testing(int segment, int thread) {
+  g_decode_team_fault_thread.store(thread);
+  g_decode_team_fault_segment.store(segment);
+}
 }  // namespace detail
 
 void Model::set_sliding_window(int64_t window) {
@@ -1004,7 +1012,20 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
   const bool team_attention_in_place =
       kc.dtype == KvCacheDtype::f32 || detail::reads_16bit_blocks_in_place(c.n_heads / c.n_kv_heads);
   if (N == 1 && team_attention_in_place && decode_team_pays(m)) {
-    Scratch& t = s;
+    // Nothing may leave a parallel region by an exception (std::terminate). Each thread runs the work between two
+    // barriers through `guarded`: the first exception is kept, every thread skips the work left but still meets
+    // every barrier (a thread leaving the region early would pair its end-of-region barrier with the others'
+    // explicit ones and hang them), and it is rethrown after the region. Segments count a thread's guarded pieces
+    // of work (detail::set_decode_team_fault_for_testing throws std::bad_alloc at one of them).
+    detail::FirstException first_exception;
+    const int fault_segment = detail::g_decode_team_fault_segment.load(std::memory_order_relaxed);
+    const int fault_thread = detail::g_decode_team_fault_thread.load(std::memory_order_relaxed);
+    const auto guarded = [&](int& segment, auto&& work) {
+      first_exception.run([&] {
+        if (segment++ == fault_segment && omp_get_thread_num() == fault_thread) throw std::bad_alloc();
+        work();
+      });
+    };
     const auto rows_of = [](int64_t n, int nt, int me) {
       return std::pair<int64_t, int64_t>{n * me / nt, n * (me + 1) / nt};
     };
@@ -1042,14 +1063,14 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
       return own;
     };
     const auto norm = [&](Own& o, const float* weight, std::initializer_list<const Linear*> readers) {
-      detail::rmsnorm(t.x.data(), weight, 1, D, c.norm_eps, o.xb.data());
+      detail::rmsnorm(s.x.data(), weight, 1, D, c.norm_eps, o.xb.data());
       quantize_for(readers, o.xb.data(), D, o.xq.data());
     };
     const auto norm_qkv = [&](Own& o, const LayerWeights& w) {
       norm(o, w.rms_att, {&w.wq, &w.wk, &w.wv});
-      shares(w.wq, o.xb.data(), o.xq.data(), t.q.data(), false);
-      shares(w.wk, o.xb.data(), o.xq.data(), t.k.data(), false);
-      shares(w.wv, o.xb.data(), o.xq.data(), t.v.data(), false);
+      shares(w.wq, o.xb.data(), o.xq.data(), s.q.data(), false);
+      shares(w.wk, o.xb.data(), o.xq.data(), s.k.data(), false);
+      shares(w.wv, o.xb.data(), o.xq.data(), s.v.data(), false);
     };
     KvCache::SeqId team_seq = batch[0].seq;  // the sequence with the token (the others of the batch have none)
     std::size_t team_b = 0;
@@ -1092,59 +1113,77 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     // its projections; otherwise one thread does all of that for all heads after a barrier.
     logits.resize(static_cast<std::size_t>(c.vocab_size));
 #pragma omp parallel
-    norm_qkv(own_buffers(), m.layers.front());
-    // Layer 0's attention outside the team: it validates the attention's arguments (nothing may throw inside the
-    // region); every later layer's are the same shapes over the same blocks.
+    {
+      int segment = 0;
+      guarded(segment, [&] { norm_qkv(own_buffers(), m.layers.front()); });
+    }
+    first_exception.rethrow();
+    // Layer 0's attention outside the team: it validates the attention's arguments (every later layer's are the
+    // same shapes over the same blocks).
     attend(0);
 #pragma omp parallel
     {
+      int segment = 1;
       const int nt = omp_get_num_threads(), me = omp_get_thread_num();
       const auto [h0, h1] = rows_of(c.n_kv_heads, nt, me);
       AttentionOptions heads;  // this thread's KV heads, on this thread
       heads.num_threads = 1;
       heads.kv_head_begin = static_cast<int>(h0);
       heads.kv_head_end = static_cast<int>(h1);
-      Own& o = own_buffers();
+      Own* o = nullptr;
       const bool own_heads = c.n_kv_heads % nt == 0;
       thread_local std::vector<KvBlock> blocks;
-      blocks.reserve(first_blocks.size());
       for (int l = 0; l < c.n_layers; ++l) {
         const LayerWeights& w = m.layers[static_cast<std::size_t>(l)];
-        quantize_for({&w.wo}, t.att.data(), Q, o.xq.data());
-        shares(w.wo, t.att.data(), o.xq.data(), t.x.data(), true);
+        guarded(segment, [&] {
+          if (o == nullptr) {
+            o = &own_buffers();
+            blocks.reserve(first_blocks.size());
+          }
+          quantize_for({&w.wo}, s.att.data(), Q, o->xq.data());
+          shares(w.wo, s.att.data(), o->xq.data(), s.x.data(), true);
+        });
 #pragma omp barrier
-        norm(o, w.rms_ffn, {&w.w1, &w.w3});
-        shares(w.w1, o.xb.data(), o.xq.data(), t.h1.data(), false);
-        shares(w.w3, o.xb.data(), o.xq.data(), t.h3.data(), false);
-        // SwiGLU element by element on this thread's rows of both (w1 and w3 have HID rows, split alike).
-        const auto [g0, g1] = rows_of(HID, nt, me);
-        detail::swiglu_serial(t.h1.data() + g0, t.h3.data() + g0, g1 - g0);
+        guarded(segment, [&] {
+          norm(*o, w.rms_ffn, {&w.w1, &w.w3});
+          shares(w.w1, o->xb.data(), o->xq.data(), s.h1.data(), false);
+          shares(w.w3, o->xb.data(), o->xq.data(), s.h3.data(), false);
+          // SwiGLU element by element on this thread's rows of both (w1 and w3 have HID rows, split alike).
+          const auto [g0, g1] = rows_of(HID, nt, me);
+          detail::swiglu_serial(s.h1.data() + g0, s.h3.data() + g0, g1 - g0);
+        });
 #pragma omp barrier
-        quantize_for({&w.w2}, t.h1.data(), HID, o.xq.data());
-        shares(w.w2, t.h1.data(), o.xq.data(), t.x.data(), true);
+        guarded(segment, [&] {
+          quantize_for({&w.w2}, s.h1.data(), HID, o->xq.data());
+          shares(w.w2, s.h1.data(), o->xq.data(), s.x.data(), true);
+        });
 #pragma omp barrier
         if (l + 1 == c.n_layers) {
-          norm(o, m.rms_final, {&m.classifier});
-          shares(m.classifier, o.xb.data(), o.xq.data(), logits.data(), false);
+          guarded(segment, [&] {
+            norm(*o, m.rms_final, {&m.classifier});
+            shares(m.classifier, o->xb.data(), o->xq.data(), logits.data(), false);
+          });
           break;
         }
-        norm_qkv(o, m.layers[static_cast<std::size_t>(l) + 1]);
-        blocks.clear();
-        cache.blocks_as_stored(l + 1, team_seq, blocks);
-        prefetch_kv(blocks, heads.kv_head_begin, heads.kv_head_end,
-                    (std::size_t{512} << 10) / static_cast<std::size_t>(nt));
-        if (own_heads) {
-          prepare_attention(l + 1, heads.kv_head_begin, heads.kv_head_end);
-        } else {
+        guarded(segment, [&] {
+          norm_qkv(*o, m.layers[static_cast<std::size_t>(l) + 1]);
+          blocks.clear();
+          cache.blocks_as_stored(l + 1, team_seq, blocks);
+          prefetch_kv(blocks, heads.kv_head_begin, heads.kv_head_end,
+                      (std::size_t{512} << 10) / static_cast<std::size_t>(nt));
+          if (own_heads) prepare_attention(l + 1, heads.kv_head_begin, heads.kv_head_end);
+        });
+        if (!own_heads) {
 #pragma omp barrier
 #pragma omp single
-          prepare_attention(l + 1, 0, c.n_kv_heads);
+          guarded(segment, [&] { prepare_attention(l + 1, 0, c.n_kv_heads); });
         }
         // Attention on this thread's KV heads (the same bits as one call over all of them).
-        attention_forward(spec, t.q.data(), team_pos, blocks, t.att.data(), heads);
+        guarded(segment, [&] { attention_forward(spec, s.q.data(), team_pos, blocks, s.att.data(), heads); });
 #pragma omp barrier
       }
     }
+    first_exception.rethrow();
     detail::g_decode_team_steps.fetch_add(1, std::memory_order_relaxed);
     return;
   }

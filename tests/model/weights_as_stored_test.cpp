@@ -529,3 +529,70 @@ TEST(WeightsAsStored, DecodeTeamGivesTheBitsOfARegionPerProjection) {
   ASSERT_EQ(team.size(), regions.size());
   EXPECT_EQ(std::memcmp(team.data(), regions.data(), team.size() * sizeof(float)), 0);
 }
+
+// An exception inside the decode team (std::bad_alloc of a thread's first-use buffers was the case: the region's
+// work allocates nothing else) reaches forward's caller instead of ending the process: thrown by any one thread at
+// any of its pieces of work, with the KV heads split evenly (2 threads: each prepares its own heads) and not (3
+// threads over 2 KV heads: one thread prepares them all), the others neither hang at a barrier nor keep the
+// exception; the next step on a fresh cache gives the logits of a run that never failed.
+TEST(WeightsAsStored, AnExceptionInsideTheDecodeTeamReachesTheCaller) {
+  if (!detail::dense_kernel_supported(detail::DenseKernel::avx512))
+    GTEST_SKIP() << "the decode team runs the AVX-512 one-row product; this CPU has no AVX-512";
+  if (omp_get_thread_limit() < 3)
+    GTEST_SKIP() << "OMP_THREAD_LIMIT=" << omp_get_thread_limit() << " leaves no three threads for a team";
+  TeamScope scope;
+  struct NoFault {
+    ~NoFault() { detail::set_decode_team_fault_for_testing(-1, 0); }
+  } no_fault;
+  test::TempDir dir;
+  const auto path = dir.path() / "f16.gguf";
+  write_random_gguf(small_random(3, GgmlType::f16), path);  // 3 layers, 4 heads over 2 KV heads
+  const Model m = Model::load(path);
+  const std::vector<int32_t> prompt = {1, 7, 12, 30, 5};
+  const int32_t next = 19;
+  // Prefill (no team: five tokens), then one team step; its logits.
+  const auto step = [&] {
+    KvCache cache = m.make_cache();
+    const auto seq = cache.create();
+    std::vector<float> logits;
+    Model::SequenceInput in{seq, prompt, {}};
+    m.forward(cache, std::span(&in, 1), Model::LogitsMode::last, logits);
+    Model::SequenceInput one{seq, std::span(&next, 1), {}};
+    m.forward(cache, std::span(&one, 1), Model::LogitsMode::last, logits);
+    return logits;
+  };
+  detail::set_decode_team(detail::DecodeTeam::always);
+  for (int threads : {2, 3}) {
+    omp_set_num_threads(threads);
+    const std::vector<float> expected = step();
+    // A thread's pieces: layer 0's Q, K, V; then per layer but the last its output projection, the FFN's up
+    // projections, its down projection, the next layer's Q, K, V (and RoPE), attention (and with 3 threads the
+    // preparing of all heads, on whichever thread comes first); the last layer's three and the classifier:
+    // 1 + 5 x 2 + 4 = 15, up to 17 for a thread that prepares the heads of both layers.
+    for (int thread = 0; thread < threads; ++thread) {
+      int thrown = 0;
+      for (int segment = 0; segment < 20; ++segment) {
+        const std::string label = fmt::format("{} threads, thread {} throwing at piece {}", threads, thread, segment);
+        detail::set_decode_team_fault_for_testing(segment, thread);
+        const int64_t before = detail::decode_team_steps();
+        try {
+          const std::vector<float> got = step();
+          // Past the thread's last piece: nothing thrown, the step ran as a team with the bits of one unfaulted.
+          EXPECT_GE(segment, 15) << label;
+          EXPECT_EQ(detail::decode_team_steps() - before, 1) << label;
+          ASSERT_EQ(got.size(), expected.size()) << label;
+          EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0) << label;
+        } catch (const std::bad_alloc&) {
+          ++thrown;
+          EXPECT_EQ(detail::decode_team_steps(), before) << label << ": a failed step is not counted";
+        }
+      }
+      EXPECT_GE(thrown, 15) << threads << " threads, thread " << thread;
+      EXPECT_LE(thrown, threads == 2 ? 15 : 17) << threads << " threads, thread " << thread;
+    }
+    detail::set_decode_team_fault_for_testing(-1, 0);
+    const std::vector<float> after = step();
+    ASSERT_EQ(after.size(), expected.size());
+    EXPECT_EQ(std::memcmp(after.data(), expected.data(), after.size() * sizeof(float)), 0) << threads << " threads";
+  }
+}
