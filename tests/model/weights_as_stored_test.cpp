@@ -530,8 +530,9 @@ TEST(WeightsAsStored, DecodeTeamGivesTheBitsOfARegionPerProjection) {
   EXPECT_EQ(std::memcmp(team.data(), regions.data(), team.size() * sizeof(float)), 0);
 }
 
-// An exception inside the decode team (std::bad_alloc of a thread's first-use buffers was the case: the region's
-// work allocates nothing else) reaches forward's caller instead of ending the process: thrown by any one thread at
+// An exception inside the decode team (std::bad_alloc: a thread's first-use buffers, the attention kernel's
+// per-thread tables growing with the positions) reaches forward's caller instead of ending the process (it called
+// std::terminate): thrown by any one thread at
 // any of its pieces of work, with the KV heads split evenly (2 threads: each prepares its own heads) and not (3
 // threads over 2 KV heads: one thread prepares them all), the others neither hang at a barrier nor keep the
 // exception; the next step on a fresh cache gives the logits of a run that never failed.
