@@ -108,11 +108,27 @@ class KvCache {
   /// block table), records the position ids and returns the slots; the caller
   /// then writes k/v for every layer with key()/value(). Copy-on-write happens
   /// here. Throws InvalidArgument for a negative position id, CacheError when
-  /// the pool is exhausted (max_blocks).
+  /// the pool is exhausted (max_blocks); nothing is appended when it throws.
   /// token_ids: empty, or one id per position (recorded per slot, so that a
   /// sequence can be re-prefilled from its own tokens; -1 = unknown).
   std::vector<Slot> append(SeqId seq, std::span<const int64_t> position_ids,
                            std::span<const int32_t> token_ids = {});
+
+  /// Where a sequence's appends stand (append_mark), to take back with rollback_appends.
+  struct AppendMark {
+    std::size_t table_size = 0;  ///< blocks in the sequence's table
+    int32_t last_used = 0;       ///< slots handed out of its last block
+    int64_t n_tokens = 0;
+    int64_t next_pos = 0;
+    int64_t mrope_next = -1;
+  };
+  /// The sequence's appends so far. Throws InvalidArgument for an unknown sequence.
+  AppendMark append_mark(SeqId seq) const;
+  /// Takes back every slot appended to `seq` since `mark` (their positions, token ids, MRoPE rows and
+  /// blocks; next_position as it was), so that a step that failed after appending leaves the sequence as
+  /// before it (Model::forward). Only appends may have happened since the mark (no evict, shift, clear or
+  /// fork of the sequence). Never throws (blocks go back to the pool without allocating).
+  void rollback_appends(SeqId seq, const AppendMark& mark) noexcept;
   /// Token ids of the stored tokens, in slot order (as positions(); -1 where
   /// append was given none).
   std::vector<int32_t> token_ids(SeqId seq) const;
@@ -250,6 +266,9 @@ class KvCache {
   void release_block(int32_t block);
   int32_t make_writable(Sequence& s, std::size_t table_index);
   void drop_empty_blocks(Sequence& s);
+  /// append's work once its arguments are checked (slots reserved by the caller).
+  void append_slots(Sequence& s, std::span<const int64_t> position_ids, std::span<const int32_t> token_ids,
+                    std::vector<Slot>& slots);
   /// Index of the first element of k (kv = 0) or v (kv = 1) of `offset` at `layer` in a block's buffer.
   std::size_t element_index(int layer, int kv, int32_t offset) const;
   /// Calls f(float* k) with the first n keys of `block` at `layer` as float32 [n, kv_heads, head_dim] (in place

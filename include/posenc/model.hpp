@@ -414,11 +414,14 @@ class Model {
   /// Throws InvalidArgument for token ids outside [0, vocab_size), a
   /// position_ids span of the wrong size, a sequence listed twice; PositionError
   /// for a position past a learned position table; CacheError per the RoPE
-  /// change policy. Nothing is appended to the cache when it throws one of
-  /// those (they are checked first). An exception from inside the network
-  /// (std::bad_alloc; on the decode team's threads too, rethrown on the
-  /// calling thread) leaves the step's tokens appended with keys and values
-  /// written for some layers only: free or clear those sequences.
+  /// change policy (a bounded pool running out: CacheError). Nothing is
+  /// appended to the cache when it throws: the slots a failing step appended
+  /// are taken back (KvCache::rollback_appends); a sequence's RoPE state
+  /// changed by the policy before the failure stays changed, its keys rotated
+  /// to match. std::bad_alloc reaches the caller from the calling thread and
+  /// from the decode team's threads (rethrown after its region); on a worker
+  /// thread of the kernels' own parallel regions (prefill's products and
+  /// attention) it still ends the process (std::terminate), as OpenMP does.
   void forward(KvCache& cache, std::span<const SequenceInput> batch, LogitsMode mode,
                std::vector<float>& logits) const;
 

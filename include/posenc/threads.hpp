@@ -16,4 +16,11 @@ int max_omp_threads() noexcept;
 /// went unnoticed).
 void check_omp_num_threads();
 
+/// check_omp_num_threads(), then that OpenMP's own thread count (omp_get_max_threads(): libgomp reads
+/// OMP_NUM_THREADS once, when the process starts) is at most max_omp_threads(): the Python module's import
+/// check, which a second `import posenc` after fixing os.environ reached with libgomp still set to the first value
+/// (a crash in the first parallel region). Throws InvalidArgument as check_omp_num_threads, or naming the count
+/// OpenMP runs with and saying to start the process again.
+void check_omp_threads_in_use();
+
 }  // namespace posenc

@@ -202,8 +202,9 @@ PYBIND11_MODULE(_posenc, m) {
   namespace py = pybind11;
   m.doc() = "posenc's C++ core (positional encodings, model runtime): the extension behind the posenc package.";
   // Before any parallel region: libgomp crashes on an absurd OMP_NUM_THREADS (the import fails with ImportError
-  // naming it instead, as the CLI exits 2).
-  posenc::check_omp_num_threads();
+  // naming it instead, as the CLI exits 2), also on a second import after os.environ was fixed (libgomp kept the
+  // value it read at start-up).
+  posenc::check_omp_threads_in_use();
   m.attr("__version__") = std::string(posenc::version());  // the CMake project version
   posenc::python::bind_errors(m);
   posenc::python::bind_rope(m);

@@ -99,10 +99,11 @@ struct AlignedBuffer {
   std::size_t capacity = 0;
   float* get(std::size_t n) {
     if (n > capacity) {
-      std::free(data);
       const std::size_t bytes = (std::max<std::size_t>(n, 16) * sizeof(float) + 63) / 64 * 64;
-      data = static_cast<float*>(std::aligned_alloc(64, bytes));
-      if (!data) throw std::bad_alloc();
+      auto* grown = static_cast<float*>(std::aligned_alloc(64, bytes));
+      if (!grown) throw std::bad_alloc();  // the old buffer and capacity kept: a later call still gets valid memory
+      std::free(data);
+      data = grown;
       capacity = bytes / sizeof(float);
     }
     return data;

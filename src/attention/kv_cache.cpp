@@ -151,6 +151,8 @@ int32_t KvCache::allocate_block() {
     if (config_.max_blocks > 0 && static_cast<int64_t>(blocks_.size()) >= config_.max_blocks)
       throw CacheError(fmt::format("KV cache: block pool exhausted (max_blocks = {}, block_size = {})",
                                    config_.max_blocks, config_.block_size));
+    // The free list can hold every block: release_block then never allocates (rollback_appends is noexcept).
+    if (free_blocks_.capacity() < blocks_.size() + 1) free_blocks_.reserve(2 * (blocks_.size() + 1));
     auto blk = std::make_unique<Block>();
     const std::size_t elements = static_cast<std::size_t>(config_.n_layers) * 2 *
                                  static_cast<std::size_t>(config_.block_size) *
@@ -198,6 +200,38 @@ int32_t KvCache::make_writable(Sequence& s, std::size_t table_index) {
   return nid;
 }
 
+KvCache::AppendMark KvCache::append_mark(SeqId seq) const {
+  const Sequence& s = seq_ref(seq);
+  AppendMark m;
+  m.table_size = s.table.size();
+  m.last_used = s.table.empty() ? 0 : blocks_[static_cast<std::size_t>(s.table.back())]->used;
+  m.n_tokens = s.n_tokens;
+  m.next_pos = s.next_pos;
+  m.mrope_next = s.mrope_next;
+  return m;
+}
+
+void KvCache::rollback_appends(SeqId seq, const AppendMark& mark) noexcept {
+  if (!contains(seq)) return;
+  Sequence& s = *seqs_[static_cast<std::size_t>(seq)];
+  while (s.table.size() > mark.table_size) {  // blocks the appends took: theirs alone (no fork since the mark)
+    release_block(s.table.back());
+    s.table.pop_back();
+  }
+  if (mark.table_size > 0) {  // the slots handed out of the block that was last (or its copy-on-write copy)
+    Block& b = *blocks_[static_cast<std::size_t>(s.table.back())];
+    for (int32_t off = mark.last_used; off < b.used; ++off) {
+      b.pos[static_cast<std::size_t>(off)] = -1;
+      b.tok[static_cast<std::size_t>(off)] = -1;
+      if (!b.mset.empty()) b.mset[static_cast<std::size_t>(off)] = 0;
+    }
+    b.used = std::min(b.used, mark.last_used);
+  }
+  s.n_tokens = mark.n_tokens;
+  s.next_pos = mark.next_pos;
+  s.mrope_next = mark.mrope_next;
+}
+
 std::vector<KvCache::Slot> KvCache::append(SeqId seq, std::span<const int64_t> position_ids,
                                            std::span<const int32_t> token_ids) {
   Sequence& s = seq_ref(seq);
@@ -208,6 +242,18 @@ std::vector<KvCache::Slot> KvCache::append(SeqId seq, std::span<const int64_t> p
     if (p < 0) fail_field<InvalidArgument>("position_ids", "must be non-negative", p);
   std::vector<Slot> slots;
   slots.reserve(position_ids.size());
+  const AppendMark mark = append_mark(seq);
+  try {
+    append_slots(s, position_ids, token_ids, slots);
+  } catch (...) {  // the pool ran out part-way: nothing appended
+    rollback_appends(seq, mark);
+    throw;
+  }
+  return slots;
+}
+
+void KvCache::append_slots(Sequence& s, std::span<const int64_t> position_ids, std::span<const int32_t> token_ids,
+                           std::vector<Slot>& slots) {
   for (std::size_t i = 0; i < position_ids.size(); ++i) {
     const int64_t p = position_ids[i];
     int32_t id = -1;
@@ -227,7 +273,6 @@ std::vector<KvCache::Slot> KvCache::append(SeqId seq, std::span<const int64_t> p
     ++s.n_tokens;
     s.next_pos = std::max(s.next_pos, p + 1);
   }
-  return slots;
 }
 
 std::size_t KvCache::element_index(int layer, int kv, int32_t offset) const {

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <omp.h>
 
 #include "posenc/error.hpp"
 
@@ -49,6 +50,7 @@ void check_omp_num_threads() {
     std::string_view item(value.data() + pos, c - pos);
     while (!item.empty() && std::isspace(static_cast<unsigned char>(item.front()))) item.remove_prefix(1);
     while (!item.empty() && std::isspace(static_cast<unsigned char>(item.back()))) item.remove_suffix(1);
+    const std::string_view shown = item;                                // as given, for the messages
     if (item.size() > 1 && item.front() == '+') item.remove_prefix(1);  // libgomp reads "+2" as 2 (strtoul)
     const bool digits = !item.empty() && std::all_of(item.begin(), item.end(), [](char ch) {
       return std::isdigit(static_cast<unsigned char>(ch)) != 0;
@@ -56,7 +58,7 @@ void check_omp_num_threads() {
     if (!digits || item.find_first_not_of('0') == std::string_view::npos)
       throw InvalidArgument(fmt::format("OMP_NUM_THREADS '{}': '{}' is not a thread count (a positive integer, or a "
                                         "comma-separated list of them); unset it or give one",
-                                        printable(value), printable(item)));
+                                        printable(value), printable(shown)));
     // A count past the bound, however many digits it has (from_chars fails on overflow: also past it).
     int64_t v = 0;
     const auto [p, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
@@ -64,9 +66,22 @@ void check_omp_num_threads() {
       throw InvalidArgument(fmt::format(
           "OMP_NUM_THREADS '{}': {} threads is more than posenc runs with (at most {}: 64 x the {} hardware "
           "threads); unset it or give at most {}",
-          printable(value), printable(item), bound, bound / 64, bound));
+          printable(value), printable(shown), bound, bound / 64, bound));
     pos = c + 1;
   }
+}
+
+void check_omp_threads_in_use() {
+  check_omp_num_threads();
+  // libgomp reads OMP_NUM_THREADS once, when it is loaded: a value fixed in the environment afterwards (Python's
+  // os.environ before a second `import posenc`) changes nothing, and its first reading is what regions would use.
+  const int bound = max_omp_threads(), in_use = omp_get_max_threads();
+  if (in_use > bound)
+    throw InvalidArgument(fmt::format(
+        "OpenMP runs with {} threads, more than posenc runs with (at most {}: 64 x the {} hardware threads): libgomp "
+        "read OMP_NUM_THREADS when this process started and reads it only then; start it again with "
+        "OMP_NUM_THREADS unset or at most {}",
+        in_use, bound, bound / 64, bound));
 }
 
 }  // namespace posenc

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <initializer_list>
 #include <limits>
 #include <new>
@@ -870,6 +871,20 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     }
   }
 
+  // A step that throws from here on (the pool running out at a later sequence of the batch, std::bad_alloc in the
+  // network, on the decode team's threads too) takes back every slot it appended: the sequences stay as they were
+  // (their rope state as set above, consistent with their keys).
+  struct TakeBackAppends {
+    KvCache& cache;
+    std::vector<std::pair<KvCache::SeqId, KvCache::AppendMark>> marks;
+    const int exceptions = std::uncaught_exceptions();
+    ~TakeBackAppends() {
+      if (std::uncaught_exceptions() > exceptions)
+        for (const auto& [seq, mark] : marks) cache.rollback_appends(seq, mark);
+    }
+  } take_back{cache, {}};
+  take_back.marks.reserve(B);
+  for (std::size_t b = 0; b < B; ++b) take_back.marks.emplace_back(batch[b].seq, cache.append_mark(batch[b].seq));
   std::vector<std::vector<KvCache::Slot>> slots(B);
   for (std::size_t b = 0; b < B; ++b)
     slots[b] = cache.append(batch[b].seq,

@@ -195,3 +195,55 @@ TEST(KvCache, PoolExhaustionIsAnError) {
   append(c, s, iota(0, 8));
   EXPECT_THROW(c.append(s, std::vector<int64_t>{8}), CacheError);
 }
+
+// An append that runs the pool out part-way appends nothing (its first tokens filled the last block and took the
+// free one before): the sequence's size, positions and blocks are as before, and what fits still appends.
+TEST(KvCache, AnAppendThatExhaustsThePoolAppendsNothing) {
+  KvCache c = make(4, /*max_blocks=*/3);
+  const auto s = c.create();
+  append(c, s, iota(0, 6));  // blocks: [0..3], [4, 5, _, _]
+  const auto before = visible(c, s, 1);
+  EXPECT_THROW(c.append(s, iota(6, 7)), CacheError);  // 2 into the partial block, 4 into the last free one, then out
+  EXPECT_EQ(c.size(s), 6);
+  EXPECT_EQ(c.next_position(s), 6);
+  EXPECT_EQ(c.positions(s), iota(0, 6));
+  EXPECT_EQ(c.blocks_in_use(), 2);
+  EXPECT_EQ(visible(c, s, 1), before);
+  append(c, s, iota(6, 6));  // exactly what fits
+  EXPECT_EQ(c.positions(s), iota(0, 12));
+  EXPECT_EQ(c.blocks_in_use(), 3);
+}
+
+// rollback_appends takes back every slot appended since the mark, across blocks and through a copy-on-write of a
+// block shared with a fork (the fork keeps its tokens), MRoPE rows included; appends after it continue as if the
+// taken-back ones never were.
+TEST(KvCache, RollbackAppendsTakesBackWhatWasAppendedSinceTheMark) {
+  KvCache c = make(4);
+  const auto parent = c.create();
+  append(c, parent, iota(0, 6));  // [0..3], [4, 5, _, _]
+  const auto child = c.fork(parent);
+  const auto parent_before = visible(c, parent, 0);
+  const KvCache::AppendMark mark = c.append_mark(child);
+  const auto slots = c.append(child, iota(6, 7), std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7});  // copies the shared block
+  std::vector<int64_t> rows(3 * slots.size());
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = 100 + static_cast<int64_t>(i);
+  c.set_mrope_positions(child, slots, rows);
+  EXPECT_EQ(c.size(child), 13);
+  EXPECT_EQ(c.blocks_in_use(), 5);  // the parent's 2, the copy and 2 new
+  c.rollback_appends(child, mark);
+  EXPECT_EQ(c.size(child), 6);
+  EXPECT_EQ(c.next_position(child), 6);
+  EXPECT_EQ(c.positions(child), iota(0, 6));
+  EXPECT_EQ(c.token_ids(child), std::vector<int32_t>(6, -1));
+  EXPECT_EQ(c.blocks_in_use(), 3);  // the parent's 2 and the child's copy of the partial one
+  EXPECT_EQ(visible(c, child, 0), parent_before);
+  EXPECT_EQ(visible(c, parent, 0), parent_before);
+  EXPECT_EQ(c.mrope_delta(child), 0);
+  append(c, child, {6, 7, 8});
+  EXPECT_EQ(c.positions(child), iota(0, 9));
+  EXPECT_EQ(c.size(parent), 6);
+  c.free(parent);
+  c.free(child);
+  EXPECT_EQ(c.blocks_in_use(), 0);
+  c.rollback_appends(child, mark);  // a freed sequence: nothing happens (never throws)
+}

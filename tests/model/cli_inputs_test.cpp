@@ -412,7 +412,7 @@ TEST(CliInputs, AbsurdOmpNumThreadsIsRefusedNamingTheVariable) {
     EXPECT_EQ(r.out, "");
   }
   // Values that are not counts: libgomp warned and ran with its default; refused the same way.
-  for (const std::string& value : std::vector<std::string>{"abc", "0", "-1", "4,,2", "2x", "+", "++2", "+ 2"}) {
+  for (const std::string& value : std::vector<std::string>{"abc", "0", "-1", "4,,2", "2x", "+", "++2", "+ 2", "+0"}) {
     ::setenv("OMP_NUM_THREADS", value.c_str(), 1);
     const CliResult r = posenc::test::run_cli(ppl);
     EXPECT_EQ(r.exit_code, 2) << value << ": " << r.err;

@@ -372,3 +372,32 @@ TEST(Consistency, PlanHoldsAtEveryLength) {
   }
   EXPECT_EQ(lengths, 4080 + 1048);  // every length to 4095, then every 997th to 2^20
 }
+
+// A batch whose later sequence runs a bounded pool out appends nothing to any sequence of it (the earlier
+// sequence's tokens were appended first and are taken back): the same tokens then run alone and give the logits of
+// a cache that never ran out.
+TEST(Consistency, ABatchThatRunsThePoolOutAppendsNothing) {
+  const Model& m = fx().model;
+  const auto tokens = [](int64_t begin, int64_t n) { return std::span(fx().stream.data() + begin, n); };
+  KvCache cache = m.make_cache(16, /*max_blocks=*/4);  // 64 tokens
+  const auto a = cache.create(), b = cache.create();
+  std::vector<float> logits;
+  Model::SequenceInput in{a, tokens(0, 20), {}};
+  m.forward(cache, std::span(&in, 1), Model::LogitsMode::last, logits);  // 2 blocks
+  const std::vector<Model::SequenceInput> batch = {{a, tokens(20, 10), {}}, {b, tokens(100, 40), {}}};
+  EXPECT_THROW(m.forward(cache, batch, Model::LogitsMode::last, logits), CacheError);  // b needs 3 more blocks of 2
+  EXPECT_EQ(cache.size(a), 20);
+  EXPECT_EQ(cache.next_position(a), 20);
+  EXPECT_EQ(cache.size(b), 0);
+  EXPECT_EQ(cache.blocks_in_use(), 2);
+  in = {a, tokens(20, 10), {}};
+  m.forward(cache, std::span(&in, 1), Model::LogitsMode::all, logits);
+  KvCache fresh = m.make_cache();
+  const auto f = fresh.create();
+  std::vector<float> expected;
+  in = {f, tokens(0, 20), {}};
+  m.forward(fresh, std::span(&in, 1), Model::LogitsMode::last, expected);
+  in = {f, tokens(20, 10), {}};
+  m.forward(fresh, std::span(&in, 1), Model::LogitsMode::all, expected);
+  EXPECT_EQ(logits, expected);
+}

@@ -535,7 +535,8 @@ TEST(WeightsAsStored, DecodeTeamGivesTheBitsOfARegionPerProjection) {
 // std::terminate): thrown by any one thread at
 // any of its pieces of work, with the KV heads split evenly (2 threads: each prepares its own heads) and not (3
 // threads over 2 KV heads: one thread prepares them all), the others neither hang at a barrier nor keep the
-// exception; the next step on a fresh cache gives the logits of a run that never failed.
+// exception; the step appended nothing, and taken again on the same cache it gives the logits of a run that never
+// failed.
 TEST(WeightsAsStored, AnExceptionInsideTheDecodeTeamReachesTheCaller) {
   if (!detail::dense_kernel_supported(detail::DenseKernel::avx512))
     GTEST_SKIP() << "the decode team runs the AVX-512 one-row product; this CPU has no AVX-512";
@@ -551,7 +552,9 @@ TEST(WeightsAsStored, AnExceptionInsideTheDecodeTeamReachesTheCaller) {
   const Model m = Model::load(path);
   const std::vector<int32_t> prompt = {1, 7, 12, 30, 5};
   const int32_t next = 19;
-  // Prefill (no team: five tokens), then one team step; its logits.
+  // Prefill (no team: five tokens), then one team step; its logits. A step that throws appends nothing: the same
+  // cache then takes the step again and gives the logits of a run that never failed.
+  std::vector<float> retried;
   const auto step = [&] {
     KvCache cache = m.make_cache();
     const auto seq = cache.create();
@@ -559,7 +562,15 @@ TEST(WeightsAsStored, AnExceptionInsideTheDecodeTeamReachesTheCaller) {
     Model::SequenceInput in{seq, prompt, {}};
     m.forward(cache, std::span(&in, 1), Model::LogitsMode::last, logits);
     Model::SequenceInput one{seq, std::span(&next, 1), {}};
-    m.forward(cache, std::span(&one, 1), Model::LogitsMode::last, logits);
+    try {
+      m.forward(cache, std::span(&one, 1), Model::LogitsMode::last, logits);
+    } catch (const std::bad_alloc&) {
+      EXPECT_EQ(cache.size(seq), static_cast<int64_t>(prompt.size()));
+      EXPECT_EQ(cache.next_position(seq), static_cast<int64_t>(prompt.size()));
+      detail::set_decode_team_fault_for_testing(-1, 0);
+      m.forward(cache, std::span(&one, 1), Model::LogitsMode::last, retried);
+      throw;
+    }
     return logits;
   };
   detail::set_decode_team(detail::DecodeTeam::always);
@@ -585,7 +596,9 @@ TEST(WeightsAsStored, AnExceptionInsideTheDecodeTeamReachesTheCaller) {
           EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0) << label;
         } catch (const std::bad_alloc&) {
           ++thrown;
-          EXPECT_EQ(detail::decode_team_steps(), before) << label << ": a failed step is not counted";
+          EXPECT_EQ(detail::decode_team_steps() - before, 1) << label << ": the failed step is not counted, the retry is";
+          ASSERT_EQ(retried.size(), expected.size()) << label;
+          EXPECT_EQ(std::memcmp(retried.data(), expected.data(), retried.size() * sizeof(float)), 0) << label;
         }
       }
       EXPECT_GE(thrown, 15) << threads << " threads, thread " << thread;

@@ -34,3 +34,27 @@ def test_a_value_that_is_not_utf8_is_named_with_its_bytes_escaped():
     r = subprocess.run([sys.executable, "-c", "import posenc"], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 1, f"exit {r.returncode}: {r.stderr}"
     assert "OMP_NUM_THREADS '\\xff2'" in r.stderr and "is not a thread count" in r.stderr, r.stderr
+
+
+def test_a_second_import_after_fixing_the_variable_still_fails():
+    """libgomp reads OMP_NUM_THREADS once, when the process starts: a second `import posenc` after fixing os.environ
+    passed the check and the first parallel region crashed with SIGSEGV (libgomp still at 100000 threads). It now
+    fails again, naming the count OpenMP runs with and saying to start again."""
+    script = (
+        "import os\n"
+        "try:\n"
+        "    import posenc\n"
+        "    raise SystemExit('the first import passed')\n"
+        "except ImportError as e:\n"
+        "    assert \"OMP_NUM_THREADS '100000'\" in str(e), e\n"
+        "os.environ['OMP_NUM_THREADS'] = '2'\n"
+        "try:\n"
+        "    import posenc\n"
+        "    posenc.alibi_slopes(8)\n"
+        "    raise SystemExit('the second import passed')\n"
+        "except ImportError as e:\n"
+        "    assert 'OpenMP runs with 100000 threads' in str(e) and 'start it again' in str(e), e\n"
+        "print('ok')\n")
+    env = dict(os.environ, OMP_NUM_THREADS="100000")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr)

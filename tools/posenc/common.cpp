@@ -423,7 +423,7 @@ int max_threads() { return max_omp_threads(); }
 
 void check_thread_environment() {
   try {
-    check_omp_num_threads();
+    check_omp_threads_in_use();
   } catch (const InvalidArgument& e) {
     throw UsageError(e.what());
   }

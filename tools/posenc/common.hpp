@@ -139,7 +139,7 @@ CLI::Validator int_in(int64_t lo, int64_t hi);
 /// The most OpenMP threads a command runs with: posenc::max_omp_threads() (threads.hpp).
 int max_threads();
 
-/// posenc::check_omp_num_threads() before any parallel region runs, its InvalidArgument as a UsageError (exit 2).
+/// posenc::check_omp_threads_in_use() before any parallel region runs, its InvalidArgument as a UsageError (exit 2).
 void check_thread_environment();
 /// --type of convert and random-model: f32, f16, bf16, q8_0 or q4_0, in any case (another value: exit 2 naming them).
 void add_weight_type_option(CLI::App& cmd, std::string& type);
