@@ -1331,6 +1331,8 @@ PositionalSpec positional_spec(const Model& model) {
     s.sliding_window.size = model.sliding_window();
     s.sliding_window.active = true;
     s.sliding_window.source = "the model's sliding window";
+  } else {
+    s.sliding_window.source = "no sliding_window";  // as the config parser says it for a config.json without one
   }
   if (!src.layout_reason.empty()) s.notes.push_back("layout: " + src.layout_reason);
   if (!model.trained_context_source().empty())

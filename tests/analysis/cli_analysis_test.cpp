@@ -148,7 +148,8 @@ TEST(CliInspect, ModelsOfEveryFormatGiveTheirConfigsFrequencies) {
   EXPECT_EQ(hf, hf_dir);
   EXPECT_EQ(hf.at("layout"), "half");
   EXPECT_EQ(gguf.at("layout"), "interleaved");
-  for (const char* k : {"family", "rope_type", "rope_theta", "head_dim", "rotary_dim", "attention_factor", "inv_freq"})
+  for (const char* k : {"family", "rope_type", "rope_theta", "head_dim", "rotary_dim", "attention_factor", "inv_freq",
+                        "sliding_window"})  // (the GGUF's sliding_window.source was empty)
     EXPECT_EQ(hf.at(k), gguf.at(k)) << k;
   EXPECT_EQ(gguf.at("inv_freq").size(), 8u);
   const json bin = inspect({"--model", (models / "stories260K/stories260K.bin").string()});
