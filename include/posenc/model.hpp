@@ -418,10 +418,12 @@ class Model {
   /// appended to the cache when it throws: the slots a failing step appended
   /// are taken back (KvCache::rollback_appends); a sequence's RoPE state
   /// changed by the policy before the failure stays changed, its keys rotated
-  /// to match. std::bad_alloc reaches the caller from the calling thread and
-  /// from the decode team's threads (rethrown after its region); on a worker
-  /// thread of the kernels' own parallel regions (prefill's products and
-  /// attention) it still ends the process (std::terminate), as OpenMP does.
+  /// to match. std::bad_alloc reaches the caller from any thread: the decode
+  /// team and the kernels' own parallel regions (products, attention, RoPE)
+  /// keep the first exception of their threads and rethrow it after the
+  /// region. Not an exception: an allocation failing inside the C or
+  /// OpenMP runtime itself (libgomp ends the process when it cannot create a
+  /// team; a thread's first use of a thread_local may abort in glibc).
   void forward(KvCache& cache, std::span<const SequenceInput> batch, LogitsMode mode,
                std::vector<float>& logits) const;
 

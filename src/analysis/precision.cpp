@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/parallel.hpp"
 #include "posenc/error.hpp"
 
 namespace posenc {
@@ -274,40 +275,44 @@ std::vector<int64_t> rope_row_collisions(const RopeFrequencies& freqs, const Rop
   };
   std::vector<ChunkResult> results(static_cast<std::size_t>(n_chunks));
   // Chunks are independent (each starts with its predecessor row); merged in order below.
+  detail::FirstException error;  // std::bad_alloc, rethrown after the region
 #pragma omp parallel for schedule(dynamic) if (n_chunks > 1)
   for (int64_t ci = 0; ci < n_chunks; ++ci) {
-    ChunkResult& res = results[static_cast<std::size_t>(ci)];
-    const int64_t a = first + 1 + ci * kChunk;
-    const int64_t b = std::min(last, a + kChunk - 1);
-    std::vector<int64_t> pos;
-    for (int64_t p = a - 1; p <= b; ++p) pos.push_back(p);
-    const Rows r0 = rows_with(f0, pos, numerics);
-    std::vector<std::size_t> cand;  // indices j (position pos[j]) whose pair 0 equals pos[j-1]'s
-    for (std::size_t j = 1; j < pos.size(); ++j)
-      if (same_bits(r0.cos[j], r0.cos[j - 1]) && same_bits(r0.sin[j], r0.sin[j - 1])) cand.push_back(j);
-    if (cand.empty()) continue;
-    auto full_equal = [&](const Rows& r, std::size_t j, std::size_t i) {  // row j vs row i
-      for (std::size_t c = 0; c < np; ++c)
-        if (!same_bits(r.cos[j * np + c], r.cos[i * np + c]) || !same_bits(r.sin[j * np + c], r.sin[i * np + c]))
-          return false;
-      return true;
-    };
-    auto hit = [&](int64_t p) {
-      ++res.count;
-      if (res.first.size() < limit) res.first.push_back(p);
-    };
-    if (cand.size() * 8 > pos.size()) {  // many: the whole chunk in full
-      const Rows r = rows_with(freqs, pos, numerics);
-      for (std::size_t j : cand)
-        if (full_equal(r, j, j - 1)) hit(pos[j]);
-    } else {
-      std::vector<int64_t> two;
-      for (std::size_t j : cand) two.insert(two.end(), {pos[j - 1], pos[j]});
-      const Rows r = rows_with(freqs, two, numerics);
-      for (std::size_t k = 0; k < cand.size(); ++k)
-        if (full_equal(r, 2 * k + 1, 2 * k)) hit(pos[cand[k]]);
-    }
+    error.run([&] {
+      ChunkResult& res = results[static_cast<std::size_t>(ci)];
+      const int64_t a = first + 1 + ci * kChunk;
+      const int64_t b = std::min(last, a + kChunk - 1);
+      std::vector<int64_t> pos;
+      for (int64_t p = a - 1; p <= b; ++p) pos.push_back(p);
+      const Rows r0 = rows_with(f0, pos, numerics);
+      std::vector<std::size_t> cand;  // indices j (position pos[j]) whose pair 0 equals pos[j-1]'s
+      for (std::size_t j = 1; j < pos.size(); ++j)
+        if (same_bits(r0.cos[j], r0.cos[j - 1]) && same_bits(r0.sin[j], r0.sin[j - 1])) cand.push_back(j);
+      if (cand.empty()) return;
+      auto full_equal = [&](const Rows& r, std::size_t j, std::size_t i) {  // row j vs row i
+        for (std::size_t c = 0; c < np; ++c)
+          if (!same_bits(r.cos[j * np + c], r.cos[i * np + c]) || !same_bits(r.sin[j * np + c], r.sin[i * np + c]))
+            return false;
+        return true;
+      };
+      auto hit = [&](int64_t p) {
+        ++res.count;
+        if (res.first.size() < limit) res.first.push_back(p);
+      };
+      if (cand.size() * 8 > pos.size()) {  // many: the whole chunk in full
+        const Rows r = rows_with(freqs, pos, numerics);
+        for (std::size_t j : cand)
+          if (full_equal(r, j, j - 1)) hit(pos[j]);
+      } else {
+        std::vector<int64_t> two;
+        for (std::size_t j : cand) two.insert(two.end(), {pos[j - 1], pos[j]});
+        const Rows r = rows_with(freqs, two, numerics);
+        for (std::size_t k = 0; k < cand.size(); ++k)
+          if (full_equal(r, 2 * k + 1, 2 * k)) hit(pos[cand[k]]);
+      }
+    });
   }
+  error.rethrow();
   std::vector<int64_t> out;
   int64_t total = 0;
   for (const ChunkResult& res : results) {

@@ -42,6 +42,7 @@
 //
 // This file is compiled with -ffp-contract=fast (FMA allowed).
 #include "attention/attention_kernel.hpp"
+#include "core/parallel.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -1945,8 +1946,10 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
     if (n_items <= 1) {
       run(0);
     } else {
+      FirstException error;  // std::bad_alloc of a thread's scratch, rethrown after the region
 #pragma omp parallel for schedule(static, 1) num_threads(n_items)
-      for (int i = 0; i < n_items; ++i) run(i);
+      for (int i = 0; i < n_items; ++i) error.run([&] { run(i); });
+      error.rethrow();
     }
   };
 #endif
@@ -2012,8 +2015,10 @@ void attention_kernel(const AttentionSpec& spec, const float* q,
   if (threads <= 1) {
     for (int64_t i = 0; i < n_items; ++i) run_item(i);
   } else {
+    FirstException error;  // std::bad_alloc of a thread's scratch, rethrown after the region
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-    for (int64_t i = 0; i < n_items; ++i) run_item(i);
+    for (int64_t i = 0; i < n_items; ++i) error.run([&] { run_item(i); });
+    error.rethrow();
   }
 }
 

@@ -14,6 +14,7 @@
 #include <omp.h>
 
 #include "attention/attention_kernel.hpp"
+#include "core/parallel.hpp"
 #include "encoding/rope_kernels.hpp"
 #include "posenc/attention.hpp"
 #include "posenc/error.hpp"
@@ -74,13 +75,17 @@ void attention_with_rope(const AttentionSpec& spec, const RopeFrequencies& freqs
   int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   if ((kv_tokens * row + q_tokens * np) < (int64_t{1} << 16) || omp_in_parallel()) threads = 1;
   const int64_t n_chunks = static_cast<int64_t>(chunks.size());
+  detail::FirstException error;  // std::bad_alloc of a thread's buffer, rethrown after the region
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
-    std::vector<float> cs(static_cast<std::size_t>(2 * kChunk * np));
+    std::vector<float> cs;
+    error.run([&] { cs.resize(static_cast<std::size_t>(2 * kChunk * np)); });
     float* c = cs.data();
     float* s = cs.data() + kChunk * np;
+    // Every thread meets both loops; one whose buffer failed rotates no key (its results are not used).
 #pragma omp for schedule(static) nowait
     for (int64_t i = 0; i < n_chunks; ++i) {
+      if (cs.empty()) continue;
       const KeyChunk& ch = chunks[static_cast<std::size_t>(i)];
       std::memcpy(ch.dst, ch.src, static_cast<std::size_t>(ch.n * row) * sizeof(float));
       for (int64_t t = 0; t < ch.n; ++t)
@@ -93,6 +98,7 @@ void attention_with_rope(const AttentionSpec& spec, const RopeFrequencies& freqs
       detail::rope_cos_sin_row(freqs, q_position_ids[static_cast<std::size_t>(t)], precision, q_cos.data() + t * np,
                                q_sin.data() + t * np);
   }
+  error.rethrow();
 
   const detail::QueryRope q_rope{q_cos.data(), q_sin.data(), np, layout};
   detail::attention_kernel(spec, q, q_position_ids, blocks, out, options, &q_rope);

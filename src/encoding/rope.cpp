@@ -6,9 +6,10 @@
 
 #include <fmt/format.h>
 
+#include "core/parallel.hpp"
+#include "encoding/rope_kernels.hpp"
 #include "posenc/error.hpp"
 #include "posenc/float16.hpp"
-#include "encoding/rope_kernels.hpp"
 
 namespace posenc {
 
@@ -330,13 +331,17 @@ void apply_rope(float* x, int64_t tokens, int heads, const RopeFrequencies& freq
   constexpr int64_t kChunk = 8;
   const int64_t n_chunks = (tokens + kChunk - 1) / kChunk;
   const bool parallel = tokens * stride > (int64_t{1} << 16) && n_chunks > 1;
+  detail::FirstException error;  // std::bad_alloc of a thread's buffer, rethrown after the region
 #pragma omp parallel if (parallel)
   {
-    std::vector<float> cs(static_cast<std::size_t>(2 * kChunk * np));
+    std::vector<float> cs;
+    error.run([&] { cs.resize(static_cast<std::size_t>(2 * kChunk * np)); });
     float* c = cs.data();
     float* s = cs.data() + kChunk * np;
+    // Every thread meets the loop; one whose buffer failed rotates nothing (x is then left part-rotated).
 #pragma omp for schedule(static)
     for (int64_t chunk = 0; chunk < n_chunks; ++chunk) {
+      if (cs.empty()) continue;
       const int64_t t0 = chunk * kChunk;
       const int64_t nt = std::min(kChunk, tokens - t0);
       for (int64_t i = 0; i < nt; ++i)
@@ -346,6 +351,7 @@ void apply_rope(float* x, int64_t tokens, int heads, const RopeFrequencies& freq
                                direction);
     }
   }
+  error.rethrow();
 }
 
 }  // namespace posenc

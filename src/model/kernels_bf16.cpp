@@ -19,6 +19,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include "core/aligned.hpp"
+#include "core/parallel.hpp"
 #include "model/kernels.hpp"
 #include "model/kernels_dense.hpp"
 #include "posenc/float16.hpp"
@@ -536,83 +537,87 @@ void matmul_amx_bf16(const float* x, int64_t n, const RawMatrix& w, float* y, Ep
   const bool persist = kc < kblocks;  // C kept across super-chunks for every group of the thread
   const BalancedBlocks tile_blocks(tiles, block_tiles, 1, persist ? 0 : block_tiles / 4);
   const int64_t slots = (tile_blocks.max_size() + 1) / 2 * 1024;  // floats of C per group: 4 tiles per pair of x tiles
+  detail::FirstException error;  // std::bad_alloc of a thread's buffers, rethrown after the region
 #pragma omp parallel if (parallel)
   {
     amx_begin();
-    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t p0 = groups * me / nt, p1 = groups * (me + 1) / nt;
-    const int64_t wa_bytes = kChunk * nw * g * kTileBytes;
-    const auto wa = aligned_uninitialized<std::byte>(static_cast<std::size_t>(2 * wa_bytes));
-    const auto ct =
-        aligned_uninitialized<float>(static_cast<std::size_t>((persist ? std::max<int64_t>(1, p1 - p0) : 1) * slots));
-    // C of group p into y, tiles [t0, t1) of the block.
-    auto write_group = [&](int64_t p, const float* cg, int64_t t0, int64_t t1) {
-      const int64_t o0 = p * g * kTile;
-      for (int64_t t = t0; t < t1; ++t) {
-        const int rows = static_cast<int>(std::min<int64_t>(kTile, n - t * kTile));
-        // The pair (t, t + 1) from an even offset holds [C(p0, t0), C(p0, t1), C(p1, t0), C(p1, t1)].
-        const int64_t pair_base = (t - t0) / 2 * 2, which = (t - t0) % 2;
-        for (int q = 0; q < g; ++q) {
-          const int64_t oq = o0 + q * kTile;
-          if (oq >= out) break;
-          const int cols = static_cast<int>(std::min<int64_t>(kTile, out - oq));
-          const float* c = cg + pair_base * 512 + q * 512 + which * 256;
-          write_tile(c, y + t * kTile * out + oq, out, rows, cols, e);
-        }
-      }
-    };
-    // This thread's chunks in order (tile block, super-chunk, group, chunk of k), each packed while the tiles of the
-    // one before it run (two buffers, taking turns).
-    struct Step {
-      int64_t bi, p, kb0, kb1;
-      bool group_end, block_end;
-    };
-    std::vector<Step> steps;
-    for (int64_t bi = 0; bi < tile_blocks.count; ++bi)
-      for (int64_t ks0 = 0; ks0 < kblocks; ks0 += kc) {
-        const int64_t ks1 = std::min(kblocks, ks0 + kc);
-        for (int64_t p = p0; p < p1; ++p)
-          for (int64_t kb0 = ks0; kb0 < ks1; kb0 += kChunk) {
-            const int64_t kb1 = std::min(ks1, kb0 + kChunk);
-            steps.push_back({bi, p, kb0, kb1, kb1 == ks1, ks1 == kblocks && p == p1 - 1 && kb1 == ks1});
+    error.run([&] {
+      const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+      const int64_t p0 = groups * me / nt, p1 = groups * (me + 1) / nt;
+      const int64_t wa_bytes = kChunk * nw * g * kTileBytes;
+      const auto wa = aligned_uninitialized<std::byte>(static_cast<std::size_t>(2 * wa_bytes));
+      const auto ct =
+          aligned_uninitialized<float>(static_cast<std::size_t>((persist ? std::max<int64_t>(1, p1 - p0) : 1) * slots));
+      // C of group p into y, tiles [t0, t1) of the block.
+      auto write_group = [&](int64_t p, const float* cg, int64_t t0, int64_t t1) {
+        const int64_t o0 = p * g * kTile;
+        for (int64_t t = t0; t < t1; ++t) {
+          const int rows = static_cast<int>(std::min<int64_t>(kTile, n - t * kTile));
+          // The pair (t, t + 1) from an even offset holds [C(p0, t0), C(p0, t1), C(p1, t0), C(p1, t1)].
+          const int64_t pair_base = (t - t0) / 2 * 2, which = (t - t0) % 2;
+          for (int q = 0; q < g; ++q) {
+            const int64_t oq = o0 + q * kTile;
+            if (oq >= out) break;
+            const int cols = static_cast<int>(std::min<int64_t>(kTile, out - oq));
+            const float* c = cg + pair_base * 512 + q * 512 + which * 256;
+            write_tile(c, y + t * kTile * out + oq, out, rows, cols, e);
           }
+        }
+      };
+      // This thread's chunks in order (tile block, super-chunk, group, chunk of k), each packed while the tiles of the
+      // one before it run (two buffers, taking turns).
+      struct Step {
+        int64_t bi, p, kb0, kb1;
+        bool group_end, block_end;
+      };
+      std::vector<Step> steps;
+      for (int64_t bi = 0; bi < tile_blocks.count; ++bi)
+        for (int64_t ks0 = 0; ks0 < kblocks; ks0 += kc) {
+          const int64_t ks1 = std::min(kblocks, ks0 + kc);
+          for (int64_t p = p0; p < p1; ++p)
+            for (int64_t kb0 = ks0; kb0 < ks1; kb0 += kChunk) {
+              const int64_t kb1 = std::min(ks1, kb0 + kChunk);
+              steps.push_back({bi, p, kb0, kb1, kb1 == ks1, ks1 == kblocks && p == p1 - 1 && kb1 == ks1});
+            }
+        }
+      auto job_of = [&](std::size_t j) {
+        PackJob job;
+        if (j < steps.size()) {
+          job.w = &w;
+          job.o0 = steps[j].p * g * kTile;
+          job.kb0 = steps[j].kb0;
+          job.kb1 = steps[j].kb1;
+          job.panels = g;
+          job.nw = nw;
+          job.dst = wa.get() + static_cast<int64_t>(j % 2) * wa_bytes;
+        }
+        return job;
+      };
+      if (!steps.empty()) job_of(0).run();
+      for (std::size_t j = 0; j < steps.size(); ++j) {
+        const Step& st = steps[j];
+        const int64_t t0 = tile_blocks.begin(st.bi), t1 = tile_blocks.begin(st.bi + 1);
+        const std::byte* a = wa.get() + static_cast<int64_t>(j % 2) * wa_bytes;
+        const PackJob next = job_of(j + 1);
+        float* cg = ct.get() + (persist ? (st.p - p0) * slots : 0);
+        const int64_t calls = (t1 - t0 + 1) / 2, blocks = st.kb1 - st.kb0;
+        for (int64_t t = t0; t < t1; t += 2) {
+          const std::byte* x0 = xb + t * tile_bytes + st.kb0 * nx * kTileBytes;
+          float* c = cg + (t - t0) * 512;
+          const int64_t part0 = (t - t0) / 2 * blocks, parts = calls * blocks;
+          if (t + 1 < t1)
+            tile_chunk<true, S>(a, x0, x0 + tile_bytes, blocks, nw, nx, st.kb0 == 0, c, next, part0, parts);
+          else
+            tile_chunk<false, S>(a, x0, x0, blocks, nw, nx, st.kb0 == 0, c, next, part0, parts);
+        }
+        if (!persist && st.group_end) write_group(st.p, cg, t0, t1);
+        if (persist && st.block_end)
+          for (int64_t p = p0; p < p1; ++p) write_group(p, ct.get() + (p - p0) * slots, t0, t1);
       }
-    auto job_of = [&](std::size_t j) {
-      PackJob job;
-      if (j < steps.size()) {
-        job.w = &w;
-        job.o0 = steps[j].p * g * kTile;
-        job.kb0 = steps[j].kb0;
-        job.kb1 = steps[j].kb1;
-        job.panels = g;
-        job.nw = nw;
-        job.dst = wa.get() + static_cast<int64_t>(j % 2) * wa_bytes;
-      }
-      return job;
-    };
-    if (!steps.empty()) job_of(0).run();
-    for (std::size_t j = 0; j < steps.size(); ++j) {
-      const Step& st = steps[j];
-      const int64_t t0 = tile_blocks.begin(st.bi), t1 = tile_blocks.begin(st.bi + 1);
-      const std::byte* a = wa.get() + static_cast<int64_t>(j % 2) * wa_bytes;
-      const PackJob next = job_of(j + 1);
-      float* cg = ct.get() + (persist ? (st.p - p0) * slots : 0);
-      const int64_t calls = (t1 - t0 + 1) / 2, blocks = st.kb1 - st.kb0;
-      for (int64_t t = t0; t < t1; t += 2) {
-        const std::byte* x0 = xb + t * tile_bytes + st.kb0 * nx * kTileBytes;
-        float* c = cg + (t - t0) * 512;
-        const int64_t part0 = (t - t0) / 2 * blocks, parts = calls * blocks;
-        if (t + 1 < t1)
-          tile_chunk<true, S>(a, x0, x0 + tile_bytes, blocks, nw, nx, st.kb0 == 0, c, next, part0, parts);
-        else
-          tile_chunk<false, S>(a, x0, x0, blocks, nw, nx, st.kb0 == 0, c, next, part0, parts);
-      }
-      if (!persist && st.group_end) write_group(st.p, cg, t0, t1);
-      if (persist && st.block_end)
-        for (int64_t p = p0; p < p1; ++p) write_group(p, ct.get() + (p - p0) * slots, t0, t1);
-    }
+    });
     amx_end();
   }
+  error.rethrow();
 }
 
 void check_args(const RawMatrix& w, const char* who) {

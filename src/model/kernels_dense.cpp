@@ -25,6 +25,7 @@
 #include <fmt/format.h>
 
 #include "core/aligned.hpp"
+#include "core/parallel.hpp"
 #include "core/text.hpp"
 #include "model/kernels.hpp"
 #include "posenc/float16.hpp"
@@ -379,55 +380,59 @@ void matmul_panels_avx2(const float* x, int64_t n, const RawMatrix& w, float* y,
   // No slack: the cap was measured as the best block (384 and 448 KiB of rows: slower at two threads on Zen 3).
   const BalancedBlocks blocks(n, panel_block_rows(in), kPanelTileRows, 0);
   const int64_t segments = (chunks + kPanelSegment - 1) / kPanelSegment;
+  detail::FirstException error;  // std::bad_alloc of a thread's buffers, rethrown after the region
 #pragma omp parallel if (parallel_pays(n, w))
   {
-    // This thread's panels (the same ones for every block of rows: it widens only its own weight rows).
-    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
-    std::vector<float> panel(static_cast<std::size_t>(std::min(chunks, kPanelSegment) * kPanelRows * kLanes));
-    // Each tile's lanes between blocks of chunks: per tile of a block, and per panel when the rows span
-    // several segments (the segment loop is outside the panel loop).
-    const int64_t tiles_max = std::min(blocks.max_size(), n) / kPanelTileRows;  // in any block of this call
-    const std::size_t acc_count =
-        static_cast<std::size_t>(std::max<int64_t>(tiles_max, 1) * (segments > 1 ? std::max<int64_t>(p1 - p0, 1) : 1));
-    const std::unique_ptr<TileAcc[]> acc(new TileAcc[acc_count]);
-    for (int64_t bi = 0; bi < blocks.count; ++bi) {
-      const int64_t b0 = blocks.begin(bi), b1 = blocks.begin(bi + 1), tiles = (b1 - b0) / kPanelTileRows;
-      for (int64_t s0 = 0; s0 < chunks; s0 += kPanelSegment) {
-        const int64_t s1 = std::min(chunks, s0 + kPanelSegment);
-        for (int64_t pi = p0; pi < p1; ++pi) {
-          const int64_t o0 = pi * kPanelRows;
-          TileAcc* pacc = acc.get() + (segments > 1 ? (pi - p0) * tiles_max : 0);
-          pack_panel_avx2<T>(w.data + o0 * rb, rb, s0, s1 - s0, panel.data());
-          // The next panel's weights of this segment towards L2 while this one's tiles run: widening from
-          // DRAM stalls on its loads otherwise (measured: 12% of an F16 prefill in the widening's loads).
-          if (pi + 1 < p1) {
-            const int64_t bytes_lo = s0 * rb / chunks, bytes_hi = s1 * rb / chunks;
-            for (int64_t j = 0; j < kPanelRows; ++j)
-              for (int64_t b = bytes_lo; b < bytes_hi; b += 64)
-                _mm_prefetch(reinterpret_cast<const char*>(w.data + (o0 + kPanelRows + j) * rb + b), _MM_HINT_T1);
-          }
-          // Blocks of 32 chunks: the panel's block (6 KiB) stays in L1 while every tile of x rows passes it.
-          for (int64_t c0 = s0; c0 < s1; c0 += kPanelChunks) {
-            const int64_t c1 = std::min(s1, c0 + kPanelChunks);
-            for (int64_t t = 0; t < tiles; ++t) {
-              const int64_t r = b0 + t * kPanelTileRows;
-              panel_tile_avx2(x + r * in + s0 * kLanes, in, panel.data(), s1 - s0, c0 - s0, c1 - s0, pacc[t], c0 == 0,
-                              c1 == chunks, y + r * out + o0, out, accumulate);
+    error.run([&] {
+      // This thread's panels (the same ones for every block of rows: it widens only its own weight rows).
+      const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+      const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
+      std::vector<float> panel(static_cast<std::size_t>(std::min(chunks, kPanelSegment) * kPanelRows * kLanes));
+      // Each tile's lanes between blocks of chunks: per tile of a block, and per panel when the rows span
+      // several segments (the segment loop is outside the panel loop).
+      const int64_t tiles_max = std::min(blocks.max_size(), n) / kPanelTileRows;  // in any block of this call
+      const std::size_t acc_count =
+          static_cast<std::size_t>(std::max<int64_t>(tiles_max, 1) * (segments > 1 ? std::max<int64_t>(p1 - p0, 1) : 1));
+      const std::unique_ptr<TileAcc[]> acc(new TileAcc[acc_count]);
+      for (int64_t bi = 0; bi < blocks.count; ++bi) {
+        const int64_t b0 = blocks.begin(bi), b1 = blocks.begin(bi + 1), tiles = (b1 - b0) / kPanelTileRows;
+        for (int64_t s0 = 0; s0 < chunks; s0 += kPanelSegment) {
+          const int64_t s1 = std::min(chunks, s0 + kPanelSegment);
+          for (int64_t pi = p0; pi < p1; ++pi) {
+            const int64_t o0 = pi * kPanelRows;
+            TileAcc* pacc = acc.get() + (segments > 1 ? (pi - p0) * tiles_max : 0);
+            pack_panel_avx2<T>(w.data + o0 * rb, rb, s0, s1 - s0, panel.data());
+            // The next panel's weights of this segment towards L2 while this one's tiles run: widening from
+            // DRAM stalls on its loads otherwise (measured: 12% of an F16 prefill in the widening's loads).
+            if (pi + 1 < p1) {
+              const int64_t bytes_lo = s0 * rb / chunks, bytes_hi = s1 * rb / chunks;
+              for (int64_t j = 0; j < kPanelRows; ++j)
+                for (int64_t b = bytes_lo; b < bytes_hi; b += 64)
+                  _mm_prefetch(reinterpret_cast<const char*>(w.data + (o0 + kPanelRows + j) * rb + b), _MM_HINT_T1);
             }
+            // Blocks of 32 chunks: the panel's block (6 KiB) stays in L1 while every tile of x rows passes it.
+            for (int64_t c0 = s0; c0 < s1; c0 += kPanelChunks) {
+              const int64_t c1 = std::min(s1, c0 + kPanelChunks);
+              for (int64_t t = 0; t < tiles; ++t) {
+                const int64_t r = b0 + t * kPanelTileRows;
+                panel_tile_avx2(x + r * in + s0 * kLanes, in, panel.data(), s1 - s0, c0 - s0, c1 - s0, pacc[t], c0 == 0,
+                                c1 == chunks, y + r * out + o0, out, accumulate);
+              }
+            }
+            if (s0 == 0)
+              for (int64_t r = b0 + tiles * kPanelTileRows; r < b1; ++r)
+                tile_Avx2<T, 1, kPanelRows>(x + r * in, in, w.data + o0 * rb, rb, y + r * out + o0, out, accumulate);
           }
-          if (s0 == 0)
-            for (int64_t r = b0 + tiles * kPanelTileRows; r < b1; ++r)
-              tile_Avx2<T, 1, kPanelRows>(x + r * in, in, w.data + o0 * rb, rb, y + r * out + o0, out, accumulate);
         }
       }
-    }
-    // The weight rows past the last panel (out % 3 of them), a row at a time.
+    });
+    // The weight rows past the last panel (out % 3 of them), a row at a time (every thread meets the loop).
 #pragma omp for schedule(static) nowait
     for (int64_t o = panels * kPanelRows; o < out; ++o)
       for (int64_t r = 0; r < n; ++r)
         tile_Avx2<T, 1, 1>(x + r * in, in, w.data + o * rb, rb, y + r * out + o, out, accumulate);
   }
+  error.rethrow();
 }
 
 void matmul_avx2(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
@@ -651,8 +656,9 @@ void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* 
   // blocks each widening every weight.
   const int64_t cap = zpanel_block_rows(in);
   const BalancedBlocks blocks(n, cap, kZRows, cap / 4);
+  detail::FirstException error;  // std::bad_alloc of a thread's buffers, rethrown after the region
 #pragma omp parallel if (parallel_pays(n, w))
-  {
+  error.run([&] {
     // This thread's panels (the same ones for every block of rows: it widens only its own weight rows).
     const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
     const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
@@ -689,7 +695,8 @@ void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* 
         }
       }
     }
-  }
+  });
+  error.rethrow();
 }
 
 // ---- AVX-512 decode: runs of rows read side by side -------------------------------------------------------------

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -26,6 +27,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include "core/aligned.hpp"
+#include "core/parallel.hpp"
 #include "model/kernels.hpp"
 #include "model/kernels_dense.hpp"
 #include "posenc/safetensors.hpp"
@@ -317,11 +319,15 @@ void matmul_q8_avx2_impl(const std::byte* x_q, int64_t n, int64_t in, const std:
   const int64_t pair_tiles = row_tiles > 0 ? out / kCols : 0;
   const int64_t oct_tiles = rest > 0 ? out / kDecodeCols : 0;
   const bool parallel = n * in * out > (int64_t{1} << 20);
+  detail::FirstException error;  // std::bad_alloc of a thread's buffer, rethrown after the region
 #pragma omp parallel if (parallel)
   {
-    std::vector<float> dw(static_cast<std::size_t>(blocks * kCols + 8));
+    std::vector<float> dw;
+    error.run([&] { dw.resize(static_cast<std::size_t>(blocks * kCols + 8)); });
+    // Every thread meets both loops; one whose buffer failed takes no pair tile (its results are not used).
 #pragma omp for schedule(static) nowait
     for (int64_t t = 0; t < pair_tiles; ++t) {
+      if (dw.empty()) continue;
       const int64_t o0 = t * kCols;
       scales_interleaved(w + o0 * wrow, wrow, kCols, blocks, wb, dw.data());
       for (int64_t rt = 0; rt < row_tiles; ++rt)
@@ -336,6 +342,7 @@ void matmul_q8_avx2_impl(const std::byte* x_q, int64_t n, int64_t in, const std:
         q8_tile<1, 8, Q4>(x_q, r, blocks, w, wrow, o0, dx.data() + r * blocks, nullptr, next, y, out, accumulate);
     }
   }
+  error.rethrow();
   // The weight rows no tile took, for the rows of each kind.
   for (int64_t r = 0; r < n; ++r) {
     const int64_t first = r < row_tiles * kRows ? pair_tiles * kCols : oct_tiles * kDecodeCols;
@@ -522,13 +529,17 @@ void matmul_q8_vnni_panels(const std::byte* x_q, int64_t n, int64_t in, const st
   const int64_t blocks = in / kQBlock, xrow = blocks * kQ8Bytes, wrow = blocks * (Q4 ? kQ4Bytes : kQ8Bytes);
   const std::vector<float> dxf = x_scales(x_q, n, blocks);
   const int64_t panels = (out + kPanel - 1) / kPanel;
+  detail::FirstException error;  // std::bad_alloc of a thread's panel, rethrown after the region
 #pragma omp parallel if (q8_parallel(n, in, out))
   {
-    PanelBuffer panel(blocks);
+    std::optional<PanelBuffer> panel;
+    error.run([&] { panel.emplace(blocks); });
+    // Every thread meets the loop; one whose panel failed takes none of its panels (its results are not used).
 #pragma omp for schedule(static)
     for (int64_t p = 0; p < panels; ++p) {
+      if (!panel) continue;
       const int64_t o0 = p * kPanel, cols = std::min(kPanel, out - o0);
-      pack_panel<Q4>(w, wrow, o0, cols, blocks, panel.data());
+      pack_panel<Q4>(w, wrow, o0, cols, blocks, panel->data());
       // The next panel's rows towards L2, a slice per group of rows (static schedule: usually this thread's next).
       const int64_t next_bytes = p + 1 < panels ? std::min(kPanel, out - o0 - kPanel) * wrow : 0;
       const int64_t groups = (n + kR - 1) / kR;
@@ -538,14 +549,15 @@ void matmul_q8_vnni_panels(const std::byte* x_q, int64_t n, int64_t in, const st
         const float* dr = dxf.data() + r0 * blocks;
         float* yr = y + r0 * out + o0;
         switch (std::min(kR, n - r0)) {
-          case 4: vnni_panel_rows<4>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, epilogue); break;
-          case 3: vnni_panel_rows<3>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, epilogue); break;
-          case 2: vnni_panel_rows<2>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, epilogue); break;
-          default: vnni_panel_rows<1>(xr, xrow, dr, blocks, panel.data(), yr, out, cols, epilogue); break;
+          case 4: vnni_panel_rows<4>(xr, xrow, dr, blocks, panel->data(), yr, out, cols, epilogue); break;
+          case 3: vnni_panel_rows<3>(xr, xrow, dr, blocks, panel->data(), yr, out, cols, epilogue); break;
+          case 2: vnni_panel_rows<2>(xr, xrow, dr, blocks, panel->data(), yr, out, cols, epilogue); break;
+          default: vnni_panel_rows<1>(xr, xrow, dr, blocks, panel->data(), yr, out, cols, epilogue); break;
         }
       }
     }
   }
+  error.rethrow();
 }
 
 /// Lane j of the result = the sum of v[j]'s eight int32 lanes (exact, so in any order).
@@ -860,28 +872,32 @@ void matmul_q8_amx_impl(const std::byte* x_q, int64_t n, int64_t in, const std::
   const int64_t tile_cap = std::max<int64_t>(1, (int64_t{1} << 20) / (blocks * 512));
   const BalancedBlocks tile_blocks(tiles, tile_cap, 1, tile_cap / 4);
   const int64_t panels = (out + kPanel - 1) / kPanel;
+  detail::FirstException error;  // std::bad_alloc of a thread's panel, rethrown after the region
 #pragma omp parallel if (q8_parallel(n, in, out))
   {
     amx_begin();
-    PanelBuffer panel(blocks);
-    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
-    for (int64_t bi = 0; bi < tile_blocks.count; ++bi)
-      for (int64_t p = p0; p < p1; ++p) {
-        const int64_t o0 = p * kPanel, cols = std::min(kPanel, out - o0);
-        pack_panel<Q4>(w, wrow, o0, cols, blocks, panel.data());
-        // The next panel's rows (contiguous in w) towards L2, a slice per tile.
-        const int64_t t0 = tile_blocks.begin(bi), t1 = tile_blocks.begin(bi + 1);
-        const int64_t next_bytes = p + 1 < p1 ? std::min(kPanel, out - o0 - kPanel) * wrow : 0;
-        for (int64_t t = t0; t < t1; ++t) {
-          const int rows = static_cast<int>(std::min<int64_t>(16, n - t * 16));
-          amx_panel_tile(xa.get() + t * blocks * 512, dxf.get() + t * 16 * blocks, blocks, panel.data(), rows,
-                         y + t * 16 * out + o0, out, cols, epilogue,
-                         {w + (o0 + kPanel) * wrow, next_bytes, t - t0, t1 - t0});
+    error.run([&] {
+      PanelBuffer panel(blocks);
+      const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
+      const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
+      for (int64_t bi = 0; bi < tile_blocks.count; ++bi)
+        for (int64_t p = p0; p < p1; ++p) {
+          const int64_t o0 = p * kPanel, cols = std::min(kPanel, out - o0);
+          pack_panel<Q4>(w, wrow, o0, cols, blocks, panel.data());
+          // The next panel's rows (contiguous in w) towards L2, a slice per tile.
+          const int64_t t0 = tile_blocks.begin(bi), t1 = tile_blocks.begin(bi + 1);
+          const int64_t next_bytes = p + 1 < p1 ? std::min(kPanel, out - o0 - kPanel) * wrow : 0;
+          for (int64_t t = t0; t < t1; ++t) {
+            const int rows = static_cast<int>(std::min<int64_t>(16, n - t * 16));
+            amx_panel_tile(xa.get() + t * blocks * 512, dxf.get() + t * 16 * blocks, blocks, panel.data(), rows,
+                           y + t * 16 * out + o0, out, cols, epilogue,
+                           {w + (o0 + kPanel) * wrow, next_bytes, t - t0, t1 - t0});
+          }
         }
-      }
+    });
     amx_end();
   }
+  error.rethrow();
 }
 
 }  // namespace

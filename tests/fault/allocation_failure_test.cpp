@@ -1,30 +1,90 @@
 // Allocation failures where they can be provoked only by making the allocator fail: this executable defines
-// aligned_alloc (which the attention kernel's scratch and every std::aligned_alloc in the process then call), passing
-// through to posix_memalign unless a test arms it. Its own executable, so the other tests never run through it; left
-// out under AddressSanitizer (whose allocator the definition would bypass for aligned_alloc alone: the tests skip).
+// aligned_alloc (which the attention kernel's scratch and every std::aligned_alloc in the process then call) and the
+// replaceable operator new / delete, passing through to posix_memalign / malloc unless a test arms them. Its own
+// executable, so the other tests never run through them; left out under AddressSanitizer (whose allocator the
+// definitions would bypass: the tests skip).
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <new>
 #include <numeric>
+#include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 
+#include "model/kernels.hpp"
+#include "model/kernels_dense.hpp"
+#include "model/raw_model.hpp"
 #include "posenc/attention.hpp"
+#include "posenc/config.hpp"
+#include "posenc/convert.hpp"
+#include "posenc/float16.hpp"
+#include "posenc/kv_cache.hpp"
+#include "posenc/model.hpp"
+#include "posenc/precision.hpp"
+#include "posenc/rope.hpp"
+#include "posenc/tokenizer.hpp"
+#include "test_support.hpp"
 
 namespace {
 std::atomic<int> g_fail_next{0};          // aligned_alloc calls left to fail
 std::atomic<std::size_t> g_fail_min{0};   // ... of at least this many bytes
+// The sweeps' arming, over operator new and aligned_alloc alike: while g_countdown > 0 each allocation takes one
+// from it, and the one that takes the last fails; g_in_region counts the failures made inside an active OpenMP
+// parallel region (where an exception that escapes ends the process).
+std::atomic<int64_t> g_countdown{0};
+std::atomic<int64_t> g_counted{0};        // allocations while g_counting
+std::atomic<bool> g_counting{false};
+std::atomic<int64_t> g_in_region{0};
+
+bool fail_this_allocation() {
+  if (g_counting.load(std::memory_order_relaxed)) g_counted.fetch_add(1);
+  if (g_countdown.load(std::memory_order_relaxed) > 0 && g_countdown.fetch_sub(1) == 1) {
+    if (omp_in_parallel()) g_in_region.fetch_add(1);
+    return true;
+  }
+  return false;
+}
+
+void* aligned_or_null(std::size_t alignment, std::size_t size) {
+  void* p = nullptr;
+  if (posix_memalign(&p, alignment < sizeof(void*) ? sizeof(void*) : alignment, size == 0 ? 1 : size) != 0)
+    return nullptr;
+  return p;
+}
 }  // namespace
 
 #if !defined(__SANITIZE_ADDRESS__)
 extern "C" void* aligned_alloc(std::size_t alignment, std::size_t size) {
   if (size >= g_fail_min.load() && g_fail_next.load() > 0 && g_fail_next.fetch_sub(1) > 0) return nullptr;
-  void* p = nullptr;
-  if (posix_memalign(&p, alignment < sizeof(void*) ? sizeof(void*) : alignment, size) != 0) return nullptr;
-  return p;
+  if (fail_this_allocation()) return nullptr;
+  return aligned_or_null(alignment, size);
 }
+// The array, nothrow and sized forms of libstdc++ call these two; the deletes free what either returned.
+void* operator new(std::size_t size) {
+  if (fail_this_allocation()) throw std::bad_alloc();
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void* operator new(std::size_t size, std::align_val_t alignment) {
+  if (fail_this_allocation()) throw std::bad_alloc();
+  if (void* p = aligned_or_null(static_cast<std::size_t>(alignment), size)) return p;
+  throw std::bad_alloc();
+}
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"  // free of what the operator new above got from malloc
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 #endif
 
 namespace {
@@ -81,5 +141,303 @@ TEST(AllocationFailure, AttentionScratchSurvivesAFailedGrowth) {
   small.run();
   EXPECT_EQ(small.out, expected);
   large.run();  // and growing works again
+#endif
+}
+
+namespace {
+
+using namespace posenc;
+
+/// The allocations f() makes.
+int64_t allocations_of(const std::function<void()>& f) {
+  g_counted = 0;
+  g_counting = true;
+  f();
+  g_counting = false;
+  return g_counted.load();
+}
+
+/// Runs f() with its n-th allocation (from 1) failing; true when f threw std::bad_alloc (any other exception is
+/// the test's failure). Disarmed on return.
+bool throws_when_allocation_fails(int64_t n, const std::function<void()>& f) {
+  g_countdown = n;
+  bool thrown = false;
+  try {
+    f();
+  } catch (const std::bad_alloc&) {
+    thrown = true;
+  }
+  g_countdown = 0;
+  return thrown;
+}
+
+struct Sweep {
+  int64_t allocations = 0, thrown = 0, in_region = 0;
+};
+
+/// For every n from 1 to the allocations of one run of armed() (and a few past them): armed() with its n-th
+/// allocation failing, after setup(); then check(thrown). setup() and check() run unarmed.
+Sweep sweep_allocations(const std::function<void()>& setup, const std::function<void()>& armed,
+                        const std::function<void(bool thrown, const std::string& label)>& check) {
+  Sweep s;
+  setup();
+  armed();  // the first run grows what is kept between calls (per-thread scratch)
+  setup();
+  s.allocations = allocations_of(armed);
+  const int64_t in_region_before = g_in_region.load();
+  for (int64_t n = 1; n <= s.allocations + 3; ++n) {
+    setup();
+    const bool thrown = throws_when_allocation_fails(n, armed);
+    s.thrown += thrown ? 1 : 0;
+    check(thrown, fmt::format("allocation {} of {} failing", n, s.allocations));
+  }
+  s.in_region = g_in_region.load() - in_region_before;
+  return s;
+}
+
+/// The first n tokens of the validation text in TinyStories-656K's tokenizer (its GGUF's own vocabulary has no
+/// usable merge order: models/SOURCES.md).
+std::vector<int32_t> story_tokens(std::size_t n) {
+  const auto tok = Model::load_bundled_tokenizer(test::shared_dir() / "models/TinyStories-656K");
+  std::vector<int32_t> ids = tok->encode(test::slurp(test::text_path()).substr(0, 4000), true, false);
+  if (ids.size() > n) ids.resize(n);
+  return ids;
+}
+
+struct ThreadsScope {
+  int saved = omp_get_max_threads();
+  explicit ThreadsScope(int n) { omp_set_num_threads(n); }
+  ~ThreadsScope() { omp_set_num_threads(saved); }
+};
+
+}  // namespace
+
+// A prefill's products, attention and RoPE run in OpenMP parallel regions, where an exception that escapes ends the
+// process (std::terminate): a std::bad_alloc of a thread's panel or scratch buffer in one of them did, with a
+// server's every request. Now each of those regions hands it to the caller. Every allocation of a 160-token prefill
+// (after 32 tokens already cached) is made to fail in turn, on two threads, for the TinyStories-656K checkpoint as
+// its Hugging Face directory (F32 weights) and as its Q8_0 GGUF (float32 and q8_activations products, F16 and BF16
+// caches), and a random F16 model: each failure reaches forward's caller as std::bad_alloc, the cache keeps its 32
+// tokens, and the same prefill taken again on it gives the logits of a run that never failed.
+TEST(AllocationFailure, EveryAllocationOfAPrefillReachesTheCaller) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's allocator: the operator new of this executable would bypass it";
+#else
+  if (omp_get_thread_limit() < 2) GTEST_SKIP() << "OMP_THREAD_LIMIT=" << omp_get_thread_limit() << ": no second thread";
+  const ThreadsScope threads(2);
+  test::TempDir dir;
+  RandomGgufOptions random;
+  random.config.dim = 256;
+  random.config.hidden_dim = 512;
+  random.config.n_layers = 2;
+  random.config.n_heads = 4;
+  random.config.n_kv_heads = 2;
+  random.config.vocab_size = 512;
+  random.type = GgmlType::f16;
+  write_random_gguf(random, dir.path() / "f16.gguf");
+  const auto gguf656k = test::shared_dir() / "models/TinyStories-656K-gguf/TinyStories-656K-Q8_0.gguf";
+  struct Case {
+    std::string name;
+    std::filesystem::path path;
+    LoadOptions options;
+    KvCacheDtype cache;
+    const std::vector<int32_t>& ids;
+  };
+  const std::vector<int32_t> story = story_tokens(192);
+  std::vector<int32_t> random_ids;  // the random model's 512 ids (ids past them would be the story's)
+  for (int i = 0; i < 192; ++i) random_ids.push_back((i * 37 + 5) % 500);
+  LoadOptions q8act;
+  q8act.quantized_matmul = QuantizedMatmul::q8_activations;
+  const std::vector<Case> cases = {
+      {"TinyStories-656K (F32), f32 cache", test::shared_dir() / "models/TinyStories-656K", {}, KvCacheDtype::f32,
+       story},
+      {"TinyStories-656K Q8_0 GGUF, f16 cache", gguf656k, {}, KvCacheDtype::f16, story},
+      {"TinyStories-656K Q8_0 GGUF q8_activations, bf16 cache", gguf656k, q8act, KvCacheDtype::bf16, story},
+      {"random F16 (dim 256), f32 cache", dir.path() / "f16.gguf", {}, KvCacheDtype::f32, random_ids},
+  };
+  int64_t in_region = 0;
+  for (const Case& c : cases) {
+    Model m = Model::load(c.path, c.options);
+    m.set_kv_cache_dtype(c.cache);
+    const std::vector<int32_t>& ids = c.ids;
+    ASSERT_EQ(ids.size(), 192u) << c.name;
+    const std::span<const int32_t> head(ids.data(), 32), rest(ids.data() + 32, 160);
+    std::optional<KvCache> cache;
+    KvCache::SeqId seq = 0;
+    std::vector<float> logits;
+    const auto setup = [&] {
+      cache.emplace(m.make_cache());
+      seq = cache->create();
+      Model::SequenceInput in{seq, head, {}};
+      m.forward(*cache, std::span(&in, 1), Model::LogitsMode::last, logits);
+    };
+    const auto prefill = [&] {
+      Model::SequenceInput in{seq, rest, {}};
+      m.forward(*cache, std::span(&in, 1), Model::LogitsMode::all, logits);
+    };
+    setup();
+    prefill();
+    const std::vector<float> expected = logits;
+    const Sweep s = sweep_allocations(setup, prefill, [&](bool thrown, const std::string& label) {
+      if (thrown) {
+        ASSERT_EQ(cache->size(seq), 32) << c.name << ", " << label;
+        logits.clear();
+        prefill();
+      }
+      ASSERT_EQ(logits.size(), expected.size()) << c.name << ", " << label;
+      EXPECT_EQ(std::memcmp(logits.data(), expected.data(), logits.size() * sizeof(float)), 0) << c.name << ", " << label;
+    });
+    // Every allocation the prefill makes fails it (none is optional), and some of them inside parallel regions.
+    EXPECT_EQ(s.thrown, s.allocations) << c.name;
+    EXPECT_GT(s.in_region, 0) << c.name;
+    in_region += s.in_region;
+    std::printf("%s: %lld allocations, %lld of them inside parallel regions\n", c.name.c_str(),
+                static_cast<long long>(s.allocations), static_cast<long long>(s.in_region));
+  }
+#endif
+}
+
+namespace {
+
+/// Sweeps run() (which writes *out) as EveryAllocationOfAPrefillReachesTheCaller does a prefill: every allocation
+/// failing in turn throws std::bad_alloc to the caller, and the call taken again gives the bits of one that never
+/// failed. Returns the sweep.
+Sweep sweep_call(const std::string& name, const std::function<void()>& run, std::vector<float>* out) {
+  run();
+  const std::vector<float> expected = *out;
+  const Sweep s = sweep_allocations([] {}, run, [&](bool thrown, const std::string& label) {
+    if (thrown) {
+      std::fill(out->begin(), out->end(), 0.0f);
+      run();
+    }
+    ASSERT_EQ(out->size(), expected.size()) << name << ", " << label;
+    EXPECT_EQ(std::memcmp(out->data(), expected.data(), out->size() * sizeof(float)), 0) << name << ", " << label;
+  });
+  EXPECT_EQ(s.thrown, s.allocations) << name;
+  EXPECT_GT(s.in_region, 0) << name << ": no allocation inside a parallel region (the sweep would not test one)";
+  std::printf("%s: %lld allocations, %lld of them inside parallel regions\n", name.c_str(),
+              static_cast<long long>(s.allocations), static_cast<long long>(s.in_region));
+  return s;
+}
+
+std::vector<float> wave(std::size_t n, float f) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = 0.5f * std::sin(f * static_cast<float>(i) + 0.1f);
+  return v;
+}
+
+}  // namespace
+
+// The parallel regions the prefill sweep above does not reach on this CPU, swept the same way: the AVX2 products
+// (the paths of CPUs without AVX-512) over F16 and Q8_0 weights, RoPE applied to a prompt, attention with RoPE, and
+// the precision analysis's search for colliding rows.
+TEST(AllocationFailure, EveryAllocationOfAParallelKernelReachesTheCaller) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's allocator: the operator new of this executable would bypass it";
+#else
+  if (omp_get_thread_limit() < 2) GTEST_SKIP() << "OMP_THREAD_LIMIT=" << omp_get_thread_limit() << ": no second thread";
+  const ThreadsScope threads(2);
+  const RopeFrequencies freqs =
+      compute_rope_frequencies(*load_positional_spec(test::shared_dir() / "configs/llama-3.1-8b.json").rope);
+  // The products: 64 rows of x by 384 x 256 weights (a region: parallel_pays, q8 work over 2^20).
+  const int64_t n = 64, in = 256, out = 384;
+  const std::vector<float> x = wave(static_cast<std::size_t>(n * in), 0.37f);
+  const std::vector<float> wf = wave(static_cast<std::size_t>(out * in), 0.11f);
+  std::vector<float> y(static_cast<std::size_t>(n * out));
+  int cases = 0;
+  if (detail::dense_kernel_supported(detail::DenseKernel::avx2)) {
+    std::vector<uint16_t> w16(wf.size());
+    for (std::size_t i = 0; i < wf.size(); ++i) w16[i] = f32_to_f16(wf[i]);
+    detail::RawMatrix w;
+    w.type = detail::WeightType::f16;
+    w.data = reinterpret_cast<const std::byte*>(w16.data());
+    w.rows = out;
+    w.cols = in;
+    sweep_call("F16 product, AVX2 panels", [&] {
+      detail::matmul_w_with(detail::DenseKernel::avx2, x.data(), n, w, y.data(), false);
+    }, &y);
+    ++cases;
+  }
+  if (detail::q8_kernel_supported(detail::Q8Kernel::avx2)) {
+    std::vector<std::byte> xq(static_cast<std::size_t>(n * in / 32 * 34)), wq(static_cast<std::size_t>(out * in / 32 * 34));
+    detail::quantize_rows_q8_0(x.data(), n, in, xq.data());
+    detail::quantize_rows_q8_0(wf.data(), out, in, wq.data());
+    sweep_call("Q8_0 product, AVX2", [&] {
+      detail::matmul_q8_with(detail::Q8Kernel::avx2, xq.data(), n, in, wq.data(), false, out, y.data(), false);
+    }, &y);
+    ++cases;
+  }
+  // RoPE over 512 tokens of 8 heads of 128 (a region: tokens x heads x head_dim over 2^16).
+  const int64_t tokens = 512;
+  std::vector<int64_t> pos(static_cast<std::size_t>(tokens));
+  std::iota(pos.begin(), pos.end(), int64_t{1000});
+  const std::vector<float> q0 = wave(static_cast<std::size_t>(tokens * 8 * 128), 0.07f);
+  std::vector<float> q = q0;
+  sweep_call("apply_rope", [&] {
+    q = q0;
+    apply_rope(q.data(), tokens, 8, freqs, pos, RopeLayout::half, AnglePrecision::float32);
+  }, &q);
+  // Attention with RoPE: 64 queries of 8 heads against the 512 keys (the keys rotated in a region, then the
+  // attention kernel's own).
+  AttentionSpec spec;
+  spec.heads = 8;
+  spec.kv_heads = 8;
+  spec.head_dim = 128;
+  spec.mask = MaskKind::causal;
+  const std::vector<float> k = wave(q0.size(), 0.05f), v = wave(q0.size(), 0.03f);
+  const std::vector<KvBlock> kv{{k.data(), v.data(), pos.data(), tokens}};
+  const std::span<const int64_t> q_pos(pos.data() + tokens - 64, 64);
+  std::vector<float> att(static_cast<std::size_t>(64 * 8 * 128));
+  sweep_call("attention_with_rope", [&] {
+    attention_with_rope(spec, freqs, RopeLayout::half, AnglePrecision::float32, q0.data(), q_pos, kv, att.data());
+  }, &att);
+  // Row collisions of 150,000 positions: three chunks of 2^16 taken by the threads in turn.
+  std::vector<float> found;
+  sweep_call("rope_row_collisions", [&] {
+    int64_t count = 0;
+    const std::vector<int64_t> first =
+        rope_row_collisions(freqs, rope_numerics(AnglePrecision::float32), 0, 150000, 8, &count);
+    found.assign(first.begin(), first.end());
+    found.push_back(static_cast<float>(count));
+  }, &found);
+  EXPECT_EQ(cases, detail::dense_kernel_supported(detail::DenseKernel::avx2) +
+                       detail::q8_kernel_supported(detail::Q8Kernel::avx2));
+#endif
+}
+
+// The AMX products' regions (Sapphire Rapids and later), swept as above: Q8_0 with int8 activations, F16 split into
+// bf16 terms.
+TEST(AllocationFailure, EveryAllocationOfAnAmxProductReachesTheCaller) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer's allocator: the operator new of this executable would bypass it";
+#else
+  const bool q8 = detail::q8_kernel_supported(detail::Q8Kernel::amx), bf16 = detail::amx_bf16_supported();
+  if (!q8 && !bf16) GTEST_SKIP() << "this CPU has no AMX (AMX-INT8, AMX-BF16)";
+  if (omp_get_thread_limit() < 2) GTEST_SKIP() << "OMP_THREAD_LIMIT=" << omp_get_thread_limit() << ": no second thread";
+  const ThreadsScope threads(2);
+  const int64_t n = 64, in = 256, out = 384;
+  const std::vector<float> x = wave(static_cast<std::size_t>(n * in), 0.37f);
+  const std::vector<float> wf = wave(static_cast<std::size_t>(out * in), 0.11f);
+  std::vector<float> y(static_cast<std::size_t>(n * out));
+  if (q8) {
+    std::vector<std::byte> xq(static_cast<std::size_t>(n * in / 32 * 34)), wq(static_cast<std::size_t>(out * in / 32 * 34));
+    detail::quantize_rows_q8_0(x.data(), n, in, xq.data());
+    detail::quantize_rows_q8_0(wf.data(), out, in, wq.data());
+    sweep_call("Q8_0 product, AMX", [&] {
+      detail::matmul_q8_with(detail::Q8Kernel::amx, xq.data(), n, in, wq.data(), false, out, y.data(), false);
+    }, &y);
+  }
+  if (bf16) {
+    std::vector<uint16_t> w16(wf.size());
+    for (std::size_t i = 0; i < wf.size(); ++i) w16[i] = f32_to_f16(wf[i]);
+    detail::RawMatrix w;
+    w.type = detail::WeightType::f16;
+    w.data = reinterpret_cast<const std::byte*>(w16.data());
+    w.rows = out;
+    w.cols = in;
+    sweep_call("F16 product, AMX bf16x3", [&] {
+      detail::matmul_bf16_split(detail::Bf16Split::x3, x.data(), n, w, y.data(), false);
+    }, &y);
+  }
 #endif
 }
