@@ -14,15 +14,22 @@
 //
 // Every count, length and offset is checked against the bytes left in the
 // file before anything is allocated or read: a truncated file, a string
-// length or element count of 2^60, a tensor past the end of the file,
-// overlapping tensors, an extent product that overflows, or an unknown tensor
-// type is a CheckpointError naming the file, the field and the value. Also
+// length or element count of 2^60, a tensor past the end of the file, a data
+// section the tensor infos do not tile, an extent product that overflows, or
+// an unknown tensor type is a CheckpointError naming the file, the field and
+// the value. Also
 // refused: duplicate keys or tensor names, empty ones, a bool byte other than
 // 0/1, a non-uint32 or non-power-of-two `general.alignment`, misaligned
 // tensor offsets, rows that are not whole blocks of the type, n_dims > 4,
 // arrays nested more than 16 deep, version 1 (32-bit counts), versions above
 // 3 and byte-swapped (big-endian) files. Strings are taken as bytes (UTF-8 is
-// not validated). Tensors may appear in the data section in any order.
+// not validated). The data section must be laid out as llama.cpp's reader
+// requires (and its writers, gguf-py's and this one's make it): the tensors
+// in the order of their infos, the first at offset 0, each next one where the
+// one before it ends padded to the alignment, and less than one alignment of
+// bytes after the last. So a tensor whose type or shape in the header differs
+// from what its bytes were written as (a different size) is refused, except a
+// last tensor that shrank by less than the alignment.
 #pragma once
 
 #include <cstddef>

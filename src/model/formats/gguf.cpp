@@ -594,7 +594,6 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
                                        r.pos(), f.alignment_),
            fmt::format("a file of {} bytes", size));
   const uint64_t data_size = f.data_offset_ <= size ? size - f.data_offset_ : 0;
-  std::vector<std::size_t> order;
   for (std::size_t i = 0; i < f.tensors_.size(); ++i) {
     const auto& t = f.tensors_[i];
     const std::string field = fmt::format("tensor {} offset", printable(t.name));
@@ -605,18 +604,36 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
              fmt::format("its {} bytes of {} data end past the end of the file (data section at {}, {} bytes long)",
                          t.n_bytes, ggml_type_name(static_cast<uint32_t>(t.type)), f.data_offset_, data_size),
              t.offset);
-    if (t.n_bytes > 0) order.push_back(i);
   }
-  std::sort(order.begin(), order.end(),
-            [&](std::size_t a, std::size_t b) { return f.tensors_[a].offset < f.tensors_[b].offset; });
-  for (std::size_t k = 1; k < order.size(); ++k) {
-    const auto& prev = f.tensors_[order[k - 1]];
-    const auto& t = f.tensors_[order[k]];
-    if (t.offset < prev.offset + prev.n_bytes)
-      r.fail(fmt::format("tensor {} offset", printable(t.name)),
-             fmt::format("overlaps tensor {} (data bytes [{}, {}))", printable(prev.name), prev.offset,
-                         prev.offset + prev.n_bytes),
-             t.offset);
+  // The data section as llama.cpp's reader (ggml/src/gguf.cpp) requires it and every writer makes it: the tensors in
+  // the order of their infos, each where the one before it ends padded to the alignment, the first at 0, and at
+  // most the last one's padding after it. A tensor whose type or shape in the header is not the one its bytes were
+  // written with (its size differs) then moves the offset the next tensor must have, or leaves bytes after the last.
+  uint64_t expected = 0;
+  for (std::size_t i = 0; i < f.tensors_.size(); ++i) {
+    const auto& t = f.tensors_[i];
+    if (t.offset != expected) {
+      const std::string why =
+          i == 0 ? std::string("the first tensor's data must start the data section (offset 0)")
+                 : fmt::format("expected {}: where tensor {} (its {} bytes of {} data at offset {}) ends, padded to the "
+                               "alignment {} (tensors follow each other in the order of their infos)",
+                               expected, printable(f.tensors_[i - 1].name), f.tensors_[i - 1].n_bytes,
+                               ggml_type_name(static_cast<uint32_t>(f.tensors_[i - 1].type)),
+                               f.tensors_[i - 1].offset, f.alignment_);
+      r.fail(fmt::format("tensor {} offset", printable(t.name)), why, t.offset);
+    }
+    expected = align_up(t.offset + t.n_bytes, f.alignment_);  // no overflow: t.offset + n_bytes <= data_size
+  }
+  if (!f.tensors_.empty()) {
+    const auto& last = f.tensors_.back();
+    const uint64_t end = last.offset + last.n_bytes;
+    if (data_size - end >= f.alignment_)
+      r.fail("data section",
+             fmt::format("{} bytes follow the data of the last tensor {} ({} bytes of {} at offset {}), more than its "
+                         "padding to the alignment {}: the tensor infos do not account for the file",
+                         data_size - end, printable(last.name), last.n_bytes,
+                         ggml_type_name(static_cast<uint32_t>(last.type)), last.offset, f.alignment_),
+             fmt::format("a data section of {} bytes", data_size));
   }
   return f;
 }

@@ -234,8 +234,28 @@ TEST(GgufBadInput, TensorInfoFields) {
   patch<uint32_t>(x, t0.type, 12);  // q4_K: rows of 64 are not whole 256-element blocks
   expect_refused(x, "s.gguf", {"tensor 'token_embd.weight' ne[0]", "q4_K", "256-element blocks", "(got 64)"});
   x = b;
-  patch<uint32_t>(x, t0.type, 8);  // q8_0 of [64, 512]: 34816 bytes, fits; the next tensor no longer overlaps
-  EXPECT_FALSE(parse_outcome(x, "s.gguf").checkpoint_error);
+  // q8_0 of [64, 512]: 34816 bytes, inside the file, but not the 131072 written: the next tensor is not where
+  // token_embd.weight's data end (llama.cpp refuses it the same way: "tensor ... has offset 131072, expected 34816").
+  patch<uint32_t>(x, t0.type, 8);
+  expect_refused(x, "s.gguf",
+                 {"tensor 'output_norm.weight' offset", "expected 34816",
+                  "'token_embd.weight' (its 34816 bytes of q8_0 data at offset 0)", "alignment 32", "(got 131072)"});
+  x = b;
+  // The last tensor ([64] f32, 256 bytes) as f16: nothing follows it to move, but 128 bytes are left over.
+  patch<uint32_t>(x, last.type, 1);
+  expect_refused(x, "s.gguf",
+                 {"data section", "128 bytes follow the data of the last tensor 'blk.4.ffn_norm.weight'",
+                  "128 bytes of f16"});
+  // Bytes appended to the file: under one alignment they pass as the last tensor's padding; 32 or more do not.
+  x = b + std::string(31, '\0');
+  EXPECT_FALSE(parse_outcome(x, "s.gguf").checkpoint_error) << parse_outcome(x, "s.gguf").message;
+  x = b + std::string(32, '\0');
+  expect_refused(x, "s.gguf", {"data section", "32 bytes follow the data of the last tensor", "alignment 32"});
+  x = b;
+  // The first two tensors' offsets swapped: data in another order than the infos'.
+  patch<uint64_t>(x, t0.offset, peek<uint64_t>(b, t1.offset));
+  patch<uint64_t>(x, t1.offset, 0);
+  expect_refused(x, "s.gguf", {"tensor 'token_embd.weight' offset", "must start the data section (offset 0)"});
   x = b;
   patch<uint64_t>(x, t0.ne, uint64_t{1} << 63);
   expect_refused(x, "s.gguf", {"tensor 'token_embd.weight' ne[0]", "above INT64_MAX", "9223372036854775808"});
@@ -254,7 +274,8 @@ TEST(GgufBadInput, TensorInfoFields) {
   x = b;
   patch<uint64_t>(x, t1.offset, 32);  // inside token_embd.weight's [0, 131072)
   expect_refused(x, "s.gguf",
-                 {"tensor 'output_norm.weight' offset", "overlaps tensor 'token_embd.weight'", "[0, 131072)", "(got 32)"});
+                 {"tensor 'output_norm.weight' offset", "expected 131072", "'token_embd.weight' (its 131072 bytes of f32",
+                  "(got 32)"});
 }
 
 TEST(GgufBadInput, HeaderFields) {
