@@ -164,6 +164,22 @@ TEST(CliInputs, BadFlagValuesAreUsageErrorsNamingFlagAndRange) {
   }
 }
 
+// An option a command does not take, and stray words, are named in the order given with the command that refused
+// them (CLI11 listed them reversed: "The following arguments were not expected: tok512.bin --tokenizer").
+TEST(CliInputs, UnexpectedArgumentsAreNamedAsGiven) {
+  const std::string model = "--model " + q(posenc::test::model_path());
+  CliResult r = posenc::test::run_cli("inspect " + model + " --tokenizer tok512.bin");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("posenc inspect does not take the arguments --tokenizer tok512.bin\n"), std::string::npos)
+      << r.err;
+  r = posenc::test::run_cli("tokenize one --tokenizer " + q(posenc::test::tokenizer_path()) + " --text abc two");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("posenc tokenize does not take the arguments one two\n"), std::string::npos) << r.err;
+  r = posenc::test::run_cli("inspect " + model + " stray");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("posenc inspect does not take the argument stray\n"), std::string::npos) << r.err;
+}
+
 TEST(CliInputs, HelpFooterStatesTheExitCodeRule) {
   const CliResult r = posenc::test::run_cli("--help");
   EXPECT_EQ(r.exit_code, 0);

@@ -8,6 +8,7 @@
 #include <string>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "commands.hpp"
 #include "common.hpp"
@@ -57,6 +58,18 @@ int main(int argc, char** argv) {
   app.parse_complete_callback([] { posenc::cli::check_thread_environment(); });
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ExtrasError&) {
+    // CLI11 (2.3) names the unexpected arguments in reverse order ("tok.bin --tokenizer"): named here as given,
+    // with the command that refused them.
+    std::string command = "posenc";
+    for (const CLI::App* sub = &app; !sub->get_subcommands().empty();) {
+      sub = sub->get_subcommands().front();
+      command += " " + sub->get_name();
+    }
+    const std::vector<std::string> extras = app.remaining(true);
+    fmt::print(stderr, "{} does not take {} {}\nRun with --help or --help-all for more information.\n", command,
+               extras.size() == 1 ? "the argument" : "the arguments", fmt::join(extras, " "));
+    return 2;
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; a command line CLI11 rejects (unknown option, missing
     // required option, a failed check such as an unwritable output path) is a
