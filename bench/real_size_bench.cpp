@@ -39,6 +39,8 @@
 #include <vector>
 
 #include "bench_util.hpp"
+#include "model/kernels.hpp"
+#include "model/kernels_dense.hpp"
 #include "posenc/gguf.hpp"
 #include "posenc/model.hpp"
 
@@ -267,6 +269,10 @@ void BM_DramRead(benchmark::State& state) {
 const bool registered = [] {
   const auto models = bench_models();
   if (models.empty()) return false;
+  // The paths the products take in this process (POSENC_DENSE_KERNEL / POSENC_Q8_KERNEL may ask for others), in the
+  // JSON output's context: bench/vs_llama_cpp_table.py sets the AVX2 paths' prefill against BM_FmaPeakAvx2.
+  benchmark::AddCustomContext("posenc_dense_kernel", std::string(posenc::detail::to_string(posenc::detail::dense_kernel())));
+  benchmark::AddCustomContext("posenc_q8_kernel", std::string(posenc::detail::to_string(posenc::detail::q8_kernel())));
   benchmark::RegisterBenchmark("BM_DramRead", BM_DramRead)->Arg(1)->Arg(2)->ArgName("threads")
       ->Unit(benchmark::kMillisecond)->UseRealTime();
   for (const auto& path : models) {

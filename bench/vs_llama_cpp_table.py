@@ -56,6 +56,8 @@ def posenc_runs(path):
                 out[name] = r
         elif name not in out:
             out[name] = r
+    # The paths posenc's products took (runs from zen5-21 on record them; POSENC_DENSE_KERNEL=avx2 asks for AVX2).
+    out["__context__"] = data.get("context", {}) if isinstance(data, dict) else {}
     return out
 
 
@@ -122,8 +124,11 @@ def main(out_dir):
     def per_round(model, name, key):
         return [r[model][0].get(name, {}).get(key) for r in rounds]
 
-    # The peaks and read rates of each model's own process (every round's posenc-<model>.json measures them).
-    peak = {(m, t): median_of(per_round(m, f"BM_FmaPeak/threads:{t}/real_time", "GFLOPs")) for m in models for t in (1, 2)}
+    # The peaks and read rates of each model's own process (every round's posenc-<model>.json measures them). A run
+    # whose float32 products took the AVX2 path is set against the 8-lane FMA peak.
+    avx2 = {m: rounds[0][m][0]["__context__"].get("posenc_dense_kernel") == "avx2" for m in models}
+    peak = {(m, t): median_of(per_round(m, f"BM_FmaPeak{'Avx2' if avx2[m] else ''}/threads:{t}/real_time", "GFLOPs"))
+            for m in models for t in (1, 2)}
     dram = {(m, t): median_of(per_round(m, f"BM_DramRead/threads:{t}/real_time", "GB_per_s")) for m in models for t in (1, 2)}
     print(open(os.path.join(out_dir, "session.txt")).read().strip())
     print()
@@ -133,8 +138,15 @@ def main(out_dir):
               "medians; a decode's share is the median round's share of the read rate measured beside it [the range], "
               "with that round's GB/s")
         print()
+    kernels = sorted({(c.get("posenc_dense_kernel"), c.get("posenc_q8_kernel")) for m in models
+                      for c in [rounds[0][m][0]["__context__"]] if c.get("posenc_dense_kernel")})
+    for dense, q8 in kernels:
+        print(f"posenc's paths: float32 products {dense}, q8_activations products {q8}"
+              + (" (the share of the FMA peak below is of the 8-lane AVX2 FMA peak, BM_FmaPeakAvx2)"
+                 if dense == "avx2" else ""))
+        print()
     ceiling = median_of(per_round(models[0], "BM_FmaPeakWithLoads/loads:11/real_time", "GFLOPs"))
-    if ceiling and peak.get((models[0], 1)):
+    if ceiling and peak.get((models[0], 1)) and not avx2[models[0]]:
         print(f"FMA peak with the AVX-512 prefill tile's loads (11 per 24 FMAs, from L1; one thread): {ceiling:.0f} "
               f"GFLOP/s, {100 * ceiling / peak[(models[0], 1)]:.0f}% of the FMA peak")
         print()
@@ -188,7 +200,8 @@ def main(out_dir):
                         share_text = ""
                 elif peak.get((name, t)):
                     g = median_of([p["matmul_GFLOP_per_s"] if p else None for p in ps])
-                    share_text = f"{100 * g / peak[(name, t)]:.0f}% of FMA peak ({g:.0f} of {peak[(name, t)]:.0f} GFLOP/s)"
+                    share_text = (f"{100 * g / peak[(name, t)]:.0f}% of {'AVX2 ' if avx2[name] else ''}FMA peak "
+                                  f"({g:.0f} of {peak[(name, t)]:.0f} GFLOP/s)")
                 else:
                     share_text = ""
                 print(f"| {name}{label} | {test} | {t} | {pt:,.1f} | {ll:,.1f} | {ratio} | {share_text} |")
@@ -196,6 +209,8 @@ def main(out_dir):
     # alternated in one process at two threads.
     team = []
     for name in models:
+        if avx2[name]:
+            continue  # no team without the AVX-512 one-row products: the A/B would compare regions with regions
         for mode in ("", "q8_activations"):
             bench = f"BM_RealDecodeTeam/{name}.gguf{'@' + mode if mode else ''}/threads:2/real_time"
             ratios = [r[name][0][bench]["team_over_regions"] for r in rounds if bench in r[name][0]]
