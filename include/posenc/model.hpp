@@ -405,9 +405,9 @@ class Model {
   /// sequence in `cache`, and writes logits [rows, vocab_size] float32 into
   /// `logits` (resized): one row per input token in batch order (all), or one
   /// per sequence (last). Uses all OpenMP threads for large steps; a step of
-  /// one token whose projections all run an AVX-512 one-row product (float32
-  /// products on rows of a multiple of 16 weights, or q8_activations on
-  /// AVX-512 VNNI) keeps one team of threads through the layers (attention
+  /// one token whose projections all run a one-row product (float32
+  /// products on AVX-512 or AVX2 on rows of a multiple of 16 weights, or
+  /// q8_activations on AVX-512 VNNI) keeps one team of threads through the layers (attention
   /// split by KV heads), synchronised by barriers, instead of one per
   /// projection, when its matrices are large enough for threads to pay (the
   /// same bits; detail::set_decode_team).

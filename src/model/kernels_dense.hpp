@@ -73,12 +73,13 @@ bool decode_streams_valid(DecodeStreams s);
 /// "R:prefetch=BYTES", R one of 2, 4, 8, 16, numbers without a leading zero; nullopt for anything else (not a
 /// valid plan included).
 std::optional<DecodeStreams> parse_decode_streams(std::string_view text);
-/// The plan matmul_w's AVX-512 decode uses for weights of type t, from the CPU vendor (cpuid leaf 0): on AMD
-/// ("AuthenticAMD") {2, 4 KiB} for F32/F16/BF16 and {4, 3 KiB} for Q8_0/Q4_0, on any other CPU
-/// {16, 1 KiB}. The environment variable POSENC_DECODE_STREAMS (parse_decode_streams's forms) asks for one plan for
-/// every type; anything else is reported on stderr once (when an AVX-512 decode first asks: the float32 products'
-/// avx512 path and the q8_activations avx512_vnni/amx paths take the plan, the other paths have none) and the CPU's
-/// plans run.
+/// The plan matmul_w's AVX-512 and AVX2 decodes use for weights of type t, from the CPU vendor (cpuid leaf 0): on
+/// AMD ("AuthenticAMD") {2, 4 KiB} for F32/F16/BF16 and {4, 3 KiB} for Q8_0/Q4_0, on any other CPU {16, 1 KiB}
+/// (measured on Sapphire Rapids in AVX-512; on Zen 5 the AVX2 decode reads best with AMD's plans too: the 487M F16
+/// model at one thread 44.0 tokens/s, against 34.5-39.7 in the other plans). The environment variable
+/// POSENC_DECODE_STREAMS (parse_decode_streams's forms) asks for one plan for every type; anything else is reported
+/// on stderr once (when a decode first asks: the float32 products' avx512 and avx2 paths and the q8_activations
+/// avx512_vnni/amx paths take the plan, the others have none) and the CPU's plans run.
 DecodeStreams decode_streams(WeightType t);
 
 /// y[n, w.rows] (+)= x[n, w.cols] · W^T, W as stored (any WeightType; Q8_0/Q4_0
@@ -97,7 +98,7 @@ void matmul_w_reference(const float* x, int64_t n, const RawMatrix& w, float* y,
 /// std::logic_error when this CPU cannot run k.
 void matmul_w_with(DenseKernel k, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate);
 
-/// matmul_w_with through decode plan `plan` (for the avx512 path; other paths ignore it). Throws
+/// matmul_w_with through decode plan `plan` (for the avx512 and avx2 paths; the reference ignores it). Throws
 /// std::logic_error when this CPU cannot run k or the plan is not one of decode_streams_valid's.
 void matmul_w_with(DenseKernel k, DecodeStreams plan, const float* x, int64_t n, const RawMatrix& w, float* y,
                    bool accumulate);
@@ -105,8 +106,8 @@ void matmul_w_with(DenseKernel k, DecodeStreams plan, const float* x, int64_t n,
 /// Whether a product of n rows of x by w is big enough for threads (kernels_dense.cpp says why).
 bool parallel_pays(int64_t n, const RawMatrix& w);
 
-/// Whether matmul_w_decode_rows runs w on this CPU: the avx512 path (dense_kernel()) and w.cols a positive
-/// multiple of 16 (the one-row product matmul_w's AVX-512 decode runs).
+/// Whether matmul_w_decode_rows runs w on this CPU: the avx512 or avx2 path (dense_kernel()) and w.cols a positive
+/// multiple of 16 (the one-row product matmul_w's decode runs).
 bool decode_rows_supported(const RawMatrix& w);
 
 /// The rows [first, last) of matmul_w(x, 1, w, y, accumulate), on the calling thread: y[r] (+)= x[w.cols] · W[r]^T,

@@ -708,7 +708,7 @@ void Model::recompute_sequence(KvCache& cache, KvCache::SeqId seq, const KvCache
 namespace {
 /// Whether a one-token forward runs its layers in one parallel region each (Model::forward): the team not switched
 /// off (detail::set_decode_team), more than one thread (OMP_NUM_THREADS and OMP_THREAD_LIMIT), not inside a
-/// parallel region already, and every projection on an AVX-512 one-row product: matmul_w's (decode_rows_supported;
+/// parallel region already, and every projection on a one-row product: matmul_w's AVX-512 or AVX2 one (decode_rows_supported;
 /// not the bf16 splits) or, under q8_activations, matmul_q8's VNNI one (q8_decode_rows_supported). In automatic mode
 /// also Q, O, gate, up and down each large enough for matmul_w to open a parallel region for it (parallel_pays): a
 /// smaller model's projections run on one thread, and a team's six barriers a layer would cost more than they save
@@ -1001,7 +1001,7 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     }
   };
 
-  // One token (decode) with every projection on an AVX-512 one-row product (matmul_w's, or matmul_q8's VNNI one
+  // One token (decode) with every projection on a one-row product (matmul_w's AVX-512 or AVX2 one, or matmul_q8's VNNI one
   // under q8_activations), large enough for threads (decode_team_pays): one team of threads for the step instead of
   // a parallel region per projection: layer 0's Q, K and V in a region of their own, layer 0's attention on the
   // calling thread (it validates the attention's arguments), then one region from layer 0's output projection to

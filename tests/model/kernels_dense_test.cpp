@@ -145,15 +145,20 @@ INSTANTIATE_TEST_SUITE_P(Paths, KernelsDensePath, ::testing::Values(DenseKernel:
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
 // Decode (one row of x) reads a thread's weight rows as runs side by side, as the CPU's DecodeStreams plan says
-// (on AMD 2 runs for F16 and 4 for Q8_0, 3 KiB ahead; 16 prefetched 1 KiB ahead elsewhere): every plan gives the
+// (on AMD 2 runs for F16 and 4 for Q8_0, 3 KiB ahead; 16 prefetched 1 KiB ahead elsewhere), on the AVX-512 and the
+// AVX2 paths alike: every plan gives the
 // reference's bits, for every dtype, with rows that are not a multiple of the runs (left over rows one at a time),
 // fewer rows than runs, rows of one chunk and long rows, prefetches past the matrix's end, on one and two threads;
 // the plans differ only in speed. A plan that is not one throws, and POSENC_DECODE_STREAMS's forms parse to the
 // plans they name.
 TEST(KernelsDenseDecodePlans, EveryPlanGivesTheReferenceBits) {
-  if (!dense_kernel_supported(DenseKernel::avx512)) GTEST_SKIP() << "this CPU cannot run the avx512 path";
+  std::vector<DenseKernel> paths;
+  for (DenseKernel k : {DenseKernel::avx2, DenseKernel::avx512})
+    if (dense_kernel_supported(k)) paths.push_back(k);
+  if (paths.empty()) GTEST_SKIP() << "this CPU runs neither the avx2 nor the avx512 path";
   const int before = omp_get_max_threads();
   int cases = 0;
+  for (DenseKernel k : paths)
   for (int runs : {2, 4, 8, 16})
     for (int prefetch_bytes : {0, 64, 1024, 3072}) {
       const DecodeStreams plan{runs, prefetch_bytes};
@@ -168,28 +173,29 @@ TEST(KernelsDenseDecodePlans, EveryPlanGivesTheReferenceBits) {
             for (bool acc : {false, true}) {
               const auto y0 = randn(static_cast<std::size_t>(out), static_cast<uint32_t>(out + 3), 1.0f);
               std::vector<float> fast = y0, ref = y0;
-              matmul_w_with(DenseKernel::avx512, plan, x.data(), 1, w.m, fast.data(), acc);
+              matmul_w_with(k, plan, x.data(), 1, w.m, fast.data(), acc);
               matmul_w_reference(x.data(), 1, w.m, ref.data(), acc);
               ASSERT_EQ(std::memcmp(fast.data(), ref.data(), fast.size() * sizeof(float)), 0)
-                  << to_string(plan) << " " << to_string(t) << " out " << out << " in " << in << " threads "
+                  << to_string(k) << " " << to_string(plan) << " " << to_string(t) << " out " << out << " in " << in << " threads "
                   << threads << " accumulate " << acc;
               ++cases;
             }
           }
     }
   omp_set_num_threads(before);
-  EXPECT_EQ(cases, 16 * 5 * 7 * 2 * 2);
+  EXPECT_EQ(cases, static_cast<int>(paths.size()) * 16 * 5 * 7 * 2 * 2);
   const std::vector<float> x(32, 1.0f);
   std::vector<float> y(3);
   const StoredMatrix w(WeightType::f16, 3, 32, 1);
   for (DecodeStreams bad : {DecodeStreams{3, 0}, DecodeStreams{0, 1024}, DecodeStreams{32, 0}, DecodeStreams{4, 1},
                             DecodeStreams{4, 100}, DecodeStreams{4, -64}, DecodeStreams{4, 65600}}) {
     EXPECT_FALSE(decode_streams_valid(bad));
-    EXPECT_THROW(matmul_w_with(DenseKernel::avx512, bad, x.data(), 1, w.m, y.data(), false), std::logic_error);
+    for (DenseKernel k : paths)
+      EXPECT_THROW(matmul_w_with(k, bad, x.data(), 1, w.m, y.data(), false), std::logic_error) << to_string(k);
   }
   // The message names both fields as given (a negative distance was printed as the valid plan "4").
   try {
-    matmul_w_with(DenseKernel::avx512, DecodeStreams{4, -64}, x.data(), 1, w.m, y.data(), false);
+    matmul_w_with(paths.front(), DecodeStreams{4, -64}, x.data(), 1, w.m, y.data(), false);
     ADD_FAILURE() << "no exception";
   } catch (const std::logic_error& e) {
     EXPECT_NE(std::string(e.what()).find("runs 4, prefetch_bytes -64 is not a decode plan"), std::string::npos)
