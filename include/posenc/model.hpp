@@ -95,12 +95,14 @@ QuantizedMatmul parse_quantized_matmul(std::string_view text, std::string_view f
 
 /// What a timing of this process depends on and its results do not (every path and plan gives the same bits):
 /// the matrix-product paths, chosen once per process from the CPU and POSENC_DENSE_KERNEL / POSENC_Q8_KERNEL, the
-/// AVX-512 decode plans (POSENC_DECODE_STREAMS or the CPU vendor's), and the OpenMP thread count.
+/// decode plans of the AVX-512 and AVX2 paths (POSENC_DECODE_STREAMS or the CPU vendor's), and the OpenMP thread
+/// count.
 struct KernelInfo {
   std::string dense_kernel;        ///< float32 products: "reference", "avx2" or "avx512"
   std::string q8_kernel;           ///< q8_activations products: "reference", "avx2", "avx512_vnni" or "amx"
-  std::string decode_plan_dense;   ///< F32/F16/BF16 decode plan ("2:prefetch=4096"); "" when no AVX-512 decode runs
-  std::string decode_plan_blocks;  ///< Q8_0/Q4_0 decode plan (float32 avx512 and the VNNI/AMX decode); "" likewise
+  std::string decode_plan_dense;   ///< F32/F16/BF16 decode plan ("2:prefetch=4096"); "" on the reference path
+  std::string decode_plan_blocks;  ///< Q8_0/Q4_0 decode plan (float32 avx512/avx2 and the VNNI/AMX decode); ""
+                                   ///< when none of them runs
   int threads = 1;                 ///< omp_get_max_threads()
 };
 /// This process's KernelInfo. Asking for the plans reports a bad POSENC_DECODE_STREAMS on stderr once, as a decode

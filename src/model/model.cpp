@@ -173,9 +173,9 @@ KernelInfo kernel_info() {
   const detail::Q8Kernel q8 = detail::q8_kernel();
   k.dense_kernel = std::string(detail::to_string(dense));
   k.q8_kernel = std::string(detail::to_string(q8));
-  if (dense == detail::DenseKernel::avx512)
+  if (dense != detail::DenseKernel::reference)
     k.decode_plan_dense = detail::to_string(detail::decode_streams(detail::WeightType::f16));
-  if (dense == detail::DenseKernel::avx512 || q8 == detail::Q8Kernel::avx512_vnni || q8 == detail::Q8Kernel::amx)
+  if (dense != detail::DenseKernel::reference || q8 == detail::Q8Kernel::avx512_vnni || q8 == detail::Q8Kernel::amx)
     k.decode_plan_blocks = detail::to_string(detail::decode_streams(detail::WeightType::q8_0));
   k.threads = omp_get_max_threads();
   return k;

@@ -54,7 +54,7 @@ struct ModelArgs {
 nlohmann::json position_warning_json();
 
 /// kernel_info() as JSON for a command's --json output: {dense_kernel, q8_kernel, decode_plan_dense,
-/// decode_plan_blocks (null when no AVX-512 decode runs), threads}.
+/// decode_plan_blocks (null when no decode with a plan runs), threads}.
 nlohmann::json kernels_json();
 
 struct LoadedModel {
