@@ -28,6 +28,26 @@ namespace {
 constexpr int kAcc = 24;
 constexpr int64_t kInner = 1 << 19;  // FMAs per accumulator per call (~2 ms)
 
+// BM_FmaPeakAvx2: the same loop in 8-lane AVX2 FMAs, whatever the build targets: the peak the AVX2 paths
+// (POSENC_DENSE_KERNEL=avx2, POSENC_Q8_KERNEL=avx2) are measured against, on an AVX-512 machine too (where 256-bit
+// FMAs may issue at a different rate from 512-bit ones).
+__attribute__((target("avx2,fma"))) double fma_loop_avx2(float seed) {
+  __m256 acc[kAcc];
+  for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_set1_ps(seed * static_cast<float>(i));
+  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+  for (int64_t it = 0; it < kInner; ++it) {
+#pragma GCC unroll 24
+    for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
+  }
+  alignas(32) float out[8];
+  __m256 s = acc[0];
+  for (int i = 1; i < kAcc; ++i) s = _mm256_add_ps(s, acc[i]);
+  _mm256_store_ps(out, s);
+  double r = 0;
+  for (float x : out) r += x;
+  return r;
+}
+
 #if defined(__AVX512F__)
 constexpr int kLanes = 16;
 double fma_loop(float seed) {
@@ -44,35 +64,24 @@ double fma_loop(float seed) {
 }
 #else
 constexpr int kLanes = 8;
-double fma_loop(float seed) {
-  __m256 acc[kAcc];
-  for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_set1_ps(seed * static_cast<float>(i));
-  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-  for (int64_t it = 0; it < kInner; ++it) {
-#pragma GCC unroll 24
-    for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-  }
-  alignas(32) float out[8];
-  __m256 s = acc[0];
-  for (int i = 1; i < kAcc; ++i) s = _mm256_add_ps(s, acc[i]);
-  _mm256_store_ps(out, s);
-  double r = 0;
-  for (float x : out) r += x;
-  return r;
-}
+double fma_loop(float seed) { return fma_loop_avx2(seed); }
 #endif
 
-void BM_FmaPeak(benchmark::State& state) {
+/// Loop (lanes wide) on every thread at once.
+template <double (*Loop)(float), int Lanes>
+void fma_peak(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   double sink = 0;
   for (auto _ : state) {
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += fma_loop(1.0f + static_cast<float>(omp_get_thread_num()));
+    sink += Loop(1.0f + static_cast<float>(omp_get_thread_num()));
     benchmark::DoNotOptimize(sink);
   }
-  const double flops = 2.0 * kLanes * kAcc * static_cast<double>(kInner) * threads;
+  const double flops = 2.0 * Lanes * kAcc * static_cast<double>(kInner) * threads;
   state.counters["GFLOPs"] = posenc::bench::giga_rate(flops, state);
 }
+
+void BM_FmaPeak(benchmark::State& state) { fma_peak<fma_loop, kLanes>(state); }
 #if defined(__AVX512F__)
 /// 24 FMAs per step as fma_loop, their first operands L vectors loaded from a 24 KiB ring (16 steps of 24 vectors)
 /// in L1.
@@ -115,39 +124,13 @@ BENCHMARK(BM_FmaPeakWithLoads<24>)->Name("BM_FmaPeakWithLoads/loads:24")->UseRea
 
 BENCHMARK(BM_FmaPeak)->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
-// BM_FmaPeakAvx2: the same loop in 8-lane AVX2 FMAs, whatever the build targets: the peak the AVX2 paths
-// (POSENC_DENSE_KERNEL=avx2, POSENC_Q8_KERNEL=avx2) are measured against, on an AVX-512 machine too (where 256-bit
-// FMAs may issue at a different rate from 512-bit ones).
-__attribute__((target("avx2,fma"))) double fma_loop_avx2(float seed) {
-  __m256 acc[kAcc];
-  for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_set1_ps(seed * static_cast<float>(i));
-  const __m256 a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
-  for (int64_t it = 0; it < kInner; ++it) {
-#pragma GCC unroll 24
-    for (int i = 0; i < kAcc; ++i) acc[i] = _mm256_fmadd_ps(acc[i], a, b);
-  }
-  alignas(32) float out[8];
-  __m256 s = acc[0];
-  for (int i = 1; i < kAcc; ++i) s = _mm256_add_ps(s, acc[i]);
-  _mm256_store_ps(out, s);
-  double r = 0;
-  for (float x : out) r += x;
-  return r;
-}
 
 void BM_FmaPeakAvx2(benchmark::State& state) {
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
     state.SkipWithError("this CPU has no AVX2 + FMA");
     return;
   }
-  const int threads = static_cast<int>(state.range(0));
-  double sink = 0;
-  for (auto _ : state) {
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += fma_loop_avx2(1.0f + static_cast<float>(omp_get_thread_num()));
-    benchmark::DoNotOptimize(sink);
-  }
-  state.counters["GFLOPs"] = posenc::bench::giga_rate(2.0 * 8 * kAcc * static_cast<double>(kInner) * threads, state);
+  fma_peak<fma_loop_avx2, 8>(state);
 }
 BENCHMARK(BM_FmaPeakAvx2)->ArgNames({"threads"})->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMicrosecond);
 

@@ -519,32 +519,34 @@ void decode_avx2_rows(const float* x, const RawMatrix& w, float* y, bool accumul
     tile_Avx2<T, 1, 1>(x, w.cols, w.data + o * rb, rb, y + o, w.rows, accumulate);
 }
 
-/// y[out] (+)= x[cols] W^T read as `plan` says: each thread of its own region a contiguous share of the rows; or,
-/// with `rows` (first >= 0), only the rows [first, second), on the calling thread (the decode team's).
-template <WeightType T, int R, bool Prefetch>
-void decode_avx2_runs(const float* x, const RawMatrix& w, float* y, bool accumulate, int64_t ahead,
-                      std::pair<int64_t, int64_t> rows) {
+/// A path's one-row product read as `plan` says, for both paths: Rows<T, R, Prefetch>::run(x, w, y, accumulate,
+/// ahead, r0, r1) is the path's rows [r0, r1) as R runs side by side. All of it in its own parallel region, each
+/// thread a contiguous share of the rows (rows {-1, -1}); or the rows [rows.first, rows.second) on the calling thread
+/// (the decode team's).
+template <template <WeightType, int, bool> class Rows, WeightType T, int R, bool Prefetch>
+void decode_runs(const float* x, const RawMatrix& w, float* y, bool accumulate, int64_t ahead,
+                 std::pair<int64_t, int64_t> rows) {
   if (rows.first >= 0) {
-    decode_avx2_rows<T, R, Prefetch>(x, w, y, accumulate, ahead, rows.first, rows.second);
+    Rows<T, R, Prefetch>::run(x, w, y, accumulate, ahead, rows.first, rows.second);
     return;
   }
   const int64_t out = w.rows;
 #pragma omp parallel if (parallel_pays(1, w))
   {
     const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    decode_avx2_rows<T, R, Prefetch>(x, w, y, accumulate, ahead, out * me / nt, out * (me + 1) / nt);
+    Rows<T, R, Prefetch>::run(x, w, y, accumulate, ahead, out * me / nt, out * (me + 1) / nt);
   }
 }
 
-template <WeightType T>
-void decode_avx2(DecodeStreams plan, const float* x, const RawMatrix& w, float* y, bool accumulate,
+template <template <WeightType, int, bool> class Rows, WeightType T>
+void decode_plan(DecodeStreams plan, const float* x, const RawMatrix& w, float* y, bool accumulate,
                  std::pair<int64_t, int64_t> rows) {
-#define POSENC_DECODE_RUNS(R)                                                       \
-  case R:                                                                           \
-    if (plan.prefetch_bytes > 0)                                                    \
-      decode_avx2_runs<T, R, true>(x, w, y, accumulate, plan.prefetch_bytes, rows); \
-    else                                                                            \
-      decode_avx2_runs<T, R, false>(x, w, y, accumulate, 0, rows);                  \
+#define POSENC_DECODE_RUNS(R)                                                               \
+  case R:                                                                                   \
+    if (plan.prefetch_bytes > 0)                                                            \
+      decode_runs<Rows, T, R, true>(x, w, y, accumulate, plan.prefetch_bytes, rows);        \
+    else                                                                                    \
+      decode_runs<Rows, T, R, false>(x, w, y, accumulate, 0, rows);                         \
     return;
   switch (plan.runs) {
     POSENC_DECODE_RUNS(2)
@@ -556,17 +558,30 @@ void decode_avx2(DecodeStreams plan, const float* x, const RawMatrix& w, float* 
 #undef POSENC_DECODE_RUNS
 }
 
-/// The AVX2 one-row product (decode): all of it in its own parallel region (rows {-1, -1}) or the rows
-/// [rows.first, rows.second) on the calling thread.
+template <template <WeightType, int, bool> class Rows>
+void decode_any(DecodeStreams plan, const float* x, const RawMatrix& w, float* y, bool accumulate,
+                std::pair<int64_t, int64_t> rows) {
+  switch (w.type) {
+    case WeightType::f32: decode_plan<Rows, WeightType::f32>(plan, x, w, y, accumulate, rows); return;
+    case WeightType::f16: decode_plan<Rows, WeightType::f16>(plan, x, w, y, accumulate, rows); return;
+    case WeightType::bf16: decode_plan<Rows, WeightType::bf16>(plan, x, w, y, accumulate, rows); return;
+    case WeightType::q8_0: decode_plan<Rows, WeightType::q8_0>(plan, x, w, y, accumulate, rows); return;
+    case WeightType::q4_0: decode_plan<Rows, WeightType::q4_0>(plan, x, w, y, accumulate, rows); return;
+  }
+}
+
+template <WeightType T, int R, bool Prefetch>
+struct Avx2Rows {
+  static void run(const float* x, const RawMatrix& w, float* y, bool accumulate, int64_t ahead, int64_t r0,
+                  int64_t r1) {
+    decode_avx2_rows<T, R, Prefetch>(x, w, y, accumulate, ahead, r0, r1);
+  }
+};
+
+/// The AVX2 one-row product (decode), as decode_any.
 void decode_avx2_any(DecodeStreams plan, const float* x, const RawMatrix& w, float* y, bool accumulate,
                      std::pair<int64_t, int64_t> rows) {
-  switch (w.type) {
-    case WeightType::f32: decode_avx2<WeightType::f32>(plan, x, w, y, accumulate, rows); return;
-    case WeightType::f16: decode_avx2<WeightType::f16>(plan, x, w, y, accumulate, rows); return;
-    case WeightType::bf16: decode_avx2<WeightType::bf16>(plan, x, w, y, accumulate, rows); return;
-    case WeightType::q8_0: decode_avx2<WeightType::q8_0>(plan, x, w, y, accumulate, rows); return;
-    case WeightType::q4_0: decode_avx2<WeightType::q4_0>(plan, x, w, y, accumulate, rows); return;
-  }
+  decode_any<Avx2Rows>(plan, x, w, y, accumulate, rows);
 }
 
 void matmul_avx2(DecodeStreams plan, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
@@ -945,54 +960,19 @@ void decode_avx512_rows(const float* x, const RawMatrix& w, float* y, bool accum
     tile_Avx512<T, 1, 1>(x, w.cols, w.data + o * rb, rb, y + o, w.rows, accumulate);
 }
 
-/// y[out] (+)= x[cols] W^T, W of any dtype, cols % 16 == 0, read as `plan` says: each thread of its own region a
-/// contiguous share of the rows; or, with `rows` (first >= 0), only the rows [first, second), on the calling thread.
 template <WeightType T, int R, bool Prefetch>
-void decode_avx512_runs(const float* x, const RawMatrix& w, float* y, bool accumulate, int64_t ahead,
-                        std::pair<int64_t, int64_t> rows) {
-  if (rows.first >= 0) {
-    decode_avx512_rows<T, R, Prefetch>(x, w, y, accumulate, ahead, rows.first, rows.second);
-    return;
+struct Avx512Rows {
+  static void run(const float* x, const RawMatrix& w, float* y, bool accumulate, int64_t ahead, int64_t r0,
+                  int64_t r1) {
+    decode_avx512_rows<T, R, Prefetch>(x, w, y, accumulate, ahead, r0, r1);
   }
-  const int64_t out = w.rows;
-#pragma omp parallel if (parallel_pays(1, w))
-  {
-    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    decode_avx512_rows<T, R, Prefetch>(x, w, y, accumulate, ahead, out * me / nt, out * (me + 1) / nt);
-  }
-}
+};
 
-template <WeightType T>
-void decode_avx512(DecodeStreams plan, const float* x, const RawMatrix& w, float* y, bool accumulate,
-                   std::pair<int64_t, int64_t> rows) {
-#define POSENC_DECODE_RUNS(R)                                                          \
-  case R:                                                                              \
-    if (plan.prefetch_bytes > 0)                                                       \
-      decode_avx512_runs<T, R, true>(x, w, y, accumulate, plan.prefetch_bytes, rows);  \
-    else                                                                               \
-      decode_avx512_runs<T, R, false>(x, w, y, accumulate, 0, rows);                   \
-    return;
-  switch (plan.runs) {
-    POSENC_DECODE_RUNS(2)
-    POSENC_DECODE_RUNS(4)
-    POSENC_DECODE_RUNS(8)
-    POSENC_DECODE_RUNS(16)
-    default: throw std::logic_error(fmt::format("decode: {} runs is not a plan (2, 4, 8 or 16)", plan.runs));
-  }
-#undef POSENC_DECODE_RUNS
-}
-
-/// The AVX-512 one-row product (decode): all of it in its own parallel region (rows {-1, -1}) or the rows
-/// [rows.first, rows.second) on the calling thread.
+/// The AVX-512 one-row product (decode), as decode_any: all of it in its own parallel region (rows {-1, -1}) or the
+/// rows [rows.first, rows.second) on the calling thread.
 void decode_avx512_any(DecodeStreams plan, const float* x, const RawMatrix& w, float* y, bool accumulate,
                        std::pair<int64_t, int64_t> rows) {
-  switch (w.type) {
-    case WeightType::f32: decode_avx512<WeightType::f32>(plan, x, w, y, accumulate, rows); return;
-    case WeightType::f16: decode_avx512<WeightType::f16>(plan, x, w, y, accumulate, rows); return;
-    case WeightType::bf16: decode_avx512<WeightType::bf16>(plan, x, w, y, accumulate, rows); return;
-    case WeightType::q8_0: decode_avx512<WeightType::q8_0>(plan, x, w, y, accumulate, rows); return;
-    case WeightType::q4_0: decode_avx512<WeightType::q4_0>(plan, x, w, y, accumulate, rows); return;
-  }
+  decode_any<Avx512Rows>(plan, x, w, y, accumulate, rows);
 }
 
 void matmul_avx512(DecodeStreams plan, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
