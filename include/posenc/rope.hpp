@@ -226,7 +226,9 @@ void apply_rope(const float* in, float* out, int64_t tokens, int heads, int head
                 RopeDirection direction = RopeDirection::forward);
 
 /// Convenience: builds the table for `position_ids` ([tokens]) and rotates
-/// x ([tokens, heads, freqs.head_dim]) in place.
+/// x ([tokens, heads, freqs.head_dim]) in place (fused: cos/sin a few tokens at
+/// a time, per thread). Throws InvalidArgument for a bad shape or frequencies;
+/// std::bad_alloc when a thread's buffer cannot be had, x then part-rotated.
 void apply_rope(float* x, int64_t tokens, int heads, const RopeFrequencies& freqs,
                 std::span<const int64_t> position_ids, RopeLayout layout,
                 AnglePrecision precision, RopeDirection direction = RopeDirection::forward);
