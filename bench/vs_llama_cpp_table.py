@@ -209,9 +209,10 @@ def main(out_dir):
     # alternated in one process at two threads.
     team = []
     for name in models:
-        if avx2[name]:
-            continue  # no team without the AVX-512 one-row products: the A/B would compare regions with regions
+        q8_team = rounds[0][name][0]["__context__"].get("posenc_q8_kernel") in (None, "avx512_vnni", "amx")
         for mode in ("", "q8_activations"):
+            if mode and not q8_team:
+                continue  # q8_activations on AVX2 has no team: the A/B would compare regions with regions
             bench = f"BM_RealDecodeTeam/{name}.gguf{'@' + mode if mode else ''}/threads:2/real_time"
             ratios = [r[name][0][bench]["team_over_regions"] for r in rounds if bench in r[name][0]]
             if ratios:

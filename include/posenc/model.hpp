@@ -106,7 +106,8 @@ struct KernelInfo {
   int threads = 1;                 ///< omp_get_max_threads()
 };
 /// This process's KernelInfo. Asking for the plans reports a bad POSENC_DECODE_STREAMS on stderr once, as a decode
-/// would, only when an AVX-512 decode path is in use.
+/// would, only when a decode with a plan (the float32 products' AVX-512 or AVX2 path, the VNNI/AMX q8_activations
+/// path) is in use.
 KernelInfo kernel_info();
 
 /// How products with F16/BF16 weights are computed.

@@ -150,6 +150,9 @@ TEST(CliInputs, BadFlagValuesAreUsageErrorsNamingFlagAndRange) {
       {"eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1 --out /tmp/posenc-never --depths 0.5x", "--depths"},
       {"eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1 --out /tmp/posenc-never --shard 3/2", "--shard"},
       {"eval " + model_args() + " --tasks kv_retrieval --ppl-tokens -1", "--out is required"},
+      {"random-model --vocab 100 --out /tmp/posenc-never.gguf", "--vocab: must be an integer in [259, 2147483647]"},
+      {"random-model --dim 0 --out /tmp/posenc-never.gguf", "--dim: must be an integer in [1, 2147483647]"},
+      {"random-model --seed -1 --out /tmp/posenc-never.gguf", "--seed"},
 #if POSENC_WITH_TRAIN
       {"study --out /tmp/posenc-never --samples 0", "--samples"},
       {"study --out /tmp/posenc-never --shard x", "--shard"},
@@ -178,6 +181,10 @@ TEST(CliInputs, UnexpectedArgumentsAreNamedAsGiven) {
   r = posenc::test::run_cli("inspect " + model + " stray");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("posenc inspect does not take the argument stray\n"), std::string::npos) << r.err;
+  // A misspelt command is named (CLI11 said only "A subcommand is required").
+  r = posenc::test::run_cli("genrate " + model);
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("posenc: 'genrate' is not a command (the commands: ppl, generate,"), std::string::npos) << r.err;
 }
 
 TEST(CliInputs, HelpFooterStatesTheExitCodeRule) {

@@ -70,6 +70,15 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "{} does not take {} {}\nRun with --help or --help-all for more information.\n", command,
                extras.size() == 1 ? "the argument" : "the arguments", fmt::join(extras, " "));
     return 2;
+  } catch (const CLI::RequiredError& e) {
+    // A word that is no command ("posenc genrate ..."): CLI11 says only that a subcommand is required.
+    const std::vector<std::string> extras = app.remaining();
+    if (!app.get_subcommands().empty() || extras.empty()) return app.exit(e) != 0 ? 2 : 0;
+    std::vector<std::string> names;
+    for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+    fmt::print(stderr, "posenc: '{}' is not a command (the commands: {})\nRun with --help or --help-all for more "
+               "information.\n", extras.front(), fmt::join(names, ", "));
+    return 2;
   } catch (const CLI::ParseError& e) {
     // --help and --version exit 0; a command line CLI11 rejects (unknown option, missing
     // required option, a failed check such as an unwritable output path) is a

@@ -1,4 +1,6 @@
 // posenc random-model: a random-weight Llama GGUF of a given shape (benchmarks, memory tests).
+#include <climits>
+
 #include <fmt/format.h>
 
 #include "commands.hpp"
@@ -43,18 +45,28 @@ void add_random_model_command(CLI::App& app) {
       "Write a Llama GGUF with random weights (uniform, std 0.02; a fixed splitmix64 stream) of the given shape, "
       "for benchmarks and memory tests that llama.cpp's llama-bench runs on the same file. The defaults are the "
       "487M-parameter benchmark model (dim 1024, 24 layers, 16 heads / 4 KV heads, ffn 4864, vocab 32000, untied output)");
-  cmd->add_option("--dim", c.dim, "hidden size")->capture_default_str();
-  cmd->add_option("--layers", c.n_layers, "number of layers")->capture_default_str();
-  cmd->add_option("--heads", c.n_heads, "query heads")->capture_default_str();
-  cmd->add_option("--kv-heads", c.n_kv_heads, "key/value heads (num_key_value_heads)")->capture_default_str();
-  cmd->add_option("--head-dim", c.head_dim, "channels per head (0: dim / heads)")->capture_default_str();
-  cmd->add_option("--ffn", c.hidden_dim, "SwiGLU inner size (intermediate_size)")->capture_default_str();
-  cmd->add_option("--vocab", c.vocab_size, "vocabulary size (>= 259)")->capture_default_str();
-  cmd->add_option("--context", c.max_position_embeddings, "llama.context_length")->capture_default_str();
+  cmd->add_option("--dim", c.dim, "hidden size")->check(int_in(1, INT32_MAX))->capture_default_str();
+  cmd->add_option("--layers", c.n_layers, "number of layers")->check(int_in(1, INT32_MAX))->capture_default_str();
+  cmd->add_option("--heads", c.n_heads, "query heads")->check(int_in(1, INT32_MAX))->capture_default_str();
+  cmd->add_option("--kv-heads", c.n_kv_heads, "key/value heads (num_key_value_heads)")
+      ->check(int_in(1, INT32_MAX))
+      ->capture_default_str();
+  cmd->add_option("--head-dim", c.head_dim, "channels per head (0: dim / heads)")
+      ->check(int_in(0, INT32_MAX))
+      ->capture_default_str();
+  cmd->add_option("--ffn", c.hidden_dim, "SwiGLU inner size (intermediate_size)")
+      ->check(int_in(1, INT32_MAX))
+      ->capture_default_str();
+  cmd->add_option("--vocab", c.vocab_size, "vocabulary size (>= 259: <unk> <s> </s> and the 256 byte pieces)")
+      ->check(int_in(259, INT32_MAX))
+      ->capture_default_str();
+  cmd->add_option("--context", c.max_position_embeddings, "llama.context_length (0: 2048)")
+      ->check(int_in(0, INT32_MAX))
+      ->capture_default_str();
   cmd->add_option("--rope-theta", args->o.rope_theta, "rope_theta (llama.rope.freq_base)")->capture_default_str();
   cmd->add_flag("--tied", args->tied, "the output projection tied to the token embedding (default: an output.weight of "
                                       "its own, as the 487M count has it)");
-  cmd->add_option("--seed", args->o.seed, "random stream seed")->capture_default_str();
+  cmd->add_option("--seed", args->o.seed, "random stream seed")->check(seed_value())->capture_default_str();
   add_weight_type_option(*cmd, args->type);
   cmd->add_option("--name", args->o.name, "general.name")->capture_default_str();
   cmd->add_option("--out", args->out, "output file (written atomically)")->required()->check(output_path());
