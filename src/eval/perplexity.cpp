@@ -346,26 +346,31 @@ std::vector<std::vector<double>> score_model_windows(const Model& model, std::sp
         return fmt::format("window of tokens [{}, {}), position {}", s, s + n, p);
       });
     });
+    error.run([&] {  // std::bad_alloc of the row, rethrown after the region
+      window_nll[w].resize(static_cast<std::size_t>(n - 1));
+      for (int64_t p = 0; p + 1 < n; ++p) {
+        // -log_softmax, with the very function posenc serve computes prompt logprobs with, so a window scored
+        // over HTTP (nll = -logprob) is bit-identical to one scored here.
+        const float* row = logits.data() + p * V;
+        const double nll = -detail::log_prob(row, V, stream[static_cast<std::size_t>(s + p + 1)]);
+        window_nll[w][static_cast<std::size_t>(p)] = nll;
+      }
+    });
     if (error.failed()) continue;
-    window_nll[w].resize(static_cast<std::size_t>(n - 1));
-    for (int64_t p = 0; p + 1 < n; ++p) {
-      // -log_softmax, with the very function posenc serve computes prompt logprobs with, so a window scored
-      // over HTTP (nll = -logprob) is bit-identical to one scored here.
-      const float* row = logits.data() + p * V;
-      const double nll = -detail::log_prob(row, V, stream[static_cast<std::size_t>(s + p + 1)]);
-      window_nll[w][static_cast<std::size_t>(p)] = nll;
-    }
 #pragma omp critical(posenc_ppl_progress)
     {
       ++done;
       tokens_done += n - 1;
-      // The last window is reported once, by finish_perplexity (reporting it here too printed "W/W" twice).
+      // The last window is reported once, by finish_perplexity (reporting it here too printed "W/W" twice). The
+      // callback (the CLI's progress line) may throw: kept as the loop's first exception.
       if (o.on_progress && omp_get_thread_num() == 0 && done < static_cast<int64_t>(W)) {
         const auto now = std::chrono::steady_clock::now();
         if (now - last_report >= std::chrono::seconds(1)) {
           last_report = now;
-          o.on_progress({done, static_cast<int64_t>(W), tokens_done,
-                         std::chrono::duration<double>(now - t0).count()});
+          error.run([&] {
+            o.on_progress({done, static_cast<int64_t>(W), tokens_done,
+                           std::chrono::duration<double>(now - t0).count()});
+          });
         }
       }
     }

@@ -661,6 +661,7 @@ void matmul_bf16_split(Bf16Split s, const float* x, int64_t n, const RawMatrix& 
 
 void matmul_bf16_split_swiglu(Bf16Split s, const float* x, int64_t n, const RawMatrix& w, float* h1) {
   check_args(w, "matmul_bf16_split_swiglu");
+  swiglu_uses_avx512();  // its first call allocates: outside the regions whose tile epilogues ask it
   dispatch(s, x, n, w, h1, Epilogue::swiglu);
 }
 

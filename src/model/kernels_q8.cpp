@@ -982,6 +982,9 @@ void matmul_q8_swiglu_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t 
   if (!q8_kernel_supported(k))
     throw std::logic_error(fmt::format("matmul_q8_swiglu_with: this CPU cannot run the {} path", to_string(k)));
   if (n <= 0 || out <= 0) return;
+  // The tile epilogues' SwiGLU asks swiglu_uses_avx512() inside the parallel regions; its first call checks expf
+  // against libm with a buffer (std::bad_alloc there would leave a region): made here, outside them.
+  swiglu_uses_avx512();
   const int64_t wrow = in / kQBlock * (q4 ? kQ4Bytes : kQ8Bytes);
   const bool panels = (k == Q8Kernel::amx || k == Q8Kernel::avx512_vnni) && in > 0 && 16 * wrow <= INT32_MAX;
   if (panels && k == Q8Kernel::amx && n >= kAmxMinRows) {

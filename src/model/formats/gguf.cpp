@@ -606,9 +606,10 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
              t.offset);
   }
   // The data section as llama.cpp's reader (ggml/src/gguf.cpp) requires it and every writer makes it: the tensors in
-  // the order of their infos, each where the one before it ends padded to the alignment, the first at 0, and at
-  // most the last one's padding after it. A tensor whose type or shape in the header is not the one its bytes were
-  // written with (its size differs) then moves the offset the next tensor must have, or leaves bytes after the last.
+  // the order of their infos, each where the one before it ends padded to the alignment, the first at 0. A tensor
+  // whose type or shape in the header is not the one its bytes were written with (its size differs) then moves the
+  // offset the next tensor must have. Posenc's own rule beyond llama.cpp's (which reads such a file): at most the
+  // last tensor's padding after it, so that a last tensor retyped smaller is refused too.
   uint64_t expected = 0;
   for (std::size_t i = 0; i < f.tensors_.size(); ++i) {
     const auto& t = f.tensors_[i];
