@@ -225,7 +225,15 @@ void Scheduler::run() {
           publish(*job);
           continue;
         }
-        if (!admit_one(job)) break;
+        bool admitted = false;
+        try {
+          admitted = admit_one(job);
+        } catch (const std::exception& e) {  // std::bad_alloc: this request is answered, the server keeps serving
+          queue_.pop_front();
+          fail(job, 500, fmt::format("admitting the request failed: {}", e.what()));
+          continue;
+        }
+        if (!admitted) break;
         queue_.pop_front();
       }
       update_gauges();
@@ -235,7 +243,14 @@ void Scheduler::run() {
         continue;
       }
     }
-    step();
+    try {
+      step();  // answers a failed forward per request itself
+    } catch (const std::exception& e) {
+      // Anything else that failed in the step (std::bad_alloc sampling or publishing): the running requests' state
+      // is not known, so each is answered 500 and its sequence freed; the server keeps serving.
+      const auto jobs = running_;
+      for (const auto& j : jobs) fail(j, 500, fmt::format("the step failed: {}", e.what()));
+    }
     if (cfg_.step_delay.count() > 0) std::this_thread::sleep_for(cfg_.step_delay);
   }
   running_count_ = 0;
