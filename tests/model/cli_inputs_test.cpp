@@ -191,6 +191,11 @@ TEST(CliInputs, UnexpectedArgumentsAreNamedAsGiven) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("posenc: argument 4 is empty where no option takes a value (after '"), std::string::npos)
       << r.err;
+  r = posenc::test::run_cli("inspect " + model + " --prompt '' --quiet");  // after an option inspect does not have
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("posenc: argument 5 is empty where no option takes a value (after '--prompt')"),
+            std::string::npos)
+      << r.err;
   r = posenc::test::run_cli("ppl " + model_args() + " --text " + q(posenc::test::text_path()) + " --context ''");
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_NE(r.err.find("--context: empty value"), std::string::npos) << r.err;

@@ -30,6 +30,7 @@ bool stdout_written() {
              err != 0 ? fmt::format(": {}", std::strerror(err)) : std::string(" (an earlier write failed)"));
   return false;
 }
+
 /// A command-line argument for a message: bytes outside printable ASCII as \xNN, in single quotes when empty, when
 /// it holds a space or quote, or when `quote`.
 std::string shown_argument(const std::string& a, bool quote = false) {
@@ -73,28 +74,42 @@ int main(int argc, char** argv) {
   // region: libgomp crashed on absurd counts); --help and --version answer under any value.
   app.parse_complete_callback([] { posenc::cli::check_thread_environment(); });
   // CLI11 2.1 loops forever on an empty argument that no option takes as its value in a command with option
-  // groups (`posenc inspect --model M "" --quiet`; found by an adversary): such an argument is refused before
-  // parsing. An empty value of an option that takes one (`--context ''`) is left to that option's own check.
-  std::set<std::string> takes_value;
-  std::function<void(CLI::App*)> collect = [&](CLI::App* a) {
-    for (const CLI::Option* o : a->get_options())
-      if (o->get_expected_max() >= 1) {
-        for (const std::string& n : o->get_lnames()) takes_value.insert("--" + n);
-        for (const std::string& n : o->get_snames()) takes_value.insert("-" + n);
-      }
-    for (CLI::App* sub : a->get_subcommands({})) collect(sub);
+  // groups (`posenc inspect --model M "" --quiet`, or after an option inspect does not have; found by an
+  // adversary): such an argument is refused before parsing. An empty value of an option of the command in use that
+  // takes one (`--context ''`) is left to that option's own check.
+  const auto value_options = [](CLI::App* command) {
+    std::set<std::string> names;
+    std::function<void(CLI::App*)> collect = [&](CLI::App* a) {
+      for (const CLI::Option* o : a->get_options())
+        if (o->get_expected_max() >= 1) {
+          for (const std::string& n : o->get_lnames()) names.insert("--" + n);
+          for (const std::string& n : o->get_snames()) names.insert("-" + n);
+        }
+      for (CLI::App* group : a->get_subcommands([](CLI::App* g) { return g->get_name().empty(); })) collect(group);
+    };
+    collect(command);
+    return names;
   };
-  collect(&app);
-  for (int i = 1; i < argc; ++i)
+  std::set<std::string> takes_value = value_options(&app);  // until the command's name
+  bool in_command = false;
+  for (int i = 1; i < argc; ++i) {
     if (argv[i][0] == '\0' && (i == 1 || takes_value.count(argv[i - 1]) == 0)) {
       fmt::print(stderr, "posenc: argument {} is empty where no option takes a value (after {})\nRun with --help or "
                  "--help-all for more information.\n", i, i == 1 ? "the program name" : shown_argument(argv[i - 1], true));
       return 2;
     }
+    if (!in_command && takes_value.count(argv[i - 1]) == 0)
+      for (CLI::App* command : app.get_subcommands({}))
+        if (!command->get_name().empty() && command->check_name(argv[i])) {
+          takes_value = value_options(command);
+          in_command = true;
+          break;
+        }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ExtrasError&) {
-    // CLI11 (2.3) names the unexpected arguments in reverse order ("tok.bin --tokenizer"): named here as given,
+    // CLI11 (2.1) names the unexpected arguments in reverse order ("tok.bin --tokenizer"): named here as given,
     // with the command that refused them.
     std::string command = "posenc";
     for (const CLI::App* sub = &app; !sub->get_subcommands().empty();) {
