@@ -26,11 +26,10 @@
 // not validated). The data section must be laid out as llama.cpp's reader
 // requires (and its writers, gguf-py's and this one's make it): the tensors
 // in the order of their infos, the first at offset 0, each next one where the
-// one before it ends padded to the alignment; and, posenc's own rule (llama.cpp
-// reads such files), less than one alignment of bytes after the last. So a
-// tensor whose type or shape in the header differs from what its bytes were
-// written as (a different size) is refused, except a last tensor that shrank
-// by less than the alignment.
+// one before it ends padded to the alignment (bytes after the last are
+// allowed, as llama.cpp allows them). So a tensor whose type or shape in the
+// header differs from what its bytes were written as (a different size) is
+// refused, except the last one.
 #pragma once
 
 #include <cstddef>

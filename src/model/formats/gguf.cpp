@@ -608,8 +608,8 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
   // The data section as llama.cpp's reader (ggml/src/gguf.cpp) requires it and every writer makes it: the tensors in
   // the order of their infos, each where the one before it ends padded to the alignment, the first at 0. A tensor
   // whose type or shape in the header is not the one its bytes were written with (its size differs) then moves the
-  // offset the next tensor must have. Posenc's own rule beyond llama.cpp's (which reads such a file): at most the
-  // last tensor's padding after it, so that a last tensor retyped smaller is refused too.
+  // offset the next tensor must have. Bytes after the last tensor are allowed, as llama.cpp reads them (so a last
+  // tensor retyped smaller is not caught).
   uint64_t expected = 0;
   for (std::size_t i = 0; i < f.tensors_.size(); ++i) {
     const auto& t = f.tensors_[i];
@@ -624,17 +624,6 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
       r.fail(fmt::format("tensor {} offset", printable(t.name)), why, t.offset);
     }
     expected = align_up(t.offset + t.n_bytes, f.alignment_);  // no overflow: t.offset + n_bytes <= data_size
-  }
-  if (!f.tensors_.empty()) {
-    const auto& last = f.tensors_.back();
-    const uint64_t end = last.offset + last.n_bytes;
-    if (data_size - end >= f.alignment_)
-      r.fail("data section",
-             fmt::format("{} bytes follow the data of the last tensor {} ({} bytes of {} at offset {}), more than its "
-                         "padding to the alignment {}: the tensor infos do not account for the file",
-                         data_size - end, printable(last.name), last.n_bytes,
-                         ggml_type_name(static_cast<uint32_t>(last.type)), last.offset, f.alignment_),
-             fmt::format("a data section of {} bytes", data_size));
   }
   return f;
 }

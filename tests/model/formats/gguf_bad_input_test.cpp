@@ -241,16 +241,12 @@ TEST(GgufBadInput, TensorInfoFields) {
                  {"tensor 'output_norm.weight' offset", "expected 34816",
                   "'token_embd.weight' (its 34816 bytes of q8_0 data at offset 0)", "alignment 32", "(got 131072)"});
   x = b;
-  // The last tensor ([64] f32, 256 bytes) as f16: nothing follows it to move, but 128 bytes are left over.
+  // The last tensor ([64] f32, 256 bytes) as f16: nothing follows it to move; bytes after the last tensor are
+  // allowed (llama.cpp reads them), so this one is not caught. Appended bytes load too.
   patch<uint32_t>(x, last.type, 1);
-  expect_refused(x, "s.gguf",
-                 {"data section", "128 bytes follow the data of the last tensor 'blk.4.ffn_norm.weight'",
-                  "128 bytes of f16"});
-  // Bytes appended to the file: under one alignment they pass as the last tensor's padding; 32 or more do not.
-  x = b + std::string(31, '\0');
   EXPECT_FALSE(parse_outcome(x, "s.gguf").checkpoint_error) << parse_outcome(x, "s.gguf").message;
-  x = b + std::string(32, '\0');
-  expect_refused(x, "s.gguf", {"data section", "32 bytes follow the data of the last tensor", "alignment 32"});
+  x = b + std::string(4096, '\0');
+  EXPECT_FALSE(parse_outcome(x, "s.gguf").checkpoint_error) << parse_outcome(x, "s.gguf").message;
   x = b;
   // The first two tensors' offsets swapped: data in another order than the infos'.
   patch<uint64_t>(x, t0.offset, peek<uint64_t>(b, t1.offset));
