@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "posenc/serve.hpp"
+#include "serve/connection_threads.hpp"
 #include "serve/metrics.hpp"
 #include "serve/scheduler.hpp"
 
@@ -393,91 +394,6 @@ class HttpServer : public httplib::Server {
   int write_ms_ = 30000;
   mutable std::mutex conns_mu_;
   std::vector<Connection*> conns_;
-};
-
-/// cpp-httplib's task queue for connections, grown on demand: each connection holds a pool thread while it is
-/// open (HttpServer's loop), so a fixed pool lets slow or idle clients hold every thread while /health waits
-/// behind them. A connection gets an idle thread or a new one, up to `max_threads`; past that the connection that
-/// has waited longest for its next request is closed to free its thread (`close_idle`), and when none is waiting
-/// the new connection waits for a thread. A thread idle for `idle_exit` ends.
-class ConnectionThreads : public httplib::TaskQueue {
- public:
-  ConnectionThreads(std::size_t max_threads, std::chrono::milliseconds idle_exit, std::atomic<int64_t>& alive,
-                    std::function<bool()> close_idle)
-      : max_(max_threads), idle_exit_(idle_exit), alive_(alive), close_idle_(std::move(close_idle)) {}
-  void enqueue(std::function<void()> fn) override {
-    bool full = false;
-    std::vector<std::thread> ended;
-    {
-      std::lock_guard lk(mu_);
-      jobs_.push_back(std::move(fn));
-      ended.swap(ended_);
-      if (jobs_.size() <= idle_) {
-        cv_.notify_one();
-      } else if (threads_.size() < max_) {
-        auto it = threads_.emplace(threads_.end());
-        *it = std::thread([this, it] { work(it); });
-        alive_ = static_cast<int64_t>(threads_.size());
-      } else {
-        full = true;
-      }
-    }
-    for (auto& t : ended) t.join();
-    if (full) close_idle_();
-  }
-  void shutdown() override {
-    {
-      std::lock_guard lk(mu_);
-      shutdown_ = true;
-    }
-    cv_.notify_all();
-    // enqueue is not called after shutdown (httplib's accept loop has ended); each thread ends once its
-    // connection has (HttpServer's loop sees the server stopping) and is joined here.
-    std::unique_lock lk(mu_);
-    for (;;) {
-      ended_cv_.wait(lk, [&] { return !ended_.empty() || threads_.empty(); });
-      if (ended_.empty()) break;
-      std::vector<std::thread> ended;
-      ended.swap(ended_);
-      lk.unlock();
-      for (auto& t : ended) t.join();
-      lk.lock();
-    }
-  }
-
- private:
-  void work(std::list<std::thread>::iterator self) {
-    std::unique_lock lk(mu_);
-    for (;;) {
-      ++idle_;
-      cv_.wait_for(lk, idle_exit_, [&] { return !jobs_.empty() || shutdown_; });
-      --idle_;
-      if (jobs_.empty()) {  // stopping, or idle for idle_exit: end (joined by the next enqueue or by shutdown)
-        ended_.push_back(std::move(*self));
-        threads_.erase(self);
-        alive_ = static_cast<int64_t>(threads_.size());
-        ended_cv_.notify_all();
-        return;
-      }
-      auto fn = std::move(jobs_.front());
-      jobs_.pop_front();
-      lk.unlock();
-      fn();
-      lk.lock();
-    }
-  }
-  std::size_t max_;
-  std::chrono::milliseconds idle_exit_;
-  std::atomic<int64_t>& alive_;
-  std::function<bool()> close_idle_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::condition_variable ended_cv_;
-  std::deque<std::function<void()>> jobs_;
-  std::list<std::thread> threads_;
-  std::vector<std::thread> ended_;  // threads that have ended, to join
-  std::size_t idle_ = 0;
-  bool shutdown_ = false;
 };
 
 /// Listening-socket options: SO_REUSEADDR only (a restarted server can bind while old connections are in
@@ -1070,7 +986,7 @@ int Server::start() {
                              : static_cast<std::size_t>(std::max(1024, s.cfg.max_batch + s.cfg.max_queue + 8));
   // Threads idle for keep_alive_timeout end (the connections they served have closed).
   s.http.new_task_queue = [&s, threads] {
-    return new ConnectionThreads(threads, s.cfg.keep_alive_timeout, s.http_threads_alive,
+    return new posenc::detail::ConnectionThreads(threads, s.cfg.keep_alive_timeout, s.http_threads_alive,
                                  [&s] { return s.http.close_idle_connection(); });
   };
   s.http.request_line_timeout_body = [&s] {
