@@ -55,8 +55,10 @@ DenseKernel dense_kernel();
 /// of consecutive rows read side by side (one accumulator per run), each run's lines software-prefetched (prefetcht0)
 /// `prefetch_bytes` ahead, or not at all when 0. Which is fastest depends on the hardware prefetchers and, for
 /// Q8_0/Q4_0, on the instructions per byte. Measured (BM_MatmulDecode and BM_RealDecode on the 487M model, one
-/// thread): a Sapphire Rapids core reads F16 best as 16 runs prefetched 1 KiB ahead (4 adjacent rows: 12.9 GB/s,
-/// 16 runs: 14.5, of a 14.1 GB/s DRAM read rate); a Zen 5 core reads F16 best as 2 runs prefetched 4 KiB ahead and
+/// thread): a Sapphire Rapids-class core read F16 at 12.9 GB/s as 4 adjacent rows, 14.5 as 16 runs prefetched 1 KiB
+/// ahead (of a 14.1 GB/s DRAM read rate), and on a later such Xeon (480 MiB of L3) the model's F16 decode ran at
+/// 17.3-17.7 tokens/s as 8 runs against 14.5-15.1 as 16 (33.0-33.7 against 31.7-32.1 at two threads), Q8_0 alike at
+/// one thread and 3-6% slower as 8 runs at two; a Zen 5 core reads F16 best as 2 runs prefetched 4 KiB ahead and
 /// Q8_0 as 4 runs prefetched 3 KiB ahead (the model's Q8_0 decode 69.5 tokens/s with 8 runs 1 KiB ahead, 81 with
 /// 4 runs 3 KiB ahead; kernels_dense.cpp gives the figures). The plan changes no bit: each
 /// output's lanes take the same fmas in the same order whatever run it is in.
@@ -74,8 +76,9 @@ bool decode_streams_valid(DecodeStreams s);
 /// valid plan included).
 std::optional<DecodeStreams> parse_decode_streams(std::string_view text);
 /// The plan matmul_w's AVX-512 and AVX2 decodes use for weights of type t, from the CPU vendor (cpuid leaf 0): on
-/// AMD ("AuthenticAMD") {2, 4 KiB} for F32/F16/BF16 and {4, 3 KiB} for Q8_0/Q4_0, on any other CPU {16, 1 KiB}
-/// (measured on Sapphire Rapids in AVX-512; on Zen 5 the AVX2 decode reads best with AMD's plans too: the 487M F16
+/// AMD ("AuthenticAMD") {2, 4 KiB} for F32/F16/BF16 and {4, 3 KiB} for Q8_0/Q4_0, on any other CPU {8, 1 KiB} and
+/// {16, 1 KiB} (measured on Sapphire Rapids-class Xeons in AVX-512, where the AVX2 decode read F16 as 8 runs 2-3%
+/// faster than as 16 and Q8_0 11% faster, 4 runs 3 KiB ahead F16 a further 5%; on Zen 5 the AVX2 decode reads best with AMD's plans too: the 487M F16
 /// model at one thread 44.0 tokens/s, against 34.5-39.7 in the other plans). The environment variable
 /// POSENC_DECODE_STREAMS (parse_decode_streams's forms) asks for one plan for every type; anything else is reported
 /// on stderr once (when a decode first asks: the float32 products' avx512 and avx2 paths and the q8_activations
