@@ -78,11 +78,11 @@ std::optional<DecodeStreams> parse_decode_streams(std::string_view text);
 /// The plan matmul_w's AVX-512 and AVX2 decodes use for weights of type t, from the CPU vendor (cpuid leaf 0): on
 /// AMD ("AuthenticAMD") {2, 4 KiB} for F32/F16/BF16 and {4, 3 KiB} for Q8_0/Q4_0, on any other CPU {8, 1 KiB} and
 /// {16, 1 KiB} (measured on Sapphire Rapids-class Xeons in AVX-512, where the AVX2 decode read F16 as 8 runs 2-3%
-/// faster than as 16 and Q8_0 11% faster, 4 runs 3 KiB ahead F16 a further 5%; on Zen 5 the AVX2 decode reads best with AMD's plans too: the 487M F16
-/// model at one thread 44.0 tokens/s, against 34.5-39.7 in the other plans). The environment variable
-/// POSENC_DECODE_STREAMS (parse_decode_streams's forms) asks for one plan for every type; anything else is reported
-/// on stderr once (when a decode first asks: the float32 products' avx512 and avx2 paths and the q8_activations
-/// avx512_vnni/amx paths take the plan, the others have none) and the CPU's plans run.
+/// faster than as 16 and Q8_0 11% faster, 4 runs 3 KiB ahead F16 a further 5%; on Zen 5 the AVX2 decode reads best
+/// with AMD's plans too: the 487M F16 model at one thread 44.0 tokens/s, against 34.5-39.7 in the other plans). The
+/// environment variable POSENC_DECODE_STREAMS (parse_decode_streams's forms) asks for one plan for every type;
+/// anything else is reported on stderr once (when a decode first asks: the float32 products' avx512 and avx2 paths
+/// and the q8_activations avx512_vnni/amx paths take the plan, the others have none) and the CPU's plans run.
 DecodeStreams decode_streams(WeightType t);
 
 /// y[n, w.rows] (+)= x[n, w.cols] · W^T, W as stored (any WeightType; Q8_0/Q4_0
