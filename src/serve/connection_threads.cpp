@@ -4,6 +4,12 @@
 
 namespace posenc::detail {
 
+namespace {
+thread_local bool t_serving_inline = false;  // enqueue's caller is running a job (ConnectionThreads::serving_inline)
+}  // namespace
+
+bool ConnectionThreads::serving_inline() { return t_serving_inline; }
+
 ConnectionThreads::ConnectionThreads(std::size_t max_threads, std::chrono::milliseconds idle_exit,
                                      std::atomic<int64_t>& alive, std::function<bool()> close_idle)
     : max_(max_threads), idle_exit_(idle_exit), alive_(alive), close_idle_(std::move(close_idle)) {}
@@ -33,6 +39,8 @@ void ConnectionThreads::enqueue(std::function<void()> fn) {
             fn = std::move(jobs_.back());
             jobs_.pop_back();
             run_here = true;
+          } else {  // the job waits for a running thread: free one as when every thread is taken
+            full = true;
           }
         }
         alive_ = static_cast<int64_t>(threads_.size());
@@ -44,7 +52,14 @@ void ConnectionThreads::enqueue(std::function<void()> fn) {
   for (auto& t : ended) t.join();
   if (run_here) {
     ran_inline_.fetch_add(1);
-    fn();
+    t_serving_inline = true;
+    try {
+      fn();
+    } catch (...) {
+      t_serving_inline = false;
+      throw;
+    }
+    t_serving_inline = false;
     return;
   }
   if (full) close_idle_();

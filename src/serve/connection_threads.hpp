@@ -24,8 +24,10 @@ namespace posenc::detail {
 ///
 /// enqueue never throws and never drops a job (httplib's accept loop calls it, and a job owns its connection's
 /// socket): when the job cannot be queued (std::bad_alloc) or no thread can be started for it while none is running
-/// (std::bad_alloc, std::system_error), it runs on the calling thread, which accepts no connection meanwhile; when
-/// a thread cannot be started but others run, the job waits in the queue for one of them.
+/// (std::bad_alloc, std::system_error), it runs on the calling thread, which accepts no connection meanwhile (the
+/// job can tell: serving_inline(); HttpServer then serves one request and closes); when a thread cannot be started
+/// but others run, the job waits in the queue for one of them and `close_idle` is called, as when every thread is
+/// taken.
 class ConnectionThreads : public httplib::TaskQueue {
  public:
   ConnectionThreads(std::size_t max_threads, std::chrono::milliseconds idle_exit, std::atomic<int64_t>& alive,
@@ -34,6 +36,8 @@ class ConnectionThreads : public httplib::TaskQueue {
   void shutdown() override;
   /// How many jobs ran on enqueue's caller because memory or a thread was lacking (the tests read it).
   int64_t ran_inline() const { return ran_inline_.load(); }
+  /// Whether the calling thread is running a job inside enqueue (so that no connection is accepted until it ends).
+  static bool serving_inline();
 
  private:
   void work(std::list<std::thread>::iterator self);

@@ -352,7 +352,10 @@ class HttpServer : public httplib::Server {
     ConnectionStream strm(sock, read_ms_, write_ms_, state);
     bool ok = false;
     bool linger = false;  // a refused request's body may still be arriving
-    for (std::size_t left = keep_alive_max_count_; left > 0 && next_request(c, strm); --left) {
+    // On the accepting thread (no connection thread could be had: ConnectionThreads), one request, then close, so
+    // that the next connection is accepted.
+    const std::size_t max_requests = posenc::detail::ConnectionThreads::serving_inline() ? 1 : keep_alive_max_count_;
+    for (std::size_t left = max_requests; left > 0 && next_request(c, strm); --left) {
       state = ConnectionState{};
       state.bytes_in = strm.buffered() ? 1 : 0;  // (a pipelined request's first bytes were read with the last)
       bool closed = false;

@@ -448,8 +448,9 @@ TEST(AllocationFailure, EveryAllocationOfAnAmxProductReachesTheCaller) {
 // owns a connection's socket. A failed allocation in it (the queue's slot, the thread list's node, a new thread's
 // state) escaped into httplib's accept loop and ended the server (found by an adversary's allocation sweep of
 // `posenc serve`). Now no job is lost: each allocation of an enqueue is failed in turn, on a queue with no thread
-// (the job then runs on the caller), on one whose only thread is busy (the job waits for it) and on one whose every
-// thread is taken with jobs queued (a slot for the next: it runs on the caller), and every job runs exactly once.
+// (the job then runs on the caller, and serving_inline() tells it so), on one whose only thread is busy (the job
+// waits for it, and close_idle is called to free it), and on one whose every thread is taken with jobs queued (a slot
+// for the next: it runs on the caller), and every job runs exactly once.
 TEST(AllocationFailure, AConnectionIsServedWhicheverAllocationOfItsEnqueueFails) {
 #if defined(__SANITIZE_ADDRESS__)
   GTEST_SKIP() << "AddressSanitizer's allocator: the operator new of this executable would bypass it";
@@ -478,14 +479,19 @@ TEST(AllocationFailure, AConnectionIsServedWhicheverAllocationOfItsEnqueueFails)
   int64_t inline_runs = 0;
   for (int64_t k = 1; k <= allocations; ++k) {
     SCOPED_TRACE(fmt::format("allocation {} of {} fails", k, allocations));
-    {  // no thread yet: the job runs on the caller, or on the thread that did start
-      std::atomic<int> ran{0};
+    {  // no thread yet: the job runs on the caller (and knows it), or on the thread that did start
+      std::atomic<int> ran{0}, saw_inline{-1};
       detail::ConnectionThreads q(4, 50ms, alive, [] { return false; });
-      std::function<void()> job = [&ran] { ran.fetch_add(1); };
+      std::function<void()> job = [&] {
+        saw_inline = detail::ConnectionThreads::serving_inline() ? 1 : 0;
+        ran.fetch_add(1);
+      };
       g_countdown = k;
       EXPECT_NO_THROW(q.enqueue(std::move(job)));
       g_countdown = 0;
       EXPECT_EQ(wait_for(ran, 1), 1);
+      EXPECT_EQ(saw_inline.load(), q.ran_inline() == 1 ? 1 : 0);
+      EXPECT_FALSE(detail::ConnectionThreads::serving_inline()) << "the caller's flag is cleared after the job";
       inline_runs += q.ran_inline();
       // and the queue still serves
       q.enqueue([&ran] { ran.fetch_add(1); });
@@ -493,10 +499,14 @@ TEST(AllocationFailure, AConnectionIsServedWhicheverAllocationOfItsEnqueueFails)
       q.shutdown();
       EXPECT_EQ(ran.load(), 2);
     }
-    {  // its one thread busy: a thread that cannot start leaves the job queued for it
-      std::atomic<int> ran{0};
+    {  // its one thread busy: a thread that cannot start leaves the job queued for it, and an idle connection is
+       // asked to close (as when every thread is taken) so that the busy thread may come free
+      std::atomic<int> ran{0}, close_idle_calls{0};
       std::atomic<bool> release{false};
-      detail::ConnectionThreads q(4, 50ms, alive, [] { return false; });
+      detail::ConnectionThreads q(4, 50ms, alive, [&] {
+        close_idle_calls.fetch_add(1);
+        return false;
+      });
       q.enqueue([&] {
         while (!release.load()) std::this_thread::sleep_for(1ms);
         ran.fetch_add(1);
@@ -504,8 +514,10 @@ TEST(AllocationFailure, AConnectionIsServedWhicheverAllocationOfItsEnqueueFails)
       std::function<void()> job = [&ran] { ran.fetch_add(10); };
       g_countdown = k;
       EXPECT_NO_THROW(q.enqueue(std::move(job)));
+      EXPECT_LE(g_countdown.load(), 0) << "the allocation did fail";
       g_countdown = 0;
       EXPECT_EQ(q.ran_inline(), 0) << "a thread runs: the job waits for it";
+      EXPECT_EQ(close_idle_calls.load(), 1);
       release = true;
       EXPECT_EQ(wait_for(ran, 11), 11);
       q.shutdown();
