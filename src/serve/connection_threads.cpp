@@ -10,6 +10,11 @@ thread_local bool t_serving_inline = false;  // enqueue's caller is running a jo
 
 bool ConnectionThreads::serving_inline() { return t_serving_inline; }
 
+bool ConnectionThreads::jobs_waiting() const {
+  std::lock_guard lk(mu_);
+  return jobs_.size() > idle_;
+}
+
 ConnectionThreads::ConnectionThreads(std::size_t max_threads, std::chrono::milliseconds idle_exit,
                                      std::atomic<int64_t>& alive, std::function<bool()> close_idle)
     : max_(max_threads), idle_exit_(idle_exit), alive_(alive), close_idle_(std::move(close_idle)) {}

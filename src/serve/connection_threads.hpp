@@ -38,6 +38,9 @@ class ConnectionThreads : public httplib::TaskQueue {
   int64_t ran_inline() const { return ran_inline_.load(); }
   /// Whether the calling thread is running a job inside enqueue (so that no connection is accepted until it ends).
   static bool serving_inline();
+  /// Whether a job waits in the queue with no idle thread to take it (a connection waits for a thread): a
+  /// keep-alive connection about to wait for its next request closes instead (HttpServer::next_request).
+  bool jobs_waiting() const;
 
  private:
   void work(std::list<std::thread>::iterator self);

@@ -264,8 +264,11 @@ class ConnectionStream : public httplib::Stream {
 /// connection thread held by idle connections a new client waited seconds for one. Here a connection with no
 /// request in progress (before its first request, between keep-alive requests) waits in poll() for at most
 /// keep_alive_timeout, and while it waits it may be closed at once to make room for a new connection
-/// (close_idle_connection, called by ConnectionThreads when every thread is taken). A request that stalls
-/// (head or body) is answered 408 by the error handler; one whose framing was refused closes the connection.
+/// (close_idle_connection, called by ConnectionThreads when every thread is taken); a keep-alive connection about
+/// to wait while a connection waits for a thread closes instead (connections_waiting). A request that has arrived
+/// is answered even when the server is stopping (503 while draining: the client is told, not cut off). A request
+/// that stalls (head or body) is answered 408 by the error handler; one whose framing was refused closes the
+/// connection.
 class HttpServer : public httplib::Server {
  public:
   /// cpp-httplib 0.11.4 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's shared
@@ -286,6 +289,9 @@ class HttpServer : public httplib::Server {
   }
   /// Called with the answer body when a request line stalled (httplib writes nothing then): 408 is written.
   std::function<std::string()> request_line_timeout_body;
+  /// Whether a connection waits for a connection thread (ConnectionThreads::jobs_waiting); set by new_task_queue
+  /// before the first connection is accepted.
+  std::function<bool()> connections_waiting;
 
   /// Closes the connection that has waited longest for its next request; false when none is waiting.
   bool close_idle_connection() {
@@ -312,8 +318,10 @@ class HttpServer : public httplib::Server {
   };
 
   /// Waits (idle) for the next request's first bytes, at most keep_alive_ms_; false when the connection is to be
-  /// closed (timed out, closed by the peer or by close_idle_connection, the server stopping).
-  bool next_request(Connection& c, const ConnectionStream& strm) {
+  /// closed (timed out, closed by the peer or by close_idle_connection). Bytes that have already arrived are a
+  /// request to answer even when the server is stopping; otherwise stopping ends the wait, and so does, after the
+  /// connection's first request (`first` false), a connection waiting for a thread: this one closes to make room.
+  bool next_request(Connection& c, const ConnectionStream& strm, bool first) {
     if (strm.buffered()) return true;
     {
       std::lock_guard lk(conns_mu_);
@@ -322,21 +330,24 @@ class HttpServer : public httplib::Server {
     }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(keep_alive_ms_);
     bool ready = false;
-    while (svr_sock_ != INVALID_SOCKET) {
+    for (;;) {
+      // (checked after c.idle is set: a connection queued from here on finds this one idle, close_idle_connection)
+      const bool stop_waiting =
+          svr_sock_ == INVALID_SOCKET || (!first && connections_waiting && connections_waiting());
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-      if (left <= 0) break;
       pollfd p{c.fd, POLLIN, 0};
-      const int rc = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 200)));  // 200 ms: notice stop()
-      if (rc < 0 && errno != EINTR) break;
+      // 200 ms at most: notice stop() and waiting connections
+      const int rc = ::poll(&p, 1, stop_waiting ? 0 : static_cast<int>(std::clamp<int64_t>(left, 0, 200)));
       if (rc > 0) {
         ready = true;
         break;
       }
+      if ((rc < 0 && errno != EINTR) || stop_waiting || left <= 0) break;
     }
     std::lock_guard lk(conns_mu_);
     c.idle = false;
-    return ready && !c.closing && svr_sock_ != INVALID_SOCKET;
+    return ready && !c.closing;
   }
 
   bool process_and_close_socket(socket_t sock) override {
@@ -355,11 +366,12 @@ class HttpServer : public httplib::Server {
     // On the accepting thread (no connection thread could be had: ConnectionThreads), one request, then close, so
     // that the next connection is accepted.
     const std::size_t max_requests = posenc::detail::ConnectionThreads::serving_inline() ? 1 : keep_alive_max_count_;
-    for (std::size_t left = max_requests; left > 0 && next_request(c, strm); --left) {
+    for (std::size_t left = max_requests; left > 0 && next_request(c, strm, left == max_requests); --left) {
       state = ConnectionState{};
       state.bytes_in = strm.buffered() ? 1 : 0;  // (a pipelined request's first bytes were read with the last)
       bool closed = false;
-      ok = process_request(strm, left == 1, closed, nullptr);
+      // (stopping: answered with Connection: close)
+      ok = process_request(strm, left == 1 || svr_sock_ == INVALID_SOCKET, closed, nullptr);
       if (!ok && state.timed_out && state.bytes_in > 0 && !state.answered && request_line_timeout_body) {
         const std::string body = request_line_timeout_body();
         const std::string head = fmt::format(
@@ -989,8 +1001,10 @@ int Server::start() {
                              : static_cast<std::size_t>(std::max(1024, s.cfg.max_batch + s.cfg.max_queue + 8));
   // Threads idle for keep_alive_timeout end (the connections they served have closed).
   s.http.new_task_queue = [&s, threads] {
-    return new posenc::detail::ConnectionThreads(threads, s.cfg.keep_alive_timeout, s.http_threads_alive,
-                                 [&s] { return s.http.close_idle_connection(); });
+    auto* queue = new posenc::detail::ConnectionThreads(threads, s.cfg.keep_alive_timeout, s.http_threads_alive,
+                                                        [&s] { return s.http.close_idle_connection(); });
+    s.http.connections_waiting = [queue] { return queue->jobs_waiting(); };
+    return queue;
   };
   s.http.request_line_timeout_body = [&s] {
     s.metrics.count_request("other", 408);

@@ -315,20 +315,25 @@ struct RawConnection {
     timeval tv{static_cast<time_t>(seconds), static_cast<suseconds_t>((seconds - static_cast<time_t>(seconds)) * 1e6)};
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   }
-  /// One answer (head + Content-Length body), "" when none came within `seconds`.
+  /// One answer (head + Content-Length body, or a chunked body as sent), "" when none came within `seconds`.
   std::string answer(double seconds = 3) {
     set_timeout(seconds);
     char buf[4096];
     for (;;) {
       const auto head_end = pending.find("\r\n\r\n");
       const auto cl = pending.find("Content-Length: ");
+      std::size_t end = std::string::npos;
       if (head_end != std::string::npos && cl != std::string::npos && cl < head_end) {
-        const std::size_t end = head_end + 4 + std::stoul(pending.substr(cl + 16));
-        if (pending.size() >= end) {
-          std::string a = pending.substr(0, end);
-          pending.erase(0, end);
-          return a;
-        }
+        end = head_end + 4 + std::stoul(pending.substr(cl + 16));
+      } else if (const auto te = pending.find("Transfer-Encoding: chunked"); head_end != std::string::npos &&
+                                                                            te != std::string::npos && te < head_end) {
+        const auto last = pending.find("\r\n0\r\n\r\n", head_end + 2);  // the last chunk and an empty trailer
+        if (last != std::string::npos) end = last + 7;
+      }
+      if (end != std::string::npos && pending.size() >= end) {
+        std::string a = pending.substr(0, end);
+        pending.erase(0, end);
+        return a;
       }
       const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
       if (n <= 0) return "";
@@ -516,6 +521,74 @@ TEST(ServeHttp, IdleKeepAliveConnectionsMakeRoomAndTimeOut) {
   EXPECT_TRUE(eventually([&] { return q.server->stats().http_threads == 0; }, 3));
   auto c = q.client(5);
   EXPECT_EQ(get(c, "/health").status, 200);
+}
+
+}  // namespace
+
+namespace {
+
+/// A completion of `max_tokens` greedy tokens as raw HTTP/1.1 (keep-alive).
+std::string completion_request(int max_tokens) {
+  const std::string body = fmt::format(R"({{"prompt": "Once upon a time", "max_tokens": {}, "temperature": 0}})",
+                                       max_tokens);
+  return fmt::format("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     "Content-Length: {}\r\n\r\n{}",
+                     body.size(), body);
+}
+
+// With the only connection thread busy answering a slow request, a new connection waits for it; once the answer
+// is written, the keep-alive connection closes rather than hold the thread for its keep-alive timeout (30 s here),
+// and the waiting connection is served.
+TEST(ServeHttp, AKeepAliveConnectionMakesRoomForAConnectionWaitingForAThread) {
+  ServeConfig cfg;
+  cfg.http_threads = 1;
+  cfg.keep_alive_timeout = std::chrono::milliseconds(30000);
+  cfg.step_delay = std::chrono::milliseconds(20);
+  Running s(cfg);
+  RawConnection busy(s.port);
+  busy.send(completion_request(40));  // ~0.8 s of steps
+  ASSERT_TRUE(eventually([&] { return s.server->stats().running_sequences == 1; }));
+  RawConnection waiting(s.port);
+  waiting.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_TRUE(eventually([&] { return s.server->stats().http_connections == 1; }));  // the other one is queued
+  EXPECT_EQ(status_of(busy.answer(10)), 200);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(status_of(waiting.answer(10)), 200);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  EXPECT_TRUE(busy.closed_by_server(2));
+  // With nobody waiting, a keep-alive connection stays open between requests.
+  waiting.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(status_of(waiting.answer(3)), 200);
+  waiting.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(status_of(waiting.answer(3)), 200);
+}
+
+// Requests sent in full to connections that wait for a thread when the server stops are answered (503, the server
+// draining: the client knows what happened), not closed unanswered.
+TEST(ServeHttp, RequestsQueuedWhenTheServerStopsAreAnswered) {
+  ServeConfig cfg;
+  cfg.http_threads = 1;
+  cfg.keep_alive_timeout = std::chrono::milliseconds(30000);
+  cfg.step_delay = std::chrono::milliseconds(20);
+  Running s(cfg);
+  RawConnection busy(s.port);
+  busy.send(completion_request(30));
+  ASSERT_TRUE(eventually([&] { return s.server->stats().running_sequences == 1; }));
+  std::vector<std::unique_ptr<RawConnection>> queued;
+  for (int i = 0; i < 5; ++i) {
+    queued.push_back(std::make_unique<RawConnection>(s.port));
+    queued.back()->send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the requests have arrived
+  std::thread stopper([&] { s.server->stop(); });
+  EXPECT_EQ(status_of(busy.answer(10)), 200);  // the running request finishes (draining)
+  for (std::size_t i = 0; i < queued.size(); ++i) {
+    const std::string a = queued[i]->answer(10);
+    EXPECT_EQ(status_of(a), 503) << i << ": " << a;
+    EXPECT_NE(a.find("draining"), std::string::npos) << i << ": " << a;
+  }
+  stopper.join();
+  for (std::size_t i = 0; i < queued.size(); ++i) EXPECT_TRUE(queued[i]->closed_by_server(2)) << i;
 }
 
 }  // namespace
