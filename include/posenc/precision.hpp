@@ -122,7 +122,8 @@ PrecisionReport rope_precision_report(const RopeFrequencies& freqs, const Precis
 /// The first positions p (p > first) in [first, last] whose row under
 /// `numerics` is bit-identical to row p-1's, at most `limit` of them, with the
 /// total count in *count when given. Rows are compared on the highest-frequency
-/// pair first and in full only where that pair collides.
+/// pair first and in full only where that pair collides. Throws InvalidArgument for a bad range or frequencies
+/// that RopeFrequencies::validate refuses.
 std::vector<int64_t> rope_row_collisions(const RopeFrequencies& freqs, const RopeNumerics& numerics, int64_t first,
                                          int64_t last, std::size_t limit, int64_t* count = nullptr);
 

@@ -11,6 +11,7 @@
 #include <random>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "core/parallel.hpp"
@@ -261,12 +262,14 @@ std::vector<int64_t> rope_row_collisions(const RopeFrequencies& freqs, const Rop
                                          int64_t last, std::size_t limit, int64_t* count) {
   if (first < 0 || last < first)
     throw InvalidArgument(fmt::format("rope_row_collisions: bad range [{}, {}]", first, last));
+  freqs.validate();
   const std::size_t np = freqs.inv_freq.size();
   // The first pair alone: a row can only equal its predecessor where this pair does.
   RopeFrequencies f0 = freqs;
   f0.rotary_dim = 2;
-  f0.inv_freq.resize(1);
-  if (!f0.inv_freq_f64.empty()) f0.inv_freq_f64.resize(1);
+  // (erase rather than resize(1): GCC 12 warns of resize's unused growth path, -Warray-bounds)
+  if (f0.inv_freq.size() > 1) f0.inv_freq.erase(f0.inv_freq.begin() + 1, f0.inv_freq.end());
+  if (f0.inv_freq_f64.size() > 1) f0.inv_freq_f64.erase(f0.inv_freq_f64.begin() + 1, f0.inv_freq_f64.end());
   constexpr int64_t kChunk = 1 << 16;
   const int64_t n_chunks = (last - first + kChunk - 1) / kChunk;  // positions first+1..last
   struct ChunkResult {
@@ -396,8 +399,7 @@ std::string format_precision_report(const PrecisionReport& rep) {
   header(fmt::format("max |cos/sin - fp64| ({} sampled positions per bucket, every pair)", o.samples_per_bucket));
   rows([](const PrecisionBucket& b) { return fmt_err(b.cos_sin_max) + (b.non_finite ? "*" : ""); });
   out += "  * some entries inf/NaN (fp16 past 65504), left out of the max; counts in --json (non_finite)\n";
-  std::string deltas;
-  for (int64_t d : o.deltas) deltas += (deltas.empty() ? "" : ",") + std::to_string(d);
+  const std::string deltas = fmt::format("{}", fmt::join(o.deltas, ","));
   header(fmt::format("max |q·k - fp64 q·k| (unit q, k; {} heads; q at p, k at p-Δ, Δ in {{{}}})", o.heads, deltas));
   rows([](const PrecisionBucket& b) { return fmt_err(b.score_max); });
   out += fmt::format(
