@@ -799,16 +799,22 @@ void zpanel_tile_any(int64_t rows, int64_t cols_in_panel, const float* x, int64_
   }
 }
 
-/// The lines of a panel's weights (rows from `row0`, row_lines lines from byte b0 of each), prefetched one at a time
-/// (prefetcht1). The last line of a row may reach past the matrix's end: the address is formed as an integer (a
-/// prefetch does not fault), as prefetch_ahead's.
+/// The lines of a panel's weights (`rows` rows of rb bytes from `first`, row_lines lines of each), prefetched
+/// (prefetcht1) a few at a time in order: take(k) prefetches the next k. The last line of a row may reach past the
+/// matrix's end: the address is formed as an integer (a prefetch does not fault), as prefetch_ahead's. The cursor
+/// advances by additions (an idiv per line, to find its row, showed in the profile beside the widening).
 struct PanelLines {
-  const std::byte* w = nullptr;
-  int64_t rb = 0, row0 = 0, b0 = 0, row_lines = 1, lines = 0;
-  POSENC_TARGET_AVX512 void prefetch(int64_t line) const {
-    const uintptr_t at = reinterpret_cast<uintptr_t>(w) +
-                         static_cast<uintptr_t>((row0 + line / row_lines) * rb + b0 + (line % row_lines) * 64);
-    _mm_prefetch(reinterpret_cast<const char*>(at), _MM_HINT_T1);
+  uintptr_t first = 0;
+  int64_t rb = 0, row_lines = 1, rows = 0;
+  int64_t row = 0, line = 0;  // the next line to prefetch
+  POSENC_TARGET_AVX512 void take(int64_t k) {
+    for (; k > 0 && row < rows; --k) {
+      _mm_prefetch(reinterpret_cast<const char*>(first + static_cast<uintptr_t>(row * rb + line * 64)), _MM_HINT_T1);
+      if (++line == row_lines) {
+        line = 0;
+        ++row;
+      }
+    }
   }
 };
 
@@ -827,13 +833,12 @@ PanelLines next_panel_lines(const RawMatrix& w, int64_t pi, int64_t c0, int64_t 
     }
   }
   const int64_t rb = w.row_bytes(), nc1 = std::min(chunks, nc0 + kZChunks);
+  const int64_t row0 = np * kZCols, b0 = nc0 * rb / chunks;
   PanelLines p;
-  p.w = w.data;
+  p.first = reinterpret_cast<uintptr_t>(w.data) + static_cast<uintptr_t>(row0 * rb + b0);
   p.rb = rb;
-  p.row0 = np * kZCols;
-  p.b0 = nc0 * rb / chunks;
-  p.row_lines = std::max<int64_t>(1, (nc1 * rb / chunks - p.b0 + 63) / 64);
-  p.lines = std::min(kZCols, w.rows - p.row0) * p.row_lines;
+  p.row_lines = std::max<int64_t>(1, (nc1 * rb / chunks - b0 + 63) / 64);
+  p.rows = std::min(kZCols, w.rows - row0);
   return p;
 }
 
@@ -875,10 +880,10 @@ void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* 
             // widening on Sapphire Rapids, 5.6% with the prefetches, these included; the 487M F16 model's 256-token
             // prefill +2-9% at one thread, +4-5% at two, Q8_0 +1-5%, alternated A/B runs). All at once after the
             // widening, or to L1, it did not pay (an earlier session's A/B).
-            const PanelLines next = next_panel_lines(w, pi, c0, c1, g0, g1, p0, p1, chunks);
-            int64_t line = 0;
+            PanelLines next = next_panel_lines(w, pi, c0, c1, g0, g1, p0, p1, chunks);
+            const int64_t per_tile = (next.rows * next.row_lines + tiles - 1) / tiles;
             for (int64_t t = 0; t < tiles; ++t) {
-              for (const int64_t line_end = next.lines * (t + 1) / tiles; line < line_end; ++line) next.prefetch(line);
+              next.take(per_tile);
               const int64_t r = b0 + t * kZRows, rows = std::min(kZRows, b1 - r);
               const float* xt = x + r * in + c0 * kLanes;
               float* yt = y + r * out + o0;
