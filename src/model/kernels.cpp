@@ -16,29 +16,43 @@
 namespace posenc::detail {
 
 void rmsnorm(const float* x, const float* weight, int64_t n, int d, float eps, float* out) {
-  const auto row = [&](int64_t r) {
-    const float* xr = x + r * d;
-    float* o = out + r * d;
-    // The sum of squares in double, as llama.cpp's ggml_compute_forward_rms_norm_f32
-    // (float32 squares, double sum, float mean). The float32 alternatives
-    // (HF's, llama2.c's) differ from it in the last bit, and with Q8_0
-    // activations a last-bit difference before the first quantization
-    // (frequent exact ties) costs ~3e-3 nats of agreement with llama.cpp.
-    double sum = 0.0;
-    for (int j = 0; j < d; ++j) sum += static_cast<double>(xr[j] * xr[j]);
-    const float mean = static_cast<float>(sum / d);
-    const float inv = 1.0f / std::sqrt(mean + eps);
-    for (int j = 0; j < d; ++j) o[j] = (xr[j] * inv) * weight[j];
+  // The sum of squares in double, as llama.cpp's ggml_compute_forward_rms_norm_f32 (float32 squares, double sum in
+  // order, float mean). The float32 alternatives (HF's, llama2.c's) differ from it in the last bit, and with Q8_0
+  // activations a last-bit difference before the first quantization (frequent exact ties) costs ~3e-3 nats of
+  // agreement with llama.cpp. Each row's sum is one chain of additions (4 cycles each), so rows go kRows at a time,
+  // their chains interleaved: the same additions in the same order per row, overlapped (a 256-token prefill's norms
+  // were ~0.8% of its samples with one chain at a time).
+  constexpr int64_t kRows = 8;
+  const auto rows = [&](int64_t r0, int64_t r1) {
+    double sum[kRows] = {};
+    const int64_t m = r1 - r0;
+    const float* xr = x + r0 * d;
+    if (m == kRows) {
+      for (int j = 0; j < d; ++j)
+#pragma GCC unroll 8
+        for (int64_t i = 0; i < kRows; ++i) sum[i] += static_cast<double>(xr[i * d + j] * xr[i * d + j]);
+    } else {
+      for (int j = 0; j < d; ++j)
+        for (int64_t i = 0; i < m; ++i) sum[i] += static_cast<double>(xr[i * d + j] * xr[i * d + j]);
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      const float mean = static_cast<float>(sum[i] / d);
+      const float inv = 1.0f / std::sqrt(mean + eps);
+      const float* xi = xr + i * d;
+      float* o = out + (r0 + i) * d;
+      for (int j = 0; j < d; ++j) o[j] = (xi[j] * inv) * weight[j];
+    }
   };
-  // Row by row, so threads change no bit; a 256-token prefill's norms on one thread were 0.75% of its samples on
-  // two threads, the other thread waiting. A small call (decode's one row) opens no region at all: even an if(false)
-  // region costs 0.1-0.2 us, 0.4 us nested inside the decode team's `omp single`.
+  // Rows (groups of rows) to threads, so threads change no bit; a 256-token prefill's norms on one thread were 0.75%
+  // of its samples on two threads, the other thread waiting. A small call (decode's one row) opens no region at all:
+  // even an if(false) region costs 0.1-0.2 us, 0.4 us nested inside the decode team's `omp single`.
+  const int64_t groups = (n + kRows - 1) / kRows;
   if (n * d < (int64_t{1} << 16)) {
-    for (int64_t r = 0; r < n; ++r) row(r);
+    for (int64_t g = 0; g < groups; ++g) rows(g * kRows, std::min(n, (g + 1) * kRows));
     return;
   }
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < n; ++r) row(r);
+  for (int64_t g = 0; g < groups; ++g) rows(g * kRows, std::min(n, (g + 1) * kRows));
 }
 
 namespace {

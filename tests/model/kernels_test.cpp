@@ -75,3 +75,40 @@ TEST(KernelsSwiglu, VectorExpfIsTakenWithGlibcOnAvx512) {
   GTEST_SKIP() << "not glibc 2.28+";
 #endif
 }
+
+// rmsnorm is llama.cpp's ggml_compute_forward_rms_norm_f32 (float32 squares summed in double, in order; the float
+// mean; x * (1 / sqrt(mean + eps)) then * weight): the rows that rmsnorm interleaves (8 at a time) and splits
+// among threads each give that formula's bits, written out here one row at a time, for every row count around the
+// groups of 8 and lengths that are no multiple of any vector. (Squares in double, or x * (inv * weight), fail it;
+// the double sum's order hardly can: its rounding is 2^29 times finer than the float mean's.)
+TEST(KernelsRmsnorm, EachRowIsGgmlsOrderedDoubleSumBitForBit) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::uniform_int_distribution<int> scale_exp(-20, 20);
+  const int threads = omp_get_max_threads();
+  for (int t : {1, 2})
+    for (const int d : {1, 5, 64, 288, 1023, 1024})
+      for (const int64_t n : {1, 3, 7, 8, 9, 16, 17, 70, 300}) {
+        omp_set_num_threads(t);
+        std::vector<float> x(static_cast<std::size_t>(n * d)), w(static_cast<std::size_t>(d)), out(x.size());
+        // Magnitudes over 2^-20..2^20, so that the squares' double sum rounds, and rounds differently in another
+        // order (the squares of one scale would sum exactly in any order).
+        for (auto& v : x) v = std::ldexp(dist(rng), scale_exp(rng));
+        for (auto& v : w) v = dist(rng);
+        x[static_cast<std::size_t>(n * d / 2)] = 1e-20f;  // a square under float32's normal range
+        const float eps = 1e-5f;
+        rmsnorm(x.data(), w.data(), n, d, eps, out.data());
+        for (int64_t r = 0; r < n; ++r) {
+          double sum = 0.0;
+          for (int j = 0; j < d; ++j) sum += static_cast<double>(x[r * d + j] * x[r * d + j]);
+          const float scale = 1.0f / std::sqrt(static_cast<float>(sum / d) + eps);
+          for (int j = 0; j < d; ++j) {
+            const float ref = (x[r * d + j] * scale) * w[j];
+            ASSERT_TRUE(same(out[r * d + j], ref))
+                << "n " << n << " d " << d << " threads " << t << " row " << r << " col " << j << ": "
+                << out[r * d + j] << " vs " << ref;
+          }
+        }
+      }
+  omp_set_num_threads(threads);
+}
