@@ -93,7 +93,7 @@ void matmul_q8_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t in, con
                     float* y, bool accumulate);
 struct DecodeStreams;  // kernels_dense.hpp
 /// matmul_q8_with reading the weights for one row of x (decode) as `plan` says (the avx512_vnni and amx paths'
-/// decode; the others ignore it; matmul_q8 takes decode_streams(Q8_0 or Q4_0)). The same bits in every plan.
+/// decode; the others ignore it; matmul_q8 takes decode_streams(Q8_0 or Q4_0, avx512)). The same bits in every plan.
 /// Throws std::logic_error when this CPU cannot run k or the plan is not one of decode_streams_valid's.
 void matmul_q8_with(Q8Kernel k, DecodeStreams plan, const std::byte* x_q, int64_t n, int64_t in,
                     const std::byte* w, bool q4, int64_t out, float* y, bool accumulate);

@@ -1100,10 +1100,11 @@ std::optional<DecodeStreams> parse_decode_streams(std::string_view text) {
 
 namespace {
 /// This CPU's plan for dense (F32/F16/BF16) or block (Q8_0/Q4_0) weights.
-DecodeStreams vendor_decode_streams(bool blocks) {
+DecodeStreams vendor_decode_streams(bool blocks, DenseKernel k) {
   static const bool amd = cpu_is_amd();
-  // Intel: measured on Sapphire Rapids-class Xeons (kernels_dense.hpp): 8 runs for F32/F16/BF16, 16 for Q8_0/Q4_0.
-  if (!amd) return blocks ? DecodeStreams{16, 1024} : DecodeStreams{8, 1024};
+  // Intel: measured on Sapphire Rapids-class Xeons (kernels_dense.hpp): 8 runs for F32/F16/BF16, 16 for Q8_0/Q4_0
+  // in AVX-512, 8 for both in AVX2.
+  if (!amd) return blocks && k != DenseKernel::avx2 ? DecodeStreams{16, 1024} : DecodeStreams{8, 1024};
   return blocks ? DecodeStreams{4, 3072} : DecodeStreams{2, 4096};
 }
 
@@ -1122,16 +1123,16 @@ DecodeStreams decode_streams_asked() {
                "posenc: POSENC_DECODE_STREAMS='%s' is not a decode plan (R, R:prefetch or R:prefetch=BYTES; R 2, 4, "
                "8 or 16; BYTES a multiple of 64 from 64 to 65536); using this CPU's: %s for F32/F16/BF16, %s for "
                "Q8_0/Q4_0\n",
-               shown(env).c_str(), to_string(vendor_decode_streams(false)).c_str(),
-               to_string(vendor_decode_streams(true)).c_str());
+               shown(env).c_str(), to_string(vendor_decode_streams(false, dense_kernel())).c_str(),
+               to_string(vendor_decode_streams(true, dense_kernel())).c_str());
   return {0, 0};
 }
 }  // namespace
 
-DecodeStreams decode_streams(WeightType t) {
+DecodeStreams decode_streams(WeightType t, DenseKernel k) {
   static const DecodeStreams asked = decode_streams_asked();
   if (asked.runs != 0) return asked;
-  return vendor_decode_streams(t == WeightType::q8_0 || t == WeightType::q4_0);
+  return vendor_decode_streams(t == WeightType::q8_0 || t == WeightType::q4_0, k);
 }
 
 namespace {
@@ -1178,7 +1179,7 @@ void matmul_w_reference(const float* x, int64_t n, const RawMatrix& w, float* y,
 
 void matmul_w_with(DenseKernel k, const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
   // Only an AVX-512 or AVX2 decode takes a plan (and only then is a bad POSENC_DECODE_STREAMS reported).
-  matmul_w_with(k, k != DenseKernel::reference && n == 1 ? decode_streams(w.type) : DecodeStreams{}, x, n, w, y,
+  matmul_w_with(k, k != DenseKernel::reference && n == 1 ? decode_streams(w.type, k) : DecodeStreams{}, x, n, w, y,
                 accumulate);
 }
 
@@ -1210,9 +1211,9 @@ void matmul_w_decode_rows(const float* x, const RawMatrix& w, float* y, bool acc
         fmt::format("matmul_w_decode_rows: rows [{}, {}) are not rows of a matrix of {}", first, last, w.rows));
   if (first == last) return;
   if (dense_kernel() == DenseKernel::avx2)
-    decode_avx2_any(decode_streams(w.type), x, w, y, accumulate, {first, last});
+    decode_avx2_any(decode_streams(w.type, DenseKernel::avx2), x, w, y, accumulate, {first, last});
   else
-    decode_avx512_any(decode_streams(w.type), x, w, y, accumulate, {first, last});
+    decode_avx512_any(decode_streams(w.type, DenseKernel::avx512), x, w, y, accumulate, {first, last});
 }
 
 void matmul_w(const float* x, int64_t n, const RawMatrix& w, float* y, bool accumulate) {
@@ -1220,10 +1221,10 @@ void matmul_w(const float* x, int64_t n, const RawMatrix& w, float* y, bool accu
   switch (dense_kernel()) {
     case DenseKernel::reference: matmul_w_reference(x, n, w, y, accumulate); return;
     case DenseKernel::avx2:
-      matmul_avx2(n == 1 ? decode_streams(w.type) : DecodeStreams{}, x, n, w, y, accumulate);
+      matmul_avx2(n == 1 ? decode_streams(w.type, DenseKernel::avx2) : DecodeStreams{}, x, n, w, y, accumulate);
       return;
     case DenseKernel::avx512:
-      matmul_avx512(n == 1 ? decode_streams(w.type) : DecodeStreams{}, x, n, w, y, accumulate);
+      matmul_avx512(n == 1 ? decode_streams(w.type, DenseKernel::avx512) : DecodeStreams{}, x, n, w, y, accumulate);
       return;
   }
 }

@@ -38,7 +38,7 @@ enum class DenseKernel {
               ///< pass
   avx512,     ///< AVX-512 F/BW/VL + F16C: 16-lane accumulators, tiles of 4 x rows by 4 weight rows; for rows
               ///< of a multiple of 16: one row of x (decode) against runs of a thread's weight rows read side
-              ///< by side (decode_streams(w.type)), and for n >= 6 (prefill) 8-row weight panels widened once per block of x rows (about
+              ///< by side (decode_streams(w.type, k)), and for n >= 6 (prefill) 8-row weight panels widened once per block of x rows (about
               ///< the rows that fill half of the L2, on AMD at least 2 MiB of them, the blocks balanced) and tiles of 3 x rows by 8
 };
 std::string_view to_string(DenseKernel k);
@@ -75,15 +75,18 @@ bool decode_streams_valid(DecodeStreams s);
 /// "R:prefetch=BYTES", R one of 2, 4, 8, 16, numbers without a leading zero; nullopt for anything else (not a
 /// valid plan included).
 std::optional<DecodeStreams> parse_decode_streams(std::string_view text);
-/// The plan matmul_w's AVX-512 and AVX2 decodes use for weights of type t, from the CPU vendor (cpuid leaf 0): on
-/// AMD ("AuthenticAMD") {2, 4 KiB} for F32/F16/BF16 and {4, 3 KiB} for Q8_0/Q4_0, on any other CPU {8, 1 KiB} and
-/// {16, 1 KiB} (measured on Sapphire Rapids-class Xeons in AVX-512, where the AVX2 decode read F16 as 8 runs 2-3%
-/// faster than as 16 and Q8_0 11% faster, 4 runs 3 KiB ahead F16 a further 5%; on Zen 5 the AVX2 decode reads best
-/// with AMD's plans too: the 487M F16 model at one thread 44.0 tokens/s, against 34.5-39.7 in the other plans). The
+/// The plan path k (avx512 or avx2; the VNNI/AMX decodes take avx512's) uses to decode weights of type t, from the
+/// CPU vendor (cpuid leaf 0): on AMD ("AuthenticAMD") {2, 4 KiB} for F32/F16/BF16 and {4, 3 KiB} for Q8_0/Q4_0, on
+/// any other CPU {8, 1 KiB} for F32/F16/BF16 and, for Q8_0/Q4_0, {16, 1 KiB} in AVX-512 and {8, 1 KiB} in AVX2
+/// (measured on Sapphire Rapids-class Xeons, the AVX2 decode of a haswell build, 487M models, two alternations: Q8_0
+/// 30.4-31.2 tokens/s as 8 runs against 27.9-28.7 as 16 at one thread, 59.0 against 55.3-57.3 at two; Q4_0
+/// 28.5 against 25.5-26.1 and 52.2-55.0 against 46.4-49.8; F16 as 4 runs 3 KiB ahead 16.3-16.5 against 15.9-16.0
+/// as 8, alike at two threads: kept; on Zen 5 the AVX2 decode reads best with AMD's plans too: the 487M F16 model at
+/// one thread 44.0 tokens/s, against 34.5-39.7 in the other plans). The
 /// environment variable POSENC_DECODE_STREAMS (parse_decode_streams's forms) asks for one plan for every type;
 /// anything else is reported on stderr once (when a decode first asks: the float32 products' avx512 and avx2 paths
 /// and the q8_activations avx512_vnni/amx paths take the plan, the others have none) and the CPU's plans run.
-DecodeStreams decode_streams(WeightType t);
+DecodeStreams decode_streams(WeightType t, DenseKernel k);
 
 /// y[n, w.rows] (+)= x[n, w.cols] · W^T, W as stored (any WeightType; Q8_0/Q4_0
 /// need w.cols % 32 == 0, as their blocks do). x, y row-major float32 with row
@@ -114,7 +117,7 @@ bool parallel_pays(int64_t n, const RawMatrix& w);
 bool decode_rows_supported(const RawMatrix& w);
 
 /// The rows [first, last) of matmul_w(x, 1, w, y, accumulate), on the calling thread: y[r] (+)= x[w.cols] · W[r]^T,
-/// read as decode_streams(w.type) says (its runs within these rows); each output the same bits as matmul_w's.
+/// read as decode_streams(w.type, dense_kernel()) says (its runs within these rows); each output the same bits as matmul_w's.
 /// For a team the caller keeps (its own parallel region): threads given disjoint ranges may run at once, and
 /// nothing is synchronised (the caller's barrier is, before y is read). Throws std::logic_error when
 /// !decode_rows_supported(w) or the range is not one of w's rows (0 <= first <= last <= w.rows).

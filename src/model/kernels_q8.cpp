@@ -946,7 +946,7 @@ void matmul_q8_with(Q8Kernel k, const std::byte* x_q, int64_t n, int64_t in, con
                     float* y, bool accumulate) {
   // Only a VNNI/AMX decode takes a plan (and only then is a bad POSENC_DECODE_STREAMS reported).
   const bool decode = n == 1 && (k == Q8Kernel::avx512_vnni || k == Q8Kernel::amx);
-  matmul_q8_with(k, decode ? decode_streams(q4 ? WeightType::q4_0 : WeightType::q8_0) : DecodeStreams{}, x_q, n, in,
+  matmul_q8_with(k, decode ? decode_streams(q4 ? WeightType::q4_0 : WeightType::q8_0, DenseKernel::avx512) : DecodeStreams{}, x_q, n, in,
                  w, q4, out, y, accumulate);
 }
 
@@ -1030,7 +1030,7 @@ void matmul_q8_decode_rows(const std::byte* x_q, int64_t in, const std::byte* w,
     throw std::logic_error(
         fmt::format("matmul_q8_decode_rows: rows [{}, {}) are not rows of a matrix of {}", first, last, out));
   if (first == last) return;
-  const DecodeStreams plan = decode_streams(q4 ? WeightType::q4_0 : WeightType::q8_0);
+  const DecodeStreams plan = decode_streams(q4 ? WeightType::q4_0 : WeightType::q8_0, DenseKernel::avx512);
   if (q4)
     matmul_q8_vnni_decode<true>(plan, x_q, in, w, out, y, accumulate, {first, last});
   else

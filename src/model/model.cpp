@@ -174,9 +174,13 @@ KernelInfo kernel_info() {
   k.dense_kernel = std::string(detail::to_string(dense));
   k.q8_kernel = std::string(detail::to_string(q8));
   if (dense != detail::DenseKernel::reference)
-    k.decode_plan_dense = detail::to_string(detail::decode_streams(detail::WeightType::f16));
-  if (dense != detail::DenseKernel::reference || q8 == detail::Q8Kernel::avx512_vnni || q8 == detail::Q8Kernel::amx)
-    k.decode_plan_blocks = detail::to_string(detail::decode_streams(detail::WeightType::q8_0));
+    k.decode_plan_dense = detail::to_string(detail::decode_streams(detail::WeightType::f16, dense));
+  // (the float32 products' plan; the VNNI/AMX decode's, an AVX-512 one, when those products have none)
+  if (dense != detail::DenseKernel::reference)
+    k.decode_plan_blocks = detail::to_string(detail::decode_streams(detail::WeightType::q8_0, dense));
+  else if (q8 == detail::Q8Kernel::avx512_vnni || q8 == detail::Q8Kernel::amx)
+    k.decode_plan_blocks =
+        detail::to_string(detail::decode_streams(detail::WeightType::q8_0, detail::DenseKernel::avx512));
   k.threads = omp_get_max_threads();
   return k;
 }

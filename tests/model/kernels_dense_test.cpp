@@ -201,7 +201,9 @@ TEST(KernelsDenseDecodePlans, EveryPlanGivesTheReferenceBits) {
     EXPECT_NE(std::string(e.what()).find("runs 4, prefetch_bytes -64 is not a decode plan"), std::string::npos)
         << e.what();
   }
-  for (WeightType t : kTypes) EXPECT_TRUE(decode_streams_valid(decode_streams(t))) << to_string(t);
+  for (WeightType t : kTypes)
+    for (DenseKernel k : {DenseKernel::avx2, DenseKernel::avx512})
+      EXPECT_TRUE(decode_streams_valid(decode_streams(t, k))) << to_string(t) << " " << to_string(k);
   EXPECT_EQ(to_string(DecodeStreams{16, 1024}), "16:prefetch=1024");
   EXPECT_EQ(to_string(DecodeStreams{2, 0}), "2");
   const auto same = [](std::optional<DecodeStreams> a, DecodeStreams b) {
@@ -216,10 +218,11 @@ TEST(KernelsDenseDecodePlans, EveryPlanGivesTheReferenceBits) {
                           "4:prefetch=99999999999999999999", "4:prefetch:prefetch", "prefetch", "4:Prefetch", "04",
                           "016:prefetch=1024", "4:prefetch=03072", "4:prefetch=001024"})
     EXPECT_FALSE(parse_decode_streams(bad).has_value()) << "'" << bad << "'";
-  for (WeightType t : kTypes) {
-    const DecodeStreams d = decode_streams(t);
-    EXPECT_TRUE(same(parse_decode_streams(to_string(d)), d)) << to_string(t);
-  }
+  for (WeightType t : kTypes)
+    for (DenseKernel k : {DenseKernel::avx2, DenseKernel::avx512}) {
+      const DecodeStreams d = decode_streams(t, k);
+      EXPECT_TRUE(same(parse_decode_streams(to_string(d)), d)) << to_string(t);
+    }
 }
 
 // The prefill paths' blocks of x rows (and AMX's blocks of tiles): they cover [0, n) in order, each a multiple of
