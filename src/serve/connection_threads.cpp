@@ -12,7 +12,7 @@ bool ConnectionThreads::serving_inline() { return t_serving_inline; }
 
 bool ConnectionThreads::jobs_waiting() const {
   std::lock_guard lk(mu_);
-  return jobs_.size() > idle_;
+  return jobs_.size() > idle_ + starting_;
 }
 
 ConnectionThreads::ConnectionThreads(std::size_t max_threads, std::chrono::milliseconds idle_exit,
@@ -38,6 +38,7 @@ void ConnectionThreads::enqueue(std::function<void()> fn) {
         try {
           it = threads_.emplace(threads_.end());
           *it = std::thread([this, it] { work(it); });
+          ++starting_;
         } catch (...) {  // std::bad_alloc (the list's node, the thread's state) or std::system_error (no thread)
           if (it != threads_.end()) threads_.erase(it);
           if (threads_.empty()) {  // no thread will take the job: take it back
@@ -92,6 +93,7 @@ void ConnectionThreads::shutdown() {
 
 void ConnectionThreads::work(std::list<std::thread>::iterator self) {
   std::unique_lock lk(mu_);
+  --starting_;
   for (;;) {
     ++idle_;
     cv_.wait_for(lk, idle_exit_, [&] { return !jobs_.empty() || shutdown_; });

@@ -38,8 +38,8 @@ class ConnectionThreads : public httplib::TaskQueue {
   int64_t ran_inline() const { return ran_inline_.load(); }
   /// Whether the calling thread is running a job inside enqueue (so that no connection is accepted until it ends).
   static bool serving_inline();
-  /// Whether a job waits in the queue with no idle thread to take it (a connection waits for a thread): a
-  /// keep-alive connection about to wait for its next request closes instead (HttpServer::next_request).
+  /// Whether a job waits in the queue with no thread to take it, idle or starting (a connection waits for a
+  /// thread): a keep-alive connection about to wait for its next request closes instead (HttpServer).
   bool jobs_waiting() const;
 
  private:
@@ -55,6 +55,7 @@ class ConnectionThreads : public httplib::TaskQueue {
   std::list<std::thread> threads_;
   std::list<std::thread> ended_;  // threads that have ended, to join (spliced from threads_: no allocation)
   std::size_t idle_ = 0;
+  std::size_t starting_ = 0;  // threads started by enqueue that have not yet looked for a job
   bool shutdown_ = false;
   std::atomic<int64_t> ran_inline_{0};
 };

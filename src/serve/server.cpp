@@ -186,11 +186,18 @@ void close_after_answer(const httplib::Request& req) {
 /// write timeout, and a read that times out is recorded in the ConnectionState so that the answer can be 408.
 class ConnectionStream : public httplib::Stream {
  public:
-  ConnectionStream(int fd, int read_timeout_ms, int write_timeout_ms, ConnectionState& state)
-      : fd_(fd), read_ms_(read_timeout_ms), write_ms_(write_timeout_ms), state_(state) {}
+  /// read_wait_ms(started): how much longer a read that began at `started` may wait for bytes (the read timeout,
+  /// less once the server stops); a wait asks again every 200 ms.
+  ConnectionStream(int fd, std::function<int(std::chrono::steady_clock::time_point)> read_wait_ms,
+                   int write_timeout_ms, ConnectionState& state)
+      : fd_(fd), read_wait_ms_(std::move(read_wait_ms)), write_ms_(write_timeout_ms), state_(state) {}
   bool is_readable() const override {
     if (buffered()) return true;
-    if (wait_for(POLLIN, read_ms_)) return true;
+    const auto started = std::chrono::steady_clock::now();
+    for (int left = read_wait_ms_(started);; left = read_wait_ms_(started)) {
+      if (wait_for(POLLIN, std::clamp(left, 0, 200))) return true;
+      if (left <= 200) break;
+    }
     state_.timed_out = true;
     return false;
   }
@@ -251,7 +258,7 @@ class ConnectionStream : public httplib::Stream {
     }
   }
   int fd_;
-  int read_ms_;
+  std::function<int(std::chrono::steady_clock::time_point)> read_wait_ms_;
   int write_ms_;
   ConnectionState& state_;
   char buf_[4096];
@@ -293,13 +300,21 @@ class HttpServer : public httplib::Server {
   /// before the first connection is accepted.
   std::function<bool()> connections_waiting;
 
-  /// Closes the connection that has waited longest for its next request; false when none is waiting.
+  /// Closes the connection that has waited longest for its next request after answering one (a keep-alive wait);
+  /// when none is waiting, the next connection to answer a request closes after it instead (claim_room). Called by
+  /// ConnectionThreads for each connection that waits for a thread.
   bool close_idle_connection() {
     std::lock_guard lk(conns_mu_);
     Connection* oldest = nullptr;
+    // Only a keep-alive wait: a connection waiting for its first request may have it on the way (closing it lost
+    // requests sent on fresh connections).
     for (Connection* c : conns_)
-      if (c->idle && !c->closing && (oldest == nullptr || c->idle_since < oldest->idle_since)) oldest = c;
-    if (oldest == nullptr) return false;
+      if (c->idle && c->served && !c->closing && (oldest == nullptr || c->idle_since < oldest->idle_since))
+        oldest = c;
+    if (oldest == nullptr) {
+      ++room_wanted_;
+      return false;
+    }
     oldest->closing = true;
     ::shutdown(oldest->fd, SHUT_RDWR);  // wakes its poll; its thread closes the socket
     return true;
@@ -314,13 +329,44 @@ class HttpServer : public httplib::Server {
     int fd;
     bool idle = false;
     bool closing = false;
+    bool served = false;  // a request has been answered (idle is then a keep-alive wait, not a first request's)
     std::chrono::steady_clock::time_point idle_since;
   };
 
+  /// Whether this connection is to close after its current request to make room for a connection waiting for a
+  /// thread that close_idle_connection could not free one for: each such wait is claimed by one connection only
+  /// (closing every connection that saw it left threads idle and kept keep-alive connections open closed).
+  bool claim_room() {
+    const bool waiting = connections_waiting && connections_waiting();  // (not under conns_mu_: lock order)
+    std::lock_guard lk(conns_mu_);
+    if (!waiting) room_wanted_ = 0;  // the waits were met otherwise (a connection ended)
+    if (room_wanted_ == 0) return false;
+    --room_wanted_;
+    return true;
+  }
+
+  /// How much longer a read that began at `started` may wait: what is left of the read timeout, and once the server
+  /// is stopping at most what is left of a second from when a connection first saw it stop, so that requests
+  /// already sent are answered and one that stalls or trickles (408) does not hold the stop.
+  int read_wait_ms(std::chrono::steady_clock::time_point started) {
+    const auto now = std::chrono::steady_clock::now();
+    const int64_t left =
+        read_ms_ - std::chrono::duration_cast<std::chrono::milliseconds>(now - started).count();
+    if (svr_sock_ != INVALID_SOCKET) return static_cast<int>(std::max<int64_t>(left, 0));
+    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count();
+    int64_t deadline = stop_deadline_ms_.load();
+    if (deadline == 0) {  // the first to see it: now + 1 s, unless another connection has just set it
+      const int64_t mine = now_ms + 1000;
+      deadline = stop_deadline_ms_.compare_exchange_strong(deadline, mine) ? mine : deadline;
+    }
+    return static_cast<int>(std::clamp<int64_t>(std::min(deadline - now_ms, left), 0, read_ms_));
+  }
+
   /// Waits (idle) for the next request's first bytes, at most keep_alive_ms_; false when the connection is to be
   /// closed (timed out, closed by the peer or by close_idle_connection). Bytes that have already arrived are a
-  /// request to answer even when the server is stopping; otherwise stopping ends the wait, and so does, after the
-  /// connection's first request (`first` false), a connection waiting for a thread: this one closes to make room.
+  /// request to answer even when the server is stopping, and a new connection's first request (`first`) is waited
+  /// for then as long as read_wait_ms allows; otherwise stopping ends the wait, and so does, after the
+  /// connection's first request, a connection waiting for a thread: this one closes to make room.
   bool next_request(Connection& c, const ConnectionStream& strm, bool first) {
     if (strm.buffered()) return true;
     {
@@ -329,21 +375,24 @@ class HttpServer : public httplib::Server {
       c.idle_since = std::chrono::steady_clock::now();
     }
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(keep_alive_ms_);
+    // Once, as the wait begins (after c.idle is set: a connection queued from here on finds this one idle, and
+    // close_idle_connection closes the one idle the longest).
+    const bool make_room = !first && claim_room();
     bool ready = false;
     for (;;) {
-      // (checked after c.idle is set: a connection queued from here on finds this one idle, close_idle_connection)
-      const bool stop_waiting =
-          svr_sock_ == INVALID_SOCKET || (!first && connections_waiting && connections_waiting());
+      const bool stopping = svr_sock_ == INVALID_SOCKET;
       const auto left =
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count();
-      pollfd p{c.fd, POLLIN, 0};
       // 200 ms at most: notice stop() and waiting connections
-      const int rc = ::poll(&p, 1, stop_waiting ? 0 : static_cast<int>(std::clamp<int64_t>(left, 0, 200)));
+      const int64_t wait = stopping ? (first ? read_wait_ms(std::chrono::steady_clock::now()) : 0) : make_room ? 0 : left;
+      pollfd p{c.fd, POLLIN, 0};
+      const int rc = ::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(wait, 0, 200)));
       if (rc > 0) {
         ready = true;
         break;
       }
-      if ((rc < 0 && errno != EINTR) || stop_waiting || left <= 0) break;
+      if (rc < 0 && errno != EINTR) break;
+      if (stopping ? !first || read_wait_ms(std::chrono::steady_clock::now()) == 0 : make_room || left <= 0) break;
     }
     std::lock_guard lk(conns_mu_);
     c.idle = false;
@@ -351,7 +400,7 @@ class HttpServer : public httplib::Server {
   }
 
   bool process_and_close_socket(socket_t sock) override {
-    Connection c{sock, false, false, {}};
+    Connection c{sock, false, false, false, {}};
     {
       std::lock_guard lk(conns_mu_);
       conns_.push_back(&c);
@@ -360,7 +409,8 @@ class HttpServer : public httplib::Server {
     ::setsockopt(sock, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof(yes));
     ConnectionState state;
     current_connection = &state;
-    ConnectionStream strm(sock, read_ms_, write_ms_, state);
+    ConnectionStream strm(sock, [this](std::chrono::steady_clock::time_point t) { return read_wait_ms(t); }, write_ms_,
+                          state);
     bool ok = false;
     bool linger = false;  // a refused request's body may still be arriving
     // On the accepting thread (no connection thread could be had: ConnectionThreads), one request, then close, so
@@ -370,8 +420,14 @@ class HttpServer : public httplib::Server {
       state = ConnectionState{};
       state.bytes_in = strm.buffered() ? 1 : 0;  // (a pipelined request's first bytes were read with the last)
       bool closed = false;
-      // (stopping: answered with Connection: close)
-      ok = process_request(strm, left == 1 || svr_sock_ == INVALID_SOCKET, closed, nullptr);
+      // The last request, the server stopping or a connection waiting for a thread (which this one then makes
+      // room for): answered with Connection: close, and no further request is read.
+      const bool close_after = left == 1 || svr_sock_ == INVALID_SOCKET || claim_room();
+      ok = process_request(strm, close_after, closed, nullptr);
+      {
+        std::lock_guard lk(conns_mu_);
+        c.served = true;
+      }
       if (!ok && state.timed_out && state.bytes_in > 0 && !state.answered && request_line_timeout_body) {
         const std::string body = request_line_timeout_body();
         const std::string head = fmt::format(
@@ -382,7 +438,7 @@ class HttpServer : public httplib::Server {
         strm.write(body.data(), body.size());
       }
       linger = state.close_after || state.timed_out;
-      if (!ok || closed || state.close_after || state.timed_out) break;
+      if (!ok || closed || close_after || state.close_after || state.timed_out) break;
     }
     current_connection = nullptr;
     {
@@ -405,10 +461,12 @@ class HttpServer : public httplib::Server {
   }
 
   int read_ms_ = 5000;
+  std::atomic<int64_t> stop_deadline_ms_{0};  // read_wait_ms: steady_clock ms, 0 until the server is seen stopping
   int keep_alive_ms_ = 5000;
   int write_ms_ = 30000;
   mutable std::mutex conns_mu_;
   std::vector<Connection*> conns_;
+  int64_t room_wanted_ = 0;  // connections waiting for a thread that no idle connection was closed for (conns_mu_)
 };
 
 /// Listening-socket options: SO_REUSEADDR only (a restarted server can bind while old connections are in

@@ -579,7 +579,17 @@ TEST(ServeHttp, RequestsQueuedWhenTheServerStopsAreAnswered) {
     queued.push_back(std::make_unique<RawConnection>(s.port));
     queued.back()->send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
   }
+  // Three pipelined requests on one connection: no request is read after an answer that says Connection: close
+  // (RFC 9112 9.6).
+  RawConnection pipelined(s.port);
+  pipelined.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+                 "GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  // Half a request (its head never ends): answered 408 soon after the stop, not after the 5 s read timeout, and it
+  // does not hold the stop.
+  RawConnection stalled(s.port);
+  stalled.send("GET /health HTTP/1.1\r\nHost: x\r\n");
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // the requests have arrived
+  const auto t0 = std::chrono::steady_clock::now();
   std::thread stopper([&] { s.server->stop(); });
   EXPECT_EQ(status_of(busy.answer(10)), 200);  // the running request finishes (draining)
   for (std::size_t i = 0; i < queued.size(); ++i) {
@@ -587,8 +597,43 @@ TEST(ServeHttp, RequestsQueuedWhenTheServerStopsAreAnswered) {
     EXPECT_EQ(status_of(a), 503) << i << ": " << a;
     EXPECT_NE(a.find("draining"), std::string::npos) << i << ": " << a;
   }
+  int answers = 0;
+  for (;;) {
+    const std::string a = pipelined.answer(5);
+    if (a.empty()) break;
+    ++answers;
+    EXPECT_EQ(status_of(a), 503) << a;
+    if (header_of(a, "Connection") == "close") {
+      EXPECT_TRUE(pipelined.closed_by_server(3)) << "an answer after Connection: close";
+      break;
+    }
+  }
+  EXPECT_GE(answers, 1);
+  const std::string st = stalled.answer(5);
+  EXPECT_TRUE(st.empty() || status_of(st) == 408) << st;
   stopper.join();
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 4.0);
   for (std::size_t i = 0; i < queued.size(); ++i) EXPECT_TRUE(queued[i]->closed_by_server(2)) << i;
+}
+
+// A connection that has not sent its first request yet is not closed to make room for another (its request may be
+// on the way: closing it lost requests sent on fresh connections); a keep-alive connection between requests is.
+TEST(ServeHttp, AFreshConnectionIsNotClosedToMakeRoom) {
+  ServeConfig cfg;
+  cfg.http_threads = 1;
+  cfg.keep_alive_timeout = std::chrono::milliseconds(30000);
+  Running s(cfg);
+  RawConnection fresh(s.port);
+  ASSERT_TRUE(eventually([&] { return s.server->stats().http_connections == 1; }));  // it holds the thread
+  RawConnection next(s.port);
+  next.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  fresh.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  const std::string a = fresh.answer(5);
+  EXPECT_EQ(status_of(a), 200) << a;
+  EXPECT_EQ(header_of(a, "Connection"), "close") << a;  // the other connection waits: this one makes room
+  EXPECT_TRUE(fresh.closed_by_server(2));
+  EXPECT_EQ(status_of(next.answer(5)), 200);
 }
 
 }  // namespace
