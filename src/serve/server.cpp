@@ -319,6 +319,18 @@ class HttpServer : public httplib::Server {
     ::shutdown(oldest->fd, SHUT_RDWR);  // wakes its poll; its thread closes the socket
     return true;
   }
+  /// Whether the connection answering a request is to close after it (and say so) to make room for a connection
+  /// waiting for a thread that close_idle_connection could not free one for: each such wait is claimed once
+  /// (closing every connection that saw it left threads idle and kept-alive connections closed). Called as each
+  /// answer is about to be written (the post-routing handler) and as a kept-alive connection begins to wait.
+  bool claim_room() {
+    const bool waiting = connections_waiting && connections_waiting();  // (not under conns_mu_: lock order)
+    std::lock_guard lk(conns_mu_);
+    if (!waiting) room_wanted_ = 0;  // the waits were met otherwise (a connection ended)
+    if (room_wanted_ == 0) return false;
+    --room_wanted_;
+    return true;
+  }
   std::size_t open_connections() const {
     std::lock_guard lk(conns_mu_);
     return conns_.size();
@@ -332,18 +344,6 @@ class HttpServer : public httplib::Server {
     bool served = false;  // a request has been answered (idle is then a keep-alive wait, not a first request's)
     std::chrono::steady_clock::time_point idle_since;
   };
-
-  /// Whether this connection is to close after its current request to make room for a connection waiting for a
-  /// thread that close_idle_connection could not free one for: each such wait is claimed by one connection only
-  /// (closing every connection that saw it left threads idle and kept keep-alive connections open closed).
-  bool claim_room() {
-    const bool waiting = connections_waiting && connections_waiting();  // (not under conns_mu_: lock order)
-    std::lock_guard lk(conns_mu_);
-    if (!waiting) room_wanted_ = 0;  // the waits were met otherwise (a connection ended)
-    if (room_wanted_ == 0) return false;
-    --room_wanted_;
-    return true;
-  }
 
   /// How much longer a read that began at `started` may wait: what is left of the read timeout, and once the server
   /// is stopping at most what is left of a second from when a connection first saw it stop, so that requests
@@ -366,9 +366,14 @@ class HttpServer : public httplib::Server {
   /// closed (timed out, closed by the peer or by close_idle_connection). Bytes that have already arrived are a
   /// request to answer even when the server is stopping, and a new connection's first request (`first`) is waited
   /// for then as long as read_wait_ms allows; otherwise stopping ends the wait, and so does, after the
-  /// connection's first request, a connection waiting for a thread: this one closes to make room.
-  bool next_request(Connection& c, const ConnectionStream& strm, bool first) {
-    if (strm.buffered()) return true;
+  /// connection's first request, a connection waiting for a thread (claim_room): this one closes to make room, or,
+  /// when its next request has already arrived, answers it as its last (`last` set).
+  bool next_request(Connection& c, const ConnectionStream& strm, bool first, bool& last) {
+    last = false;
+    if (strm.buffered()) {
+      last = !first && claim_room();
+      return true;
+    }
     {
       std::lock_guard lk(conns_mu_);
       c.idle = true;
@@ -393,9 +398,13 @@ class HttpServer : public httplib::Server {
       }
       if (rc < 0 && errno != EINTR) break;
       if (stopping ? !first || read_wait_ms(std::chrono::steady_clock::now()) == 0 : make_room || left <= 0) break;
+      // A new connection silent for kSilentFirstMs gives its thread to one waiting for it (claim_room); sooner, its
+      // first request may be on the way (closing such connections lost requests).
+      if (first && !stopping && keep_alive_ms_ - left >= kSilentFirstMs && claim_room()) break;
     }
     std::lock_guard lk(conns_mu_);
     c.idle = false;
+    last = make_room;
     return ready && !c.closing;
   }
 
@@ -416,13 +425,15 @@ class HttpServer : public httplib::Server {
     // On the accepting thread (no connection thread could be had: ConnectionThreads), one request, then close, so
     // that the next connection is accepted.
     const std::size_t max_requests = posenc::detail::ConnectionThreads::serving_inline() ? 1 : keep_alive_max_count_;
-    for (std::size_t left = max_requests; left > 0 && next_request(c, strm, left == max_requests); --left) {
+    bool last = false;  // next_request: this connection makes room for a waiting one after this request
+    for (std::size_t left = max_requests; left > 0 && next_request(c, strm, left == max_requests, last); --left) {
       state = ConnectionState{};
       state.bytes_in = strm.buffered() ? 1 : 0;  // (a pipelined request's first bytes were read with the last)
       bool closed = false;
       // The last request, the server stopping or a connection waiting for a thread (which this one then makes
-      // room for): answered with Connection: close, and no further request is read.
-      const bool close_after = left == 1 || svr_sock_ == INVALID_SOCKET || claim_room();
+      // room for; or claimed as the answer is written, the post-routing handler): answered with Connection: close,
+      // and no further request is read.
+      const bool close_after = left == 1 || svr_sock_ == INVALID_SOCKET || last;
       ok = process_request(strm, close_after, closed, nullptr);
       {
         std::lock_guard lk(conns_mu_);
@@ -460,6 +471,7 @@ class HttpServer : public httplib::Server {
     return ok;
   }
 
+  static constexpr int64_t kSilentFirstMs = 1000;
   int read_ms_ = 5000;
   std::atomic<int64_t> stop_deadline_ms_{0};  // read_wait_ms: steady_clock ms, 0 until the server is seen stopping
   int keep_alive_ms_ = 5000;
@@ -944,6 +956,18 @@ void Server::Impl::setup_routes() {
   // instead of waiting for a body that will not come.
   // A request whose body framing is refused (framing_error) is answered at once, without reading its body, and
   // its connection closed.
+  // An answer about to be written while a connection waits for a thread that no idle connection was closed for:
+  // this connection closes after it (close_after), and says so (httplib has chosen its Keep-Alive header by now,
+  // and leaves the connection to process_and_close_socket's loop).
+  http.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
+    // (not once a chunked answer's head is out: httplib runs this handler after its content provider)
+    if (current_connection == nullptr || current_connection->close_after || current_connection->answered ||
+        !http.claim_room())
+      return;
+    current_connection->close_after = true;
+    res.set_header("Connection", "close");
+    res.headers.erase("Keep-Alive");
+  });
   http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (current_connection != nullptr) current_connection->head_read = true;
     if (const auto e = framing_error(req)) {

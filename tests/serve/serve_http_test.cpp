@@ -636,4 +636,52 @@ TEST(ServeHttp, AFreshConnectionIsNotClosedToMakeRoom) {
   EXPECT_EQ(status_of(next.answer(5)), 200);
 }
 
+// A new connection that stays silent gives its thread, after a second, to a connection waiting for one (rather
+// than hold it for the keep-alive timeout, 30 s here).
+TEST(ServeHttp, ASilentNewConnectionGivesItsThreadToAWaitingOne) {
+  ServeConfig cfg;
+  cfg.http_threads = 1;
+  cfg.keep_alive_timeout = std::chrono::milliseconds(30000);
+  Running s(cfg);
+  RawConnection silent(s.port);
+  ASSERT_TRUE(eventually([&] { return s.server->stats().http_connections == 1; }));  // it holds the thread
+  const auto t0 = std::chrono::steady_clock::now();
+  RawConnection waiting(s.port);
+  waiting.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(status_of(waiting.answer(10)), 200);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
+  EXPECT_TRUE(silent.closed_by_server(2));
+}
+
+}  // namespace
+
+namespace {
+
+// A connection whose next request has already arrived when it finds a connection waiting for a thread answers
+// that request as its last (Connection: close) and then makes room: the wait is not lost to that request (it was,
+// and the waiting connection waited out the keep-alive timeout).
+TEST(ServeHttp, AConnectionWithItsNextRequestWaitingMakesRoomAfterAnsweringIt) {
+  ServeConfig cfg;
+  cfg.http_threads = 1;
+  cfg.keep_alive_timeout = std::chrono::milliseconds(30000);
+  cfg.step_delay = std::chrono::milliseconds(20);
+  Running s(cfg);
+  RawConnection a(s.port);
+  a.send(completion_request(20));
+  ASSERT_TRUE(eventually([&] { return s.server->stats().running_sequences == 1; }));
+  // Past 50 ms the first answer's head (a chunked body) is out, saying keep-alive: b's wait is met after it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  RawConnection b(s.port);
+  b.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  a.send(completion_request(20));  // in the socket, not yet read, when the first answer ends
+  const std::string first = a.answer(10);
+  EXPECT_EQ(status_of(first), 200) << first;
+  EXPECT_EQ(header_of(first, "Connection"), "(none)") << first;
+  const std::string second = a.answer(10);
+  EXPECT_EQ(status_of(second), 200) << second;
+  EXPECT_EQ(header_of(second, "Connection"), "close") << second;
+  EXPECT_TRUE(a.closed_by_server(2));
+  EXPECT_EQ(status_of(b.answer(5)), 200);
+}
+
 }  // namespace
