@@ -523,10 +523,6 @@ TEST(ServeHttp, IdleKeepAliveConnectionsMakeRoomAndTimeOut) {
   EXPECT_EQ(get(c, "/health").status, 200);
 }
 
-}  // namespace
-
-namespace {
-
 /// A completion of `max_tokens` greedy tokens as raw HTTP/1.1 (keep-alive).
 std::string completion_request(int max_tokens) {
   const std::string body = fmt::format(R"({{"prompt": "Once upon a time", "max_tokens": {}, "temperature": 0}})",
@@ -536,15 +532,21 @@ std::string completion_request(int max_tokens) {
                      body.size(), body);
 }
 
+/// One connection thread and connections kept alive 30 s (longer than any wait these tests allow), each decode step
+/// `step_delay` long (a completion of n tokens takes about n steps).
+ServeConfig one_thread(std::chrono::milliseconds step_delay = std::chrono::milliseconds(0)) {
+  ServeConfig cfg;
+  cfg.http_threads = 1;
+  cfg.keep_alive_timeout = std::chrono::milliseconds(30000);
+  cfg.step_delay = step_delay;
+  return cfg;
+}
+
 // With the only connection thread busy answering a slow request, a new connection waits for it; once the answer
 // is written, the keep-alive connection closes rather than hold the thread for its keep-alive timeout (30 s here),
 // and the waiting connection is served.
 TEST(ServeHttp, AKeepAliveConnectionMakesRoomForAConnectionWaitingForAThread) {
-  ServeConfig cfg;
-  cfg.http_threads = 1;
-  cfg.keep_alive_timeout = std::chrono::milliseconds(30000);
-  cfg.step_delay = std::chrono::milliseconds(20);
-  Running s(cfg);
+  Running s(one_thread(std::chrono::milliseconds(20)));
   RawConnection busy(s.port);
   busy.send(completion_request(40));  // ~0.8 s of steps
   ASSERT_TRUE(eventually([&] { return s.server->stats().running_sequences == 1; }));
@@ -566,11 +568,7 @@ TEST(ServeHttp, AKeepAliveConnectionMakesRoomForAConnectionWaitingForAThread) {
 // Requests sent in full to connections that wait for a thread when the server stops are answered (503, the server
 // draining: the client knows what happened), not closed unanswered.
 TEST(ServeHttp, RequestsQueuedWhenTheServerStopsAreAnswered) {
-  ServeConfig cfg;
-  cfg.http_threads = 1;
-  cfg.keep_alive_timeout = std::chrono::milliseconds(30000);
-  cfg.step_delay = std::chrono::milliseconds(20);
-  Running s(cfg);
+  Running s(one_thread(std::chrono::milliseconds(20)));
   RawConnection busy(s.port);
   busy.send(completion_request(30));
   ASSERT_TRUE(eventually([&] { return s.server->stats().running_sequences == 1; }));
@@ -619,10 +617,7 @@ TEST(ServeHttp, RequestsQueuedWhenTheServerStopsAreAnswered) {
 // A connection that has not sent its first request yet is not closed to make room for another (its request may be
 // on the way: closing it lost requests sent on fresh connections); a keep-alive connection between requests is.
 TEST(ServeHttp, AFreshConnectionIsNotClosedToMakeRoom) {
-  ServeConfig cfg;
-  cfg.http_threads = 1;
-  cfg.keep_alive_timeout = std::chrono::milliseconds(30000);
-  Running s(cfg);
+  Running s(one_thread());
   RawConnection fresh(s.port);
   ASSERT_TRUE(eventually([&] { return s.server->stats().http_connections == 1; }));  // it holds the thread
   RawConnection next(s.port);
@@ -639,10 +634,7 @@ TEST(ServeHttp, AFreshConnectionIsNotClosedToMakeRoom) {
 // A new connection that stays silent gives its thread, after a second, to a connection waiting for one (rather
 // than hold it for the keep-alive timeout, 30 s here).
 TEST(ServeHttp, ASilentNewConnectionGivesItsThreadToAWaitingOne) {
-  ServeConfig cfg;
-  cfg.http_threads = 1;
-  cfg.keep_alive_timeout = std::chrono::milliseconds(30000);
-  Running s(cfg);
+  Running s(one_thread());
   RawConnection silent(s.port);
   ASSERT_TRUE(eventually([&] { return s.server->stats().http_connections == 1; }));  // it holds the thread
   const auto t0 = std::chrono::steady_clock::now();
@@ -653,19 +645,11 @@ TEST(ServeHttp, ASilentNewConnectionGivesItsThreadToAWaitingOne) {
   EXPECT_TRUE(silent.closed_by_server(2));
 }
 
-}  // namespace
-
-namespace {
-
 // A connection whose next request has already arrived when it finds a connection waiting for a thread answers
 // that request as its last (Connection: close) and then makes room: the wait is not lost to that request (it was,
 // and the waiting connection waited out the keep-alive timeout).
 TEST(ServeHttp, AConnectionWithItsNextRequestWaitingMakesRoomAfterAnsweringIt) {
-  ServeConfig cfg;
-  cfg.http_threads = 1;
-  cfg.keep_alive_timeout = std::chrono::milliseconds(30000);
-  cfg.step_delay = std::chrono::milliseconds(20);
-  Running s(cfg);
+  Running s(one_thread(std::chrono::milliseconds(20)));
   RawConnection a(s.port);
   a.send(completion_request(20));
   ASSERT_TRUE(eventually([&] { return s.server->stats().running_sequences == 1; }));
