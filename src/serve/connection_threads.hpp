@@ -39,7 +39,7 @@ class ConnectionThreads : public httplib::TaskQueue {
   /// Whether the calling thread is running a job inside enqueue (so that no connection is accepted until it ends).
   static bool serving_inline();
   /// Whether a job waits in the queue with no thread to take it, idle or starting (a connection waits for a
-  /// thread): a keep-alive connection about to wait for its next request closes instead (HttpServer).
+  /// thread; HttpServer's claim_room).
   bool jobs_waiting() const;
 
  private:

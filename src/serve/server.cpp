@@ -271,11 +271,11 @@ class ConnectionStream : public httplib::Stream {
 /// connection thread held by idle connections a new client waited seconds for one. Here a connection with no
 /// request in progress (before its first request, between keep-alive requests) waits in poll() for at most
 /// keep_alive_timeout, and while it waits it may be closed at once to make room for a new connection
-/// (close_idle_connection, called by ConnectionThreads when every thread is taken); a keep-alive connection about
-/// to wait while a connection waits for a thread closes instead (connections_waiting). A request that has arrived
-/// is answered even when the server is stopping (503 while draining: the client is told, not cut off). A request
-/// that stalls (head or body) is answered 408 by the error handler; one whose framing was refused closes the
-/// connection.
+/// (close_idle_connection, called by ConnectionThreads when every thread is taken); when none waits so, the next
+/// connection to answer a request, or one silent for a second since it opened, closes instead (claim_room). A
+/// request that has arrived is answered even when the server is stopping (503 while draining: the client is told,
+/// not cut off). A request that stalls (head or body) is answered 408 by the error handler; one whose framing was
+/// refused closes the connection.
 class HttpServer : public httplib::Server {
  public:
   /// cpp-httplib 0.11.4 listens with a backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, compiled into Debian's shared
@@ -956,14 +956,12 @@ void Server::Impl::setup_routes() {
   // instead of waiting for a body that will not come.
   // A request whose body framing is refused (framing_error) is answered at once, without reading its body, and
   // its connection closed.
-  // An answer about to be written while a connection waits for a thread that no idle connection was closed for:
-  // this connection closes after it (close_after), and says so (httplib has chosen its Keep-Alive header by now,
-  // and leaves the connection to process_and_close_socket's loop).
+  // An answer about to be written (httplib calls this handler after choosing the Connection / Keep-Alive headers
+  // and before writing the head, a chunked answer's too) while a connection waits for a thread that no idle
+  // connection was closed for: this connection closes after it (close_after: process_and_close_socket's loop), and
+  // says so.
   http.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
-    // (not once a chunked answer's head is out: httplib runs this handler after its content provider)
-    if (current_connection == nullptr || current_connection->close_after || current_connection->answered ||
-        !http.claim_room())
-      return;
+    if (current_connection == nullptr || current_connection->close_after || !http.claim_room()) return;
     current_connection->close_after = true;
     res.set_header("Connection", "close");
     res.headers.erase("Keep-Alive");
