@@ -960,8 +960,11 @@ void Server::Impl::setup_routes() {
   // and before writing the head, a chunked answer's too) while a connection waits for a thread that no idle
   // connection was closed for: this connection closes after it (close_after: process_and_close_socket's loop), and
   // says so.
+  // (Not for an answer already saying close, its last request's: that claimed no room or claimed it already.)
   http.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
-    if (current_connection == nullptr || current_connection->close_after || !http.claim_room()) return;
+    if (current_connection == nullptr || current_connection->close_after ||
+        res.get_header_value("Connection") == "close" || !http.claim_room())
+      return;
     current_connection->close_after = true;
     res.set_header("Connection", "close");
     res.headers.erase("Keep-Alive");

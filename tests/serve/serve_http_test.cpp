@@ -631,6 +631,26 @@ TEST(ServeHttp, AFreshConnectionIsNotClosedToMakeRoom) {
   EXPECT_EQ(status_of(next.answer(5)), 200);
 }
 
+// A request that says Connection: close while a connection waits for a thread: its answer says close once (the
+// room it makes is its close, not a claim on top of it), and the waiting connection is served.
+TEST(ServeHttp, AClosingRequestIsAnsweredWithOneConnectionHeaderWhileAnotherWaits) {
+  Running s(one_thread());
+  RawConnection fresh(s.port);
+  ASSERT_TRUE(eventually([&] { return s.server->stats().http_connections == 1; }));
+  RawConnection next(s.port);
+  next.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  fresh.send("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  const std::string a = fresh.answer(5);
+  EXPECT_EQ(status_of(a), 200) << a;
+  std::size_t headers = 0;
+  for (std::size_t at = a.find("\r\nConnection:"); at != std::string::npos; at = a.find("\r\nConnection:", at + 1))
+    ++headers;
+  EXPECT_EQ(headers, 1u) << a;
+  EXPECT_EQ(a.find("Keep-Alive"), std::string::npos) << a;
+  EXPECT_EQ(status_of(next.answer(5)), 200);
+}
+
 // A new connection that stays silent gives its thread, after a second, to a connection waiting for one (rather
 // than hold it for the keep-alive timeout, 30 s here).
 TEST(ServeHttp, ASilentNewConnectionGivesItsThreadToAWaitingOne) {
