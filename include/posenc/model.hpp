@@ -101,7 +101,9 @@ struct KernelInfo {
   std::string dense_kernel;        ///< float32 products: "reference", "avx2" or "avx512"
   std::string q8_kernel;           ///< q8_activations products: "reference", "avx2", "avx512_vnni" or "amx"
   std::string decode_plan_dense;   ///< F32/F16/BF16 decode plan ("2:prefetch=4096"); "" on the reference path
-  std::string decode_plan_blocks;  ///< Q8_0/Q4_0 decode plan (float32 avx512/avx2 and the VNNI/AMX decode); ""
+  std::string decode_plan_blocks;  ///< Q8_0/Q4_0 decode plan of the float32 products' path (the VNNI/AMX decode of
+                                   ///< q8_activations takes the avx512 one: the same, but where POSENC_DENSE_KERNEL=avx2
+                                   ///< is asked on an Intel CPU with AVX-512, 8 runs here and 16 there); ""
                                    ///< when none of them runs
   int threads = 1;                 ///< omp_get_max_threads()
 };
