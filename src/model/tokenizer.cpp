@@ -561,10 +561,11 @@ Tokenizer Tokenizer::from_sentencepiece_vocab(SentencePieceVocab vocab) {
   }
   if (normal >= 2 && equal)
     t.unusable_ = fmt::format(
-        "{}: tokenizer.ggml.scores: all {} scores of the SentencePiece vocabulary are equal ({}), so the merge "
-        "order of its tokenizer cannot be reproduced (llama.cpp tokenizes such a file wrongly); pass --tokenizer "
-        "<model dir>/tokenizer.json (the model's Hugging Face tokenizer)",
-        src, normal, first);
+        "{}: tokenizer.ggml.scores: the scores of the SentencePiece vocabulary are equal ({}) for all {} of its "
+        "{} tokens of normal type (token_type 1), so the merge order of its tokenizer cannot be reproduced "
+        "(llama.cpp tokenizes such a file wrongly); pass --tokenizer <model dir>/tokenizer.json (the model's "
+        "Hugging Face tokenizer)",
+        src, first, normal, n);
   return t;
 }
 

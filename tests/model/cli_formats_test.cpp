@@ -116,11 +116,14 @@ TEST(CliFormats, TokenizeGivesTheHuggingFaceIds) {
   // --tokenizer overrides the one a model brings: the Q8_0 GGUF with tokenizer.json.
   const auto o = run_cli("tokenize --model " + q(q8()) + " --tokenizer " + q(hf()) + " --prompt 'Once upon a time'");
   EXPECT_EQ(o.out, "1 80 147 201 282 57\n") << o.err;
+  expect_failure(run_cli("tokenize --model " + q(q8()) + " --prompt x"), 1,
+                 "posenc: error: the tokenizer this model brings cannot be used: ");  // the reason first
   expect_failure(run_cli("tokenize --model " + q(q8()) + " --prompt x"), 1, "--tokenizer");
   // Its equal-score vocabulary given as --tokenizer: refused, the file named once.
   const auto eq = run_cli("tokenize --tokenizer " + q(q8()) + " --prompt x");
   EXPECT_EQ(eq.exit_code, 1);
   EXPECT_NE(eq.err.find("scores of the SentencePiece vocabulary are equal"), std::string::npos) << eq.err;
+  EXPECT_NE(eq.err.find("for all 2045 of its 2048 tokens of normal type"), std::string::npos) << eq.err;
   const std::string name = q8().filename().string();
   EXPECT_EQ(eq.err.find(name), eq.err.rfind(name)) << eq.err;
   expect_failure(run_cli("tokenize --tokenizer " + q(posenc::test::shared_dir() / "tokenizers/bert-base-uncased") +

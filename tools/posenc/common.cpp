@@ -319,6 +319,12 @@ std::vector<std::string> apply_model_overrides(Model& model, const ModelArgs& ar
 }
 }  // namespace
 
+void require_usable_tokenizer(const Tokenizer& tok, bool bundled) {
+  if (tok.usable()) return;
+  throw TokenizerError(bundled ? fmt::format("the tokenizer this model brings cannot be used: {}", tok.unusable_reason())
+                               : tok.unusable_reason());
+}
+
 LoadedModel load_model(const ModelArgs& args) {
   LoadOptions lo;
   lo.quantized_matmul = parse_quantized_matmul(args.quantized_matmul, "--quantized-matmul");
@@ -351,10 +357,7 @@ LoadedModel load_model(const ModelArgs& args) {
     // A flag this model needs is missing: the command line's fault (exit 2), as for --endpoint without --tokenizer.
     throw UsageError(fmt::format("--tokenizer: required, {} brings no tokenizer", args.model_path));
   }();
-  // The reason names the tokenizer's file; a bundled one is also said to be the model's.
-  if (!tok.usable())
-    throw TokenizerError(args.tokenizer_path.empty() ? fmt::format("{}: {}", tok_source, tok.unusable_reason())
-                                                     : tok.unusable_reason());
+  require_usable_tokenizer(tok, args.tokenizer_path.empty());
   require_tokenizer_fits(tok, c.vocab_size, tok_source, args.model_path);
   auto notes = apply_model_overrides(model, args);
   install_position_bounds(model, args);

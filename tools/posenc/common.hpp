@@ -298,4 +298,9 @@ void check_rope_factor_applies(const Model& model, const std::optional<double>& 
 /// One-line description of the model and its positional setup.
 std::string describe(const Model& model);
 
+/// A tokenizer that cannot be used (Tokenizer::usable): TokenizerError with its reason, which names its file and
+/// says what to pass instead; `bundled` (the model's own) leads it with "the tokenizer this model brings cannot be
+/// used: ".
+void require_usable_tokenizer(const Tokenizer& tok, bool bundled);
+
 }  // namespace posenc::cli

@@ -51,10 +51,7 @@ void run_tokenize(const TokenizeArgs& a) {
     source = a.model_path + " (bundled)";
     return std::move(*t);
   }();
-  // The reason names the tokenizer's file; a bundled one is also said to be the model's.
-  if (!tok.usable())
-    throw TokenizerError(a.tokenizer_path.empty() ? fmt::format("{}: {}", source, tok.unusable_reason())
-                                                  : tok.unusable_reason());
+  require_usable_tokenizer(tok, a.tokenizer_path.empty());
   // The option groups admit exactly one of --text and --prompt (CLI11 leaves --prompt '' unset: the empty text).
   const std::string text = a.text_path.empty() ? a.prompt.value_or("") : read_text_input(a.text_path, a.text_flag);
   if (a.text_path.empty()) require_utf8_flag(text, "--prompt");
