@@ -364,12 +364,13 @@ class HttpServer : public httplib::Server {
 
   /// Waits (idle) for the next request's first bytes, at most keep_alive_ms_; false when the connection is to be
   /// closed (timed out, closed by the peer or by close_idle_connection). Bytes that have already arrived are a
-  /// request to answer even when the server is stopping, and a new connection's first request (`first`) is waited
-  /// for then as long as read_wait_ms allows; otherwise stopping ends the wait, and so does, after the
+  /// request to answer even when the server is stopping, and a new connection's first request (none served yet) is
+  /// waited for then as long as read_wait_ms allows; otherwise stopping ends the wait, and so does, after the
   /// connection's first request, a connection waiting for a thread (claim_room): this one closes to make room, or,
   /// when its next request has already arrived, answers it as its last (`last` set).
-  bool next_request(Connection& c, const ConnectionStream& strm, bool first, bool& last) {
+  bool next_request(Connection& c, const ConnectionStream& strm, bool& last) {
     last = false;
+    const bool first = !c.served;  // (written by this thread only)
     if (strm.buffered()) {
       last = !first && claim_room();
       return true;
@@ -426,7 +427,7 @@ class HttpServer : public httplib::Server {
     // that the next connection is accepted.
     const std::size_t max_requests = posenc::detail::ConnectionThreads::serving_inline() ? 1 : keep_alive_max_count_;
     bool last = false;  // next_request: this connection makes room for a waiting one after this request
-    for (std::size_t left = max_requests; left > 0 && next_request(c, strm, left == max_requests, last); --left) {
+    for (std::size_t left = max_requests; left > 0 && next_request(c, strm, last); --left) {
       state = ConnectionState{};
       state.bytes_in = strm.buffered() ? 1 : 0;  // (a pipelined request's first bytes were read with the last)
       bool closed = false;

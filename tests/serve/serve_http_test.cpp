@@ -542,6 +542,16 @@ ServeConfig one_thread(std::chrono::milliseconds step_delay = std::chrono::milli
   return cfg;
 }
 
+/// On a one_thread() server whose thread a new connection holds (connected, no request sent yet): a second
+/// connection that sends /health and is left waiting for the thread.
+std::unique_ptr<RawConnection> waiting_behind_a_fresh_connection(const Running& s) {
+  EXPECT_TRUE(eventually([&] { return s.server->stats().http_connections == 1; }));  // it holds the thread
+  auto waiting = std::make_unique<RawConnection>(s.port);
+  waiting->send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  return waiting;
+}
+
 // With the only connection thread busy answering a slow request, a new connection waits for it; once the answer
 // is written, the keep-alive connection closes rather than hold the thread for its keep-alive timeout (30 s here),
 // and the waiting connection is served.
@@ -619,16 +629,13 @@ TEST(ServeHttp, RequestsQueuedWhenTheServerStopsAreAnswered) {
 TEST(ServeHttp, AFreshConnectionIsNotClosedToMakeRoom) {
   Running s(one_thread());
   RawConnection fresh(s.port);
-  ASSERT_TRUE(eventually([&] { return s.server->stats().http_connections == 1; }));  // it holds the thread
-  RawConnection next(s.port);
-  next.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto next = waiting_behind_a_fresh_connection(s);
   fresh.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
   const std::string a = fresh.answer(5);
   EXPECT_EQ(status_of(a), 200) << a;
   EXPECT_EQ(header_of(a, "Connection"), "close") << a;  // the other connection waits: this one makes room
   EXPECT_TRUE(fresh.closed_by_server(2));
-  EXPECT_EQ(status_of(next.answer(5)), 200);
+  EXPECT_EQ(status_of(next->answer(5)), 200);
 }
 
 // A request that says Connection: close while a connection waits for a thread: its answer says close once (the
@@ -636,10 +643,7 @@ TEST(ServeHttp, AFreshConnectionIsNotClosedToMakeRoom) {
 TEST(ServeHttp, AClosingRequestIsAnsweredWithOneConnectionHeaderWhileAnotherWaits) {
   Running s(one_thread());
   RawConnection fresh(s.port);
-  ASSERT_TRUE(eventually([&] { return s.server->stats().http_connections == 1; }));
-  RawConnection next(s.port);
-  next.send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const auto next = waiting_behind_a_fresh_connection(s);
   fresh.send("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   const std::string a = fresh.answer(5);
   EXPECT_EQ(status_of(a), 200) << a;
@@ -648,7 +652,7 @@ TEST(ServeHttp, AClosingRequestIsAnsweredWithOneConnectionHeaderWhileAnotherWait
     ++headers;
   EXPECT_EQ(headers, 1u) << a;
   EXPECT_EQ(a.find("Keep-Alive"), std::string::npos) << a;
-  EXPECT_EQ(status_of(next.answer(5)), 200);
+  EXPECT_EQ(status_of(next->answer(5)), 200);
 }
 
 // A new connection that stays silent gives its thread, after a second, to a connection waiting for one (rather
