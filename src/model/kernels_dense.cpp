@@ -12,6 +12,7 @@
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
@@ -286,6 +287,36 @@ struct Avx2 {
 POSENC_DENSE_TILES(Avx512, POSENC_TARGET_AVX512)
 POSENC_DENSE_TILES(Avx2, POSENC_TARGET_AVX2)
 
+/// A product's work as items, each a block of x rows by a run of `per_item` consecutive panels, handed out in
+/// order (block by block) to whichever thread asks next. A static share of the panels per thread left the threads
+/// waiting for each other at the region's end whenever one core ran slower than the other (a virtual machine's
+/// core sharing its host with others): on an Ice Lake Xeon under KVM, 5% of a two-thread F16 prefill's samples
+/// were the two threads waiting in libgomp at the end of the products. Which thread computes an output does not
+/// change its bits.
+struct PanelItems {
+  int64_t panels, per_item, per_block, count;
+  std::atomic<int64_t> next{0};
+  PanelItems(int64_t panels_, int64_t per_item_, int64_t blocks)
+      : panels(panels_), per_item(per_item_), per_block((panels_ + per_item_ - 1) / per_item_),
+        count(blocks * per_block) {}
+  /// The next item not yet taken, or -1 when all are.
+  int64_t claim() {
+    const int64_t i = next.fetch_add(1, std::memory_order_relaxed);
+    return i < count ? i : -1;
+  }
+  int64_t block(int64_t i) const { return i / per_block; }
+  int64_t first_panel(int64_t i) const { return i % per_block * per_item; }
+  int64_t end_panel(int64_t i) const { return std::min(panels, first_panel(i) + per_item); }
+};
+
+/// How many consecutive panels an item holds: about an eighth of a thread's share (a run long enough that the next
+/// panel's prefetch goes on as in a static share; short enough that a slower thread leaves little for the others
+/// to wait on), at most `cap`.
+int64_t panels_per_item(int64_t panels, int64_t cap, bool parallel) {
+  const int64_t nt = parallel ? omp_get_max_threads() : 1;
+  return std::clamp<int64_t>(panels / (nt * 8), 1, std::max<int64_t>(cap, 1));
+}
+
 // ---- AVX2 prefill: weight panels widened once ------------------------------------------------------------
 // On AVX2 the tiles above widen each weight once per 2 rows of x, and the widening (vcvtph2ps; the integer
 // unpacking of Q8_0/Q4_0) takes the ports the FMAs need; they also stream x whole for each tile of weight
@@ -380,31 +411,31 @@ void matmul_panels_avx2(const float* x, int64_t n, const RawMatrix& w, float* y,
   // No slack: the cap was measured as the best block (384 and 448 KiB of rows: slower at two threads on Zen 3).
   const BalancedBlocks blocks(n, panel_block_rows(in), kPanelTileRows, 0);
   const int64_t segments = (chunks + kPanelSegment - 1) / kPanelSegment;
+  const bool parallel = parallel_pays(n, w);
+  PanelItems items(panels, panels_per_item(panels, panels, parallel), blocks.count);
   detail::FirstException error;  // std::bad_alloc of a thread's buffers, rethrown after the region
-#pragma omp parallel if (parallel_pays(n, w))
+#pragma omp parallel if (parallel)
   {
     error.run([&] {
-      // This thread's panels (the same ones for every block of rows: it widens only its own weight rows).
-      const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-      const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
       std::vector<float> panel(static_cast<std::size_t>(std::min(chunks, kPanelSegment) * kPanelRows * kLanes));
-      // Each tile's lanes between blocks of chunks: per tile of a block, and per panel when the rows span
-      // several segments (the segment loop is outside the panel loop).
+      // Each tile's lanes between blocks of chunks: per tile of a block, and per panel of the item when the rows
+      // span several segments (the segment loop is outside the panel loop).
       const int64_t tiles_max = std::min(blocks.max_size(), n) / kPanelTileRows;  // in any block of this call
       const std::size_t acc_count =
-          static_cast<std::size_t>(std::max<int64_t>(tiles_max, 1) * (segments > 1 ? std::max<int64_t>(p1 - p0, 1) : 1));
+          static_cast<std::size_t>(std::max<int64_t>(tiles_max, 1) * (segments > 1 ? items.per_item : 1));
       const std::unique_ptr<TileAcc[]> acc(new TileAcc[acc_count]);
-      for (int64_t bi = 0; bi < blocks.count; ++bi) {
+      for (int64_t item = items.claim(); item >= 0; item = items.claim()) {
+        const int64_t bi = items.block(item), q0 = items.first_panel(item), q1 = items.end_panel(item);
         const int64_t b0 = blocks.begin(bi), b1 = blocks.begin(bi + 1), tiles = (b1 - b0) / kPanelTileRows;
         for (int64_t s0 = 0; s0 < chunks; s0 += kPanelSegment) {
           const int64_t s1 = std::min(chunks, s0 + kPanelSegment);
-          for (int64_t pi = p0; pi < p1; ++pi) {
+          for (int64_t pi = q0; pi < q1; ++pi) {
             const int64_t o0 = pi * kPanelRows;
-            TileAcc* pacc = acc.get() + (segments > 1 ? (pi - p0) * tiles_max : 0);
+            TileAcc* pacc = acc.get() + (segments > 1 ? (pi - q0) * tiles_max : 0);
             pack_panel_avx2<T>(w.data + o0 * rb, rb, s0, s1 - s0, panel.data());
             // The next panel's weights of this segment towards L2 while this one's tiles run: widening from
             // DRAM stalls on its loads otherwise (measured: 12% of an F16 prefill in the widening's loads).
-            if (pi + 1 < p1) {
+            if (pi + 1 < q1) {
               const int64_t bytes_lo = s0 * rb / chunks, bytes_hi = s1 * rb / chunks;
               for (int64_t j = 0; j < kPanelRows; ++j)
                 for (int64_t b = bytes_lo; b < bytes_hi; b += 64)
@@ -819,17 +850,23 @@ struct PanelLines {
 };
 
 /// The panel matmul_panels_avx512 widens after panel pi's chunks [c0, c1) (its loop: the panels of group [g0, g1)
-/// a block of chunks at a time, the groups of the thread's panels [p0, p1), then the next block of x rows from p0).
+/// a block of chunks at a time, then the item's next group up to q1, then the first panel of the thread's next
+/// item, `after`, or none when it has none: -1).
 PanelLines next_panel_lines(const RawMatrix& w, int64_t pi, int64_t c0, int64_t c1, int64_t g0, int64_t g1,
-                            int64_t p0, int64_t p1, int64_t chunks) {
+                            int64_t q1, int64_t after, int64_t chunks) {
   int64_t np = pi + 1, nc0 = c0;
   if (np >= g1) {
     if (c1 < chunks) {
       np = g0;
       nc0 = c1;
-    } else {
-      np = g1 < p1 ? g1 : p0;
+    } else if (g1 < q1) {
+      np = g1;
       nc0 = 0;
+    } else if (after >= 0) {
+      np = after;
+      nc0 = 0;
+    } else {
+      return {};
     }
   }
   const int64_t rb = w.row_bytes(), nc1 = std::min(chunks, nc0 + kZChunks);
@@ -852,24 +889,32 @@ void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* 
   // blocks each widening every weight.
   const int64_t cap = zpanel_block_rows(in);
   const BalancedBlocks blocks(n, cap, kZRows, cap / 4);
+  // Rows of more than one block of chunks go a block of chunks at a time over a group of panels, each tile's
+  // lanes kept between blocks: the group's accumulators in a quarter of the L2 (x's block of chunks has another).
+  const int64_t tiles_max = (std::min(blocks.max_size(), n) + kZRows - 1) / kZRows;
+  const int64_t group =
+      cblocks == 1 ? 1
+                   : std::max<int64_t>(1, x_block_budget_bytes() / 2 / (tiles_max * static_cast<int64_t>(sizeof(ZTileAcc))));
+  const bool parallel = parallel_pays(n, w);
+  // An item of rows of more than one block of chunks is at most a group (the tiles' lanes kept between blocks).
+  PanelItems items(panels, panels_per_item(panels, cblocks > 1 ? group : panels, parallel), blocks.count);
   detail::FirstException error;  // std::bad_alloc of a thread's buffers, rethrown after the region
-#pragma omp parallel if (parallel_pays(n, w))
+#pragma omp parallel if (parallel)
   error.run([&] {
-    // This thread's panels (the same ones for every block of rows: it widens only its own weight rows).
-    const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    const int64_t p0 = panels * me / nt, p1 = panels * (me + 1) / nt;
     AlignedFloatVector panel(static_cast<std::size_t>(std::min(chunks, kZChunks) * kZCols * kLanes));
-    // Rows of more than one block of chunks go a block of chunks at a time over a group of panels, each tile's
-    // lanes kept between blocks: the group's accumulators in a quarter of the L2 (x's block of chunks has another).
-    const int64_t tiles_max = (std::min(blocks.max_size(), n) + kZRows - 1) / kZRows;
-    const int64_t group =
-        cblocks == 1 ? 1
-                     : std::max<int64_t>(1, x_block_budget_bytes() / 2 / (tiles_max * static_cast<int64_t>(sizeof(ZTileAcc))));
-    const std::unique_ptr<ZTileAcc[]> acc(new ZTileAcc[static_cast<std::size_t>(tiles_max * std::min(group, std::max<int64_t>(p1 - p0, 1)))]);
-    for (int64_t bi = 0; bi < blocks.count; ++bi) {
+    const std::unique_ptr<ZTileAcc[]> acc(new ZTileAcc[static_cast<std::size_t>(tiles_max * std::min(group, items.per_item))]);
+    constexpr int64_t kUnclaimed = -2;
+    for (int64_t item = items.claim(); item >= 0;) {
+      // The thread's next item, claimed when the prefetch of its first panel is due (the last panel of this one).
+      int64_t following = kUnclaimed;
+      const auto after = [&] {
+        if (following == kUnclaimed) following = items.claim();
+        return following < 0 ? int64_t{-1} : items.first_panel(following);
+      };
+      const int64_t bi = items.block(item), q0 = items.first_panel(item), q1 = items.end_panel(item);
       const int64_t b0 = blocks.begin(bi), b1 = blocks.begin(bi + 1), tiles = (b1 - b0 + kZRows - 1) / kZRows;
-      for (int64_t g0 = p0; g0 < p1; g0 += group) {
-        const int64_t g1 = std::min(p1, g0 + group);
+      for (int64_t g0 = q0; g0 < q1; g0 += group) {
+        const int64_t g1 = std::min(q1, g0 + group);
         for (int64_t c0 = 0; c0 < chunks; c0 += kZChunks) {
           const int64_t c1 = std::min(chunks, c0 + kZChunks);
           for (int64_t pi = g0; pi < g1; ++pi) {
@@ -880,7 +925,8 @@ void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* 
             // widening on Sapphire Rapids, 5.6% with the prefetches, these included; the 487M F16 model's 256-token
             // prefill +2-9% at one thread, +4-5% at two, Q8_0 +1-5%, alternated A/B runs). All at once after the
             // widening, or to L1, it did not pay (an earlier session's A/B).
-            PanelLines next = next_panel_lines(w, pi, c0, c1, g0, g1, p0, p1, chunks);
+            const bool last = pi + 1 == g1 && c1 == chunks && g1 == q1;
+            PanelLines next = next_panel_lines(w, pi, c0, c1, g0, g1, q1, last ? after() : -1, chunks);
             const int64_t per_tile = (next.rows * next.row_lines + tiles - 1) / tiles;
             for (int64_t t = 0; t < tiles; ++t) {
               next.take(per_tile);
@@ -898,6 +944,7 @@ void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* 
           }
         }
       }
+      item = following == kUnclaimed ? items.claim() : following;
     }
   });
   error.rethrow();

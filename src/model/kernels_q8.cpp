@@ -529,18 +529,23 @@ void matmul_q8_vnni_panels(const std::byte* x_q, int64_t n, int64_t in, const st
   const int64_t blocks = in / kQBlock, xrow = blocks * kQ8Bytes, wrow = blocks * (Q4 ? kQ4Bytes : kQ8Bytes);
   const std::vector<float> dxf = x_scales(x_q, n, blocks);
   const int64_t panels = (out + kPanel - 1) / kPanel;
+  const bool parallel = q8_parallel(n, in, out);
+  // Runs of about an eighth of a thread's share of the panels, to whichever thread asks next: a static share left
+  // the threads waiting for each other at the region's end whenever one core ran slower (a virtual machine's core
+  // sharing its host; see PanelItems in kernels_dense.cpp). Which thread computes an output does not change its bits.
+  const int64_t run = std::max<int64_t>(1, panels / (8 * static_cast<int64_t>(parallel ? omp_get_max_threads() : 1)));
   detail::FirstException error;  // std::bad_alloc of a thread's panel, rethrown after the region
-#pragma omp parallel if (q8_parallel(n, in, out))
+#pragma omp parallel if (parallel)
   {
     std::optional<PanelBuffer> panel;
     error.run([&] { panel.emplace(blocks); });
     // Every thread meets the loop; one whose panel failed takes none of its panels (its results are not used).
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, run)
     for (int64_t p = 0; p < panels; ++p) {
       if (!panel) continue;
       const int64_t o0 = p * kPanel, cols = std::min(kPanel, out - o0);
       pack_panel<Q4>(w, wrow, o0, cols, blocks, panel->data());
-      // The next panel's rows towards L2, a slice per group of rows (static schedule: usually this thread's next).
+      // The next panel's rows towards L2, a slice per group of rows (this thread's next, but at the end of a run).
       const int64_t next_bytes = p + 1 < panels ? std::min(kPanel, out - o0 - kPanel) * wrow : 0;
       const int64_t groups = (n + kR - 1) / kR;
       for (int64_t r0 = 0; r0 < n; r0 += kR) {

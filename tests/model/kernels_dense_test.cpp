@@ -76,13 +76,13 @@ TEST_P(KernelsDensePath, EqualsTheReferenceBitForBitAcrossPrefillBlocks) {
   // Prefill shapes for the panel paths. AVX2: x rows past one block (at most 64 rows for rows of 1024 weights or
   // more, balanced: 133 rows are blocks of 44, 44 and 45, 200 rows 48, 52, 48 and 52, 400 rows seven of 56-60), rows
   // of 66 and 304 chunks (segments of 64 chunks and blocks of 32, the last partial), weight rows not a multiple of the
-  // 3-row panel, x rows not a multiple of the tile, and products large enough for the parallel region (two threads,
-  // each its own panels across segments). AVX-512 (8-row panels, 3-row tiles, blocks of 64 chunks): rows of 66 and
+  // 3-row panel, x rows not a multiple of the tile, and products large enough for the parallel region (the threads
+  // taking runs of panels in turn, each run across segments). AVX-512 (8-row panels, 3-row tiles, blocks of 64 chunks): rows of 66 and
   // 304 chunks (2 and 5 blocks of chunks, the last partial), x rows past a block of rows on a 2 MiB L2 (a cap of 255
   // rows plus 63 for rows of up to 64 chunks: 400 rows are blocks of 201 and 199; 126 plus 31 for longer ones: 200
   // rows are blocks of 99 and 101, 133 rows one block), weight rows not a multiple of 8 (a last panel of 4, 5 or 7),
-  // x rows not a multiple of 3, and 200 x 300 x 1056 for two blocks of rows, each over two groups of panels per
-  // thread (10 panels a group at 34 tiles: 19 panels each). On AMD the budget is at least 2 MiB of rows
+  // x rows not a multiple of 3, and 200 x 300 x 1056 for two blocks of rows, each over runs of panels of at most a
+  // group (10 panels at 34 tiles) that the threads take in turn. On AMD the budget is at least 2 MiB of rows
   // (x_block_budget_bytes: caps of 510 + 127 and 255 + 63 rows): 700 rows of 1024 weights are blocks of 351 and
   // 349 there (three blocks on a 2 MiB L2), 400 rows of 1056 blocks of 201 and 199.
   const DenseKernel k = GetParam();
@@ -292,21 +292,28 @@ TEST(KernelsDense, DispatchTakesTheWidestPathThisCpuRuns) {
 }
 
 TEST(KernelsDense, ThreadsAndBatchingDoNotChangeABit) {
-  // A product big enough for the parallel region (1024 x 1024 weights), run with one and two threads, and each
-  // row of x alone: the same bits (decode == prefill, a batch == its rows).
+  // A product big enough for the parallel region (1024 x 1024 weights), run with one, two and three threads (the
+  // panels' runs go to whichever thread asks first: more threads than cores interleave them differently each
+  // time), and each row of x alone: the same bits (decode == prefill, a batch == its rows).
   for (WeightType t : {WeightType::f16, WeightType::q4_0}) {
     const int64_t out = 1024 + 3, in = 1024, n = 6;
     const StoredMatrix w(t, out, in, 5);
     const auto x = randn(static_cast<std::size_t>(n * in), 6, 1.0f);
-    std::vector<float> one(static_cast<std::size_t>(n * out)), two(one.size()), rows(one.size());
+    std::vector<float> one(static_cast<std::size_t>(n * out)), more(one.size()), rows(one.size());
     const int before = omp_get_max_threads();
     omp_set_num_threads(1);
     matmul_w(x.data(), n, w.m, one.data(), false);
-    omp_set_num_threads(2);
-    matmul_w(x.data(), n, w.m, two.data(), false);
+    for (DenseKernel k : {DenseKernel::avx2, DenseKernel::avx512})
+      for (int threads : {1, 2, 3}) {
+        if (!dense_kernel_supported(k)) continue;
+        omp_set_num_threads(threads);
+        std::fill(more.begin(), more.end(), std::nanf(""));
+        matmul_w_with(k, x.data(), n, w.m, more.data(), false);
+        EXPECT_EQ(std::memcmp(one.data(), more.data(), one.size() * sizeof(float)), 0)
+            << to_string(t) << " " << to_string(k) << " threads " << threads;
+      }
     for (int64_t r = 0; r < n; ++r) matmul_w(x.data() + r * in, 1, w.m, rows.data() + r * out, false);
     omp_set_num_threads(before);
-    EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0) << to_string(t);
     EXPECT_EQ(std::memcmp(one.data(), rows.data(), one.size() * sizeof(float)), 0) << to_string(t);
   }
 }
