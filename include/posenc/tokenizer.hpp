@@ -140,7 +140,9 @@ class Tokenizer {
   std::string describe() const;
   /// false when encode() would throw for any non-empty text (see
   /// from_sentencepiece_vocab); unusable_reason() says why, starting with the
-  /// file the vocabulary came from.
+  /// file the vocabulary came from, and which tokenizer to use instead (how
+  /// to pass it is the front end's: the CLI's --tokenizer, Python's
+  /// tokenizer=).
   bool usable() const;
   const std::string& unusable_reason() const;
 

@@ -36,7 +36,12 @@ struct PyModel {
 
   const Tokenizer& tok() const {
     if (!tokenizer) {
-      const std::string& e = tokenizer_unusable.empty() ? model.source().tokenizer_error : tokenizer_unusable;
+      // An unusable bundled tokenizer: its reason names the file and the tokenizer to use instead.
+      if (!tokenizer_unusable.empty())
+        throw TokenizerError(fmt::format("the tokenizer this model brings cannot be used: {} (tokenizer=<model "
+                                         "dir>/tokenizer.json in posenc.Model.load)",
+                                         tokenizer_unusable));
+      const std::string& e = model.source().tokenizer_error;
       throw TokenizerError(fmt::format("{}: no tokenizer{}; pass tokenizer=<tokenizer.json or llama2.c tokenizer .bin> "
                                        "to posenc.Model.load",
                                        model.source().path.string(), e.empty() ? "" : " (" + e + ")"));
@@ -171,8 +176,8 @@ Safe to call from several Python threads at once (the GIL is released around the
             if (tokenizer) {
               pm.tokenizer = load_tokenizer_from_path(*tokenizer, "tokenizer");
               pm.tokenizer_source = *tokenizer;
-              if (!pm.tokenizer->usable())
-                throw TokenizerError(pm.tokenizer->unusable_reason());  // it names the file
+              if (!pm.tokenizer->usable())  // the reason names the file
+                throw TokenizerError(pm.tokenizer->unusable_reason() + " (tokenizer=<model dir>/tokenizer.json)");
               require_tokenizer_fits(*pm.tokenizer, pm.model.config().vocab_size, pm.tokenizer_source, path);
             } else if (pm.model.bundled_tokenizer()) {
               // A bundled tokenizer that cannot be used does not stop the model from loading (logits, forward and
@@ -182,7 +187,7 @@ Safe to call from several Python threads at once (the GIL is released around the
                 pm.tokenizer = bt;
                 pm.tokenizer_source = "bundled: " + pm.model.source().tokenizer;
               } else {
-                pm.tokenizer_unusable = fmt::format("bundled: {}: {}", pm.model.source().tokenizer, bt.unusable_reason());
+                pm.tokenizer_unusable = bt.unusable_reason();
               }
             }
             return pm;

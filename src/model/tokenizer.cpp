@@ -563,8 +563,7 @@ Tokenizer Tokenizer::from_sentencepiece_vocab(SentencePieceVocab vocab) {
     t.unusable_ = fmt::format(
         "{}: tokenizer.ggml.scores: the scores of the SentencePiece vocabulary are equal ({}) for all {} of its "
         "{} tokens of normal type (token_type 1), so the merge order of its tokenizer cannot be reproduced "
-        "(llama.cpp tokenizes such a file wrongly); pass --tokenizer <model dir>/tokenizer.json (the model's "
-        "Hugging Face tokenizer)",
+        "(llama.cpp tokenizes such a file wrongly); use the model's Hugging Face tokenizer.json instead",
         src, first, normal, n);
   return t;
 }

@@ -118,7 +118,8 @@ TEST(CliFormats, TokenizeGivesTheHuggingFaceIds) {
   EXPECT_EQ(o.out, "1 80 147 201 282 57\n") << o.err;
   expect_failure(run_cli("tokenize --model " + q(q8()) + " --prompt x"), 1,
                  "posenc: error: the tokenizer this model brings cannot be used: ");  // the reason first
-  expect_failure(run_cli("tokenize --model " + q(q8()) + " --prompt x"), 1, "--tokenizer");
+  expect_failure(run_cli("tokenize --model " + q(q8()) + " --prompt x"), 1,
+                 "use the model's Hugging Face tokenizer.json instead (--tokenizer <model dir>/tokenizer.json)");
   // Its equal-score vocabulary given as --tokenizer: refused, the file named once.
   const auto eq = run_cli("tokenize --tokenizer " + q(q8()) + " --prompt x");
   EXPECT_EQ(eq.exit_code, 1);

@@ -321,8 +321,10 @@ std::vector<std::string> apply_model_overrides(Model& model, const ModelArgs& ar
 
 void require_usable_tokenizer(const Tokenizer& tok, bool bundled) {
   if (tok.usable()) return;
-  throw TokenizerError(bundled ? fmt::format("the tokenizer this model brings cannot be used: {}", tok.unusable_reason())
-                               : tok.unusable_reason());
+  // The reason names the file and the tokenizer to use instead; how to pass it is the CLI's.
+  throw TokenizerError(fmt::format("{}{} (--tokenizer <model dir>/tokenizer.json)",
+                                   bundled ? "the tokenizer this model brings cannot be used: " : "",
+                                   tok.unusable_reason()));
 }
 
 LoadedModel load_model(const ModelArgs& args) {
