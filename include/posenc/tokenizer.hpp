@@ -130,7 +130,8 @@ class Tokenizer {
   /// TokenizerError naming `source` and the field. A SentencePiece vocabulary
   /// whose scores are all equal cannot reproduce any merge order (llama.cpp
   /// then tokenizes wrongly): it loads, but encode() throws TokenizerError
-  /// saying so and advising --tokenizer tokenizer.json; see usable().
+  /// saying so and naming the model's Hugging Face tokenizer.json to use
+  /// instead; see usable().
   static Tokenizer from_sentencepiece_vocab(SentencePieceVocab vocab);
   static Tokenizer from_bpe_vocab(BpeVocab vocab);
 

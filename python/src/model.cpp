@@ -38,8 +38,8 @@ struct PyModel {
     if (!tokenizer) {
       // An unusable bundled tokenizer: its reason names the file and the tokenizer to use instead.
       if (!tokenizer_unusable.empty())
-        throw TokenizerError(fmt::format("the tokenizer this model brings cannot be used: {} (tokenizer=<model "
-                                         "dir>/tokenizer.json in posenc.Model.load)",
+        throw TokenizerError(fmt::format("the tokenizer this model brings cannot be used: {} (tokenizer=<Hugging "
+                                         "Face model dir>/tokenizer.json in posenc.Model.load)",
                                          tokenizer_unusable));
       const std::string& e = model.source().tokenizer_error;
       throw TokenizerError(fmt::format("{}: no tokenizer{}; pass tokenizer=<tokenizer.json or llama2.c tokenizer .bin> "
@@ -177,7 +177,8 @@ Safe to call from several Python threads at once (the GIL is released around the
               pm.tokenizer = load_tokenizer_from_path(*tokenizer, "tokenizer");
               pm.tokenizer_source = *tokenizer;
               if (!pm.tokenizer->usable())  // the reason names the file
-                throw TokenizerError(pm.tokenizer->unusable_reason() + " (tokenizer=<model dir>/tokenizer.json)");
+                throw TokenizerError(pm.tokenizer->unusable_reason() +
+                                     " (tokenizer=<Hugging Face model dir>/tokenizer.json in posenc.Model.load)");
               require_tokenizer_fits(*pm.tokenizer, pm.model.config().vocab_size, pm.tokenizer_source, path);
             } else if (pm.model.bundled_tokenizer()) {
               // A bundled tokenizer that cannot be used does not stop the model from loading (logits, forward and

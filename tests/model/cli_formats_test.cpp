@@ -119,7 +119,7 @@ TEST(CliFormats, TokenizeGivesTheHuggingFaceIds) {
   expect_failure(run_cli("tokenize --model " + q(q8()) + " --prompt x"), 1,
                  "posenc: error: the tokenizer this model brings cannot be used: ");  // the reason first
   expect_failure(run_cli("tokenize --model " + q(q8()) + " --prompt x"), 1,
-                 "use the model's Hugging Face tokenizer.json instead (--tokenizer <model dir>/tokenizer.json)");
+                 "use the model's Hugging Face tokenizer.json instead (--tokenizer <Hugging Face model dir>/tokenizer.json)");
   // Its equal-score vocabulary given as --tokenizer: refused, the file named once.
   const auto eq = run_cli("tokenize --tokenizer " + q(q8()) + " --prompt x");
   EXPECT_EQ(eq.exit_code, 1);

@@ -91,8 +91,8 @@ def test_a_gguf_whose_bundled_tokenizer_is_unusable_still_loads_for_logits():
     assert msg.startswith("the tokenizer this model brings cannot be used: "), msg
     assert "scores of the SentencePiece vocabulary are equal" in msg, msg
     assert msg.count("TinyStories-656K-Q8_0.gguf") == 1, msg  # the file named once
-    assert msg.endswith("use the model's Hugging Face tokenizer.json instead (tokenizer=<model dir>/tokenizer.json in "
-                        "posenc.Model.load)"), msg
+    assert msg.endswith("use the model's Hugging Face tokenizer.json instead (tokenizer=<Hugging Face model "
+                        "dir>/tokenizer.json in posenc.Model.load)"), msg
     assert "--tokenizer" not in msg, msg  # the CLI's flag means nothing here
 
 

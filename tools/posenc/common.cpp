@@ -322,7 +322,7 @@ std::vector<std::string> apply_model_overrides(Model& model, const ModelArgs& ar
 void require_usable_tokenizer(const Tokenizer& tok, bool bundled) {
   if (tok.usable()) return;
   // The reason names the file and the tokenizer to use instead; how to pass it is the CLI's.
-  throw TokenizerError(fmt::format("{}{} (--tokenizer <model dir>/tokenizer.json)",
+  throw TokenizerError(fmt::format("{}{} (--tokenizer <Hugging Face model dir>/tokenizer.json)",
                                    bundled ? "the tokenizer this model brings cannot be used: " : "",
                                    tok.unusable_reason()));
 }
