@@ -12,6 +12,9 @@
 //   BM_RealDecode:  64 tokens decoded one forward at a time from an empty cache (llama-bench -n 64);
 //   BM_RealDecodeTeam (2 threads): the same tokens alternating, two at a time, between the decode team (one
 //                   team of threads through the layers, the default) and a region per projection: team_over_regions.
+//   BM_DecodePlans: decode plans (DecodeStreams: runs of rows read side by side, software prefetch distance)
+//                   against each other, tokens alternating between them two at a time (decode_plans_ab); not run
+//                   by scripts/bench-vs-llama-cpp. Choosing a CPU's plans: POSENC_BENCH_DECODE_PLANS lists others.
 // Counters: tokens_per_s; prefill also matmul_GFLOP_per_s (to set against BM_FmaPeak); decode also weight_GB_per_s
 // (the tensor bytes a decode step reads x tokens/s: every tensor of the file but token_embd, of which one row is
 // read, unless the classifier is tied to it; the whole file's bytes, counted until stop 37, overstated it by the
@@ -252,6 +255,76 @@ void decode_team_ab(benchmark::State& state, const Loaded* m, int threads) {
   state.counters["team_over_regions"] = rate(1) / rate(0);
 }
 
+/// The decode plans to compare (BM_DecodePlans): POSENC_BENCH_DECODE_PLANS, comma-separated in
+/// POSENC_DECODE_STREAMS's forms, or by default this CPU's plan for the model's projections (the first, which the
+/// others are set against) and the plans chosen on some CPU before or near them (kernels_dense.hpp). A form that is
+/// not a plan is an error naming it.
+std::vector<posenc::detail::DecodeStreams> decode_plans(const Loaded* m) {
+  using posenc::detail::DecodeStreams;
+  std::vector<DecodeStreams> plans;
+  if (const char* env = std::getenv("POSENC_BENCH_DECODE_PLANS"); env != nullptr && *env != '\0') {
+    std::stringstream ss(env);
+    for (std::string f; std::getline(ss, f, ',');) {
+      const auto plan = posenc::detail::parse_decode_streams(f);
+      if (!plan) throw std::runtime_error("POSENC_BENCH_DECODE_PLANS: '" + f + "' is not a decode plan");
+      plans.push_back(*plan);
+    }
+    return plans;
+  }
+  const GgufFile f = GgufFile::open(m->file);
+  const GgufTensorInfo* q = f.find_tensor("blk.0.attn_q.weight");
+  const bool blocks = q != nullptr && (q->type == GgmlType::q8_0 || q->type == GgmlType::q4_0);
+  plans.push_back(posenc::detail::decode_streams(blocks ? posenc::detail::WeightType::q8_0
+                                                        : posenc::detail::WeightType::f16,
+                                                 posenc::detail::dense_kernel()));
+  for (const char* form : {"2", "2:prefetch=512", "2:prefetch=4096", "4", "4:prefetch=256", "4:prefetch=512",
+                           "4:prefetch=1024", "4:prefetch=3072", "8", "8:prefetch=1024", "16:prefetch=1024"}) {
+    const DecodeStreams p = *posenc::detail::parse_decode_streams(form);
+    if (p.runs != plans[0].runs || p.prefetch_bytes != plans[0].prefetch_bytes) plans.push_back(p);
+  }
+  return plans;
+}
+
+/// Decode plans against each other in one process: tokens go to the plans in turn, two at a time, the order
+/// rotated every turn, so that every plan sees the same host (whose read rate moves within minutes: plans measured
+/// in separate runs could not be told apart on a noisy host) and the same cache lengths. Counters: each plan's
+/// tokens/s ("tokens_per_s[PLAN]") and its ratio to the first plan's ("over_first[PLAN]"). The plan changes no bit.
+void decode_plans_ab(benchmark::State& state, const Loaded* m, int threads) {
+  using posenc::detail::DecodeStreams;
+  posenc::bench::ThreadScope scope(threads);
+  const std::vector<DecodeStreams> plans = decode_plans(m);
+  const int64_t count = static_cast<int64_t>(plans.size());
+  const int64_t turns = std::max<int64_t>(1, 240 / (2 * count));  // the 256-token prompt's ids
+  std::vector<double> seconds(plans.size(), 0.0);
+  std::vector<int64_t> tokens(plans.size(), 0);
+  std::vector<float> logits;
+  for (auto _ : state) {
+    KvCache cache = m->model.make_cache(16);
+    const auto seq = cache.create();
+    int64_t pos = 0;
+    for (int64_t t = 0; t < turns; ++t)
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t p = (t + j) % count;
+        posenc::detail::set_decode_streams_for_benchmark(plans[p]);
+        for (int k = 0; k < 2; ++k, ++pos) {
+          Model::SequenceInput in{seq, std::span(m->prompt.data() + pos, 1), {}};
+          const auto t0 = std::chrono::steady_clock::now();
+          m->model.forward(cache, std::span(&in, 1), Model::LogitsMode::last, logits);
+          seconds[p] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          ++tokens[p];
+        }
+      }
+    benchmark::DoNotOptimize(logits.data());
+  }
+  posenc::detail::set_decode_streams_for_benchmark(std::nullopt);
+  const auto rate = [&](int64_t p) { return static_cast<double>(tokens[p]) / seconds[p]; };
+  for (int64_t p = 0; p < count; ++p) {
+    const std::string plan = posenc::detail::to_string(plans[p]);
+    state.counters["tokens_per_s[" + plan + "]"] = rate(p);
+    state.counters["over_first[" + plan + "]"] = rate(p) / rate(0);
+  }
+}
+
 void BM_DramRead(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   posenc::bench::ThreadScope scope(threads);
@@ -293,6 +366,13 @@ const bool registered = [] {
                                    })
           ->Unit(benchmark::kMillisecond)->UseRealTime();
     }
+    for (int threads : {1, 2})
+      benchmark::RegisterBenchmark(("BM_DecodePlans/" + name + "/threads:" + std::to_string(threads)).c_str(),
+                                   [holder, path, threads](benchmark::State& s) {
+                                     if (!*holder) *holder = std::make_unique<Loaded>(load(path));
+                                     decode_plans_ab(s, holder->get(), threads);
+                                   })
+          ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
     benchmark::RegisterBenchmark(("BM_RealDecodeTeam/" + name + "/threads:2").c_str(),
                                  [holder, path](benchmark::State& s) {
                                    if (!*holder) *holder = std::make_unique<Loaded>(load(path));

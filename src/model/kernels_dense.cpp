@@ -309,13 +309,8 @@ struct PanelItems {
   int64_t end_panel(int64_t i) const { return std::min(panels, first_panel(i) + per_item); }
 };
 
-/// How many consecutive panels an item holds: about an eighth of a thread's share (a run long enough that the next
-/// panel's prefetch goes on as in a static share; short enough that a slower thread leaves little for the others
-/// to wait on), at most `cap`.
-int64_t panels_per_item(int64_t panels, int64_t cap, bool parallel) {
-  const int64_t nt = parallel ? omp_get_max_threads() : 1;
-  return std::clamp<int64_t>(panels / (nt * 8), 1, std::max<int64_t>(cap, 1));
-}
+/// The threads of a region that runs `parallel` (1 when it runs serially).
+int64_t region_threads(bool parallel) { return parallel ? int64_t{omp_get_max_threads()} : int64_t{1}; }
 
 // ---- AVX2 prefill: weight panels widened once ------------------------------------------------------------
 // On AVX2 the tiles above widen each weight once per 2 rows of x, and the widening (vcvtph2ps; the integer
@@ -412,7 +407,7 @@ void matmul_panels_avx2(const float* x, int64_t n, const RawMatrix& w, float* y,
   const BalancedBlocks blocks(n, panel_block_rows(in), kPanelTileRows, 0);
   const int64_t segments = (chunks + kPanelSegment - 1) / kPanelSegment;
   const bool parallel = parallel_pays(n, w);
-  PanelItems items(panels, panels_per_item(panels, panels, parallel), blocks.count);
+  PanelItems items(panels, panels_per_item(panels, panels, region_threads(parallel)), blocks.count);
   detail::FirstException error;  // std::bad_alloc of a thread's buffers, rethrown after the region
 #pragma omp parallel if (parallel)
   {
@@ -897,7 +892,7 @@ void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* 
                    : std::max<int64_t>(1, x_block_budget_bytes() / 2 / (tiles_max * static_cast<int64_t>(sizeof(ZTileAcc))));
   const bool parallel = parallel_pays(n, w);
   // An item of rows of more than one block of chunks is at most a group (the tiles' lanes kept between blocks).
-  PanelItems items(panels, panels_per_item(panels, cblocks > 1 ? group : panels, parallel), blocks.count);
+  PanelItems items(panels, panels_per_item(panels, cblocks > 1 ? group : panels, region_threads(parallel)), blocks.count);
   detail::FirstException error;  // std::bad_alloc of a thread's buffers, rethrown after the region
 #pragma omp parallel if (parallel)
   error.run([&] {
@@ -1146,12 +1141,24 @@ std::optional<DecodeStreams> parse_decode_streams(std::string_view text) {
 }
 
 namespace {
+/// cpuid leaf 1's family: the base family, plus the extended family when the base is 0xF (AMD's and Intel's rule).
+unsigned cpu_family() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid(1, &a, &b, &c, &d) == 0) return 0;
+  const unsigned base = (a >> 8) & 0xF;
+  return base == 0xF ? base + ((a >> 20) & 0xFF) : base;
+}
+
 /// This CPU's plan for dense (F32/F16/BF16) or block (Q8_0/Q4_0) weights.
 DecodeStreams vendor_decode_streams(bool blocks, DenseKernel k) {
   static const bool amd = cpu_is_amd();
+  // Zen 4: AMD family 25 (0x19) with AVX-512 (Zen 3, also family 25, has none and keeps the plans below it).
+  static const bool zen4 = amd && cpu_family() == 0x19 && dense_kernel_supported(DenseKernel::avx512);
   // Intel: measured on Sapphire Rapids-class Xeons (kernels_dense.hpp): 8 runs for F32/F16/BF16, 16 for Q8_0/Q4_0
   // in AVX-512, 8 for both in AVX2.
   if (!amd) return blocks && k != DenseKernel::avx2 ? DecodeStreams{16, 1024} : DecodeStreams{8, 1024};
+  // Zen 4 (kernels_dense.hpp): 4 runs prefetched 256 bytes ahead for F32/F16/BF16, 512 for Q8_0/Q4_0, in both paths.
+  if (zen4) return blocks ? DecodeStreams{4, 512} : DecodeStreams{4, 256};
   return blocks ? DecodeStreams{4, 3072} : DecodeStreams{2, 4096};
 }
 
@@ -1176,7 +1183,21 @@ DecodeStreams decode_streams_asked() {
 }
 }  // namespace
 
+namespace {
+/// set_decode_streams_for_benchmark's plan as runs << 32 | prefetch_bytes; 0 when none is set.
+std::atomic<uint64_t> g_benchmark_plan{0};
+}  // namespace
+
+void set_decode_streams_for_benchmark(std::optional<DecodeStreams> plan) {
+  if (plan && !decode_streams_valid(*plan))
+    throw std::logic_error("set_decode_streams_for_benchmark: " + describe_invalid(*plan));
+  g_benchmark_plan.store(plan ? uint64_t(plan->runs) << 32 | uint32_t(plan->prefetch_bytes) : 0,
+                         std::memory_order_relaxed);
+}
+
 DecodeStreams decode_streams(WeightType t, DenseKernel k) {
+  if (const uint64_t b = g_benchmark_plan.load(std::memory_order_relaxed); b != 0)
+    return DecodeStreams{int(b >> 32), int(b & 0xFFFFFFFFu)};
   static const DecodeStreams asked = decode_streams_asked();
   if (asked.runs != 0) return asked;
   return vendor_decode_streams(t == WeightType::q8_0 || t == WeightType::q4_0, k);

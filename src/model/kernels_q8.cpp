@@ -533,7 +533,7 @@ void matmul_q8_vnni_panels(const std::byte* x_q, int64_t n, int64_t in, const st
   // Runs of about an eighth of a thread's share of the panels, to whichever thread asks next: a static share left
   // the threads waiting for each other at the region's end whenever one core ran slower (a virtual machine's core
   // sharing its host; see PanelItems in kernels_dense.cpp). Which thread computes an output does not change its bits.
-  const int64_t run = std::max<int64_t>(1, panels / (8 * static_cast<int64_t>(parallel ? omp_get_max_threads() : 1)));
+  const int64_t run = panels_per_item(panels, panels, parallel ? int64_t{omp_get_max_threads()} : int64_t{1});
   detail::FirstException error;  // std::bad_alloc of a thread's panel, rethrown after the region
 #pragma omp parallel if (parallel)
   {

@@ -223,6 +223,18 @@ TEST(KernelsDenseDecodePlans, EveryPlanGivesTheReferenceBits) {
       const DecodeStreams d = decode_streams(t, k);
       EXPECT_TRUE(same(parse_decode_streams(to_string(d)), d)) << to_string(t);
     }
+  // The benchmarks' override (BM_DecodePlans): every type takes it until it is lifted, then the CPU's plans again;
+  // a plan that is not valid is refused and changes nothing.
+  const DecodeStreams f16 = decode_streams(WeightType::f16, DenseKernel::avx512),
+                      q8 = decode_streams(WeightType::q8_0, DenseKernel::avx512);
+  EXPECT_THROW(set_decode_streams_for_benchmark(DecodeStreams{3, 0}), std::logic_error);
+  EXPECT_TRUE(same(decode_streams(WeightType::f16, DenseKernel::avx512), f16));
+  set_decode_streams_for_benchmark(DecodeStreams{16, 192});
+  for (WeightType t : kTypes)
+    EXPECT_TRUE(same(decode_streams(t, DenseKernel::avx2), {16, 192})) << to_string(t);
+  set_decode_streams_for_benchmark(std::nullopt);
+  EXPECT_TRUE(same(decode_streams(WeightType::f16, DenseKernel::avx512), f16));
+  EXPECT_TRUE(same(decode_streams(WeightType::q8_0, DenseKernel::avx512), q8));
 }
 
 // The prefill paths' blocks of x rows (and AMX's blocks of tiles): they cover [0, n) in order, each a multiple of
