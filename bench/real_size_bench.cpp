@@ -32,17 +32,21 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "bench_util.hpp"
 #include "model/kernels.hpp"
+#include "core/text.hpp"
 #include "model/kernels_dense.hpp"
 #include "posenc/gguf.hpp"
 #include "posenc/model.hpp"
@@ -99,8 +103,11 @@ Loaded load(std::string path) {
     path.resize(at);
     if (mode == "q8_activations")
       options.quantized_matmul = QuantizedMatmul::q8_activations;
-    else
+    else if (mode == "bf16x3" || mode == "bf16x6")
       options.dense_matmul = parse_dense_matmul(mode, "POSENC_BENCH_MODELS suffix");
+    else
+      throw std::runtime_error("the suffix '@" + posenc::detail::escaped(mode) +
+                               "' is not one of @q8_activations, @bf16x3, @bf16x6");
   }
   Loaded l{Model::load(path, options), {}, decode_bytes(path), std::filesystem::canonical(path).string()};
   std::mt19937 rng(42);
@@ -255,25 +262,56 @@ void decode_team_ab(benchmark::State& state, const Loaded* m, int threads) {
   state.counters["team_over_regions"] = rate(1) / rate(0);
 }
 
-/// The decode plans to compare (BM_DecodePlans): POSENC_BENCH_DECODE_PLANS, comma-separated in
-/// POSENC_DECODE_STREAMS's forms, or by default this CPU's plan for the model's projections (the first, which the
-/// others are set against) and the plans chosen on some CPU before or near them (kernels_dense.hpp). A form that is
-/// not a plan is an error naming it.
-std::vector<posenc::detail::DecodeStreams> decode_plans(const Loaded* m) {
+/// POSENC_BENCH_DECODE_PLANS as plans: comma-separated in POSENC_DECODE_STREAMS's forms, no empty item, no plan
+/// twice (two forms of one plan, "4:prefetch" and "4:prefetch=1024", are one), at most kMaxDecodePlans (each plan
+/// takes two tokens a turn, at least two turns, from the 256-token prompt); empty when unset or empty. Throws
+/// std::runtime_error naming the item and the rule otherwise.
+constexpr std::size_t kMaxDecodePlans = 60;
+
+std::vector<posenc::detail::DecodeStreams> asked_decode_plans() {
   using posenc::detail::DecodeStreams;
   std::vector<DecodeStreams> plans;
-  if (const char* env = std::getenv("POSENC_BENCH_DECODE_PLANS"); env != nullptr && *env != '\0') {
-    std::stringstream ss(env);
-    for (std::string f; std::getline(ss, f, ',');) {
-      const auto plan = posenc::detail::parse_decode_streams(f);
-      if (!plan) throw std::runtime_error("POSENC_BENCH_DECODE_PLANS: '" + f + "' is not a decode plan");
-      plans.push_back(*plan);
-    }
-    return plans;
+  const char* env = std::getenv("POSENC_BENCH_DECODE_PLANS");
+  if (env == nullptr || *env == '\0') return plans;
+  const std::string_view text(env);
+  for (std::size_t begin = 0;;) {
+    const std::size_t comma = std::min(text.find(',', begin), text.size());
+    const std::string_view item = text.substr(begin, comma - begin);
+    const auto plan = posenc::detail::parse_decode_streams(item);
+    if (!plan)
+      throw std::runtime_error("POSENC_BENCH_DECODE_PLANS: '" +
+                               posenc::detail::escaped(item.substr(0, 64)) + (item.size() > 64 ? "...": "") +
+                               "' is not a decode plan (a comma-separated list of R, R:prefetch or R:prefetch=BYTES; "
+                               "R 2, 4, 8 or 16; BYTES a multiple of 64 from 64 to 65536; no empty item)");
+    for (const DecodeStreams& p : plans)
+      if (p.runs == plan->runs && p.prefetch_bytes == plan->prefetch_bytes)
+        throw std::runtime_error("POSENC_BENCH_DECODE_PLANS: the plan " + posenc::detail::to_string(*plan) +
+                                 " is listed twice");
+    plans.push_back(*plan);
+    if (plans.size() > kMaxDecodePlans)
+      throw std::runtime_error("POSENC_BENCH_DECODE_PLANS: more than " + std::to_string(kMaxDecodePlans) + " plans");
+    if (comma == text.size()) break;
+    begin = comma + 1;
   }
+  return plans;
+}
+
+/// The decode plans BM_DecodePlans compares: POSENC_BENCH_DECODE_PLANS's (asked_decode_plans), or by default the
+/// plan decode_streams gives the model's projections (this CPU's, or POSENC_DECODE_STREAMS's when it is set; the
+/// first, which the others are set against) and the plans chosen on some CPU before or near them
+/// (kernels_dense.hpp). A plan runs for every dtype of the model while it is measured (the norms and embeddings
+/// take no plan; a file whose projections mix F16 and Q8_0 would run each plan on both).
+std::vector<posenc::detail::DecodeStreams> decode_plans(const Loaded* m) {
+  using posenc::detail::DecodeStreams;
+  std::vector<DecodeStreams> plans = asked_decode_plans();
+  if (!plans.empty()) return plans;
   const GgufFile f = GgufFile::open(m->file);
-  const GgufTensorInfo* q = f.find_tensor("blk.0.attn_q.weight");
-  const bool blocks = q != nullptr && (q->type == GgmlType::q8_0 || q->type == GgmlType::q4_0);
+  bool blocks = false;  // the first projection's type (blk.N.*, two dimensions)
+  for (const auto& t : f.tensors())
+    if (t.name.rfind("blk.", 0) == 0 && t.ne.size() == 2) {
+      blocks = t.type == GgmlType::q8_0 || t.type == GgmlType::q4_0;
+      break;
+    }
   plans.push_back(posenc::detail::decode_streams(blocks ? posenc::detail::WeightType::q8_0
                                                         : posenc::detail::WeightType::f16,
                                                  posenc::detail::dense_kernel()));
@@ -292,9 +330,19 @@ std::vector<posenc::detail::DecodeStreams> decode_plans(const Loaded* m) {
 void decode_plans_ab(benchmark::State& state, const Loaded* m, int threads) {
   using posenc::detail::DecodeStreams;
   posenc::bench::ThreadScope scope(threads);
-  const std::vector<DecodeStreams> plans = decode_plans(m);
+  std::vector<DecodeStreams> plans;
+  try {
+    plans = decode_plans(m);
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
+  // The CPU's plans again when this returns or a forward throws.
+  struct Lift {
+    ~Lift() { posenc::detail::set_decode_streams_for_benchmark(std::nullopt); }
+  } lift;
   const int64_t count = static_cast<int64_t>(plans.size());
-  const int64_t turns = std::max<int64_t>(1, 240 / (2 * count));  // the 256-token prompt's ids
+  const int64_t turns = 240 / (2 * count);  // the 256-token prompt's ids; count <= kMaxDecodePlans: 2 turns or more
   std::vector<double> seconds(plans.size(), 0.0);
   std::vector<int64_t> tokens(plans.size(), 0);
   std::vector<float> logits;
@@ -316,7 +364,6 @@ void decode_plans_ab(benchmark::State& state, const Loaded* m, int threads) {
       }
     benchmark::DoNotOptimize(logits.data());
   }
-  posenc::detail::set_decode_streams_for_benchmark(std::nullopt);
   const auto rate = [&](int64_t p) { return static_cast<double>(tokens[p]) / seconds[p]; };
   for (int64_t p = 0; p < count; ++p) {
     const std::string plan = posenc::detail::to_string(plans[p]);
@@ -339,9 +386,42 @@ void BM_DramRead(benchmark::State& state) {
       posenc::bench::huge_page_share([&](uintptr_t start, const std::string&) { return start == base; });
 }
 
+/// The model of `path`, loaded by the first benchmark of the file that runs and kept for the others; nullptr, with
+/// the benchmark marked as failed by the error's message, when it cannot be loaded (a missing file, a file that is
+/// not a model) instead of an exception ending the process.
+const Loaded* loaded(benchmark::State& s, std::unique_ptr<Loaded>* holder, const std::string& path) {
+  if (!*holder) {
+    try {
+      *holder = std::make_unique<Loaded>(load(path));
+    } catch (const std::exception& e) {
+      s.SkipWithError((std::string("POSENC_BENCH_MODELS: ") + e.what()).c_str());
+      return nullptr;
+    }
+  }
+  return holder->get();
+}
+
 const bool registered = [] {
   const auto models = bench_models();
   if (models.empty()) return false;
+  // What the environment asks for is checked before anything runs: a bad value is an error naming it and a
+  // non-zero exit, not a benchmark that fails after the others have run.
+  try {
+    (void)asked_decode_plans();
+    for (const auto& spec : models) {
+      const std::size_t at = spec.rfind('@');
+      const std::string file = spec.substr(0, at);
+      if (!std::filesystem::is_regular_file(file))
+        throw std::runtime_error("POSENC_BENCH_MODELS: '" + posenc::detail::escaped(file) + "' is not a file");
+      if (at != std::string::npos && spec.substr(at) != "@q8_activations" && spec.substr(at) != "@bf16x3" &&
+          spec.substr(at) != "@bf16x6")
+        throw std::runtime_error("POSENC_BENCH_MODELS: '" + posenc::detail::escaped(spec) +
+                                 "': the suffix is not one of @q8_activations, @bf16x3, @bf16x6");
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "posenc_bench: %s\n", e.what());
+    std::exit(2);
+  }
   // The paths the products take in this process (POSENC_DENSE_KERNEL / POSENC_Q8_KERNEL may ask for others), in the
   // JSON output's context: bench/vs_llama_cpp_table.py sets the AVX2 paths' prefill against BM_FmaPeakAvx2.
   benchmark::AddCustomContext("posenc_dense_kernel", std::string(posenc::detail::to_string(posenc::detail::dense_kernel())));
@@ -355,28 +435,24 @@ const bool registered = [] {
     for (int threads : {1, 2}) {
       benchmark::RegisterBenchmark(("BM_RealPrefill/" + name + "/threads:" + std::to_string(threads)).c_str(),
                                    [holder, path, threads](benchmark::State& s) {
-                                     if (!*holder) *holder = std::make_unique<Loaded>(load(path));
-                                     prefill(s, holder->get(), threads);
+                                     if (const Loaded* m = loaded(s, holder, path)) prefill(s, m, threads);
                                    })
           ->Unit(benchmark::kMillisecond)->UseRealTime();
       benchmark::RegisterBenchmark(("BM_RealDecode/" + name + "/threads:" + std::to_string(threads)).c_str(),
                                    [holder, path, threads](benchmark::State& s) {
-                                     if (!*holder) *holder = std::make_unique<Loaded>(load(path));
-                                     decode(s, holder->get(), threads);
+                                     if (const Loaded* m = loaded(s, holder, path)) decode(s, m, threads);
                                    })
           ->Unit(benchmark::kMillisecond)->UseRealTime();
     }
     for (int threads : {1, 2})
       benchmark::RegisterBenchmark(("BM_DecodePlans/" + name + "/threads:" + std::to_string(threads)).c_str(),
                                    [holder, path, threads](benchmark::State& s) {
-                                     if (!*holder) *holder = std::make_unique<Loaded>(load(path));
-                                     decode_plans_ab(s, holder->get(), threads);
+                                     if (const Loaded* m = loaded(s, holder, path)) decode_plans_ab(s, m, threads);
                                    })
           ->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(2);
     benchmark::RegisterBenchmark(("BM_RealDecodeTeam/" + name + "/threads:2").c_str(),
                                  [holder, path](benchmark::State& s) {
-                                   if (!*holder) *holder = std::make_unique<Loaded>(load(path));
-                                   decode_team_ab(s, holder->get(), 2);
+                                   if (const Loaded* m = loaded(s, holder, path)) decode_team_ab(s, m, 2);
                                  })
         ->Unit(benchmark::kMillisecond)->UseRealTime();
   }

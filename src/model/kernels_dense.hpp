@@ -77,13 +77,15 @@ bool decode_streams_valid(DecodeStreams s);
 std::optional<DecodeStreams> parse_decode_streams(std::string_view text);
 /// The plan path k (avx512 or avx2; the VNNI/AMX decodes take avx512's) uses to decode weights of type t, from the
 /// CPU vendor (cpuid leaf 0) and family (leaf 1): on AMD Zen 4 (family 25 with AVX-512) {4, 256 bytes} for
-/// F32/F16/BF16 and {4, 512 bytes} for Q8_0/Q4_0 (measured with BM_DecodePlans, plans alternated token by token in
-/// one process, the 487M models, tokens/s at one thread / two, two runs: F16 26.97 and 23.70 / 44.69 and 40.22
+/// F32/F16/BF16 and {4, 512 bytes} for Q8_0/Q4_0 (measured with BM_DecodePlans, the plans taking a decode's tokens
+/// in turn, two at a time, in one process; bench/decode_plans_raw/zen4; the 487M models, tokens/s at one thread /
+/// two, two runs: F16 26.97 and 23.70 / 44.69 and 40.22
 /// against 22.34 and 19.57 / 36.51 and 32.07 in Zen 5's {2, 4 KiB}; Q8_0 34.25 and 33.64 / 60.33 and 61.72 against
 /// 33.23 and 33.19 / 57.13 and 60.36 in {4, 3 KiB}; q8_activations 43.36 and 40.99 / 50.72 and 56.16 against 40.41
 /// and 35.11 / 45.82 and 51.57; 8 or 16 runs, or prefetches 1 KiB or more ahead, slower; the AVX2 path alike: F16
 /// 28.95 against 24.74, Q8_0 32.56 against 31.57 at one thread); on other AMD CPUs (Zen 5, and the unmeasured Zen
-/// 3 and older) {2, 4 KiB} for F32/F16/BF16 and {4, 3 KiB} for Q8_0/Q4_0, on any other CPU {8, 1 KiB} for F32/F16/BF16 and, for Q8_0/Q4_0, {16, 1 KiB} in AVX-512 and {8, 1 KiB} in AVX2
+/// 3 and older) {2, 4 KiB} for F32/F16/BF16 and {4, 3 KiB} for Q8_0/Q4_0; on any other CPU {8, 1 KiB} for
+/// F32/F16/BF16 and, for Q8_0/Q4_0, {16, 1 KiB} in AVX-512 and {8, 1 KiB} in AVX2
 /// (measured on Sapphire Rapids-class Xeons, the AVX2 decode of a haswell build, 487M models, two alternations: Q8_0
 /// 30.4-31.2 tokens/s as 8 runs against 27.9-28.7 as 16 at one thread, 59.0 against 55.3-57.3 at two; Q4_0
 /// 28.5 against 25.5-26.1 and 52.2-55.0 against 46.4-49.8; F16 as 4 runs 3 KiB ahead 16.3-16.5 against 15.9-16.0
@@ -94,7 +96,7 @@ std::optional<DecodeStreams> parse_decode_streams(std::string_view text);
 /// and the q8_activations avx512_vnni/amx paths take the plan, the others have none) and the CPU's plans run.
 DecodeStreams decode_streams(WeightType t, DenseKernel k);
 /// Makes decode_streams return `plan` for every type from now on (std::nullopt: the plans above again), for
-/// benchmarks that alternate plans token by token in one process (BM_RealDecodePlans): the host's read rate moves
+/// benchmarks that alternate plans, a few tokens each, in one process (BM_DecodePlans): the host's read rate moves
 /// within minutes, so plans measured in separate runs could not be told apart. Takes effect at the next product;
 /// not for use while another thread decodes. Throws std::logic_error for a plan that is not decode_streams_valid.
 void set_decode_streams_for_benchmark(std::optional<DecodeStreams> plan);

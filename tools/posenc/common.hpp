@@ -118,7 +118,7 @@ inline constexpr const char* kEnvironment =
     "POSENC_DENSE_KERNEL=reference|avx2|avx512 and POSENC_Q8_KERNEL=reference|avx2|avx512_vnni|amx (ask for a "
     "matrix-product path; the same bits on every path); POSENC_DECODE_STREAMS=2|4|8|16[:prefetch[=BYTES]] (how the "
     "AVX-512 and AVX2 decodes read a matrix: runs of rows side by side, software-prefetched BYTES ahead (1024 when not given) "
-    "or not; default by CPU vendor and dtype; the same bits). A path or plan this CPU cannot run, or an unknown "
+    "or not; default by CPU vendor, family and dtype; the same bits). A path or plan this CPU cannot run, or an unknown "
     "value, is reported on stderr once and the default runs. Plots: POSENC_PYTHON (the interpreter; default "
     "/usr/bin/python3), POSENC_SCRIPTS_DIR (the plot scripts; default the build's or installed scripts/).";
 
