@@ -232,6 +232,14 @@ void decode(benchmark::State& state, const Loaded* m, int threads) {
   state.counters["huge_page_share"] = file_huge_share(m);
 }
 
+/// The seconds one decode step takes: the prompt's token `pos` through the model into `seq` of `cache`.
+double timed_token(const Loaded* m, KvCache& cache, KvCache::SeqId seq, int64_t pos, std::vector<float>& logits) {
+  Model::SequenceInput in{seq, std::span(m->prompt.data() + pos, 1), {}};
+  const auto t0 = std::chrono::steady_clock::now();
+  m->model.forward(cache, std::span(&in, 1), Model::LogitsMode::last, logits);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 /// The decode team (Model::forward's one team of threads through the layers) against a region per projection, in one
 /// process: tokens alternate between the two, two at a time, so both see the same host (whose two-core read rate
 /// moves between levels within seconds: separate runs could not tell a 1-3% difference apart).
@@ -247,10 +255,7 @@ void decode_team_ab(benchmark::State& state, const Loaded* m, int threads) {
       const int team = (i / 2) % 2;
       posenc::detail::set_decode_team(team == 1 ? posenc::detail::DecodeTeam::automatic
                                                 : posenc::detail::DecodeTeam::off);
-      Model::SequenceInput in{seq, std::span(m->prompt.data() + i, 1), {}};
-      const auto t0 = std::chrono::steady_clock::now();
-      m->model.forward(cache, std::span(&in, 1), Model::LogitsMode::last, logits);
-      seconds[team] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      seconds[team] += timed_token(m, cache, seq, i, logits);
       ++tokens[team];
     }
     benchmark::DoNotOptimize(logits.data());
@@ -355,10 +360,7 @@ void decode_plans_ab(benchmark::State& state, const Loaded* m, int threads) {
         const int64_t p = (t + j) % count;
         posenc::detail::set_decode_streams_for_benchmark(plans[p]);
         for (int k = 0; k < 2; ++k, ++pos) {
-          Model::SequenceInput in{seq, std::span(m->prompt.data() + pos, 1), {}};
-          const auto t0 = std::chrono::steady_clock::now();
-          m->model.forward(cache, std::span(&in, 1), Model::LogitsMode::last, logits);
-          seconds[p] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          seconds[p] += timed_token(m, cache, seq, pos, logits);
           ++tokens[p];
         }
       }
