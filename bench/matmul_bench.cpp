@@ -8,6 +8,11 @@
 //   BM_MatmulDecode/<dtype>/<path>/<out>x<in>/threads:T    one row of x against a 64 MiB+ stack of the matrix
 //                                                          (so that it comes from DRAM, as a model's does):
 //                                                          weight_GB_per_s
+//   BM_MatmulDecodeCached/<dtype>/<path>/256x1024/threads:1  the same product on one matrix, which stays in L2
+//                                                          (F32's 1 MiB: L2 or L3): weight_GB_per_s, the loop's
+//                                                          own cost, what a decode reads at when memory is not
+//                                                          its limit (to set against BM_DramRead: a loop that
+//                                                          cannot outrun the DRAM from cache is arithmetic-bound)
 // <path> is a DenseKernel (reference is left out: minutes per iteration), or q8_<Q8Kernel> (Q8_0/Q4_0 weights
 // with activations quantized to Q8_0: matmul_q8_with, the quantization included in the time), or amx_bf16x3 /
 // amx_bf16x6 (F16/BF16 weights: matmul_bf16_split, the activations' split into bf16 terms included).
@@ -52,14 +57,15 @@ struct Shape {
 };
 constexpr Shape kShapes[] = {{1024, 1024}, {256, 1024}, {4864, 1024}, {1024, 4864}};
 
-void run(benchmark::State& state, WeightType t, const std::string& path, Shape s, int64_t n, int threads) {
+void run(benchmark::State& state, WeightType t, const std::string& path, Shape s, int64_t n, int threads,
+         bool cached = false) {
   posenc::bench::ThreadScope scope(threads);
   // Decode: enough copies that the matrices outgrow the last-level cache (480 MiB here) and are read from DRAM.
   RawMatrix shape;
   shape.type = t;
   shape.cols = s.in;
   const int64_t one = shape.row_bytes() * s.out;
-  const int copies = n == 1 ? static_cast<int>(std::max<int64_t>(1, (int64_t{768} << 20) / one)) : 1;
+  const int copies = n == 1 && !cached ? static_cast<int>(std::max<int64_t>(1, (int64_t{768} << 20) / one)) : 1;
   const Stack w(t, s.out, s.in, copies);
   posenc::bench::FloatBuffer x(static_cast<std::size_t>(n * s.in)), y(static_cast<std::size_t>(n * s.out));
   x.fill_normal(2);
@@ -113,6 +119,15 @@ const bool registered = [] {
                 ->Unit(benchmark::kMillisecond)
                 ->UseRealTime();
           }
+    for (const std::string& path : paths) {
+      if (path.starts_with("amx_bf16")) continue;  // not a decode path (decode widens and splits the weights again)
+      const Shape s{256, 1024};
+      const std::string name = "BM_MatmulDecodeCached/" + std::string(to_string(t)) + "/" + path + "/" +
+                               std::to_string(s.out) + "x" + std::to_string(s.in) + "/threads:1";
+      benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& st) { run(st, t, path, s, 1, 1, true); })
+          ->Unit(benchmark::kMicrosecond)
+          ->UseRealTime();
+    }
   }
   return true;
 }();

@@ -513,7 +513,7 @@ void matmul_amx_bf16(const float* x, int64_t n, const RawMatrix& w, float* y, Ep
   // Panels two at a time against pairs of x tiles.
   constexpr int g = 2;
   const int64_t groups = (out + g * kTile - 1) / (g * kTile);
-  const int64_t threads = parallel ? omp_get_max_threads() : 1;
+  const int64_t threads = region_threads(parallel);
   const int64_t groups_per_thread = (groups + threads - 1) / threads;
   // Blocking. The x tiles of a block, over the k blocks of a super-chunk, are read from L2 by every panel group's
   // tiles: at most 1 MiB of them. When a block of all k fits (every tile, or enough tiles), one pass of the panel

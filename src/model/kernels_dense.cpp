@@ -309,9 +309,6 @@ struct PanelItems {
   int64_t end_panel(int64_t i) const { return std::min(panels, first_panel(i) + per_item); }
 };
 
-/// The threads of a region that runs `parallel` (1 when it runs serially).
-int64_t region_threads(bool parallel) { return parallel ? int64_t{omp_get_max_threads()} : int64_t{1}; }
-
 // ---- AVX2 prefill: weight panels widened once ------------------------------------------------------------
 // On AVX2 the tiles above widen each weight once per 2 rows of x, and the widening (vcvtph2ps; the integer
 // unpacking of Q8_0/Q4_0) takes the ports the FMAs need; they also stream x whole for each tile of weight
@@ -1087,6 +1084,8 @@ void matmul_avx512(DecodeStreams plan, const float* x, int64_t n, const RawMatri
 }
 
 }  // namespace
+
+int64_t region_threads(bool parallel) { return parallel ? int64_t{omp_get_max_threads()} : int64_t{1}; }
 
 DenseKernel dense_kernel() {
   static const DenseKernel k = detect_dense_kernel();

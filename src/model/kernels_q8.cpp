@@ -533,7 +533,7 @@ void matmul_q8_vnni_panels(const std::byte* x_q, int64_t n, int64_t in, const st
   // Runs of about an eighth of a thread's share of the panels, to whichever thread asks next: a static share left
   // the threads waiting for each other at the region's end whenever one core ran slower (a virtual machine's core
   // sharing its host; see PanelItems in kernels_dense.cpp). Which thread computes an output does not change its bits.
-  const int64_t run = panels_per_item(panels, panels, parallel ? int64_t{omp_get_max_threads()} : int64_t{1});
+  const int64_t run = panels_per_item(panels, panels, region_threads(parallel));
   detail::FirstException error;  // std::bad_alloc of a thread's panel, rethrown after the region
 #pragma omp parallel if (parallel)
   {
@@ -565,20 +565,33 @@ void matmul_q8_vnni_panels(const std::byte* x_q, int64_t n, int64_t in, const st
   error.rethrow();
 }
 
-/// Lane j of the result = the sum of v[j]'s eight int32 lanes (exact, so in any order).
+/// Lane j of the result = the sum of v[j]'s eight int32 lanes (exact, so in any order): three levels of in-lane
+/// unpacks and adds in 256 bits, then one insert. (The same sums formed in 512 bits took 23 shuffles of 512 bits,
+/// each two 256-bit halves on Zen 4, against 29 of 256 bits here.)
 POSENC_TARGET_VNNI inline __m512i sum_lanes8x16(const __m256i* v) {
-  __m512i z[8], u[4], t[2];
-  for (int i = 0; i < 8; ++i) z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(v[2 * i]), v[2 * i + 1], 1);
-  for (int i = 0; i < 4; ++i)  // 128-bit lane L: 4 partial sums of v[4i + L]
-    u[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(z[2 * i], z[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                            _mm512_shuffle_i32x4(z[2 * i], z[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  for (int i = 0; i < 2; ++i)  // lane L: 2 partial sums of v[8i + L], then 2 of v[8i + 4 + L]
-    t[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2 * i], u[2 * i + 1]), _mm512_unpackhi_epi64(u[2 * i], u[2 * i + 1]));
-  const __m512i s = _mm512_add_epi32(
-      _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(t[0]), _mm512_castsi512_ps(t[1]), _MM_SHUFFLE(2, 0, 2, 0))),
-      _mm512_castps_si512(_mm512_shuffle_ps(_mm512_castsi512_ps(t[0]), _mm512_castsi512_ps(t[1]), _MM_SHUFFLE(3, 1, 3, 1))));
-  // element 4L + m holds v[4m + L]'s sum
-  return _mm512_permutexvar_epi32(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), s);
+  __m256i t[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i)  // v[2i], v[2i+1] as a, b: [a0+a2, b0+b2, a1+a3, b1+b3 | a4+a6, b4+b6, a5+a7, b5+b7]
+    t[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                            _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // v[4i .. 4i+3]: [the sums of their lanes 0-3 | of their lanes 4-7]
+    u[i] = _mm256_add_epi32(_mm256_unpacklo_epi64(t[2 * i], t[2 * i + 1]),
+                            _mm256_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
+  for (int i = 0; i < 2; ++i)  // v[8i .. 8i+7]'s sums in order
+    w[i] = _mm256_add_epi32(_mm256_permute2x128_si256(u[2 * i], u[2 * i + 1], 0x20),
+                            _mm256_permute2x128_si256(u[2 * i], u[2 * i + 1], 0x31));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(w[0]), w[1], 1);
+}
+
+/// What a block dot product of one row of x with weights made unsigned (Q8_0: w + 128; Q4_0: the nibble, w + 8)
+/// exceeds the exact one by: 128 (or 8) times the sum of the block's 32 int8 of x, for each block, into off (resized).
+template <bool Q4>
+void x_offsets_into(const std::byte* x_q, int64_t blocks, std::vector<int32_t>& off) {
+  off.resize(static_cast<std::size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) {
+    int32_t sum = 0;
+    for (int i = 0; i < kQBlock; ++i) sum += static_cast<int8_t>(x_q[b * kQ8Bytes + 2 + i]);
+    off[static_cast<std::size_t>(b)] = (Q4 ? 8 : 128) * sum;
+  }
 }
 
 /// Lane i of the result = lane (i + K) mod 16 of v.
@@ -600,14 +613,17 @@ POSENC_TARGET_VNNI inline __m512 fma_blocks_in_order(__m512 isum, __m512 scale, 
   return acc;
 }
 
-/// Decode: one row of x (xq, dxf: its scales as float) against the R rows o_j = o_0 + j * stride (w: row o_0),
-/// S = 16 / R blocks at a time; outputs to y[j * stride]. Per row and block: |w| (u8) and x with w's sign (s8) into
-/// one 256-bit dpbusd; the 16 block sums of a step (lane s * R + j: block b0 + s, row j) are reduced at once, and
-/// each row's S fmas then run in block order in lanes 0..R-1 (the other lanes' values are not used). Prefetch: each
-/// row's line `ahead` bytes ahead, once per 64 bytes of the row (the plan's; kernels_dense.hpp).
+/// Decode: one row of x (xq; dxf: its scales as float; xoff: x_offsets_into's) against the R rows o_j = o_0 + j *
+/// stride (w: row o_0), S = 16 / R blocks at a time; outputs to y[j * stride]. Per row and block one 256-bit dpbusd
+/// of the weights made unsigned (Q8_0: w + 128, its sign bit flipped; Q4_0: the nibble, w + 8) by x (s8); the 16
+/// block sums of a step (lane s * R + j: block b0 + s, row j) are reduced at once and less x's offsets (exact
+/// integers: the block dot products), and each row's S fmas then run in block order in lanes 0..R-1 (the other
+/// lanes' values are not used). Prefetch: each row's line `ahead` bytes ahead, once per 64 bytes of the row (the
+/// plan's; kernels_dense.hpp).
 template <bool Q4, int R, bool Prefetch>
-POSENC_TARGET_VNNI void vnni_decode_tile(const std::byte* xq, const float* dxf, int64_t blocks, const std::byte* w,
-                                         int64_t wrow, int64_t stride, float* y, bool accumulate, int64_t ahead) {
+POSENC_TARGET_VNNI void vnni_decode_tile(const std::byte* xq, const float* dxf, const int32_t* xoff, int64_t blocks,
+                                         const std::byte* w, int64_t wrow, int64_t stride, float* y, bool accumulate,
+                                         int64_t ahead) {
   static_assert(R == 2 || R == 4 || R == 8 || R == 16);
   constexpr int S = 16 / R;
   constexpr int64_t wb = Q4 ? kQ4Bytes : kQ8Bytes;
@@ -639,26 +655,29 @@ POSENC_TARGET_VNNI void vnni_decode_tile(const std::byte* xq, const float* dxf, 
         uint16_t h;
         std::memcpy(&h, blk, 2);
         hq[(s * R + j) / 4] |= uint64_t{h} << (16 * ((s * R + j) % 4));
-        __m256i wv;
+        __m256i wu;  // the weights + 128 (Q8_0) or + 8 (Q4_0), as u8
         if constexpr (Q4) {
           const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-          const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
-          wv = _mm256_sub_epi8(nib, _mm256_set1_epi8(8));
+          wu = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
         } else {
-          wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+          wu = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)),
+                                _mm256_set1_epi8(static_cast<char>(0x80)));
         }
-        // |w| as u8 (-128 gives 128) times x with w's sign (x in [-127, 127]): the products w x, exactly.
-        part[s * R + j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_abs_epi8(wv), _mm256_sign_epi8(xv, wv));
+        part[s * R + j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, xv);
       }
     }
-    const __m512 isum = _mm512_cvtepi32_ps(sum_lanes8x16(part));  // exact: |isum| <= 32 * 127 * 128 < 2^24
+    // Lane s * R + j takes x's scale and offset of block b0 + s (the blocks past the row's end: 0, read from no
+    // memory).
+    const __m512i lane_block = _mm512_setr_epi32(0 / R, 1 / R, 2 / R, 3 / R, 4 / R, 5 / R, 6 / R, 7 / R, 8 / R, 9 / R,
+                                                 10 / R, 11 / R, 12 / R, 13 / R, 14 / R, 15 / R);
+    const __mmask16 live = static_cast<__mmask16>((1u << steps) - 1);
+    const __m512i off = _mm512_permutexvar_epi32(lane_block, _mm512_maskz_loadu_epi32(live, xoff + b0));
+    // The block dot products, exact integers (|sum| <= 32 * 255 * 128 before the offset) converted exactly: |isum|
+    // <= 32 * 128 * 128 < 2^24.
+    const __m512 isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum_lanes8x16(part), off));
     const __m512 dw = _mm512_cvtph_ps(_mm256_set_epi64x(static_cast<long long>(hq[3]), static_cast<long long>(hq[2]),
                                                         static_cast<long long>(hq[1]), static_cast<long long>(hq[0])));
-    // Lane s * R + j takes x's scale of block b0 + s (the blocks past the row's end: 0, read from no memory).
-    const __m512 dx = _mm512_permutexvar_ps(
-        _mm512_setr_epi32(0 / R, 1 / R, 2 / R, 3 / R, 4 / R, 5 / R, 6 / R, 7 / R, 8 / R, 9 / R, 10 / R, 11 / R,
-                          12 / R, 13 / R, 14 / R, 15 / R),
-        _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << steps) - 1), dxf + b0));
+    const __m512 dx = _mm512_permutexvar_ps(lane_block, _mm512_maskz_loadu_ps(live, dxf + b0));
     const __m512 scale = _mm512_mul_ps(dw, dx);  // d_w * d_x, as the reference
     acc = fma_blocks_in_order<R>(isum, scale, acc, steps, std::make_integer_sequence<int, S>{});
   }
@@ -670,12 +689,12 @@ POSENC_TARGET_VNNI void vnni_decode_tile(const std::byte* xq, const float* dxf, 
 /// The rows [r0, r1) as R runs of `stride` consecutive rows read side by side (the dense decode's DecodeStreams
 /// plan), then the rows left over one at a time.
 template <bool Q4, int R, bool Prefetch>
-void vnni_decode_rows(const std::byte* x_q, const float* dxf, int64_t blocks, const std::byte* w, float* y,
-                      bool accumulate, int64_t ahead, int64_t r0, int64_t r1) {
+void vnni_decode_rows(const std::byte* x_q, const float* dxf, const int32_t* xoff, int64_t blocks, const std::byte* w,
+                      float* y, bool accumulate, int64_t ahead, int64_t r0, int64_t r1) {
   const int64_t wrow = blocks * (Q4 ? kQ4Bytes : kQ8Bytes), stride = (r1 - r0) / R;
   for (int64_t g = 0; g < stride; ++g)
-    vnni_decode_tile<Q4, R, Prefetch>(x_q, dxf, blocks, w + (r0 + g) * wrow, wrow, stride, y + r0 + g, accumulate,
-                                      ahead);
+    vnni_decode_tile<Q4, R, Prefetch>(x_q, dxf, xoff, blocks, w + (r0 + g) * wrow, wrow, stride, y + r0 + g,
+                                      accumulate, ahead);
   for (int64_t o = r0 + stride * R; o < r1; ++o) {
     const float v = dot_row(w + o * wrow, Q4, x_q, blocks);
     y[o] = accumulate ? y[o] + v : v;
@@ -692,15 +711,20 @@ void matmul_q8_vnni_decode_runs(const std::byte* x_q, int64_t in, const std::byt
     // Called inside the caller's parallel region (a decode team): x's scales in a buffer of this thread's, sized
     // once, not a fresh vector per call.
     thread_local std::vector<float> dxf;
+    thread_local std::vector<int32_t> xoff;
     x_scales_into(x_q, 1, blocks, dxf);
-    vnni_decode_rows<Q4, R, Prefetch>(x_q, dxf.data(), blocks, w, y, accumulate, ahead, rows.first, rows.second);
+    x_offsets_into<Q4>(x_q, blocks, xoff);
+    vnni_decode_rows<Q4, R, Prefetch>(x_q, dxf.data(), xoff.data(), blocks, w, y, accumulate, ahead, rows.first,
+                                      rows.second);
     return;
   }
   const std::vector<float> dxf = x_scales(x_q, 1, blocks);
+  std::vector<int32_t> xoff;
+  x_offsets_into<Q4>(x_q, blocks, xoff);
 #pragma omp parallel if (out * wrow >= (int64_t{1} << 17))
   {
     const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
-    vnni_decode_rows<Q4, R, Prefetch>(x_q, dxf.data(), blocks, w, y, accumulate, ahead, out * me / nt,
+    vnni_decode_rows<Q4, R, Prefetch>(x_q, dxf.data(), xoff.data(), blocks, w, y, accumulate, ahead, out * me / nt,
                                       out * (me + 1) / nt);
   }
 }
