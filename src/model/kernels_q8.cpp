@@ -657,8 +657,10 @@ POSENC_TARGET_VNNI void vnni_decode_tile(const std::byte* xq, const float* dxf, 
         hq[(s * R + j) / 4] |= uint64_t{h} << (16 * ((s * R + j) % 4));
         __m256i wu;  // the weights + 128 (Q8_0) or + 8 (Q4_0), as u8
         if constexpr (Q4) {
-          const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-          wu = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
+          // The 16 bytes in both halves by the load itself, the high half's shifted by 4: bytes 0-15 the low
+          // nibbles (weights 0-15), 16-31 the high ones (16-31), with no shuffle.
+          const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+          wu = _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
         } else {
           wu = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)),
                                 _mm256_set1_epi8(static_cast<char>(0x80)));
