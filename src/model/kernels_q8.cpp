@@ -369,7 +369,7 @@ void matmul_q8_avx2(const std::byte* x_q, int64_t n, int64_t in, const std::byte
 // ---- AVX-512 VNNI and AMX-INT8, on the blocks as stored ----------------------------------------------------
 // Both read the weights where the file keeps them: no copy outlives a call. A panel of 16 weight rows is repacked
 // per call into the layout the instructions read (per block: the 16 rows' 32 int8 as 8 groups x 16 rows x 4 bytes,
-// which is both _mm512_dpbusd_epi32's operand and AMX's B tile; the 16 scales as float; the rows' int8 sums),
+// which is both _mm512_dpbusd_epi32's operand, made unsigned, and AMX's B tile, signed; the 16 scales as float),
 // used by every row of x, and dropped. Decode (one row of x) reads the blocks directly, as runs of rows side by
 // side, prefetched as the dense decode's plan for the dtype says (DecodeStreams, kernels_dense.hpp). Every path computes each output as the reference: over the blocks in ascending
 // order, acc = fmaf((float) isum, d_w * d_x, acc), isum the exact int32 block dot product; integer sums are exact
@@ -378,7 +378,7 @@ void matmul_q8_avx2(const std::byte* x_q, int64_t n, int64_t in, const std::byte
 namespace {
 
 constexpr int64_t kPanel = 16;                                  // weight rows per panel
-constexpr int64_t kPanelBlockBytes = 8 * 16 * 4 + 16 * 4 + 16 * 4;  // qs, d (f32), wsum (i32)
+constexpr int64_t kPanelBlockBytes = 8 * 16 * 4 + 16 * 4;  // qs, d (f32)
 
 #define POSENC_TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 #define POSENC_TARGET_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma,amx-tile,amx-int8")))
@@ -399,8 +399,9 @@ bool cpu_has_amx() {
 }
 
 /// Panel [o0, o0 + rows) (rows <= 16; the others are zero) of W, blocks [0, blocks), into dst (blocks x
-/// kPanelBlockBytes, 64-byte aligned).
-template <bool Q4>
+/// kPanelBlockBytes, 64-byte aligned). Unsigned (the VNNI panels, dpbusd's u8 operand): the weights + 128 (Q8_0, the
+/// sign bit flipped) or + 8 (Q4_0: the nibbles as stored); otherwise (AMX's tdpbssd) the weights themselves.
+template <bool Q4, bool Unsigned>
 POSENC_TARGET_VNNI void pack_panel(const std::byte* w, int64_t wrow, int64_t o0, int64_t rows, int64_t blocks,
                                    std::byte* dst) {
   constexpr int64_t wb = Q4 ? kQ4Bytes : kQ8Bytes;
@@ -410,11 +411,9 @@ POSENC_TARGET_VNNI void pack_panel(const std::byte* w, int64_t wrow, int64_t o0,
   const __m512i row_off = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                                              _mm512_set1_epi32(static_cast<int32_t>(wrow)));
   const std::byte* base = w + o0 * wrow;
-  const __m512i ones = _mm512_set1_epi8(1);
   for (int64_t b = 0; b < blocks; ++b) {
     std::byte* pb = dst + b * kPanelBlockBytes;
     const __m512i off = _mm512_add_epi32(row_off, _mm512_set1_epi32(static_cast<int32_t>(b * wb)));
-    __m512i wsum = _mm512_setzero_si512();
     // Scales: the first two bytes of each row's block, widened exactly.
     const __m512i dwords = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, off, base, 1);
     _mm512_store_ps(reinterpret_cast<float*>(pb + 512), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dwords)));
@@ -422,24 +421,21 @@ POSENC_TARGET_VNNI void pack_panel(const std::byte* w, int64_t wrow, int64_t o0,
       for (int k = 0; k < 4; ++k) {  // bytes 4k..4k+3 of the nibbles: weights 4k.. (low) and 16 + 4k.. (high)
         const __m512i v =
             _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, _mm512_add_epi32(off, _mm512_set1_epi32(2 + 4 * k)), base, 1);
-        const __m512i eight = _mm512_set1_epi8(8), m = _mm512_set1_epi8(0x0F);
+        const __m512i bias = _mm512_set1_epi8(Unsigned ? 0 : 8), m = _mm512_set1_epi8(0x0F);
         // The rows past the panel's (masked off: their 4 bytes per lane zero) stay zero.
-        const __m512i lo = _mm512_maskz_mov_epi32(valid, _mm512_sub_epi8(_mm512_and_si512(v, m), eight));
+        const __m512i lo = _mm512_maskz_mov_epi32(valid, _mm512_sub_epi8(_mm512_and_si512(v, m), bias));
         const __m512i hi =
-            _mm512_maskz_mov_epi32(valid, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m), eight));
+            _mm512_maskz_mov_epi32(valid, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m), bias));
         _mm512_store_si512(pb + k * 64, lo);
         _mm512_store_si512(pb + (4 + k) * 64, hi);
-        wsum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(wsum, ones, lo), ones, hi);
       }
     } else {
       for (int g = 0; g < 8; ++g) {
         const __m512i v =
             _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), valid, _mm512_add_epi32(off, _mm512_set1_epi32(2 + 4 * g)), base, 1);
-        _mm512_store_si512(pb + g * 64, v);
-        wsum = _mm512_dpbusd_epi32(wsum, ones, v);
+        _mm512_store_si512(pb + g * 64, Unsigned ? _mm512_maskz_xor_epi32(valid, v, _mm512_set1_epi8(static_cast<char>(0x80))) : v);
       }
     }
-    _mm512_store_si512(pb + 512 + 64, wsum);
   }
 }
 
@@ -451,37 +447,35 @@ inline TileEpilogue store_or_accumulate(bool accumulate) {
   return accumulate ? TileEpilogue::accumulate : TileEpilogue::store;
 }
 
-/// Rows [0, R) of x (xq rows at stride xrow; dxf: their scales as float, [R][blocks]) against a packed panel:
-/// y[i, 0..cols) (+)= over the blocks, fmaf(isum, d_w * d_x, acc), with dpbusd on x + 128 (unsigned) and the
-/// weights, minus 128 x the row sums.
+/// Rows [0, R) of x (xq rows at stride xrow; dxf: their scales as float, xoff: x_offsets_into's, both [R][blocks])
+/// against a panel packed unsigned: y[i, 0..cols) (+)= over the blocks, fmaf(isum, d_w * d_x, acc), isum = the
+/// dpbusd of the unsigned weights by x (four bytes of x broadcast from memory: no shuffle) less x's offset.
 template <int R>
-POSENC_TARGET_VNNI void vnni_panel_rows(const std::byte* xq, int64_t xrow, const float* dxf, int64_t blocks,
-                                        const std::byte* panel, float* y, int64_t ldy, int64_t cols,
+POSENC_TARGET_VNNI void vnni_panel_rows(const std::byte* xq, int64_t xrow, const float* dxf, const int32_t* xoff,
+                                        int64_t blocks, const std::byte* panel, float* y, int64_t ldy, int64_t cols,
                                         TileEpilogue epilogue) {
   __m512 acc[R];
   for (int i = 0; i < R; ++i) acc[i] = _mm512_setzero_ps();
   if (epilogue == TileEpilogue::swiglu)  // the gate's outputs the epilogue reads, while the products run
     for (int i = 0; i < R; ++i) _mm_prefetch(reinterpret_cast<const char*>(y + i * ldy), _MM_HINT_T0);
-  const __m512i offset = _mm512_set1_epi32(128);
   for (int64_t b = 0; b < blocks; ++b) {
     const std::byte* pb = panel + b * kPanelBlockBytes;
     const __m512 dw = _mm512_load_ps(reinterpret_cast<const float*>(pb + 512));
-    const __m512i wsum = _mm512_mullo_epi32(_mm512_load_si512(pb + 512 + 64), offset);
+    // Each row's sums start from x's offset, sum (w + 128) x - 128 sum x (Q4_0: (w + 8) x - 8 sum x): the exact
+    // block dot products.
     __m512i isum[R];
-    for (int i = 0; i < R; ++i) isum[i] = _mm512_setzero_si512();
+    for (int i = 0; i < R; ++i) isum[i] = _mm512_set1_epi32(xoff[i * blocks + b]);
     for (int g = 0; g < 8; ++g) {
-      const __m512i wv = _mm512_load_si512(pb + g * 64);
+      const __m512i wu = _mm512_load_si512(pb + g * 64);
       for (int i = 0; i < R; ++i) {
-        uint32_t quad;
+        int32_t quad;
         std::memcpy(&quad, xq + i * xrow + b * kQ8Bytes + 2 + 4 * g, 4);
-        const __m512i xu = _mm512_set1_epi32(static_cast<int32_t>(quad ^ 0x80808080u));  // x + 128 as u8
-        isum[i] = _mm512_dpbusd_epi32(isum[i], xu, wv);
+        isum[i] = _mm512_dpbusd_epi32(isum[i], wu, _mm512_set1_epi32(quad));
       }
     }
     for (int i = 0; i < R; ++i) {
       const __m512 dd = _mm512_mul_ps(dw, _mm512_set1_ps(dxf[i * blocks + b]));
-      const __m512i exact = _mm512_sub_epi32(isum[i], wsum);  // sum (x+128) w - 128 sum w
-      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), dd, acc[i]);
+      acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), dd, acc[i]);
     }
   }
   const __mmask16 m = static_cast<__mmask16>((1u << cols) - 1u);
@@ -512,6 +506,19 @@ std::vector<float> x_scales(const std::byte* x_q, int64_t n, int64_t blocks) {
   return dxf;
 }
 
+/// What a block dot product of x with weights made unsigned (Q8_0: w + 128; Q4_0: the nibble, w + 8) takes to be
+/// the exact one: -128 (or -8) times the sum of the block's 32 int8 of x, for each of x's first `blocks` blocks (rows
+/// of x are consecutive blocks), into off (resized).
+template <bool Q4>
+void x_offsets_into(const std::byte* x_q, int64_t blocks, std::vector<int32_t>& off) {
+  off.resize(static_cast<std::size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) {
+    int32_t sum = 0;
+    for (int i = 0; i < kQBlock; ++i) sum += static_cast<int8_t>(x_q[b * kQ8Bytes + 2 + i]);
+    off[static_cast<std::size_t>(b)] = (Q4 ? -8 : -128) * sum;
+  }
+}
+
 /// Enough work for a parallel region.
 bool q8_parallel(int64_t n, int64_t in, int64_t out) { return n * in * out > (int64_t{1} << 20); }
 
@@ -528,6 +535,8 @@ void matmul_q8_vnni_panels(const std::byte* x_q, int64_t n, int64_t in, const st
   constexpr int64_t kR = 4;
   const int64_t blocks = in / kQBlock, xrow = blocks * kQ8Bytes, wrow = blocks * (Q4 ? kQ4Bytes : kQ8Bytes);
   const std::vector<float> dxf = x_scales(x_q, n, blocks);
+  std::vector<int32_t> xoff;
+  x_offsets_into<Q4>(x_q, n * blocks, xoff);  // x's rows are consecutive blocks
   const int64_t panels = (out + kPanel - 1) / kPanel;
   const bool parallel = q8_parallel(n, in, out);
   // Runs of about an eighth of a thread's share of the panels, to whichever thread asks next: a static share left
@@ -544,7 +553,7 @@ void matmul_q8_vnni_panels(const std::byte* x_q, int64_t n, int64_t in, const st
     for (int64_t p = 0; p < panels; ++p) {
       if (!panel) continue;
       const int64_t o0 = p * kPanel, cols = std::min(kPanel, out - o0);
-      pack_panel<Q4>(w, wrow, o0, cols, blocks, panel->data());
+      pack_panel<Q4, true>(w, wrow, o0, cols, blocks, panel->data());
       // The next panel's rows towards L2, a slice per group of rows (this thread's next, but at the end of a run).
       const int64_t next_bytes = p + 1 < panels ? std::min(kPanel, out - o0 - kPanel) * wrow : 0;
       const int64_t groups = (n + kR - 1) / kR;
@@ -552,12 +561,13 @@ void matmul_q8_vnni_panels(const std::byte* x_q, int64_t n, int64_t in, const st
         prefetch_l2_part(w + (o0 + kPanel) * wrow, next_bytes, r0 / kR, groups);
         const std::byte* xr = x_q + r0 * xrow;
         const float* dr = dxf.data() + r0 * blocks;
+        const int32_t* xo = xoff.data() + r0 * blocks;
         float* yr = y + r0 * out + o0;
         switch (std::min(kR, n - r0)) {
-          case 4: vnni_panel_rows<4>(xr, xrow, dr, blocks, panel->data(), yr, out, cols, epilogue); break;
-          case 3: vnni_panel_rows<3>(xr, xrow, dr, blocks, panel->data(), yr, out, cols, epilogue); break;
-          case 2: vnni_panel_rows<2>(xr, xrow, dr, blocks, panel->data(), yr, out, cols, epilogue); break;
-          default: vnni_panel_rows<1>(xr, xrow, dr, blocks, panel->data(), yr, out, cols, epilogue); break;
+          case 4: vnni_panel_rows<4>(xr, xrow, dr, xo, blocks, panel->data(), yr, out, cols, epilogue); break;
+          case 3: vnni_panel_rows<3>(xr, xrow, dr, xo, blocks, panel->data(), yr, out, cols, epilogue); break;
+          case 2: vnni_panel_rows<2>(xr, xrow, dr, xo, blocks, panel->data(), yr, out, cols, epilogue); break;
+          default: vnni_panel_rows<1>(xr, xrow, dr, xo, blocks, panel->data(), yr, out, cols, epilogue); break;
         }
       }
     }
@@ -582,18 +592,6 @@ POSENC_TARGET_VNNI inline __m512i sum_lanes8x16(const __m256i* v) {
   return _mm512_inserti64x4(_mm512_castsi256_si512(w[0]), w[1], 1);
 }
 
-/// What a block dot product of one row of x with weights made unsigned (Q8_0: w + 128; Q4_0: the nibble, w + 8)
-/// exceeds the exact one by: 128 (or 8) times the sum of the block's 32 int8 of x, for each block, into off (resized).
-template <bool Q4>
-void x_offsets_into(const std::byte* x_q, int64_t blocks, std::vector<int32_t>& off) {
-  off.resize(static_cast<std::size_t>(blocks));
-  for (int64_t b = 0; b < blocks; ++b) {
-    int32_t sum = 0;
-    for (int i = 0; i < kQBlock; ++i) sum += static_cast<int8_t>(x_q[b * kQ8Bytes + 2 + i]);
-    off[static_cast<std::size_t>(b)] = (Q4 ? 8 : 128) * sum;
-  }
-}
-
 /// Lane i of the result = lane (i + K) mod 16 of v.
 template <int K>
 POSENC_TARGET_VNNI inline __m512 rotate_lanes(__m512 v) {
@@ -616,7 +614,7 @@ POSENC_TARGET_VNNI inline __m512 fma_blocks_in_order(__m512 isum, __m512 scale, 
 /// Decode: one row of x (xq; dxf: its scales as float; xoff: x_offsets_into's) against the R rows o_j = o_0 + j *
 /// stride (w: row o_0), S = 16 / R blocks at a time; outputs to y[j * stride]. Per row and block one 256-bit dpbusd
 /// of the weights made unsigned (Q8_0: w + 128, its sign bit flipped; Q4_0: the nibble, w + 8) by x (s8); the 16
-/// block sums of a step (lane s * R + j: block b0 + s, row j) are reduced at once and less x's offsets (exact
+/// block sums of a step (lane s * R + j: block b0 + s, row j) are reduced at once, x's offsets added (exact
 /// integers: the block dot products), and each row's S fmas then run in block order in lanes 0..R-1 (the other
 /// lanes' values are not used). Prefetch: each row's line `ahead` bytes ahead, once per 64 bytes of the row (the
 /// plan's; kernels_dense.hpp).
@@ -676,7 +674,7 @@ POSENC_TARGET_VNNI void vnni_decode_tile(const std::byte* xq, const float* dxf, 
     const __m512i off = _mm512_permutexvar_epi32(lane_block, _mm512_maskz_loadu_epi32(live, xoff + b0));
     // The block dot products, exact integers (|sum| <= 32 * 255 * 128 before the offset) converted exactly: |isum|
     // <= 32 * 128 * 128 < 2^24.
-    const __m512 isum = _mm512_cvtepi32_ps(_mm512_sub_epi32(sum_lanes8x16(part), off));
+    const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(sum_lanes8x16(part), off));
     const __m512 dw = _mm512_cvtph_ps(_mm256_set_epi64x(static_cast<long long>(hq[3]), static_cast<long long>(hq[2]),
                                                         static_cast<long long>(hq[1]), static_cast<long long>(hq[0])));
     const __m512 dx = _mm512_permutexvar_ps(lane_block, _mm512_maskz_loadu_ps(live, dxf + b0));
@@ -914,7 +912,7 @@ void matmul_q8_amx_impl(const std::byte* x_q, int64_t n, int64_t in, const std::
       for (int64_t bi = 0; bi < tile_blocks.count; ++bi)
         for (int64_t p = p0; p < p1; ++p) {
           const int64_t o0 = p * kPanel, cols = std::min(kPanel, out - o0);
-          pack_panel<Q4>(w, wrow, o0, cols, blocks, panel.data());
+          pack_panel<Q4, false>(w, wrow, o0, cols, blocks, panel.data());
           // The next panel's rows (contiguous in w) towards L2, a slice per tile.
           const int64_t t0 = tile_blocks.begin(bi), t1 = tile_blocks.begin(bi + 1);
           const int64_t next_bytes = p + 1 < p1 ? std::min(kPanel, out - o0 - kPanel) * wrow : 0;
