@@ -155,14 +155,14 @@ struct BalancedBlocks {
   constexpr int64_t max_size() const { return (units + count - 1) / count * multiple; }
 };
 
+/// The threads of an OpenMP region that runs when `parallel` (1 when it runs serially): omp_get_max_threads() or 1.
+int64_t region_threads(bool parallel);
+
 /// How many consecutive panels a work item of a prefill product holds when the items go to whichever thread asks
 /// next: about an eighth of a thread's share of `panels` (a run long enough that the next panel's prefetch goes on
 /// as in a static share; short enough that a slower thread leaves little for the others to wait on), at least 1
 /// and at most `cap`. `threads` is the region's thread count (1 when it runs serially). The F32/F16/BF16 panels
 /// (PanelItems in kernels_dense.cpp) and the VNNI panels of q8_activations (kernels_q8.cpp) share this rule.
-/// The threads of an OpenMP region that runs when `parallel` (1 when it runs serially): omp_get_max_threads() or 1.
-int64_t region_threads(bool parallel);
-
 constexpr int64_t panels_per_item(int64_t panels, int64_t cap, int64_t threads) {
   return std::clamp<int64_t>(panels / (std::max<int64_t>(threads, 1) * 8), 1, std::max<int64_t>(cap, 1));
 }

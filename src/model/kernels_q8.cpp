@@ -449,7 +449,7 @@ inline TileEpilogue store_or_accumulate(bool accumulate) {
 
 /// Rows [0, R) of x (xq rows at stride xrow; dxf: their scales as float, xoff: x_offsets_into's, both [R][blocks])
 /// against a panel packed unsigned: y[i, 0..cols) (+)= over the blocks, fmaf(isum, d_w * d_x, acc), isum = the
-/// dpbusd of the unsigned weights by x (four bytes of x broadcast from memory: no shuffle) less x's offset.
+/// dpbusd of the unsigned weights by x (four bytes of x broadcast from memory: no shuffle), started from x's offset.
 template <int R>
 POSENC_TARGET_VNNI void vnni_panel_rows(const std::byte* xq, int64_t xrow, const float* dxf, const int32_t* xoff,
                                         int64_t blocks, const std::byte* panel, float* y, int64_t ldy, int64_t cols,
