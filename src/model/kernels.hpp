@@ -82,7 +82,10 @@ Q8Kernel q8_kernel();
 /// product — the order of llama.cpp's AMX/VNNI kernels (ggml-cpu/amx/mmq.cpp,
 /// the path its x86 builds take on CPUs with AMX; its AVX2 vec_dot keeps eight
 /// partial lanes instead and differs in the last bits). Every path gives the
-/// same bits (and so does a row alone or in a batch, on any thread count).
+/// same bits (and so does a row alone or in a batch, on any thread count)
+/// for x's int8 in [-127, 127], the range quantize_rows_q8_0 writes (the AVX2
+/// path's sign trick, like ggml's, cannot negate -128; the others are exact
+/// for -128 too). The weights may hold any int8, -128 included.
 /// `q4` selects the weight format; W is read where it lies (no copy outlives
 /// the call). Runs the q8_kernel() path.
 void matmul_q8(const std::byte* x_q, int64_t n, int64_t in, const std::byte* w, bool q4, int64_t out, float* y,

@@ -196,6 +196,44 @@ TEST_P(KernelsQ8Path, ExtremesAndNonFinite) {
   }
 }
 
+// Q4_0 at its extremes: nibbles 0 and 15 (weights -8 and 7) against activations of +-127, on every path, 5 rows
+// (VNNI panels, AVX2 tiles), 1 row (decode) and 18 rows (AMX); checked by hand for one output as well.
+TEST_P(KernelsQ8Path, Q4ExtremesGiveTheReferenceBits) {
+  const Q8Kernel k = GetParam();
+  if (!q8_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
+  const int64_t out = 19, in = 96, n = 18;
+  std::vector<std::byte> wq(static_cast<std::size_t>(out * (in / 32) * kQ4Bytes));
+  for (int64_t blk = 0; blk < out * (in / 32); ++blk) {
+    std::byte* p = wq.data() + blk * kQ4Bytes;
+    const uint16_t d = 0x3C00;  // 1.0
+    std::memcpy(p, &d, 2);
+    // Byte j: weight j in the low nibble, weight 16 + j in the high one.
+    for (int j = 0; j < 16; ++j) p[2 + j] = static_cast<std::byte>((j + blk) % 3 == 0 ? 0xF0 : (j + blk) % 3 == 1 ? 0x0F : 0x00);
+  }
+  std::vector<float> x(static_cast<std::size_t>(n * in));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = (i % 7 < 3) ? -1.0f : 1.0f;  // quantizes to +-127
+  const auto xq = quantized(x, n, in);
+  const auto weight = [&](int64_t row, int64_t col) {  // the Q4_0 value, by hand
+    const int64_t blk = row * (in / 32) + col / 32, j = col % 32;
+    const auto byte = static_cast<uint8_t>(wq[static_cast<std::size_t>(blk * kQ4Bytes + 2 + j % 16)]);
+    return (j < 16 ? byte & 0x0F : byte >> 4) - 8;
+  };
+  for (int64_t rows : {int64_t{5}, int64_t{1}, n}) {
+    std::vector<float> a(static_cast<std::size_t>(rows * out)), b(a.size());
+    matmul_q8_reference(xq.data(), rows, in, wq.data(), true, out, a.data(), false);
+    matmul_q8_with(k, xq.data(), rows, in, wq.data(), true, out, b.data(), false);
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << to_string(k) << " " << rows << " rows";
+    const float dx = f16_to_f32(f32_to_f16(1.0f / 127.0f));
+    float expect = 0.0f;  // x row 0 by weight row 4
+    for (int64_t blk = 0; blk < in / 32; ++blk) {
+      int32_t isum = 0;
+      for (int64_t j = blk * 32; j < blk * 32 + 32; ++j) isum += weight(4, j) * (j % 7 < 3 ? -127 : 127);
+      expect = std::fma(static_cast<float>(isum), dx, expect);
+    }
+    EXPECT_EQ(b[4], expect) << to_string(k) << " " << rows << " rows";
+  }
+}
+
 // The same bits whatever the thread count, and a row alone (decode's kernels) gives what it gives in a batch
 // (the tiles, panels or AMX tiles): the batch invariance the runtime's decode = prefill rests on.
 TEST_P(KernelsQ8Path, ThreadAndBatchInvariant) {
@@ -320,7 +358,10 @@ TEST(KernelsQ8DecodePlans, EveryPlanGivesTheReferenceBits) {
             omp_set_num_threads(threads);
             auto wf = randn(static_cast<std::size_t>(out * in), static_cast<uint32_t>(out * 7 + in), 0.05f);
             for (std::size_t i = 0; i < wf.size(); i += 37) wf[i] = i % 2 ? 10.0f : -10.0f;  // int8 extremes
-            const auto wq = ggml_quantize(q4 ? GgmlType::q4_0 : GgmlType::q8_0, wf);
+            auto wq = ggml_quantize(q4 ? GgmlType::q4_0 : GgmlType::q8_0, wf);
+            if (!q4)  // -128, which a Q8_0 file may hold and ggml's quantizer does not write
+              for (std::size_t blk = 0; blk < wq.size() / kQ8Bytes; ++blk)
+                wq[blk * kQ8Bytes + 2 + blk % 32] = std::byte{0x80};
             auto x = randn(static_cast<std::size_t>(in), static_cast<uint32_t>(in + runs), 1.0f);
             for (int64_t b = 0; b < in / 32; ++b)
               for (int64_t i = 0; i < 32; ++i)
