@@ -105,7 +105,7 @@ struct KernelInfo {
                                    ///< q8_activations takes the avx512 one: the same, but where POSENC_DENSE_KERNEL=avx2
                                    ///< is asked on an Intel CPU with AVX-512, 8 runs here and 16 there); ""
                                    ///< when none of them runs
-  int threads = 1;                 ///< omp_get_max_threads()
+  int threads = 1;                 ///< region_thread_count() (posenc/threads.hpp)
 };
 /// This process's KernelInfo. Asking for the plans reports a bad POSENC_DECODE_STREAMS on stderr once, as a decode
 /// would, only when a decode with a plan (the float32 products' AVX-512 or AVX2 path, the VNNI/AMX q8_activations

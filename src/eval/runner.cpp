@@ -28,6 +28,7 @@
 #include "posenc/json_file.hpp"
 #include "posenc/perplexity.hpp"
 #include "posenc/scaling.hpp"
+#include "posenc/threads.hpp"
 
 namespace posenc {
 
@@ -1383,7 +1384,7 @@ EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoin
                          {"rope_layout", std::string(to_string(model_ptr->rope().layout))},
                          {"angle_precision", std::string(to_string(model_ptr->rope().precision))},
                          {"trained_context", trained}};
-  run["threads"] = omp_get_max_threads();
+  run["threads"] = region_thread_count();
   write_file_atomic(run_dir / "run.json", run.dump(2) + "\n");
   // LATEST only ever names a run that has its run.json.
   write_file_atomic(c.out / "LATEST", res.run_id + "\n");

@@ -30,6 +30,7 @@
 #include "core/text.hpp"
 #include "model/kernels.hpp"
 #include "posenc/float16.hpp"
+#include "posenc/threads.hpp"
 
 namespace posenc::detail {
 
@@ -1085,7 +1086,7 @@ void matmul_avx512(DecodeStreams plan, const float* x, int64_t n, const RawMatri
 
 }  // namespace
 
-int64_t region_threads(bool parallel) { return parallel ? int64_t{omp_get_max_threads()} : int64_t{1}; }
+int64_t region_threads(bool parallel) { return parallel ? int64_t{region_thread_count()} : int64_t{1}; }
 
 DenseKernel dense_kernel() {
   static const DenseKernel k = detect_dense_kernel();

@@ -155,7 +155,7 @@ struct BalancedBlocks {
   constexpr int64_t max_size() const { return (units + count - 1) / count * multiple; }
 };
 
-/// The threads of an OpenMP region that runs when `parallel` (1 when it runs serially): omp_get_max_threads() or 1.
+/// The threads of an OpenMP region that runs when `parallel` (1 when it runs serially): region_thread_count() or 1.
 int64_t region_threads(bool parallel);
 
 /// How many consecutive panels a work item of a prefill product holds when the items go to whichever thread asks

@@ -32,6 +32,7 @@
 #include "posenc/attention.hpp"
 #include "posenc/error.hpp"
 #include "posenc/io.hpp"
+#include "posenc/threads.hpp"
 #include "encoding/scaling/methods.hpp"
 
 namespace posenc {
@@ -181,7 +182,7 @@ KernelInfo kernel_info() {
   else if (q8 == detail::Q8Kernel::avx512_vnni || q8 == detail::Q8Kernel::amx)
     k.decode_plan_blocks =
         detail::to_string(detail::decode_streams(detail::WeightType::q8_0, detail::DenseKernel::avx512));
-  k.threads = omp_get_max_threads();
+  k.threads = region_thread_count();
   return k;
 }
 
@@ -720,7 +721,7 @@ namespace {
 template <class Weights>
 bool decode_team_pays(const Weights& m) {
   const detail::DecodeTeam mode = detail::decode_team();
-  if (mode == detail::DecodeTeam::off || std::min(omp_get_max_threads(), omp_get_thread_limit()) < 2 ||
+  if (mode == detail::DecodeTeam::off || region_thread_count() < 2 ||
       omp_in_parallel())
     return false;
   const auto plain = [](const Linear& l) {
