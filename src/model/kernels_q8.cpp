@@ -2,6 +2,7 @@
 // of llama.cpp's CPU backend; see kernels.hpp. Compiled with FMA contraction,
 // but every rounding that matters is written out (std::fma, explicit casts).
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -611,27 +612,68 @@ POSENC_TARGET_VNNI inline __m512 fma_blocks_in_order(__m512 isum, __m512 scale, 
   return acc;
 }
 
-/// Decode: one row of x (xq; dxf: its scales as float; xoff: x_offsets_into's) against the R rows o_j = o_0 + j *
-/// stride (w: row o_0), S = 16 / R blocks at a time; outputs to y[j * stride]. Per row and block one 256-bit dpbusd
-/// of the weights made unsigned (Q8_0: w + 128, its sign bit flipped; Q4_0: the nibble, w + 8) by x (s8); the 16
-/// block sums of a step (lane s * R + j: block b0 + s, row j) are reduced at once, x's offsets added (exact
-/// integers: the block dot products), and each row's S fmas then run in block order in lanes 0..R-1 (the other
+/// A decode step's end (vnni_decode_tile, vnni_decode_tile_q4): acc (lanes 0..R-1: rows 0..R-1) += the products of
+/// blocks b0 .. b0 + steps - 1 in block order, from their exact sums isum (lane s * R + j: block b0 + s, row j;
+/// without x's offsets) and the weights' scales hq (fp16 bits, lane i at bits 16 * (i % 4) of hq[i / 4]).
+template <int R>
+POSENC_TARGET_VNNI inline __m512 finish_decode_step(__m512i isum, const uint64_t* hq, const float* dxf,
+                                                    const int32_t* xoff, int64_t b0, int steps, __m512 acc) {
+  constexpr int S = 16 / R;
+  // Lane s * R + j takes x's scale and offset of block b0 + s (the blocks past the row's end: 0, read from no
+  // memory).
+  const __m512i lane_block = _mm512_setr_epi32(0 / R, 1 / R, 2 / R, 3 / R, 4 / R, 5 / R, 6 / R, 7 / R, 8 / R, 9 / R,
+                                               10 / R, 11 / R, 12 / R, 13 / R, 14 / R, 15 / R);
+  const __mmask16 live = static_cast<__mmask16>((1u << steps) - 1);
+  const __m512i off = _mm512_permutexvar_epi32(lane_block, _mm512_maskz_loadu_epi32(live, xoff + b0));
+  // The block dot products, exact integers (|sum| <= 32 * 255 * 128 before the offset) converted exactly: |sum|
+  // <= 32 * 128 * 128 < 2^24.
+  const __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(isum, off));
+  const __m512 dw = _mm512_cvtph_ps(_mm256_set_epi64x(static_cast<long long>(hq[3]), static_cast<long long>(hq[2]),
+                                                      static_cast<long long>(hq[1]), static_cast<long long>(hq[0])));
+  const __m512 dx = _mm512_permutexvar_ps(lane_block, _mm512_maskz_loadu_ps(live, dxf + b0));
+  const __m512 scale = _mm512_mul_ps(dw, dx);  // d_w * d_x, as the reference
+  return fma_blocks_in_order<R>(sum, scale, acc, steps, std::make_integer_sequence<int, S>{});
+}
+
+/// The R results of a decode tile (acc's lanes 0..R-1) to y[j * stride], stored or added.
+template <int R>
+POSENC_TARGET_VNNI inline void store_decode_tile(__m512 acc, float* y, int64_t stride, bool accumulate) {
+  alignas(64) float v[16];
+  _mm512_store_ps(v, acc);
+  for (int j = 0; j < R; ++j) y[j * stride] = accumulate ? y[j * stride] + v[j] : v[j];
+}
+
+/// Prefetch of the line `ahead` bytes past a block's last byte (the address as an integer: it may lie past the
+/// matrix, and a prefetch does not fault).
+template <int64_t BlockBytes>
+POSENC_TARGET_VNNI inline void prefetch_ahead(const std::byte* blk, int64_t ahead) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(blk) +
+                                             static_cast<uintptr_t>(ahead + BlockBytes - 1)),
+               _MM_HINT_T0);
+}
+
+/// Decode, Q8_0: one row of x (xq; dxf: its scales as float; xoff: x_offsets_into's) against the R rows o_j = o_0 +
+/// j * stride (w: row o_0), S = 16 / R blocks at a time; outputs to y[j * stride]. Per row and block one 256-bit
+/// dpbusd of the weights made unsigned (w + 128, the sign bit flipped) by x (s8); the 16 block sums of a step (lane
+/// s * R + j: block b0 + s, row j) are reduced at once (sum_lanes8x16), and finish_decode_step adds x's offsets
+/// (exact integers: the block dot products) and runs each row's S fmas in block order in lanes 0..R-1 (the other
 /// lanes' values are not used). Prefetch: each row's line `ahead` bytes ahead, once per 64 bytes of the row (the
-/// plan's; kernels_dense.hpp).
-template <bool Q4, int R, bool Prefetch>
+/// plan's; kernels_dense.hpp). (vnni_decode_tile_q4's layout, two rows' halves per vector, was slower here: 32.3
+/// against 35.2 GB/s from L2 on Zen 4, BM_MatmulDecodeCached: the inserts cost what the shorter reduction saved.)
+template <int R, bool Prefetch>
 POSENC_TARGET_VNNI void vnni_decode_tile(const std::byte* xq, const float* dxf, const int32_t* xoff, int64_t blocks,
                                          const std::byte* w, int64_t wrow, int64_t stride, float* y, bool accumulate,
                                          int64_t ahead) {
   static_assert(R == 2 || R == 4 || R == 8 || R == 16);
   constexpr int S = 16 / R;
-  constexpr int64_t wb = Q4 ? kQ4Bytes : kQ8Bytes;
+  constexpr int64_t wb = kQ8Bytes;
   __m512 acc = _mm512_setzero_ps();
   for (int64_t b0 = 0; b0 < blocks; b0 += S) {
     const int steps = static_cast<int>(std::min<int64_t>(S, blocks - b0));
     __m256i part[16];
     // The 16 weight scales (fp16 bits), four to a 64-bit word in lane order, assembled in general registers: stored
     // as 16 halfs and loaded as one vector they stalled the loop on a failed store-to-load forward (measured with the
-    // plan of 4 runs: 34.7 GB/s against 42 with the scales left out).
+    // plan of 4 runs: 34.7 GB/s against 42 with the scales left out); gathered (vpgatherdd), 28.5 against 35.5.
     uint64_t hq[4] = {0, 0, 0, 0};
 #pragma GCC unroll 8
     for (int s = 0; s < S; ++s) {
@@ -646,44 +688,103 @@ POSENC_TARGET_VNNI void vnni_decode_tile(const std::byte* xq, const float* dxf, 
 #pragma GCC unroll 16
       for (int j = 0; j < R; ++j) {
         const std::byte* blk = w + j * stride * wrow + b * wb;
-        if (prefetch)  // the address as an integer: it may lie past the matrix (a prefetch does not fault)
-          _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(blk) +
-                                                     static_cast<uintptr_t>(ahead + wb - 1)),
-                       _MM_HINT_T0);
+        if (prefetch) prefetch_ahead<wb>(blk, ahead);
         uint16_t h;
         std::memcpy(&h, blk, 2);
         hq[(s * R + j) / 4] |= uint64_t{h} << (16 * ((s * R + j) % 4));
-        __m256i wu;  // the weights + 128 (Q8_0) or + 8 (Q4_0), as u8
-        if constexpr (Q4) {
-          // The 16 bytes in both halves by the load itself, the high half's shifted by 4: bytes 0-15 the low
-          // nibbles (weights 0-15), 16-31 the high ones (16-31), with no shuffle.
-          const __m256i both = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
-          wu = _mm256_and_si256(_mm256_srlv_epi64(both, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
-        } else {
-          wu = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)),
-                                _mm256_set1_epi8(static_cast<char>(0x80)));
-        }
+        const __m256i wu = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)),
+                                            _mm256_set1_epi8(static_cast<char>(0x80)));
         part[s * R + j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, xv);
       }
     }
-    // Lane s * R + j takes x's scale and offset of block b0 + s (the blocks past the row's end: 0, read from no
-    // memory).
-    const __m512i lane_block = _mm512_setr_epi32(0 / R, 1 / R, 2 / R, 3 / R, 4 / R, 5 / R, 6 / R, 7 / R, 8 / R, 9 / R,
-                                                 10 / R, 11 / R, 12 / R, 13 / R, 14 / R, 15 / R);
-    const __mmask16 live = static_cast<__mmask16>((1u << steps) - 1);
-    const __m512i off = _mm512_permutexvar_epi32(lane_block, _mm512_maskz_loadu_epi32(live, xoff + b0));
-    // The block dot products, exact integers (|sum| <= 32 * 255 * 128 before the offset) converted exactly: |isum|
-    // <= 32 * 128 * 128 < 2^24.
-    const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(sum_lanes8x16(part), off));
-    const __m512 dw = _mm512_cvtph_ps(_mm256_set_epi64x(static_cast<long long>(hq[3]), static_cast<long long>(hq[2]),
-                                                        static_cast<long long>(hq[1]), static_cast<long long>(hq[0])));
-    const __m512 dx = _mm512_permutexvar_ps(lane_block, _mm512_maskz_loadu_ps(live, dxf + b0));
-    const __m512 scale = _mm512_mul_ps(dw, dx);  // d_w * d_x, as the reference
-    acc = fma_blocks_in_order<R>(isum, scale, acc, steps, std::make_integer_sequence<int, S>{});
+    acc = finish_decode_step<R>(sum_lanes8x16(part), hq, dxf, xoff, b0, steps, acc);
   }
-  alignas(64) float v[16];
-  _mm512_store_ps(v, acc);
-  for (int j = 0; j < R; ++j) y[j * stride] = accumulate ? y[j * stride] + v[j] : v[j];
+  store_decode_tile<R>(acc, y, stride, accumulate);
+}
+
+/// Lane i of the result = the sum of the four int32 of 128-bit half (i / 4) % 2 of v[(i / 8) * 4 + i % 4] (8
+/// vectors, 16 halves; exact, so in any order): two levels of in-lane unpacks and adds, then one insert (13
+/// shuffles of 256 bits for 16 sums, against sum_lanes8x16's 29).
+POSENC_TARGET_VNNI inline __m512i sum_quads8x2(const __m256i* v) {
+  __m256i t[4], u[2];
+  for (int i = 0; i < 4; ++i)  // in each half, of a = v[2i], b = v[2i+1]: [a0+a2, b0+b2, a1+a3, b1+b3]
+    t[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                            _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 2; ++i)  // in each half, the sums of v[4i], ..., v[4i+3] in order
+    u[i] = _mm256_add_epi32(_mm256_unpacklo_epi64(t[2 * i], t[2 * i + 1]),
+                            _mm256_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(u[0]), u[1], 1);
+}
+
+/// Decode, Q4_0: as vnni_decode_tile, with the two halves of a block (weights 0-15: the low nibbles of its 16
+/// bytes; 16-31: the high ones) summed into the same four int32: rows 2p and 2p + 1 side by side in one vector (row
+/// 2p's 16 bytes in the low 128 bits, 2p + 1's in the high), two dpbusd (the low nibbles by x's weights 0-15, the
+/// high by 16-31, each broadcast to both 128-bit lanes) into it. The reduction then starts from 4 int32 per row and
+/// block, not 8 (sum_quads8x2), and a permute puts the sums in vnni_decode_tile's lanes: the same exact integers,
+/// the same fmas, so the same bits. From L2 (BM_MatmulDecodeCached, Zen 4) 18.2 GB/s against 16.4 with one 32-byte
+/// vector per row and block; the 487M Q4_0 model's decode in q8_activations 64.4 -> 71.9 tokens/s at one thread.
+template <int R, bool Prefetch>
+POSENC_TARGET_VNNI void vnni_decode_tile_q4(const std::byte* xq, const float* dxf, const int32_t* xoff, int64_t blocks,
+                                            const std::byte* w, int64_t wrow, int64_t stride, float* y,
+                                            bool accumulate, int64_t ahead) {
+  static_assert(R == 2 || R == 4 || R == 8 || R == 16);
+  constexpr int S = 16 / R, P = R / 2;  // blocks a step, row pairs
+  constexpr int64_t wb = kQ4Bytes;
+  // Lane s * R + j (block b0 + s, row j) takes lane i of sum_quads8x2's result: i's vector is q = (i / 8) * 4 + i %
+  // 4 = s * P + p (rows 2p and 2p + 1 of block b0 + s), its half (i / 4) % 2 the row's parity.
+  static constexpr std::array<int32_t, 16> kFrom = [] {
+    std::array<int32_t, 16> from{};
+    for (int i = 0; i < 16; ++i) {
+      const int q = (i / 8) * 4 + i % 4, half = (i / 4) % 2;
+      from[static_cast<std::size_t>((q / P) * R + (q % P) * 2 + half)] = i;
+    }
+    return from;
+  }();
+  const __m512i from = _mm512_loadu_si512(kFrom.data());
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b0 = 0; b0 < blocks; b0 += S) {
+    const int steps = static_cast<int>(std::min<int64_t>(S, blocks - b0));
+    __m256i part[8];
+    uint64_t hq[4] = {0, 0, 0, 0};  // the 16 weight scales, as vnni_decode_tile
+#pragma GCC unroll 8
+    for (int s = 0; s < S; ++s) {
+      if (s >= steps) {  // past the row's end: zero sums, zero scales
+#pragma GCC unroll 8
+        for (int p = 0; p < P; ++p) part[s * P + p] = _mm256_setzero_si256();
+        continue;
+      }
+      const int64_t b = b0 + s;
+      // x's weights 0-15 and 16-31, each in both 128-bit lanes (broadcast loads: no shuffle).
+      const __m256i x_lo =
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + b * kQ8Bytes + 2)));
+      const __m256i x_hi =
+          _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + b * kQ8Bytes + 18)));
+      const bool prefetch = Prefetch && (b * wb) % 64 + wb >= 64;
+#pragma GCC unroll 8
+      for (int p = 0; p < P; ++p) {
+        const std::byte* blk0 = w + 2 * p * stride * wrow + b * wb;
+        const std::byte* blk1 = blk0 + stride * wrow;
+        if (prefetch) {
+          prefetch_ahead<wb>(blk0, ahead);
+          prefetch_ahead<wb>(blk1, ahead);
+        }
+        uint16_t h0, h1;
+        std::memcpy(&h0, blk0, 2);
+        std::memcpy(&h1, blk1, 2);
+        const int lane = s * R + 2 * p;  // row 2p's; 2p + 1's is the next (lane is even: one 64-bit word)
+        hq[lane / 4] |= (uint64_t{h0} | uint64_t{h1} << 16) << (16 * (lane % 4));
+        // The nibbles are the weights + 8, as u8.
+        const __m256i both = _mm256_inserti128_si256(
+            _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk0 + 2))),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk1 + 2)), 1);
+        const __m256i lo = _mm256_and_si256(both, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(both, 4), nibble);
+        part[s * P + p] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, x_lo), hi, x_hi);
+      }
+    }
+    acc = finish_decode_step<R>(_mm512_permutexvar_epi32(from, sum_quads8x2(part)), hq, dxf, xoff, b0, steps, acc);
+  }
+  store_decode_tile<R>(acc, y, stride, accumulate);
 }
 
 /// The rows [r0, r1) as R runs of `stride` consecutive rows read side by side (the dense decode's DecodeStreams
@@ -693,8 +794,12 @@ void vnni_decode_rows(const std::byte* x_q, const float* dxf, const int32_t* xof
                       float* y, bool accumulate, int64_t ahead, int64_t r0, int64_t r1) {
   const int64_t wrow = blocks * (Q4 ? kQ4Bytes : kQ8Bytes), stride = (r1 - r0) / R;
   for (int64_t g = 0; g < stride; ++g)
-    vnni_decode_tile<Q4, R, Prefetch>(x_q, dxf, xoff, blocks, w + (r0 + g) * wrow, wrow, stride, y + r0 + g,
-                                      accumulate, ahead);
+    if constexpr (Q4)
+      vnni_decode_tile_q4<R, Prefetch>(x_q, dxf, xoff, blocks, w + (r0 + g) * wrow, wrow, stride, y + r0 + g,
+                                       accumulate, ahead);
+    else
+      vnni_decode_tile<R, Prefetch>(x_q, dxf, xoff, blocks, w + (r0 + g) * wrow, wrow, stride, y + r0 + g, accumulate,
+                                    ahead);
   for (int64_t o = r0 + stride * R; o < r1; ++o) {
     const float v = dot_row(w + o * wrow, Q4, x_q, blocks);
     y[o] = accumulate ? y[o] + v : v;
