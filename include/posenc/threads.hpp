@@ -24,9 +24,11 @@ void check_omp_num_threads();
 void check_omp_threads_in_use();
 
 /// The threads a parallel region started outside any other gets: omp_get_max_threads() (OMP_NUM_THREADS, or
-/// omp_set_num_threads) capped by omp_get_thread_limit() (OMP_THREAD_LIMIT), at least 1. What posenc reports as
-/// its thread count (KernelInfo::threads, an evaluation run's run.json): with OMP_NUM_THREADS=2 OMP_THREAD_LIMIT=1
-/// the regions run on one thread and this says 1, where omp_get_max_threads() says 2. Never throws.
+/// omp_set_num_threads) capped by omp_get_thread_limit() (OMP_THREAD_LIMIT), at least 1; 1 when no region may be
+/// active (OMP_MAX_ACTIVE_LEVELS=0). What posenc reports as its thread count (KernelInfo::threads, an evaluation
+/// run's run.json): with OMP_NUM_THREADS=2 OMP_THREAD_LIMIT=1 the regions run on one thread and this says 1, where
+/// omp_get_max_threads() says 2. Under OMP_DYNAMIC=true the runtime may give a region fewer threads than this,
+/// region by region, which no count given beforehand can say. Never throws.
 int region_thread_count() noexcept;
 
 }  // namespace posenc

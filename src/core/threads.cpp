@@ -21,7 +21,10 @@ int max_omp_threads() noexcept {
   return 64 * static_cast<int>(hw == 0 ? 1U : std::min(hw, 1U << 16));
 }
 
-int region_thread_count() noexcept { return std::max(1, std::min(omp_get_max_threads(), omp_get_thread_limit())); }
+int region_thread_count() noexcept {
+  if (omp_get_max_active_levels() < 1) return 1;  // OMP_MAX_ACTIVE_LEVELS=0: every region runs on its one thread
+  return std::max(1, std::min(omp_get_max_threads(), omp_get_thread_limit()));
+}
 
 namespace {
 /// `text` with every byte outside printable ASCII as \xHH: the message stays valid UTF-8 (Python's ImportError

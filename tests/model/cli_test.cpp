@@ -361,7 +361,8 @@ TEST(Cli, JsonRecordsTheKernelsItsTimingsDependOn) {
   }
   ASSERT_EQ(generate("OMP_NUM_THREADS=2 POSENC_DECODE_STREAMS=8:prefetch=64", d.path() / "b.json"), 0);
   const auto b = nlohmann::json::parse(posenc::test::slurp(d.path() / "b.json")).at("kernels");
-  EXPECT_EQ(b.at("threads"), std::min(2, omp_get_thread_limit()));  // OMP_THREAD_LIMIT, inherited, caps it
+  // OMP_THREAD_LIMIT or OMP_MAX_ACTIVE_LEVELS=0, inherited, cap it.
+  EXPECT_EQ(b.at("threads"), omp_get_max_active_levels() < 1 ? 1 : std::min(2, omp_get_thread_limit()));
   const bool dense = here.dense_kernel != "reference";
   const bool blocks = dense || here.q8_kernel == "avx512_vnni" || here.q8_kernel == "amx";
   EXPECT_EQ(b.at("decode_plan_dense"), dense ? nlohmann::json("8:prefetch=64") : nlohmann::json(nullptr)) << b.dump();
@@ -385,17 +386,17 @@ TEST(Cli, JsonRecordsTheKernelsItsTimingsDependOn) {
     else
       EXPECT_EQ(k.at("decode_team_steps"), 3) << k.dump();  // the tokens after the first, one step each
   }
-  {
-    // OMP_THREAD_LIMIT=1 runs every region on one thread: the count reported is that one (omp_get_max_threads()
-    // still says 2), and no decode team forms.
+  // OMP_THREAD_LIMIT=1, or OMP_MAX_ACTIVE_LEVELS=0, runs every region on one thread: the count reported is that
+  // one (omp_get_max_threads() still says 2), and no decode team forms.
+  for (const std::string limit : {"OMP_THREAD_LIMIT=1", "OMP_MAX_ACTIVE_LEVELS=0"}) {
     const auto out = d.path() / "limited.json";
-    const std::string cmd = "OMP_NUM_THREADS=2 OMP_THREAD_LIMIT=1 '" + std::string(POSENC_CLI_PATH) +
+    const std::string cmd = "OMP_NUM_THREADS=2 " + limit + " '" + std::string(POSENC_CLI_PATH) +
                             "' generate --model " + q(big) + " --prompt 'tok5 tok9' --max-tokens 4 --ignore-eos "
                             "--quiet --json " + q(out) + " >/dev/null 2>&1";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     const auto k = nlohmann::json::parse(posenc::test::slurp(out)).at("kernels");
-    EXPECT_EQ(k.at("threads"), 1) << k.dump();
-    EXPECT_EQ(k.at("decode_team_steps"), 0) << k.dump();
+    EXPECT_EQ(k.at("threads"), 1) << limit << " " << k.dump();
+    EXPECT_EQ(k.at("decode_team_steps"), 0) << limit << " " << k.dump();
   }
   const auto out = d.path() / "p.json";
   const auto r = run_cli("ppl " + model_args() + " --text " + q(posenc::test::text_path()) +
