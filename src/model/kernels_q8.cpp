@@ -612,7 +612,7 @@ POSENC_TARGET_VNNI inline __m512 fma_blocks_in_order(__m512 isum, __m512 scale, 
   return acc;
 }
 
-/// A decode step's end (vnni_decode_tile, vnni_decode_tile_q4): acc (lanes 0..R-1: rows 0..R-1) += the products of
+/// A decode step's end (vnni_decode_tile_q4; vnni_decode_tile writes the same out): acc (lanes 0..R-1: rows 0..R-1) += the products of
 /// blocks b0 .. b0 + steps - 1 in block order, from their exact sums isum (lane s * R + j: block b0 + s, row j;
 /// without x's offsets) and the weights' scales hq (fp16 bits, lane i at bits 16 * (i % 4) of hq[i / 4]).
 template <int R>
@@ -655,11 +655,14 @@ POSENC_TARGET_VNNI inline void prefetch_ahead(const std::byte* blk, int64_t ahea
 /// Decode, Q8_0: one row of x (xq; dxf: its scales as float; xoff: x_offsets_into's) against the R rows o_j = o_0 +
 /// j * stride (w: row o_0), S = 16 / R blocks at a time; outputs to y[j * stride]. Per row and block one 256-bit
 /// dpbusd of the weights made unsigned (w + 128, the sign bit flipped) by x (s8); the 16 block sums of a step (lane
-/// s * R + j: block b0 + s, row j) are reduced at once (sum_lanes8x16), and finish_decode_step adds x's offsets
-/// (exact integers: the block dot products) and runs each row's S fmas in block order in lanes 0..R-1 (the other
-/// lanes' values are not used). Prefetch: each row's line `ahead` bytes ahead, once per 64 bytes of the row (the
-/// plan's; kernels_dense.hpp). (vnni_decode_tile_q4's layout, two rows' halves per vector, was slower here: 32.3
-/// against 35.2 GB/s from L2 on Zen 4, BM_MatmulDecodeCached: the inserts cost what the shorter reduction saved.)
+/// s * R + j: block b0 + s, row j) are reduced at once (sum_lanes8x16), x's offsets added (exact integers: the
+/// block dot products), and each row's S fmas then run in block order in lanes 0..R-1 (the other lanes' values are
+/// not used). Prefetch: each row's line `ahead` bytes ahead, once per 64 bytes of the row (the plan's;
+/// kernels_dense.hpp). The step's end is written out here rather than shared with vnni_decode_tile_q4
+/// (finish_decode_step): with the shared one the loop's instructions were the same but for register allocation,
+/// and the 487M Q8_0 model decoded 0.4-5.5% slower at one thread in each of nine alternations (Zen 4). Tried and
+/// slower: vnni_decode_tile_q4's layout, two rows' halves per vector (from L2 32.3 against 35.2 GB/s by inserts,
+/// 31.1 against 35.7 by blends of overlapping loads).
 template <int R, bool Prefetch>
 POSENC_TARGET_VNNI void vnni_decode_tile(const std::byte* xq, const float* dxf, const int32_t* xoff, int64_t blocks,
                                          const std::byte* w, int64_t wrow, int64_t stride, float* y, bool accumulate,
@@ -688,18 +691,36 @@ POSENC_TARGET_VNNI void vnni_decode_tile(const std::byte* xq, const float* dxf, 
 #pragma GCC unroll 16
       for (int j = 0; j < R; ++j) {
         const std::byte* blk = w + j * stride * wrow + b * wb;
-        if (prefetch) prefetch_ahead<wb>(blk, ahead);
+        if (prefetch)  // the address as an integer: it may lie past the matrix (a prefetch does not fault)
+          _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(blk) +
+                                                     static_cast<uintptr_t>(ahead + wb - 1)),
+                       _MM_HINT_T0);
         uint16_t h;
         std::memcpy(&h, blk, 2);
         hq[(s * R + j) / 4] |= uint64_t{h} << (16 * ((s * R + j) % 4));
         const __m256i wu = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2)),
-                                            _mm256_set1_epi8(static_cast<char>(0x80)));
+                                            _mm256_set1_epi8(static_cast<char>(0x80)));  // w + 128, as u8
         part[s * R + j] = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, xv);
       }
     }
-    acc = finish_decode_step<R>(sum_lanes8x16(part), hq, dxf, xoff, b0, steps, acc);
+    // Lane s * R + j takes x's scale and offset of block b0 + s (the blocks past the row's end: 0, read from no
+    // memory).
+    const __m512i lane_block = _mm512_setr_epi32(0 / R, 1 / R, 2 / R, 3 / R, 4 / R, 5 / R, 6 / R, 7 / R, 8 / R, 9 / R,
+                                                 10 / R, 11 / R, 12 / R, 13 / R, 14 / R, 15 / R);
+    const __mmask16 live = static_cast<__mmask16>((1u << steps) - 1);
+    const __m512i off = _mm512_permutexvar_epi32(lane_block, _mm512_maskz_loadu_epi32(live, xoff + b0));
+    // The block dot products, exact integers (|sum| <= 32 * 255 * 128 before the offset) converted exactly: |isum|
+    // <= 32 * 128 * 128 < 2^24.
+    const __m512 isum = _mm512_cvtepi32_ps(_mm512_add_epi32(sum_lanes8x16(part), off));
+    const __m512 dw = _mm512_cvtph_ps(_mm256_set_epi64x(static_cast<long long>(hq[3]), static_cast<long long>(hq[2]),
+                                                        static_cast<long long>(hq[1]), static_cast<long long>(hq[0])));
+    const __m512 dx = _mm512_permutexvar_ps(lane_block, _mm512_maskz_loadu_ps(live, dxf + b0));
+    const __m512 scale = _mm512_mul_ps(dw, dx);  // d_w * d_x, as the reference
+    acc = fma_blocks_in_order<R>(isum, scale, acc, steps, std::make_integer_sequence<int, S>{});
   }
-  store_decode_tile<R>(acc, y, stride, accumulate);
+  alignas(64) float v[16];
+  _mm512_store_ps(v, acc);
+  for (int j = 0; j < R; ++j) y[j * stride] = accumulate ? y[j * stride] + v[j] : v[j];
 }
 
 /// Lane i of the result = the sum of the four int32 of 128-bit half (i / 4) % 2 of v[(i / 8) * 4 + i % 4] (8
@@ -721,8 +742,9 @@ POSENC_TARGET_VNNI inline __m512i sum_quads8x2(const __m256i* v) {
 /// 2p's 16 bytes in the low 128 bits, 2p + 1's in the high), two dpbusd (the low nibbles by x's weights 0-15, the
 /// high by 16-31, each broadcast to both 128-bit lanes) into it. The reduction then starts from 4 int32 per row and
 /// block, not 8 (sum_quads8x2), and a permute puts the sums in vnni_decode_tile's lanes: the same exact integers,
-/// the same fmas, so the same bits. From L2 (BM_MatmulDecodeCached, Zen 4) 18.2 GB/s against 16.4 with one 32-byte
-/// vector per row and block; the 487M Q4_0 model's decode in q8_activations 64.4 -> 71.9 tokens/s at one thread.
+/// the same fmas, so the same bits. From L2 (BM_MatmulDecodeCached, Zen 4) 18.2-18.3 GB/s against 16.4-16.5 with one
+/// 32-byte vector per row and block; the 487M Q4_0 model's decode in q8_activations, old and new alternated three
+/// times, 64.7-65.7 -> 72.3-73.4 tokens/s at one thread (bench/vnni_raw/zen4-q4).
 template <int R, bool Prefetch>
 POSENC_TARGET_VNNI void vnni_decode_tile_q4(const std::byte* xq, const float* dxf, const int32_t* xoff, int64_t blocks,
                                             const std::byte* w, int64_t wrow, int64_t stride, float* y,
