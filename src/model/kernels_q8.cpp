@@ -612,9 +612,10 @@ POSENC_TARGET_VNNI inline __m512 fma_blocks_in_order(__m512 isum, __m512 scale, 
   return acc;
 }
 
-/// A decode step's end (vnni_decode_tile_q4; vnni_decode_tile writes the same out): acc (lanes 0..R-1: rows 0..R-1) += the products of
-/// blocks b0 .. b0 + steps - 1 in block order, from their exact sums isum (lane s * R + j: block b0 + s, row j;
-/// without x's offsets) and the weights' scales hq (fp16 bits, lane i at bits 16 * (i % 4) of hq[i / 4]).
+/// A decode step's end (vnni_decode_tile_q4; vnni_decode_tile writes the same out): acc (lanes 0..R-1: rows
+/// 0..R-1) += the products of blocks b0 .. b0 + steps - 1 in block order, from their exact sums isum (lane s * R +
+/// j: block b0 + s, row j; without x's offsets) and the weights' scales hq (fp16 bits, lane i at bits 16 * (i % 4)
+/// of hq[i / 4]).
 template <int R>
 POSENC_TARGET_VNNI inline __m512 finish_decode_step(__m512i isum, const uint64_t* hq, const float* dxf,
                                                     const int32_t* xoff, int64_t b0, int steps, __m512 acc) {

@@ -721,9 +721,7 @@ namespace {
 template <class Weights>
 bool decode_team_pays(const Weights& m) {
   const detail::DecodeTeam mode = detail::decode_team();
-  if (mode == detail::DecodeTeam::off || region_thread_count() < 2 ||
-      omp_in_parallel())
-    return false;
+  if (mode == detail::DecodeTeam::off || region_thread_count() < 2 || omp_in_parallel()) return false;
   const auto plain = [](const Linear& l) {
     if (l.q8_activations) return detail::q8_decode_rows_supported(l.in, l.w.type == detail::WeightType::q4_0);
     return !l.split && detail::decode_rows_supported(l.w);
