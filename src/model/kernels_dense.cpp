@@ -467,13 +467,6 @@ void matmul_panels_avx2(const float* x, int64_t n, const RawMatrix& w, float* y,
 // decode ran the 1 x 3 tiles above, three adjacent rows at a time with the rows two tiles on prefetched: on Zen 5 in
 // AVX2, the 487M F16 model's decode read 30 of 41 GB/s at one thread (74%).
 
-/// prefetcht0 of the line `ahead` bytes past p (may lie past the matrix: formed as an integer, a prefetch does not
-/// fault).
-POSENC_TARGET_AVX2 inline void prefetch_ahead_avx2(const std::byte* p, int64_t ahead) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(ahead)),
-               _MM_HINT_T0);
-}
-
 /// y[o_j] (+)= x · row o_j for the R rows o_j = o_0 + j * stride (w: row o_0, rb: bytes per row), cols % 16 == 0.
 template <WeightType T, int R, bool Prefetch>
 POSENC_TARGET_AVX2 void decode_tile_avx2(const float* x, int64_t cols, const std::byte* w, int64_t rb, int64_t stride,
@@ -489,7 +482,7 @@ POSENC_TARGET_AVX2 void decode_tile_avx2(const float* x, int64_t cols, const std
       const bool prefetch = Prefetch && (b * kBlockBytes) % 64 + kBlockBytes >= 64;  // once per 64 bytes of a row
       for (int j = 0; j < R; ++j) {
         const std::byte* blk = w + j * stride * rb + b * kBlockBytes;
-        if (prefetch) prefetch_ahead_avx2(blk, ahead + kBlockBytes - 1);
+        if (prefetch) prefetch_ahead(blk, ahead + kBlockBytes - 1);
         uint16_t h;
         std::memcpy(&h, blk, 2);
         const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
@@ -520,7 +513,7 @@ POSENC_TARGET_AVX2 void decode_tile_avx2(const float* x, int64_t cols, const std
         const std::byte* row = w + j * stride * rb;
         if constexpr (Prefetch)
           if (chunk_bytes < 64 ? (c & 1) == 0 : true)  // one prefetch per cache line of the row
-            prefetch_ahead_avx2(row, ahead + c * chunk_bytes);
+            prefetch_ahead(row, ahead + c * chunk_bytes);
         acc[j] = Avx2::fma(xv, Avx2::load_w<T>(row, c), acc[j]);
       }
     }
@@ -971,13 +964,6 @@ void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* 
 // distance moved: 2 runs at one thread, two alternations, GB/s: 2 KiB 36.0-36.5, 3 KiB 38.7-39.1, 4 KiB 39.3-40.4,
 // 5 KiB 39.2-40.0, 6 KiB 38.0-39.1, 8 KiB 36.5-37.2, unprefetched 37.3-38.2 (4 runs 3 KiB 35.3-36.1); at two threads
 // 3 and 4 KiB alike (46-48 of 51 GB/s). Q8_0 stayed: 4 runs 3 KiB 38.7-40.3, 4 KiB 37.4-38.2, 2 KiB 36.7-37.6.
-
-/// prefetcht0 of the line `ahead` bytes past p, which may lie past the end of the matrix (a prefetch does not
-/// fault): the address is formed as an integer, not by pointer arithmetic past the array.
-POSENC_TARGET_AVX512 inline void prefetch_ahead(const std::byte* p, int64_t ahead) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(ahead)),
-               _MM_HINT_T0);
-}
 
 /// y[o_j] (+)= x · row o_j for the R rows o_j = o_0 + j * stride (w: row o_0, rb: bytes per row); the outputs go
 /// to y[j * stride]. Prefetch: each row's line `ahead` bytes ahead (a multiple of 64), once per line.

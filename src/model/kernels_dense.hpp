@@ -4,6 +4,8 @@
 // each weight is widened to float32 in registers as it is read.
 #pragma once
 
+#include <xmmintrin.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -154,6 +156,14 @@ struct BalancedBlocks {
   /// No block is larger: ceil(units / count) multiples.
   constexpr int64_t max_size() const { return (units + count - 1) / count * multiple; }
 };
+
+/// prefetcht0 of the line `ahead` bytes past p, which may lie past the end of the matrix (a prefetch does not
+/// fault): the address is formed as an integer, not by pointer arithmetic past the array. The decode loops' one
+/// prefetch (the AVX-512 and AVX2 float32 products, the VNNI Q4_0 tile).
+inline void prefetch_ahead(const std::byte* p, int64_t ahead) {
+  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(ahead)),
+               _MM_HINT_T0);
+}
 
 /// The threads of an OpenMP region that runs when `parallel` (1 when it runs serially): region_thread_count() or 1.
 int64_t region_threads(bool parallel);

@@ -644,15 +644,6 @@ POSENC_TARGET_VNNI inline void store_decode_tile(__m512 acc, float* y, int64_t s
   for (int j = 0; j < R; ++j) y[j * stride] = accumulate ? y[j * stride] + v[j] : v[j];
 }
 
-/// Prefetch of the line `ahead` bytes past a block's last byte (the address as an integer: it may lie past the
-/// matrix, and a prefetch does not fault).
-template <int64_t BlockBytes>
-POSENC_TARGET_VNNI inline void prefetch_ahead(const std::byte* blk, int64_t ahead) {
-  _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(blk) +
-                                             static_cast<uintptr_t>(ahead + BlockBytes - 1)),
-               _MM_HINT_T0);
-}
-
 /// Decode, Q8_0: one row of x (xq; dxf: its scales as float; xoff: x_offsets_into's) against the R rows o_j = o_0 +
 /// j * stride (w: row o_0), S = 16 / R blocks at a time; outputs to y[j * stride]. Per row and block one 256-bit
 /// dpbusd of the weights made unsigned (w + 128, the sign bit flipped) by x (s8); the 16 block sums of a step (lane
@@ -789,8 +780,8 @@ POSENC_TARGET_VNNI void vnni_decode_tile_q4(const std::byte* xq, const float* dx
         const std::byte* blk0 = w + 2 * p * stride * wrow + b * wb;
         const std::byte* blk1 = blk0 + stride * wrow;
         if (prefetch) {
-          prefetch_ahead<wb>(blk0, ahead);
-          prefetch_ahead<wb>(blk1, ahead);
+          prefetch_ahead(blk0, ahead + wb - 1);
+          prefetch_ahead(blk1, ahead + wb - 1);
         }
         uint16_t h0, h1;
         std::memcpy(&h0, blk0, 2);
