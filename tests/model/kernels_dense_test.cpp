@@ -141,6 +141,42 @@ TEST_P(KernelsDensePath, NonFiniteValuesGiveTheReferenceBits) {
     }
 }
 
+// Every fp16 bit pattern as a Q8_0/Q4_0 block scale (65,536 blocks: 2,048 rows of 32 blocks, block i's scale the
+// pattern i: ±0, the subnormals, every normal exponent, ±inf and the NaNs), in decode (one row of x, the AVX-512
+// decode widens a normal scale by integer arithmetic, the others by vcvtph2ps) and in a small batch: the
+// reference's bits, NaN against NaN.
+TEST_P(KernelsDensePath, EveryFp16BlockScaleGivesTheReferenceBits) {
+  const DenseKernel k = GetParam();
+  if (!dense_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
+  const int64_t out = 2048, in = 1024;
+  for (WeightType t : {WeightType::q8_0, WeightType::q4_0}) {
+    StoredMatrix w(t, out, in, 91);
+    const int64_t block_bytes = t == WeightType::q8_0 ? 34 : 18;
+    for (int64_t b = 0; b < out * in / 32; ++b) {
+      const auto h = static_cast<uint16_t>(b);
+      std::memcpy(w.bytes.data() + b * block_bytes, &h, 2);
+    }
+    for (int64_t n : {1, 2}) {
+      const auto x = randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n + 17), 1.0f);
+      std::vector<float> fast(static_cast<std::size_t>(n * out)), ref(fast.size());
+      matmul_w_with(k, x.data(), n, w.m, fast.data(), false);
+      matmul_w_reference(x.data(), n, w.m, ref.data(), false);
+      int finite = 0, subnormal_rows = 0;
+      for (std::size_t i = 0; i < ref.size(); ++i) {
+        const bool both_nan = std::isnan(fast[i]) && std::isnan(ref[i]);
+        ASSERT_TRUE(both_nan || std::memcmp(&fast[i], &ref[i], sizeof(float)) == 0)
+            << to_string(t) << " n " << n << " element " << i << " (scales 0x" << std::hex << (i % out) * 32
+            << "-0x" << (i % out) * 32 + 31 << std::dec << "): " << fast[i] << " vs " << ref[i];
+        finite += std::isfinite(ref[i]);
+        subnormal_rows += (i % out) < 32 && ref[i] != 0.0f;  // rows of subnormal scales: small, not zero
+      }
+      // Rows 992-1023 and 2016-2047 hold the scales of exponent 31 (inf, NaN); the other 1,984 rows are finite.
+      EXPECT_EQ(finite, n * (out - 64)) << to_string(t);
+      EXPECT_GE(subnormal_rows, n * 31) << to_string(t);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, KernelsDensePath, ::testing::Values(DenseKernel::avx2, DenseKernel::avx512),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
