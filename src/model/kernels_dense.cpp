@@ -944,7 +944,7 @@ void matmul_panels_avx512(const float* x, int64_t n, const RawMatrix& w, float* 
 // rows of 1024 weights), and for Q8_0 they spend about 16 vector instructions per block and row (the scale converted
 // and broadcast for each of its two chunks). Here a thread splits its rows into R runs of consecutive rows and reads
 // the R runs side by side, each a long sequential stream through its own pages (R and the software prefetch: the
-// DecodeStreams plan, kernels_dense.hpp); x's chunk is loaded once for the R rows, a Q8_0/Q4_0 block takes 10
+// DecodeStreams plan, kernels_dense.hpp); x's chunk is loaded once for the R rows, a Q8_0/Q4_0 block takes 9-10
 // instructions per row (its scale widened once), and the outputs are summed by reduce16. Same lanes, same fmas in
 // the same order, same tree: the reference's bits, for every plan. Measured on the 487M model's shapes
 // (BM_MatmulDecode, from DRAM), Sapphire Rapids, 16 runs prefetched: F16 rows of 1024 weights 12.9 -> 14.5 GB/s at

@@ -177,11 +177,65 @@ TEST_P(KernelsDensePath, EveryFp16BlockScaleGivesTheReferenceBits) {
   }
 }
 
+// The rows above with an inf scale also hold NaN scales, so they are NaN whatever an inf becomes. Here each
+// non-finite scale has a row to itself, its block's weights all +1 or all -1 and x positive: a +inf scale must give
+// +inf, -inf must give -inf (with weights -1: +inf), a NaN scale NaN, in decode (64 rows: every row in a decode run
+// on one or two threads) and in a batch of 2.
+TEST_P(KernelsDensePath, AnInfOrNanBlockScaleAloneGivesTheReferenceBits) {
+  const DenseKernel k = GetParam();
+  if (!dense_kernel_supported(k)) GTEST_SKIP() << "this CPU cannot run the " << to_string(k) << " path";
+  const int64_t out = 64, in = 1024;
+  struct Case {
+    int64_t row, block;
+    uint16_t scale;
+    int sign;  // the block's weights
+    float expected;
+  };
+  const float inf = std::numeric_limits<float>::infinity();
+  const Case cases[] = {{3, 5, 0x7c00, +1, inf},  {9, 0, 0xfc00, +1, -inf}, {17, 31, 0xfc00, -1, inf},
+                        {40, 12, 0x7c00, -1, -inf}, {50, 7, 0x7e00, +1, std::numeric_limits<float>::quiet_NaN()}};
+  for (WeightType t : {WeightType::q8_0, WeightType::q4_0}) {
+    StoredMatrix w(t, out, in, 92);
+    const int64_t block_bytes = t == WeightType::q8_0 ? 34 : 18;
+    for (const Case& c : cases) {
+      std::byte* blk = w.bytes.data() + c.row * w.m.row_bytes() + c.block * block_bytes;
+      std::memcpy(blk, &c.scale, 2);
+      // Q8_0: int8 +1 / -1; Q4_0: nibbles 9 / 7 (n - 8 = +1 / -1), both halves of each byte.
+      const int q = t == WeightType::q8_0 ? (c.sign > 0 ? 0x01 : 0xff) : (c.sign > 0 ? 0x99 : 0x77);
+      std::memset(blk + 2, q, static_cast<std::size_t>(block_bytes - 2));
+    }
+    for (int64_t n : {1, 2}) {
+      auto x = randn(static_cast<std::size_t>(n * in), static_cast<uint32_t>(n + 31), 1.0f);
+      for (float& v : x) v = std::fabs(v) + 0.25f;
+      std::vector<float> fast(static_cast<std::size_t>(n * out)), ref(fast.size());
+      matmul_w_with(k, x.data(), n, w.m, fast.data(), false);
+      matmul_w_reference(x.data(), n, w.m, ref.data(), false);
+      for (std::size_t i = 0; i < ref.size(); ++i) {
+        const bool both_nan = std::isnan(fast[i]) && std::isnan(ref[i]);
+        ASSERT_TRUE(both_nan || std::memcmp(&fast[i], &ref[i], sizeof(float)) == 0)
+            << to_string(t) << " n " << n << " row " << i % out << ": " << fast[i] << " vs " << ref[i];
+      }
+      for (const Case& c : cases)
+        for (int64_t r = 0; r < n; ++r) {
+          const float v = ref[static_cast<std::size_t>(r * out + c.row)];
+          if (std::isnan(c.expected))
+            EXPECT_TRUE(std::isnan(v)) << to_string(t) << " row " << c.row;
+          else
+            EXPECT_EQ(v, c.expected) << to_string(t) << " row " << c.row;  // the case is what it claims to be
+        }
+      int finite = 0;
+      for (float v : ref) finite += std::isfinite(v);
+      EXPECT_EQ(finite, n * (out - 5)) << to_string(t);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Paths, KernelsDensePath, ::testing::Values(DenseKernel::avx2, DenseKernel::avx512),
                          [](const auto& info) { return std::string(to_string(info.param)); });
 
 // Decode (one row of x) reads a thread's weight rows as runs side by side, as the CPU's DecodeStreams plan says
-// (on AMD 2 runs for F16 and 4 for Q8_0, 3 KiB ahead; 16 prefetched 1 KiB ahead elsewhere), on the AVX-512 and the
+// (on Zen 4 4 runs, 256 bytes ahead for F16 and 512 for Q8_0; on other AMD CPUs 2 runs 4 KiB ahead for F16 and 4
+// runs 3 KiB ahead for Q8_0; elsewhere 8 or 16 runs prefetched 1 KiB ahead), on the AVX-512 and the
 // AVX2 paths alike: every plan gives the
 // reference's bits, for every dtype, with rows that are not a multiple of the runs (left over rows one at a time),
 // fewer rows than runs, rows of one chunk and long rows, prefetches past the matrix's end, on one and two threads;
