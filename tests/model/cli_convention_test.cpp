@@ -287,6 +287,25 @@ TEST(CliConvention, EmptyListItemsAreRefusedNamingTheFlag) {
 
 // An output FILE in a directory that does not exist is refused at parse time, naming the directory, and nothing is
 // created (`--json /nonexistdir/x.json` created /nonexistdir). An output DIR is still created with its parents.
+// A flag that takes one length in tokens takes K = 1024 and M = 1048576 as length lists do (the README's convention;
+// before, `--scored-tokens 1K` or `check-cache --length 1K` was "must be an integer in [..] (got '1K')"), and a bad
+// one is refused naming the text as given.
+TEST(CliConvention, OneLengthFlagsTakeKAndMAsListsDo) {
+  const CliResult r = run_cli("ppl " + model_args() + text_arg() +
+                              " --trained-context 1K --context 256 --scored-tokens 1K --rope-scaling default --json -");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("trained_context").get<int64_t>(), 1024);
+  EXPECT_EQ(j.at("trained_context_source").get<std::string>(), "--trained-context");
+  // 1024 predictions at 255 a window of 256 tokens: 5 windows (1020 would be 4).
+  EXPECT_EQ(j.at("results").at(0).at("windows").get<int64_t>(), 5);
+  EXPECT_GE(j.at("results").at(0).at("tokens").get<int64_t>(), 1024);
+  expect_usage_error("generate " + model_args() + " --prompt Once --max-tokens 2M",
+                     {"--max-tokens", "[0, 1048576]", "got '2M'"});
+  for (const std::string bad : {"1.5K", "K", "-1K", "99999999999999999999K", "4k4"})
+    expect_usage_error("check-cache " + model_args() + " --length " + bad, {"--length", "got '" + bad + "'"});
+}
+
 TEST(CliConvention, AFilesMissingDirectoryIsAnErrorNamingIt) {
   TempDir d;
   const fs::path missing = d.path() / "nonexistdir";

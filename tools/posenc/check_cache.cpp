@@ -231,7 +231,7 @@ void add_check_cache_command(CLI::App& app) {
                   fmt::format("tokens per sequence (default: the trained context, capped by a learned position "
                               "table; at least {}); chunk sizes, prompt lengths, fork point and window follow it",
                               kMinConsistencyLength))
-      ->check(int_in(kMinConsistencyLength, kMaxConsistencyLength));
+      ->transform(length_in(kMinConsistencyLength, kMaxConsistencyLength));
   cmd->add_option("--block-size", args->options.block_size, "KV cache block size (default: clamp(length/8, 2, 16))")
       ->check(int_in(1, 1 << 16));
   cmd->add_option("--seed", args->seed, "seed of the pseudo-random tokens used without --text")

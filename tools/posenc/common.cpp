@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -82,6 +83,23 @@ CLI::Validator int_in(int64_t lo, int64_t hi) {
         const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
         if (ec != std::errc() || p != text.data() + text.size() || v < lo || v > hi)
           return fmt::format("must be an integer in [{}, {}] (got '{}')", lo, hi, text);
+        return "";
+      },
+      "");
+}
+
+CLI::Validator length_in(int64_t lo, int64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        const char last = text.empty() ? '\0' : static_cast<char>(std::toupper(static_cast<unsigned char>(text.back())));
+        const int64_t mult = last == 'K' ? 1024 : last == 'M' ? 1024 * 1024 : 1;
+        const char* end = text.data() + text.size() - (mult == 1 ? 0 : 1);
+        int64_t v = 0;
+        const auto [p, ec] = std::from_chars(text.data(), end, v);
+        const bool fits = v >= std::numeric_limits<int64_t>::min() / mult && v <= std::numeric_limits<int64_t>::max() / mult;
+        if (ec != std::errc() || p != end || end == text.data() || !fits || v * mult < lo || v * mult > hi)
+          return fmt::format("must be an integer in [{}, {}] (got '{}')", lo, hi, text);
+        text = std::to_string(v * mult);
         return "";
       },
       "");
@@ -178,22 +196,6 @@ CLI::Validator non_empty() {
   return CLI::Validator([](std::string& text) -> std::string { return text.empty() ? "empty value" : ""; }, "");
 }
 
-namespace {
-/// A context length: a decimal integer in [1, 2^32] (GGUF's uint32; CLI11 would
-/// clamp 10^20 to INT64_MAX silently).
-CLI::Validator context_length() {
-  return CLI::Validator(
-      [](std::string& text) -> std::string {
-        int64_t v = 0;
-        const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-        if (ec != std::errc() || p != text.data() + text.size() || v < 1 || v > (int64_t{1} << 32))
-          return fmt::format("must be an integer in [1, 4294967296] (got '{}')", text);
-        return "";
-      },
-      "");
-}
-}  // namespace
-
 void ModelArgs::add_to(CLI::App& cmd, bool runs_model) {
   cmd.add_option("--model", model_path,
                  "the model: a Hugging Face directory (config.json + safetensors + tokenizer.json), a .gguf file, a "
@@ -226,7 +228,7 @@ void ModelArgs::add_to(CLI::App& cmd, bool runs_model) {
   cmd.add_option("--trained-context", trained_context,
                  "the context the model was trained with (scaling factors and default lengths derive from it); "
                  "default: from the file (config.json, GGUF context_length, llama2.c seq_len)")
-      ->check(context_length());
+      ->transform(length_in(1, int64_t{1} << 32));  // GGUF's uint32; CLI11 would clamp 10^20 to INT64_MAX
   if (!runs_model) return;
   cmd.add_option("--quantized-matmul", quantized_matmul,
                  "products with Q8_0/Q4_0 weights: dequantize (each weight widened to float32 in registers, "
@@ -249,7 +251,7 @@ void ModelArgs::add_to(CLI::App& cmd, bool runs_model) {
                  "largest position id the model may be fed: a longer context, prompt or request is an error naming "
                  "the position (exit 1; serve answers 400). Without it, passing the trained context x the "
                  "rope_scaling factor warns once")
-      ->check(int_in(0, int64_t{1} << 40));
+      ->transform(length_in(0, int64_t{1} << 40));
 }
 
 void ModelArgs::add_kv_dtype_to(CLI::App& cmd) {

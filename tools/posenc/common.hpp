@@ -135,6 +135,10 @@ inline constexpr const char* kCliConvention =
 /// Used for every integer flag so that -1, 10^20 or INT64_MAX is refused at parse time (exit 2)
 /// instead of wrapping, saturating or failing later.
 CLI::Validator int_in(int64_t lo, int64_t hi);
+/// CLI11 transform for a flag that takes one length in tokens: int_in's check, with K = 1024 and M = 1048576 (either
+/// case) as in length lists ("4K" is 4096), the text replaced by the integer; the message names the text as given
+/// ("must be an integer in [lo, hi] (got '2M')").
+CLI::Validator length_in(int64_t lo, int64_t hi);
 
 /// The most OpenMP threads a command runs with: posenc::max_omp_threads() (threads.hpp).
 int max_threads();

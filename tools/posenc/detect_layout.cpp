@@ -125,7 +125,7 @@ void add_detect_layout_command(CLI::App& app) {
           },
           ""));
   cmd->add_option("--scored-tokens", args->scored_tokens, "predictions to score per layout")
-      ->check(int_in(1, int64_t{1} << 40))
+      ->transform(length_in(1, int64_t{1} << 40))
       ->capture_default_str();
   add_json_option(cmd, args->json, "the evidence as JSON");
   cmd->add_flag("--quiet", args->quiet, "no model header or notes on stderr");

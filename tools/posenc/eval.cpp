@@ -363,7 +363,7 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--ppl-tokens", args->ppl_tokens,
                   "perplexity matrix: scored tokens per (scaling, length) on the haystack text; 0 = all, -1 = skip "
                   "(default: 32768 with --haystack, -1 without)")
-      ->check(int_in(-1, int64_t{1} << 48));
+      ->transform(length_in(-1, int64_t{1} << 48));
   cmd->add_option("--shard", args->shard, "run the deterministic share i of n of the work (i/n)")->capture_default_str();
   CLI::Option* out = cmd->add_option("--out", args->out,
                                      "output directory, created with its missing parents (the run goes to "

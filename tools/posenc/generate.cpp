@@ -173,7 +173,7 @@ void add_generate_command(CLI::App& app) {
   args->model.add_kv_dtype_to(*cmd);
   args->prompt.add_to(*cmd, /*required=*/true);
   cmd->add_option("--max-tokens", args->options.max_new_tokens, "new tokens to generate")
-      ->check(int_in(0, 1 << 20))
+      ->transform(length_in(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--temperature", args->options.temperature, "0 = greedy")
       ->check(finite_in(0, 100))

@@ -251,7 +251,9 @@ void add_ppl_command(CLI::App& app) {
       ->check(lengths_in("--context", kMinWindow, kMaxWindow));
   cmd->add_option("--buckets", args->buckets,
                   "position bucket edges, comma-separated, from 0 and increasing (e.g. 0,64,128,256; a last bucket runs "
-                  "from the last edge to L); default: [0,T/2) [T/2,T) [T,2T) [2T,4T) ... up to L")
+                  "from the last edge to L); default: [0,T/2) [T/2,T) [T,2T) [2T,4T) ... (T the trained context), those "
+                  "starting below L: the same edges at every L, so the last may end past L (it holds positions below L "
+                  "only)")
       ->check(non_empty());  // "" must not mean the default
   args->scalings_option = cmd->add_option("--rope-scaling", args->scalings,
                   "RoPE scalings (rope_type), comma-separated: default, linear, ntk, dynamic, yarn, llama3, longrope, ... "
@@ -262,7 +264,7 @@ void add_ppl_command(CLI::App& app) {
       ->check(finite_in(kMinRopeFactorFlag, kMaxRopeFactorFlag));
   cmd->add_option("--scored-tokens", args->max_tokens,
                   "score about N tokens: stop after ceil(N/(L-1)) windows (0 = whole text)")
-      ->check(int_in(0, int64_t{1} << 40));
+      ->transform(length_in(0, int64_t{1} << 40));
   add_renamed_option(cmd, "--max-tokens", "renamed --scored-tokens (--max-tokens is generate's new tokens)");
   add_json_option(cmd, args->json_path, "the results as JSON");
   cmd->add_option("--plot", args->plot_path,

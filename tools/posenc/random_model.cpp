@@ -61,7 +61,7 @@ void add_random_model_command(CLI::App& app) {
       ->check(int_in(259, INT32_MAX))
       ->capture_default_str();
   cmd->add_option("--context", c.max_position_embeddings, "llama.context_length (0: 2048)")
-      ->check(int_in(0, INT32_MAX))
+      ->transform(length_in(0, INT32_MAX))
       ->capture_default_str();
   cmd->add_option("--rope-theta", args->o.rope_theta, "rope_theta (llama.rope.freq_base)")->capture_default_str();
   cmd->add_flag("--tied", args->tied, "the output projection tied to the token embedding (default: an output.weight of "

@@ -130,7 +130,7 @@ void add_serve_command(CLI::App& app) {
       ->check(non_empty());
   cmd->add_option("--max-model-len", c.max_model_len,
                   "allowed context, prompt + generated tokens (default: the model's trained context)")
-      ->check(int_in(2, int64_t{1} << 32));
+      ->transform(length_in(2, int64_t{1} << 32));
   cmd->add_option("--max-batch", c.max_batch, "sequences per batched forward step")
       ->check(int_in(1, 4096))
       ->capture_default_str();
@@ -138,11 +138,11 @@ void add_serve_command(CLI::App& app) {
       ->check(int_in(0, 1 << 20))
       ->capture_default_str();
   cmd->add_option("--max-step-tokens", c.max_step_tokens, "tokens per forward step (prefill chunks share it)")
-      ->check(int_in(1, 1 << 24))
+      ->transform(length_in(1, 1 << 24))
       ->capture_default_str();
   cmd->add_option("--kv-cache-tokens", c.kv_cache_tokens,
                   "KV cache budget in tokens (default: (max-batch + 4) x max-model-len)")
-      ->check(int_in(1, int64_t{1} << 40));
+      ->transform(length_in(1, int64_t{1} << 40));
   cmd->add_option("--prefix-cache", c.prefix_cache_entries, "finished sequences kept for prefix reuse (0 = none)")
       ->check(int_in(0, 1 << 16))
       ->capture_default_str();
