@@ -519,16 +519,37 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
   // n_dims (4), a type (4) and an offset (8).
   constexpr uint64_t kMinKv = 8 + 1 + 4 + 1, kMinTensor = 8 + 1 + 4 + 4 + 8;
   if (n_tensors > r.left() / kMinTensor)
-    r.fail("tensor_count", fmt::format("more tensor infos than the {} bytes after the header can hold", r.left()),
+    r.fail("tensor_count",
+           fmt::format("more tensor infos than the {} bytes after the header can hold (a truncated file, or a wrong "
+                       "count)",
+                       r.left()),
            n_tensors);
   if (n_kv > r.left() / kMinKv)
-    r.fail("kv_count", fmt::format("more key/value pairs than the {} bytes after the header can hold", r.left()), n_kv);
+    r.fail("kv_count",
+           fmt::format("more key/value pairs than the {} bytes after the header can hold (a truncated file, or a "
+                       "wrong count)",
+                       r.left()),
+           n_kv);
 
   // metadata
   for (uint64_t i = 0; i < n_kv; ++i) {
     const std::string kfield = fmt::format("metadata[{}] key", i);
+    const uint64_t key_at = r.pos();
     std::string key = r.string(kfield);
     if (key.empty()) r.fail(kfield, "empty key", "''");
+    // The GGUF specification's keys are ASCII (and at most 65,535 bytes): a byte outside printable ASCII means the
+    // length before it is wrong or the bytes are corrupt; said so, with the start of what was read, instead of
+    // taking the key and failing on whatever follows it.
+    const auto bad = std::find_if(key.begin(), key.end(), [](char c) { return c < 0x20 || c > 0x7e; });
+    if (bad != key.end() || key.size() > 65535)
+      r.fail(kfield,
+             fmt::format("a key is printable ASCII of at most 65535 bytes, and the {} bytes that the length at offset "
+                         "{} gives {} (a wrong length or a corrupt file)",
+                         key.size(), key_at,
+                         bad != key.end() ? fmt::format("hold byte 0x{:02x} at offset {}", static_cast<uint8_t>(*bad),
+                                                        key_at + 8 + static_cast<uint64_t>(bad - key.begin()))
+                                          : std::string("are more")),
+             printable(key.size() > 64 ? key.substr(0, 64) : key) + (key.size() > 64 ? "..." : ""));
     if (f.kv_.contains(key)) r.fail(kfield, "duplicate key", printable(key));
     const std::string field = fmt::format("metadata {}", printable(key));
     const uint64_t at = r.pos();
@@ -741,6 +762,10 @@ std::vector<float> GgufFile::to_float32(const GgufTensorInfo& t) const {
 namespace {
 void check_key(const std::vector<std::string>& keys, std::string_view key) {
   if (key.empty()) throw InvalidArgument("GgufWriter: empty metadata key");
+  if (key.size() > 65535 || std::any_of(key.begin(), key.end(), [](char c) { return c < 0x20 || c > 0x7e; }))
+    throw InvalidArgument(fmt::format("GgufWriter: metadata key {} is not printable ASCII of at most 65535 bytes "
+                                      "(GGUF's keys are)",
+                                      printable(key.size() > 64 ? key.substr(0, 64) : key)));
   if (std::find(keys.begin(), keys.end(), key) != keys.end())
     throw InvalidArgument(fmt::format("GgufWriter: metadata key '{}' added twice", key));
 }

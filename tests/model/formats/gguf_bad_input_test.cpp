@@ -315,6 +315,13 @@ TEST(GgufBadInput, MetadataFields) {
   const std::size_t flag = find_gguf_string(good, "flag");
   patch<uint64_t>(x, flag, 0);
   expect_refused(x, "w.gguf", {"metadata[2] key", "empty key"});
+  // a key length too long by 2: the key runs into its value type (bool = 7), which is not printable ASCII; the
+  // error names the length's offset and the bad byte's, not the value that follows
+  x = good;
+  patch<uint64_t>(x, flag, 6);
+  expect_refused(x, "w.gguf",
+                 {"metadata[2] key", "printable ASCII", fmt::format("length at offset {}", flag),
+                  fmt::format("byte 0x07 at offset {}", flag + 8 + 4), "(got 'flag\\x07\\x00')"});
   // a bool that is neither 0 nor 1
   x = good;
   const std::size_t flag_value = flag + 8 + 4 + 4;

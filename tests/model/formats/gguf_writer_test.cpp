@@ -198,6 +198,12 @@ TEST(GgufWriter, RefusesInconsistentInput) {
   w.add_uint32("a", 1);
   EXPECT_NE(invalid_argument_message([&] { w.add_string("a", "x"); }).find("'a' added twice"), std::string::npos);
   EXPECT_NE(invalid_argument_message([&] { w.add_bool("", true); }).find("empty metadata key"), std::string::npos);
+  EXPECT_NE(invalid_argument_message([&] { w.add_bool(std::string("bad\x01key"), true); }).find("not printable ASCII"),
+            std::string::npos);
+  EXPECT_NE(invalid_argument_message([&] { w.add_bool("caf\xc3\xa9", true); }).find("not printable ASCII"),
+            std::string::npos);
+  EXPECT_NE(invalid_argument_message([&] { w.add_bool(std::string(65536, 'k'), true); }).find("at most 65535 bytes"),
+            std::string::npos);
   EXPECT_NE(invalid_argument_message([&] { w.add_uint32("general.alignment", 48); }).find("power of two (got 48)"),
             std::string::npos);
   EXPECT_NE(invalid_argument_message([&] { w.add_int32("general.alignment", 32); }).find("must be a uint32"),
