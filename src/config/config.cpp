@@ -684,6 +684,11 @@ class Parser {
     } else {
       p.rotary_dim = p.head_dim;
     }
+    if (p.rotary_dim == p.head_dim && p.head_dim % 2 != 0 && !get(cfg_, "rotary_dim"))
+      r_.fail_value("head_dim",
+                    "must be even: RoPE turns channels in pairs, and here the whole head turns (no "
+                    "partial_rotary_factor or rotary_dim below it)",
+                    p.head_dim);
     if (p.rotary_dim % 2 != 0 || p.rotary_dim > p.head_dim)
       r_.fail_value("rotary_dim", fmt::format("must be even and <= head_dim {}", p.head_dim),
                     p.rotary_dim);

@@ -544,6 +544,17 @@ TEST(ConfigErrors, MissingRequiredFields) {
                {"max_position_embeddings", "missing"});
 }
 
+// An odd head_dim that turns whole is the head_dim's fault, not a rotary_dim the file never gave (the newcomer
+// helper's head_dim 15 was reported as "rotary_dim: must be even"); an odd rotary_dim given is still its own.
+TEST(ConfigErrors, AnOddHeadDimThatTurnsWholeIsNamed) {
+  expect_error(R"({"model_type": "llama", "num_attention_heads": 4, "hidden_size": 60, "head_dim": 15})",
+               {"head_dim: must be even", "channels in pairs", "(got 15)"});
+  expect_error(R"({"model_type": "llama", "num_attention_heads": 4, "hidden_size": 60})",
+               {"head_dim: must be even", "(got 15)"});
+  expect_error(R"({"model_type": "gptj", "n_head": 4, "n_embd": 64, "rotary_dim": 7, "n_positions": 2048})",
+               {"rotary_dim: must be even", "(got 7)"});
+}
+
 TEST(ConfigErrors, NonPositiveFactor) {
   expect_error(R"({"model_type": "llama", "num_attention_heads": 4, "hidden_size": 256,
       "rope_scaling": {"rope_type": "linear", "factor": -2}})",
