@@ -64,8 +64,13 @@ DenseKernel detect_dense_kernel() {
   const DenseKernel best = dense_kernel_supported(DenseKernel::avx512) ? DenseKernel::avx512
                            : dense_kernel_supported(DenseKernel::avx2) ? DenseKernel::avx2
                                                                         : DenseKernel::reference;
-  std::fprintf(stderr, "posenc: POSENC_DENSE_KERNEL=%s is not a path this CPU runs (reference, avx2, avx512); using %s\n",
-               want.c_str(), std::string(to_string(best)).c_str());
+  std::string runs;
+  for (DenseKernel k : {DenseKernel::reference, DenseKernel::avx2, DenseKernel::avx512})
+    if (dense_kernel_supported(k)) runs += (runs.empty() ? "" : ", ") + std::string(to_string(k));
+  std::fprintf(stderr,
+               "posenc: POSENC_DENSE_KERNEL=%s is not a path this CPU runs (it runs %s; the paths are reference, avx2 "
+               "and avx512); using %s\n",
+               detail::escaped(want).c_str(), runs.c_str(), std::string(to_string(best)).c_str());
   return best;
 }
 

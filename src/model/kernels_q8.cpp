@@ -29,6 +29,7 @@
 
 #include "core/aligned.hpp"
 #include "core/parallel.hpp"
+#include "core/text.hpp"
 #include "model/kernels.hpp"
 #include "model/kernels_dense.hpp"
 #include "posenc/safetensors.hpp"
@@ -1082,9 +1083,13 @@ Q8Kernel q8_kernel() {
                           : q8_kernel_supported(Q8Kernel::avx512_vnni) ? Q8Kernel::avx512_vnni
                           : q8_kernel_supported(Q8Kernel::avx2)        ? Q8Kernel::avx2
                                                                        : Q8Kernel::reference;
+    std::string runs;
+    for (Q8Kernel c : {Q8Kernel::reference, Q8Kernel::avx2, Q8Kernel::avx512_vnni, Q8Kernel::amx})
+      if (q8_kernel_supported(c)) runs += (runs.empty() ? "" : ", ") + std::string(to_string(c));
     std::fprintf(stderr,
-                 "posenc: POSENC_Q8_KERNEL=%s is not a path this CPU runs (reference, avx2, avx512_vnni, amx); using %s\n",
-                 want.c_str(), std::string(to_string(best)).c_str());
+                 "posenc: POSENC_Q8_KERNEL=%s is not a path this CPU runs (it runs %s; the paths are reference, avx2, "
+                 "avx512_vnni and amx); using %s\n",
+                 detail::escaped(want).c_str(), runs.c_str(), std::string(to_string(best)).c_str());
     return best;
   }();
   return k;

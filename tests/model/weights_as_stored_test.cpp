@@ -356,6 +356,43 @@ TEST(WeightsAsStored, Bf16SplitIsRefusedWhereItCannotRunNamingTheSetting) {
   EXPECT_NE(upper.err.find("dense products: bf16x6"), std::string::npos) << upper.err;
 }
 
+// A path asked for by POSENC_Q8_KERNEL / POSENC_DENSE_KERNEL that this CPU cannot run (or that is no path) is reported
+// with the paths it does run, listed from this CPU's own support, not with every path known (the newcomer helper
+// read "amx" in the list of "paths this CPU runs" on a CPU without AMX); the run goes on on the best path.
+TEST(WeightsAsStored, AnUnrunnableKernelPathIsReportedWithThePathsThisCpuRuns) {
+  using detail::DenseKernel, detail::Q8Kernel, detail::dense_kernel_supported, detail::q8_kernel_supported;
+  const std::string model = (test::shared_dir() / "models/TinyStories-656K-gguf/TinyStories-656K-Q8_0.gguf").string();
+  const std::string tok = (test::shared_dir() / "models/TinyStories-656K/tokenizer.json").string();
+  test::TempDir d;
+  const auto err = d.path() / "err";
+  auto run = [&](const std::string& env) {
+    const std::string cmd = "env " + env + " '" + std::string(POSENC_CLI_PATH) + "' generate --model '" + model +
+                            "' --tokenizer '" + tok + "' --prompt Once --max-tokens 2 --quantized-matmul " +
+                            "q8_activations >/dev/null 2>'" + err.string() + "'";
+    const int st = std::system(cmd.c_str());
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  };
+  std::string q8_runs, dense_runs;
+  for (Q8Kernel k : {Q8Kernel::reference, Q8Kernel::avx2, Q8Kernel::avx512_vnni, Q8Kernel::amx})
+    if (q8_kernel_supported(k)) q8_runs += (q8_runs.empty() ? "" : ", ") + std::string(to_string(k));
+  for (DenseKernel k : {DenseKernel::reference, DenseKernel::avx2, DenseKernel::avx512})
+    if (dense_kernel_supported(k)) dense_runs += (dense_runs.empty() ? "" : ", ") + std::string(to_string(k));
+  ASSERT_EQ(run("POSENC_Q8_KERNEL=bogus"), 0) << test::slurp(err);
+  EXPECT_NE(test::slurp(err).find("POSENC_Q8_KERNEL=bogus is not a path this CPU runs (it runs " + q8_runs + ";"),
+            std::string::npos)
+      << test::slurp(err);
+  if (!q8_kernel_supported(Q8Kernel::amx)) {
+    ASSERT_EQ(run("POSENC_Q8_KERNEL=amx"), 0) << test::slurp(err);
+    EXPECT_NE(test::slurp(err).find("POSENC_Q8_KERNEL=amx is not a path this CPU runs (it runs " + q8_runs + ";"),
+              std::string::npos)
+        << test::slurp(err);
+  }
+  ASSERT_EQ(run("POSENC_DENSE_KERNEL=bogus"), 0) << test::slurp(err);
+  EXPECT_NE(test::slurp(err).find("POSENC_DENSE_KERNEL=bogus is not a path this CPU runs (it runs " + dense_runs + ";"),
+            std::string::npos)
+      << test::slurp(err);
+}
+
 namespace {
 
 /// The last-token logits of decoding `ids` one token at a time, concatenated (a cache of `dtype`, or of the
