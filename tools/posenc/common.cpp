@@ -91,12 +91,14 @@ CLI::Validator int_in(int64_t lo, int64_t hi) {
 CLI::Validator length_in(int64_t lo, int64_t hi) {
   return CLI::Validator(
       [lo, hi](std::string& text) -> std::string {
-        const char last = text.empty() ? '\0' : static_cast<char>(std::toupper(static_cast<unsigned char>(text.back())));
+        const char last =
+            text.empty() ? '\0' : static_cast<char>(std::toupper(static_cast<unsigned char>(text.back())));
         const int64_t mult = last == 'K' ? 1024 : last == 'M' ? 1024 * 1024 : 1;
         const char* end = text.data() + text.size() - (mult == 1 ? 0 : 1);
         int64_t v = 0;
         const auto [p, ec] = std::from_chars(text.data(), end, v);
-        const bool fits = v >= std::numeric_limits<int64_t>::min() / mult && v <= std::numeric_limits<int64_t>::max() / mult;
+        const bool fits =
+            v >= std::numeric_limits<int64_t>::min() / mult && v <= std::numeric_limits<int64_t>::max() / mult;
         if (ec != std::errc() || p != end || end == text.data() || !fits || v * mult < lo || v * mult > hi)
           return fmt::format("must be an integer in [{}, {}] (got '{}')", lo, hi, text);
         text = std::to_string(v * mult);
