@@ -251,9 +251,9 @@ void add_ppl_command(CLI::App& app) {
       ->check(lengths_in("--context", kMinWindow, kMaxWindow));
   cmd->add_option("--buckets", args->buckets,
                   "position bucket edges, comma-separated, from 0 and increasing (e.g. 0,64,128,256; a last bucket runs "
-                  "from the last edge to L); default: [0,T/2) [T/2,T) [T,2T) [2T,4T) ... (T the trained context), those "
-                  "starting below L: the same edges at every L, so the last may end past L (it holds positions below L "
-                  "only)")
+                  "from the last edge to L); default: [0,T/2) [T/2,T) [T,2T) [2T,4T) ... (T the trained context), "
+                  "those starting below L: the same edges at every L, so the last may end past L (it holds positions "
+                  "below L only)")
       ->check(non_empty());  // "" must not mean the default
   args->scalings_option = cmd->add_option("--rope-scaling", args->scalings,
                   "RoPE scalings (rope_type), comma-separated: default, linear, ntk, dynamic, yarn, llama3, longrope, ... "
