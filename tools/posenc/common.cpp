@@ -88,18 +88,25 @@ CLI::Validator int_in(int64_t lo, int64_t hi) {
       "");
 }
 
+namespace {
+/// A length's parts: "4K" is 4 and 1024, "1m" 1 and 1048576, "300" 300 and 1; false unless the text is a decimal
+/// integer (a leading '-' allowed) with an optional K or M suffix. The one reading of lengths, lists and single.
+bool length_parts(std::string_view text, int64_t& v, int64_t& mult) {
+  const char last = text.empty() ? '\0' : static_cast<char>(std::toupper(static_cast<unsigned char>(text.back())));
+  mult = last == 'K' ? 1024 : last == 'M' ? 1024 * 1024 : 1;
+  if (mult != 1) text.remove_suffix(1);
+  const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  return !text.empty() && ec == std::errc() && p == text.data() + text.size();
+}
+}  // namespace
+
 CLI::Validator length_in(int64_t lo, int64_t hi) {
   return CLI::Validator(
       [lo, hi](std::string& text) -> std::string {
-        const char last =
-            text.empty() ? '\0' : static_cast<char>(std::toupper(static_cast<unsigned char>(text.back())));
-        const int64_t mult = last == 'K' ? 1024 : last == 'M' ? 1024 * 1024 : 1;
-        const char* end = text.data() + text.size() - (mult == 1 ? 0 : 1);
-        int64_t v = 0;
-        const auto [p, ec] = std::from_chars(text.data(), end, v);
-        const bool fits =
-            v >= std::numeric_limits<int64_t>::min() / mult && v <= std::numeric_limits<int64_t>::max() / mult;
-        if (ec != std::errc() || p != end || end == text.data() || !fits || v * mult < lo || v * mult > hi)
+        int64_t v = 0, mult = 1;
+        const bool fits = length_parts(text, v, mult) && v >= std::numeric_limits<int64_t>::min() / mult &&
+                          v <= std::numeric_limits<int64_t>::max() / mult;
+        if (!fits || v * mult < lo || v * mult > hi)
           return fmt::format("must be an integer in [{}, {}] (got '{}')", lo, hi, text);
         text = std::to_string(v * mult);
         return "";
@@ -462,15 +469,8 @@ std::vector<std::string> split_list(const std::string& text, const std::string& 
 std::vector<int64_t> parse_lengths(const std::string& text, const std::string& flag, int64_t lo, int64_t hi) {
   std::vector<int64_t> out;
   for (const std::string& item : split_list(text, flag)) {
-    int64_t mult = 1;
-    std::string num = item;
-    const char last = static_cast<char>(std::toupper(static_cast<unsigned char>(num.back())));
-    if (last == 'K') mult = 1024;
-    if (last == 'M') mult = 1024 * 1024;
-    if (mult != 1) num.pop_back();
-    int64_t v = 0;
-    auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
-    if (ec != std::errc() || p != num.data() + num.size() || num.empty())
+    int64_t v = 0, mult = 1;
+    if (!length_parts(item, v, mult))
       throw UsageError(fmt::format("{}: '{}' is not a length (integer, optional K or M suffix)", flag, item));
     if (v < 1 || v > hi / mult || v * mult < lo)  // v <= hi / mult: v * mult does not overflow
       throw UsageError(fmt::format("{}: a length must be an integer in [{}, {}] (got '{}')", flag, lo, hi, item));

@@ -117,6 +117,18 @@ std::string printable(std::string_view text) {
   return s;
 }
 
+/// A byte of a GGUF key: printable ASCII, 0x20-0x7e.
+bool is_key_byte(char c) { return c >= 0x20 && c <= 0x7e; }
+/// The GGUF specification's key: printable ASCII, at most 65,535 bytes (empty is refused apart).
+bool is_gguf_key_text(std::string_view key) {
+  return key.size() <= 65535 && std::all_of(key.begin(), key.end(), is_key_byte);
+}
+
+/// printable() of the first 64 bytes of a key that is not one, "..." after it when there were more.
+std::string printable_start(std::string_view text) {
+  return printable(text.substr(0, 64)) + (text.size() > 64 ? "..." : "");
+}
+
 bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul_overflow(a, b, out); }
 
 // ---- reading --------------------------------------------------------------
@@ -540,8 +552,8 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
     // The GGUF specification's keys are ASCII (and at most 65,535 bytes): a byte outside printable ASCII means the
     // length before it is wrong or the bytes are corrupt; said so, with the start of what was read, instead of
     // taking the key and failing on whatever follows it.
-    const auto bad = std::find_if(key.begin(), key.end(), [](char c) { return c < 0x20 || c > 0x7e; });
-    if (bad != key.end() || key.size() > 65535)
+    if (!is_gguf_key_text(key)) {
+      const auto bad = std::find_if_not(key.begin(), key.end(), is_key_byte);
       r.fail(kfield,
              fmt::format("a key is printable ASCII of at most 65535 bytes, and the {} bytes that the length at offset "
                          "{} gives {} (a wrong length or a corrupt file)",
@@ -549,7 +561,8 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
                          bad != key.end() ? fmt::format("hold byte 0x{:02x} at offset {}", static_cast<uint8_t>(*bad),
                                                         key_at + 8 + static_cast<uint64_t>(bad - key.begin()))
                                           : std::string("are more")),
-             printable(key.size() > 64 ? key.substr(0, 64) : key) + (key.size() > 64 ? "..." : ""));
+             printable_start(key));
+    }
     if (f.kv_.contains(key)) r.fail(kfield, "duplicate key", printable(key));
     const std::string field = fmt::format("metadata {}", printable(key));
     const uint64_t at = r.pos();
@@ -762,10 +775,10 @@ std::vector<float> GgufFile::to_float32(const GgufTensorInfo& t) const {
 namespace {
 void check_key(const std::vector<std::string>& keys, std::string_view key) {
   if (key.empty()) throw InvalidArgument("GgufWriter: empty metadata key");
-  if (key.size() > 65535 || std::any_of(key.begin(), key.end(), [](char c) { return c < 0x20 || c > 0x7e; }))
+  if (!is_gguf_key_text(key))
     throw InvalidArgument(fmt::format("GgufWriter: metadata key {} is not printable ASCII of at most 65535 bytes "
                                       "(GGUF's keys are)",
-                                      printable(key.size() > 64 ? key.substr(0, 64) : key)));
+                                      printable_start(key)));
   if (std::find(keys.begin(), keys.end(), key) != keys.end())
     throw InvalidArgument(fmt::format("GgufWriter: metadata key '{}' added twice", key));
 }
