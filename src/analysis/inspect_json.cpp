@@ -8,11 +8,11 @@ namespace posenc {
 
 namespace {
 
-using json = nlohmann::ordered_json;
+using ojson = nlohmann::ordered_json;
 
-json sliding_json(const SlidingWindowSpec& sw) {
-  json j = json::object();
-  j["size"] = sw.size ? json(*sw.size) : json(nullptr);
+ojson sliding_json(const SlidingWindowSpec& sw) {
+  ojson j = ojson::object();
+  j["size"] = sw.size ? ojson(*sw.size) : ojson(nullptr);
   j["active"] = sw.active;
   j["layer_is_sliding"] = sw.layer_is_sliding;
   j["source"] = sw.source;
@@ -21,8 +21,8 @@ json sliding_json(const SlidingWindowSpec& sw) {
 
 }  // namespace
 
-json rope_parameters_json(const RopeParams& p) {
-  json j = json::object();
+ojson rope_parameters_json(const RopeParams& p) {
+  ojson j = ojson::object();
   if (p.factor) j["factor"] = *p.factor;
   if (p.original_max_position_embeddings)
     j["original_max_position_embeddings"] = *p.original_max_position_embeddings;
@@ -40,8 +40,8 @@ json rope_parameters_json(const RopeParams& p) {
   return j;
 }
 
-json inspect_json(const PositionalSpec& s, const std::optional<RopeInspection>& ins) {
-  json j = json::object();
+ojson inspect_json(const PositionalSpec& s, const std::optional<RopeInspection>& ins) {
+  ojson j = ojson::object();
   j["family"] = std::string(to_string(s.family));
   if (s.rope && ins) {
     const RopeParams& p = *s.rope;
@@ -51,12 +51,12 @@ json inspect_json(const PositionalSpec& s, const std::optional<RopeInspection>& 
     j["rotary_dim"] = p.effective_rotary_dim();
     j["layout"] = layout_name(s);
     j["attention_factor"] = ins->frequencies.attention_factor;
-    json inv = json::array();
+    ojson inv = ojson::array();
     for (float f : ins->frequencies.inv_freq) inv.push_back(static_cast<double>(f));
     j["inv_freq"] = inv;
-    json ch = json::array();
+    ojson ch = ojson::array();
     for (const auto& c : ins->channels)
-      ch.push_back(json{{"i", c.i},
+      ch.push_back(ojson{{"i", c.i},
                         {"inv_freq", c.inv_freq},
                         {"wavelength", c.wavelength},
                         {"rotations_original", c.rotations_original},
@@ -75,7 +75,7 @@ json inspect_json(const PositionalSpec& s, const std::optional<RopeInspection>& 
     j["alibi_convention"] = std::string(to_string(s.alibi->convention));
     j["max_bias"] = s.alibi->max_bias;
     j["slopes_dtype"] = s.alibi->bfloat16_slopes ? "bfloat16" : "float32";
-    json slopes = json::array();
+    ojson slopes = ojson::array();
     for (float f : alibi_slopes_for(*s.alibi, s.num_attention_heads))
       slopes.push_back(static_cast<double>(f));
     j["slopes"] = slopes;
@@ -96,7 +96,7 @@ json inspect_json(const PositionalSpec& s, const std::optional<RopeInspection>& 
   j["hidden_size"] = s.hidden_size;
   j["num_hidden_layers"] = s.num_hidden_layers;
   j["max_position_embeddings"] =
-      s.max_position_embeddings ? json(*s.max_position_embeddings) : json(nullptr);
+      s.max_position_embeddings ? ojson(*s.max_position_embeddings) : ojson(nullptr);
   j["sliding_window"] = sliding_json(s.sliding_window);
   j["ignored_keys"] = s.ignored_keys;
   j["notes"] = s.notes;

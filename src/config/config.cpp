@@ -46,9 +46,9 @@ namespace {
 // ---------------------------------------------------------------------------
 // Typed reads of JSON values; every failure names the field path and value.
 
-class Reader {
+class ConfigReader {
  public:
-  Reader(std::string source, const ConfigOptions& options)
+  ConfigReader(std::string source, const ConfigOptions& options)
       : source_(std::move(source)), options_(options) {}
 
   const ConfigOptions& options() const { return options_; }
@@ -217,7 +217,7 @@ struct ScalingDict {
   std::string name;            // "rope_scaling" or "rope_parameters"
 };
 
-ScalingDict find_scaling_dict(const Reader& r, const json& cfg) {
+ScalingDict find_scaling_dict(const ConfigReader& r, const json& cfg) {
   const json* scaling = get(cfg, "rope_scaling");
   const json* params = get(cfg, "rope_parameters");
   if (scaling && !scaling->is_object()) r.fail("rope_scaling", "must be an object or null", *scaling);
@@ -228,7 +228,7 @@ ScalingDict find_scaling_dict(const Reader& r, const json& cfg) {
     // "sliding_attention": {...}}); a PositionalSpec holds one RoPE.
     for (auto it = params->begin(); it != params->end(); ++it)
       if (it->is_object())
-        r.fail(Reader::path("rope_parameters", it.key()),
+        r.fail(ConfigReader::path("rope_parameters", it.key()),
                "per-layer-type RoPE parameters are not supported (one RoPE per model)", *it);
   }
   if (scaling && params && *scaling != *params) {
@@ -237,9 +237,9 @@ ScalingDict find_scaling_dict(const Reader& r, const json& cfg) {
     for (auto it = scaling->begin(); it != scaling->end(); ++it) {
       auto p = params->find(it.key());
       if (p == params->end() || *p != *it)
-        r.fail(Reader::path("rope_scaling", it.key()),
+        r.fail(ConfigReader::path("rope_scaling", it.key()),
                fmt::format("disagrees with rope_parameters.{} ({})", it.key(),
-                           p == params->end() ? std::string("absent") : Reader::show(*p)),
+                           p == params->end() ? std::string("absent") : ConfigReader::show(*p)),
                *it);
     }
   }
@@ -249,19 +249,19 @@ ScalingDict find_scaling_dict(const Reader& r, const json& cfg) {
 }
 
 /// rope_type from a scaling dict ("rope_type" or legacy "type").
-std::string read_rope_type(const Reader& r, const ScalingDict& sd) {
+std::string read_rope_type(const ConfigReader& r, const ScalingDict& sd) {
   const json* rt = get(*sd.dict, "rope_type");
   const json* ty = get(*sd.dict, "type");
   if (rt && ty && *rt != *ty)
-    r.fail(Reader::path(sd.name, "type"),
-           fmt::format("disagrees with {}.rope_type {}", sd.name, Reader::show(*rt)), *ty);
+    r.fail(ConfigReader::path(sd.name, "type"),
+           fmt::format("disagrees with {}.rope_type {}", sd.name, ConfigReader::show(*rt)), *ty);
   if (!rt && !ty) {
     if (sd.name == "rope_parameters") return "default";
-    r.fail(Reader::path(sd.name, "rope_type"),
+    r.fail(ConfigReader::path(sd.name, "rope_type"),
            "required field missing (the legacy key 'type' is accepted too)");
   }
   const bool legacy = !rt;
-  return r.string(legacy ? *ty : *rt, Reader::path(sd.name, legacy ? "type" : "rope_type"));
+  return r.string(legacy ? *ty : *rt, ConfigReader::path(sd.name, legacy ? "type" : "rope_type"));
 }
 
 /// Keys that say something about positions (for the top-level / text_config
@@ -347,7 +347,8 @@ class Parser {
         read.push_back(k);
       } else if (*top != *it) {
         if (kPositionalKeys.count(k))
-          differ.push_back(fmt::format("{} (top level {}, text_config {})", k, Reader::show(*top), Reader::show(*it)));
+          differ.push_back(
+              fmt::format("{} (top level {}, text_config {})", k, ConfigReader::show(*top), ConfigReader::show(*it)));
         cfg_[k] = *it;
         from_text_config_.insert(k);
       }
@@ -624,7 +625,7 @@ class Parser {
     if (theta_in && theta_top &&
         r_.number(*theta_in, sd.name + ".rope_theta") != r_.number(*theta_top, "rope_theta"))
       r_.fail(sd.name + ".rope_theta",
-              fmt::format("disagrees with top-level rope_theta {}", Reader::show(*theta_top)),
+              fmt::format("disagrees with top-level rope_theta {}", ConfigReader::show(*theta_top)),
               *theta_in);
     if (chatglm) {
       // RotaryEmbedding.forward_impl: base = 10000 * rope_ratio (ChatGLMConfig rope_ratio default 1).
@@ -788,7 +789,7 @@ class Parser {
              "layers 3, 7, 11, ...) a NoPE layer; this spec describes the RoPE layers");
       if (const json* c = get(cfg_, "attention_chunk_size"))
         note(fmt::format("{} {}: the RoPE layers attend within chunks of that many tokens (chunked attention)",
-                         field("attention_chunk_size"), Reader::show(*c)));
+                         field("attention_chunk_size"), ConfigReader::show(*c)));
     }
     spec_.rope = std::move(p);
     check_with_registry();
@@ -797,7 +798,7 @@ class Parser {
   void read_scaling(const ScalingDict& sd, RopeParams& p) {
     const json& d = *sd.dict;
     std::string rope_type = read_rope_type(r_, sd);
-    const std::string type_field = Reader::path(sd.name, get(d, "rope_type") ? "rope_type" : "type");
+    const std::string type_field = ConfigReader::path(sd.name, get(d, "rope_type") ? "rope_type" : "type");
     const bool mrope_alias = rope_type == "mrope";
     if (mrope_alias) {
       // HF Qwen2VLConfig / Qwen2_5_VLConfig: type mrope → default (+ mrope_section).
@@ -853,7 +854,7 @@ class Parser {
     }
     for (auto it = d.begin(); it != d.end(); ++it) {
       if (allowed.count(it.key())) continue;
-      const std::string field = Reader::path(sd.name, it.key());
+      const std::string field = ConfigReader::path(sd.name, it.key());
       if (r_.options().lenient) {
         spec_.ignored_keys.push_back(field);
         note(fmt::format("{} ignored (lenient)", field));
@@ -869,10 +870,10 @@ class Parser {
     if (keys)
       for (auto req : keys->required)
         if (!get(d, req))
-          r_.fail(Reader::path(sd.name, req),
+          r_.fail(ConfigReader::path(sd.name, req),
                   fmt::format("required for rope_type '{}' but missing", rope_type));
 
-    auto field = [&](std::string_view key) { return Reader::path(sd.name, key); };
+    auto field = [&](std::string_view key) { return ConfigReader::path(sd.name, key); };
     if (const json* v = get(d, "factor")) {
       p.factor = r_.number(*v, field("factor"));
       // Far outside every published factor (1 to 128); 1e300 gave NaN frequencies that named no field, 1e-300
@@ -1148,7 +1149,7 @@ class Parser {
   }
 
   json cfg_;  ///< the config, with text_config's keys merged in where the top level lacks them
-  Reader r_;
+  ConfigReader r_;
   PositionalSpec spec_;
   const detail::ArchTraits* arch_ = nullptr;
   std::set<std::string> from_text_config_;
@@ -1186,7 +1187,7 @@ DecoderSpec parse_decoder_spec(std::string_view json_text, std::string_view sour
   DecoderSpec d;
   d.positional = parse_positional_spec(json_text, source);
   const json cfg = json::parse(json_text.begin(), json_text.end());  // valid: parse_positional_spec read it
-  const Reader r{std::string(source), ConfigOptions{}};
+  const ConfigReader r{std::string(source), ConfigOptions{}};
   const PositionalSpec& ps = d.positional;
   d.architecture = !ps.architecture.empty() ? ps.architecture : ps.model_type;
   enum class Kind { llama, mistral, qwen2, qwen3 };

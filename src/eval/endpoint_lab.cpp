@@ -25,21 +25,17 @@
 
 namespace posenc {
 
+using detail::eval_warn;
+using detail::hex16;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
 
-std::string hex16(uint64_t h) { return fmt::format("{:016x}", h); }
-
 std::string prompt_hash(std::span<const int32_t> ids) {
   return hex16(detail::fnv1a64(
       std::string_view(reinterpret_cast<const char*>(ids.data()), ids.size() * sizeof(int32_t))));
-}
-
-void warn(const std::string& message) {
-  fmt::print(stderr, "eval: warning: {}\n", message);
-  std::fflush(stderr);
 }
 
 // The text the probe tokenizes locally and through /tokenize.
@@ -121,7 +117,7 @@ class Journal {
         if (!ok) {
           rewrite = true;
           if (!torn || !line.empty())
-            warn(fmt::format("{}: dropped a {} journal line (it is recomputed)", path_.string(),
+            eval_warn(fmt::format("{}: dropped a {} journal line (it is recomputed)", path_.string(),
                              torn ? "torn (incomplete) last" : "damaged or stale"));
         }
       }

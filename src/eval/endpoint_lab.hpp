@@ -22,6 +22,13 @@
 
 namespace posenc::detail {
 
+/// `h` as 16 lowercase hex digits (the hashes in run.json and in the endpoint lab's prompt hashes).
+std::string hex16(uint64_t h);
+
+/// Prints "eval: warning: <message>" and a newline to stderr, flushed (the eval runner's and the endpoint lab's
+/// warnings).
+void eval_warn(const std::string& message);
+
 /// A cell or perplexity result that is not computed, and why.
 struct UnitStatus {
   std::string status;  ///< "does not fit" or "not supported by this endpoint"

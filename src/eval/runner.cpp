@@ -32,8 +32,18 @@
 
 namespace posenc {
 
+using detail::eval_warn;
+using detail::hex16;
+
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+std::string detail::hex16(uint64_t h) { return fmt::format("{:016x}", h); }
+
+void detail::eval_warn(const std::string& message) {
+  fmt::print(stderr, "eval: warning: {}\n", message);
+  std::fflush(stderr);
+}
 
 namespace {
 
@@ -46,7 +56,6 @@ constexpr int kTaskGeneratorVersion = 3;  // 3: associative_recall absent keeps 
 // values are refused by name rather than carried into window arithmetic.
 constexpr int64_t kMaxPplTokens = int64_t{1} << 48;
 
-std::string hex16(uint64_t h) { return fmt::format("{:016x}", h); }
 
 // run.json model.family (the contract's names): rope, alibi, learned, sinusoidal, t5, nope.
 std::string eval_model_family(const Model& model) {
@@ -563,10 +572,6 @@ std::string fingerprint(const RopeSetup& r) {
 }
 
 
-void warn(const std::string& message) {
-  fmt::print(stderr, "eval: warning: {}\n", message);
-  std::fflush(stderr);
-}
 
 void note(const std::string& message) {
   fmt::print(stderr, "eval: note: {}\n", message);
@@ -579,7 +584,7 @@ void note(const std::string& message) {
 void remove_run_temporaries(const fs::path& run_dir) {
   for (const fs::path& d : {run_dir, run_dir / "cells", run_dir / "ppl"})
     for (const fs::path& p : remove_stale_temporaries(d, /*all=*/true))
-      warn(fmt::format("{}: removed a stale temporary file (a killed run)", p.string()));
+      eval_warn(fmt::format("{}: removed a stale temporary file (a killed run)", p.string()));
 }
 
 // What both run ids hash of the run's axes (the haystack's contents, tasks, lengths, depths, samples, controls,
@@ -1431,7 +1436,7 @@ EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoin
       try {
         (void)load_cell(p, g, d, axes);
       } catch (const Error& e) {
-        warn(fmt::format("{}; recomputing the cell", e.what()));
+        eval_warn(fmt::format("{}; recomputing the cell", e.what()));
         missing[u].push_back(name);
       }
     }
@@ -1459,7 +1464,7 @@ EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoin
       ++ppl_done;
       weight_done += ppl_weight(j);
     } catch (const Error& e) {
-      warn(fmt::format("{}; recomputing it", e.what()));
+      eval_warn(fmt::format("{}; recomputing it", e.what()));
     }
   }
   const double weight_found = weight_done;
@@ -1668,7 +1673,7 @@ EvalRunResult detail::run_eval_impl(const Model* model_ptr, EndpointLab* endpoin
       if (const auto w = tokenizer_mismatch_warning(
               *nll, model_vocab, tokenizer,
               c.tokenizer_path.empty() ? std::string("the model's own tokenizer") : c.tokenizer_path))
-        warn(*w);
+        eval_warn(*w);
   }
 
   res.seconds = elapsed();

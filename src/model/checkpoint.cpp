@@ -76,7 +76,7 @@ nlohmann::json positional_json(const PositionalConfig& pc) {
 }
 
 // ---- typed JSON access with field-naming errors ----
-struct Reader {
+struct CheckpointReader {
   std::string file;
   const nlohmann::json& at(const nlohmann::json& obj, const std::string& key, const std::string& path) const {
     if (!obj.is_object() || !obj.contains(key))
@@ -112,7 +112,7 @@ struct Reader {
 
 /// positional.mrope_section (3 non-negative integers summing to rotary_dim/2)
 /// and positional.mrope_mapping ("chunked" | "interleaved", default chunked).
-void read_mrope_fields(const Reader& R, const nlohmann::json& jp, int rotary_dim, PositionalConfig& pc) {
+void read_mrope_fields(const CheckpointReader& R, const nlohmann::json& jp, int rotary_dim, PositionalConfig& pc) {
   const auto& ms = R.at(jp, "mrope_section", "positional.mrope_section");
   if (!ms.is_array() || ms.size() != 3)
     throw CheckpointError(fmt::format("{}: header field positional.mrope_section must be a list of 3 integers (got {})",
@@ -222,7 +222,7 @@ RawModel read_posenc(const std::filesystem::path& path) {
   RawModel raw;
   raw.files.emplace_back(path);
   const std::string name = path.string();
-  const Reader R{name};
+  const CheckpointReader R{name};
   const auto bytes = raw.files.back().bytes();
   if (bytes.size() < 16 || std::memcmp(bytes.data(), kMagic, 8) != 0)
     throw CheckpointError(fmt::format("{}: not a posenc checkpoint (magic POSENC01 missing or file too short)", name));

@@ -125,7 +125,7 @@ constexpr int64_t kTileBytes = 1024;
 // k blocks per chunk of a prefill panel pair's packed weights (2 panels x 8 x 2 KiB per weight term)
 constexpr int64_t kChunk = 8;
 
-POSENC_TARGET_AMXBF16 void amx_begin() {
+POSENC_TARGET_AMXBF16 void amx_bf16_begin() {
   AmxTileConfig cfg;
   for (int t = 0; t < 8; ++t) {
     cfg.rows[t] = 16;
@@ -135,7 +135,7 @@ POSENC_TARGET_AMXBF16 void amx_begin() {
   asm volatile("" : : "m"(cfg) : "memory");
   _tile_loadconfig(&cfg);
 }
-POSENC_TARGET_AMXBF16 void amx_end() { _tile_release(); }
+POSENC_TARGET_AMXBF16 void amx_bf16_end() { _tile_release(); }
 
 /// 16 x 16 transpose of 32-bit lanes, in registers.
 POSENC_TARGET_AMXBF16 inline void transpose16(__m512i r[16]) {
@@ -502,10 +502,10 @@ void matmul_amx_bf16(const float* x, int64_t n, const RawMatrix& w, float* y, Ep
   if (tiles == 1) {  // decode: threads as the other kernels' (a 1024 x 1024 matrix is 2 MiB of F16 streamed once)
 #pragma omp parallel if (parallel_pays(n, w))
     {
-      amx_begin();
+      amx_bf16_begin();
       const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
       decode_rows<S>(xb, n, w, y, e, out * me / nt, out * (me + 1) / nt);
-      amx_end();
+      amx_bf16_end();
     }
     return;
   }
@@ -540,7 +540,7 @@ void matmul_amx_bf16(const float* x, int64_t n, const RawMatrix& w, float* y, Ep
   detail::FirstException error;  // std::bad_alloc of a thread's buffers, rethrown after the region
 #pragma omp parallel if (parallel)
   {
-    amx_begin();
+    amx_bf16_begin();
     error.run([&] {
       const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
       const int64_t p0 = groups * me / nt, p1 = groups * (me + 1) / nt;
@@ -615,7 +615,7 @@ void matmul_amx_bf16(const float* x, int64_t n, const RawMatrix& w, float* y, Ep
           for (int64_t p = p0; p < p1; ++p) write_group(p, ct.get() + (p - p0) * slots, t0, t1);
       }
     });
-    amx_end();
+    amx_bf16_end();
   }
   error.rethrow();
 }

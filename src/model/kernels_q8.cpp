@@ -963,7 +963,7 @@ POSENC_TARGET_AMX void amx_panel_tile(const std::byte* xa, const float* dxf, int
   }
 }
 
-POSENC_TARGET_AMX void amx_begin() {
+POSENC_TARGET_AMX void amx_int8_begin() {
   AmxTileConfig cfg;
   for (int t = 0; t < 4; ++t) {  // C: 16 rows of 16 int32
     cfg.rows[t] = 16;
@@ -978,7 +978,7 @@ POSENC_TARGET_AMX void amx_begin() {
   asm volatile("" : : "m"(cfg) : "memory");
   _tile_loadconfig(&cfg);
 }
-POSENC_TARGET_AMX void amx_end() { _tile_release(); }
+POSENC_TARGET_AMX void amx_int8_end() { _tile_release(); }
 
 /// Row r of the A tiles and their scales (see matmul_q8_amx_impl) from row `src` of x_q, or zeros (src < 0).
 POSENC_TARGET_AMX void amx_x_row(const std::byte* x_q, int64_t src, int64_t r, int64_t blocks, std::byte* xa,
@@ -1024,7 +1024,7 @@ void matmul_q8_amx_impl(const std::byte* x_q, int64_t n, int64_t in, const std::
   detail::FirstException error;  // std::bad_alloc of a thread's panel, rethrown after the region
 #pragma omp parallel if (q8_parallel(n, in, out))
   {
-    amx_begin();
+    amx_int8_begin();
     error.run([&] {
       PanelBuffer panel(blocks);
       const int64_t nt = omp_get_num_threads(), me = omp_get_thread_num();
@@ -1044,7 +1044,7 @@ void matmul_q8_amx_impl(const std::byte* x_q, int64_t n, int64_t in, const std::
           }
         }
     });
-    amx_end();
+    amx_int8_end();
   }
   error.rethrow();
 }

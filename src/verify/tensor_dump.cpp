@@ -33,8 +33,14 @@
 #include "posenc/float16.hpp"
 #include "posenc/io.hpp"
 #include "posenc/safetensors.hpp"
+#include "verify/shape_text.hpp"
 
 namespace posenc {
+
+std::string detail::shape_text(const std::vector<int64_t>& shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+using detail::shape_text;
 
 static_assert(std::endian::native == std::endian::little, "the dump readers assume a little-endian host");
 
@@ -367,8 +373,6 @@ NpyHeader parse_npy_header(std::span<const std::byte> bytes, std::string_view so
                                 fmt::join(h.shape, ", ")));
   return h;
 }
-
-std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 /// A whole .npy file (or npz member) as an array.
 DumpArray read_npy(std::span<const std::byte> bytes, std::string_view name, std::string_view source) {

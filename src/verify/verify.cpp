@@ -17,8 +17,10 @@
 #include "posenc/float16.hpp"
 #include "posenc/io.hpp"
 #include "verify/mistakes.hpp"
+#include "verify/shape_text.hpp"
 
 namespace posenc {
+using detail::shape_text;
 
 std::string_view to_string(DumpLayout layout) {
   return layout == DumpLayout::tokens_heads_dim ? "tokens,heads,head_dim" : "batch,heads,tokens,head_dim";
@@ -133,10 +135,6 @@ double unit_roundoff(DumpDtype dtype) {
     case DumpDtype::bf16: return std::ldexp(1.0, -8);
     default: return std::ldexp(1.0, -24);
   }
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  return fmt::format("[{}]", fmt::join(shape, ", "));
 }
 
 /// q/k before and after RoPE, split into batch rows of [tokens, heads, head_dim].

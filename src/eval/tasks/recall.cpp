@@ -14,17 +14,10 @@
 
 namespace posenc::detail::tasks {
 
-namespace {
-
-
-// The training task whose vocabulary and prompt format associative_recall uses.
 const Task& recall_task() {
   static const Task t(TrainTaskKind::associative_recall);
   return t;
 }
-
-
-}  // namespace
 
 void build_associative_recall(TaskContext& x, TaskSample& s, double depth, TaskControl control) {
   const TaskOptions& options_ = x.options;

@@ -74,22 +74,12 @@ const TaskInfo& find_eval_task(std::string_view name) {
 
 std::span<const std::string> TaskGenerator::candidate_names() { return names_list(); }
 
-namespace {
-
-// The training task whose vocabulary and prompt format associative_recall uses.
-const Task& recall_task() {
-  static const Task t(TrainTaskKind::associative_recall);
-  return t;
-}
-
-}  // namespace
-
 TaskGenerator::TaskGenerator(const Tokenizer& tokenizer, const Haystack& haystack, const TaskOptions& options)
     : tok_(tokenizer), hay_(haystack), options_(options) {
   if (options.choices < 2 || options.choices > 16)
     fail_field<InvalidArgument>("choices", "must be in [2, 16]", options.choices);
   // associative_recall: map the training vocabulary onto the tokenizer by symbol.
-  const auto& symbols = recall_task().symbols();
+  const auto& symbols = detail::tasks::recall_task().symbols();
   if (!tok_.is_symbolic()) {
     recall_error_ = fmt::format(
         "tasks: associative_recall needs a model trained by `posenc train --task associative_recall` (its embedded "

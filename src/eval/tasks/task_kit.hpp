@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "eval/rng.hpp"
+#include "posenc/synthetic_tasks.hpp"
 #include "posenc/tasks.hpp"
 #include "posenc/tokenizer.hpp"
 
@@ -19,6 +20,10 @@ namespace posenc::detail::tasks {
 using detail::Rng;
 
 bool is_space(char c);
+
+// The training task whose vocabulary and prompt format associative_recall uses (one instance, built on first use;
+// TaskGenerator maps its symbols onto the tokenizer, build_associative_recall draws from it).
+const Task& recall_task();
 
 // Common TinyStories names (name_recall's candidate pool).
 const std::vector<std::string>& names_list();

@@ -133,9 +133,9 @@ bool mul_overflows(uint64_t a, uint64_t b, uint64_t* out) { return __builtin_mul
 
 // ---- reading --------------------------------------------------------------
 
-class Reader {
+class GgufReader {
  public:
-  Reader(std::span<const std::byte> bytes, std::string_view source) : b_(bytes), src_(source) {}
+  GgufReader(std::span<const std::byte> bytes, std::string_view source) : b_(bytes), src_(source) {}
 
   uint64_t pos() const { return pos_; }
   uint64_t left() const { return b_.size() - pos_; }
@@ -508,7 +508,7 @@ GgufFile GgufFile::parse(std::span<const std::byte> bytes, std::string_view sour
   GgufFile f;
   f.bytes_ = bytes;
   f.source_ = std::string(source);
-  Reader r(bytes, f.source_);
+  GgufReader r(bytes, f.source_);
 
   // header
   r.need(4, "GGUF magic");
