@@ -57,11 +57,11 @@ ojson inspect_json(const PositionalSpec& s, const std::optional<RopeInspection>&
     ojson ch = ojson::array();
     for (const auto& c : ins->channels)
       ch.push_back(ojson{{"i", c.i},
-                        {"inv_freq", c.inv_freq},
-                        {"wavelength", c.wavelength},
-                        {"rotations_original", c.rotations_original},
-                        {"rotations_target", c.rotations_target},
-                        {"wavelength_ratio", c.wavelength_ratio}});
+                         {"inv_freq", c.inv_freq},
+                         {"wavelength", c.wavelength},
+                         {"rotations_original", c.rotations_original},
+                         {"rotations_target", c.rotations_target},
+                         {"wavelength_ratio", c.wavelength_ratio}});
     j["channels"] = ch;
     j["original_length"] = ins->original_length;
     j["seq_len"] = ins->target_length;

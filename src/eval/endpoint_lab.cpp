@@ -118,7 +118,7 @@ class Journal {
           rewrite = true;
           if (!torn || !line.empty())
             eval_warn(fmt::format("{}: dropped a {} journal line (it is recomputed)", path_.string(),
-                             torn ? "torn (incomplete) last" : "damaged or stale"));
+                                  torn ? "torn (incomplete) last" : "damaged or stale"));
         }
       }
     }

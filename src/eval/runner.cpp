@@ -56,7 +56,6 @@ constexpr int kTaskGeneratorVersion = 3;  // 3: associative_recall absent keeps 
 // values are refused by name rather than carried into window arithmetic.
 constexpr int64_t kMaxPplTokens = int64_t{1} << 48;
 
-
 // run.json model.family (the contract's names): rope, alibi, learned, sinusoidal, t5, nope.
 std::string eval_model_family(const Model& model) {
   switch (model.family()) {
@@ -570,7 +569,6 @@ std::string fingerprint(const RopeSetup& r) {
                    to_string(r.layout), to_string(r.precision));
   return f;
 }
-
 
 
 void note(const std::string& message) {
