@@ -12,6 +12,8 @@
 #include "posenc/config.hpp"
 #include "posenc/error.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -321,3 +323,5 @@ TEST(AlibiSlopes, MatchHuggingFaceMptAndBloom) {
     for (int h = 0; h < n; ++h) EXPECT_NEAR(a[h], b[h], 2e-7 * b[h]) << n << " " << h;
   }
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -8,6 +8,8 @@
 
 #include "config/test_util.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using posenc::test::CliResult;
 using posenc::test::run_cli;
 using posenc::test::ScratchDir;
@@ -211,3 +213,5 @@ TEST(CliDecay, CsvFileAndPlot) {
   expect_failure({"decay", "--head-dim", "127"}, {"head_dim", "127"});
   expect_failure({"decay", "--rope-theta", "x1"}, {"--rope-theta", "x1"});
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -21,6 +21,8 @@
 #include "posenc/rope.hpp"
 #include "posenc/scaling.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using posenc::test::CliResult;
 using posenc::test::run_cli;
@@ -332,3 +334,5 @@ TEST(CliPrecision, Llama31EndToEnd) {
   EXPECT_EQ(no_rope.exit_code, 1);
   EXPECT_NE(no_rope.err.find("no RoPE"), std::string::npos) << no_rope.err;
 }
+
+}  // namespace POSENC_UNITY_ID

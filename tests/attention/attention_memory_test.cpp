@@ -20,6 +20,8 @@
 #include "posenc/attention.hpp"
 #include "posenc/rope.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 namespace {
 
 constexpr int64_t kTokens = 2048;
@@ -106,3 +108,5 @@ TEST(AttentionMemory, PrefillPeakResidentStaysBelowTwiceTheTensors) {
               "attention_with_rope %.3f\n",
               forward_ratio, rope_ratio);
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -24,6 +24,8 @@
 #include "posenc/kv_cache.hpp"
 #include "posenc/rope.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -691,3 +693,5 @@ TEST(Attention, KvHeadRangesOutsideTheHeadsAreRejected) {
                  InvalidArgument);
   }
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -22,6 +22,8 @@
 #include "sanitizer.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -431,3 +433,5 @@ TEST(KvCacheDtype, WritingAHeadRangeStoresWhatWriteStoresForThoseHeads) {
     }
   }
 }
+
+}  // namespace POSENC_UNITY_ID

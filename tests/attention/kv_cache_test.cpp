@@ -9,6 +9,8 @@
 #include "posenc/kv_cache.hpp"
 #include "posenc/scaling.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -247,3 +249,5 @@ TEST(KvCache, RollbackAppendsTakesBackWhatWasAppendedSinceTheMark) {
   EXPECT_EQ(c.blocks_in_use(), 0);
   c.rollback_appends(child, mark);  // a freed sequence: nothing happens (never throws)
 }
+
+}  // namespace POSENC_UNITY_ID

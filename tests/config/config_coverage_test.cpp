@@ -19,6 +19,8 @@
 #include "posenc/rope.hpp"
 #include "posenc/scaling.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using posenc::test::run_cli;
 using posenc::test::ScratchDir;
@@ -457,3 +459,5 @@ TEST(ConfigLimits, RopeScalingFactorIsBoundedAndNamed) {
           << type << " " << factor << ": " << e;
     }
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -24,6 +24,8 @@
 #include "sanitizer.hpp"
 #include "test_util.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -204,3 +206,5 @@ TEST(ConfigLimits, InspectRefusesHostileConfigsUnderUlimit) {
     EXPECT_LT(s, 15.0) << h.name;
   }
 }
+
+}  // namespace POSENC_UNITY_ID

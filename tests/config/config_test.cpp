@@ -14,6 +14,8 @@
 #include "posenc/rope.hpp"
 #include "posenc/scaling.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using posenc::test::ScratchDir;
 using posenc::test::shared_config;
@@ -662,3 +664,5 @@ TEST(ConfigErrors, InconsistentValues) {
 TEST(ConfigErrors, MissingFileIsIoError) {
   EXPECT_THROW((void)load_positional_spec("/nonexistent/posenc/config.json"), IoError);
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -16,6 +16,8 @@
 #include "posenc/config.hpp"
 #include "posenc/error.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -79,3 +81,5 @@ TEST(MropeConfig, InterleavedBudgetsOutOfReachAreRefused) {
     EXPECT_NE(std::string(e.what()).find("height budget 24 needs pair 70"), std::string::npos) << e.what();
   }
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -19,6 +19,8 @@
 #include "posenc/json_file.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 namespace fs = std::filesystem;
 using namespace posenc;
 
@@ -292,3 +294,5 @@ TEST(Utf8, FirstInvalidSequenceIsFoundByTheUnicodeTable) {
             "0xe2 0x82)");
   EXPECT_EQ(error_of([] { require_utf8("all good \xe2\x82\xac", "x"); }), "");
 }
+
+}  // namespace POSENC_UNITY_ID

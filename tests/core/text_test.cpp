@@ -5,6 +5,8 @@
 
 #include "core/text.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using posenc::detail::escaped;
 
 TEST(Escaped, PrintableAsciiAndWellFormedUtf8AreUnchanged) {
@@ -27,3 +29,5 @@ TEST(Escaped, ControlBytesAndMalformedUtf8AreEscaped) {
   EXPECT_EQ(escaped("\xe4" "ab"), "\\xe4ab");               // ... or by an ASCII byte
   EXPECT_EQ(escaped("\xc0\xaf"), "\\xc0\\xaf");             // an overlong lead
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -8,6 +8,8 @@
 #include "posenc/version.hpp"
 #include "../test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 namespace {
 
 TEST(Version, LibraryCliAndCMakeProjectAgree) {
@@ -25,3 +27,5 @@ TEST(Version, LibraryCliAndCMakeProjectAgree) {
 }
 
 }  // namespace
+
+}  // namespace POSENC_UNITY_ID

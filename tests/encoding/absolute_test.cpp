@@ -11,6 +11,8 @@
 #include "posenc/absolute.hpp"
 #include "posenc/error.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 TEST(LearnedPositions, LookupCopiesRowsAndRejectsOutOfTable) {
@@ -123,3 +125,5 @@ TEST(PositionIdsFromInputIds, APositionPastInt64IsRefused) {
   // Fairseq's rule at a legal offset: (cumsum(mask) + past) * mask + padding_idx.
   EXPECT_EQ(posenc::position_ids_from_input_ids(ids, 1, 4, 1, 10), (std::vector<int64_t>{12, 13, 1, 14}));
 }
+
+}  // namespace POSENC_UNITY_ID

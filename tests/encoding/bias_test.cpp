@@ -11,6 +11,8 @@
 #include "posenc/bias.hpp"
 #include "posenc/error.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 TEST(Alibi, SlopesForPowersOfTwoAreTheGeometricSequence) {
@@ -158,3 +160,5 @@ TEST(BiasSizes, ProductsThatOverflowAreRefusedNamingTheAxes) {
   EXPECT_EQ(alibi_bias(slopes, 3, 5, 2, AlibiForm::causal).size(), 4u * 3u * 5u);
   EXPECT_EQ(t5_relative_position_buckets(3, 5, 2, true, 32, 128).size(), 15u);
 }
+
+}  // namespace POSENC_UNITY_ID

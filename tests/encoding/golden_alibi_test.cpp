@@ -16,6 +16,8 @@
 #include "encoding/golden.hpp"
 #include "posenc/bias.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::golden;
 
@@ -71,3 +73,5 @@ TEST(GoldenAlibi, EveryCaseMatchesHuggingFace) {
   std::cout << "[alibi] " << checked << " cases, bias values bit-exact " << bit_exact << "/" << values
             << "\n";
 }
+
+}  // namespace POSENC_UNITY_ID

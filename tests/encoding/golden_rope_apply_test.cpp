@@ -13,6 +13,8 @@
 #include "posenc/mrope.hpp"
 #include "posenc/rope.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::golden;
 
@@ -225,3 +227,5 @@ TEST(GoldenRopeApply, EveryCaseMatchesHuggingFace) {
   std::cout << "[rope_apply] " << checked << " cases, q/k_embed bit-exact " << bit_exact << "/"
             << values << "\n";
 }
+
+}  // namespace POSENC_UNITY_ID

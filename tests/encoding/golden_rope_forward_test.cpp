@@ -7,6 +7,8 @@
 #include "posenc/rope.hpp"
 #include "posenc/scaling.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::golden;
 
@@ -66,3 +68,5 @@ TEST(GoldenRopeForward, EveryCaseMatchesHuggingFace) {
   std::cout << "[rope_forward] " << checked << " cases, cos/sin bit-exact " << bit_exact << "/"
             << values << "\n";
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -5,6 +5,8 @@
 #include "encoding/golden.hpp"
 #include "posenc/scaling.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::golden;
 
@@ -56,3 +58,5 @@ TEST(GoldenRopeInit, EveryCaseMatchesHuggingFace) {
   std::cout << "[rope_init] " << checked << " cases, inv_freq bit-exact " << bit_exact << "/" << values
             << "\n";
 }
+
+}  // namespace POSENC_UNITY_ID

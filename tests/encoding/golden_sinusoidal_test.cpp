@@ -7,6 +7,8 @@
 #include "posenc/absolute.hpp"
 #include "posenc/rope.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::golden;
 
@@ -70,3 +72,5 @@ TEST(GoldenSinusoidal, EveryCaseMatchesHuggingFace) {
   std::cout << "[sinusoidal] " << checked << " cases, table values bit-exact " << bit_exact << "/"
             << values << "\n";
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -6,6 +6,8 @@
 #include "encoding/golden.hpp"
 #include "posenc/bias.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::golden;
 
@@ -45,3 +47,5 @@ TEST(GoldenT5, EveryCaseMatchesHuggingFace) {
   EXPECT_EQ(checked, cases.size()) << "every case of t5_relative_bucket.json must be checked";
   std::cout << "[t5_relative_bucket] " << checked << " cases\n";
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -12,6 +12,8 @@
 #include "posenc/mrope.hpp"
 #include "posenc/rope.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -116,3 +118,5 @@ TEST(Mrope, EachPairFollowsItsSectionRow) {
     EXPECT_NE(std::string(e.what()).find("sum to 7"), std::string::npos);
   }
 }
+
+}  // namespace POSENC_UNITY_ID

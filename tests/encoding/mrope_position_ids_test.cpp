@@ -24,6 +24,8 @@
 #include "posenc/mrope.hpp"
 #include "posenc/rope.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -241,3 +243,5 @@ TEST(MropeInterleaved, TableFollowsEachPairsRowAndEqualRowsArePlainRope) {
   for (std::size_t i = 0; i < c.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(c[i] - d[i])));
   EXPECT_GT(diff, 1e-2);
 }
+
+}  // namespace POSENC_UNITY_ID

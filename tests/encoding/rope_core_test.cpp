@@ -8,6 +8,8 @@
 #include "posenc/rope.hpp"
 #include "posenc/scaling.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 TEST(RopeCore, LayoutsPairDifferentChannels) {
@@ -81,3 +83,5 @@ TEST(RopeCore, LinearIsDefaultDividedByFactor) {
   p.factor = 1.0;
   EXPECT_EQ(compute_rope_frequencies(p).inv_freq, d.inv_freq);
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -13,6 +13,8 @@
 #include "posenc/error.hpp"
 #include "posenc/rope.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -207,3 +209,5 @@ TEST(RopeKernels, FusedPathChecksItsArguments) {
   EXPECT_THROW(apply_rope(x.data(), 2, 1, f, pos, RopeLayout::half, AnglePrecision::float32),
                InvalidArgument);
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -19,6 +19,8 @@
 #include "posenc/rope.hpp"
 #include "posenc/scaling.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -198,3 +200,5 @@ TEST(RopeNumerics, F64InvFreqNeedsTheTwin) {
   std::vector<float> small(3);
   EXPECT_THROW(rope_cos_sin_with(f, pos, RopeNumerics{NumericDtype::bf16}, small, s), InvalidArgument);
 }
+
+}  // namespace POSENC_UNITY_ID

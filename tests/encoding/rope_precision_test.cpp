@@ -10,6 +10,8 @@
 
 #include "posenc/rope.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -70,3 +72,5 @@ TEST(RopePrecision, ModesDifferByAbout1e2AtOneMillion) {
   EXPECT_LT(small.exact, 1e-7);
   EXPECT_LT(small.float32, 1.3e-4);
 }
+
+}  // namespace POSENC_UNITY_ID

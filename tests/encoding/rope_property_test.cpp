@@ -10,6 +10,8 @@
 #include "posenc/absolute.hpp"
 #include "posenc/rope.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -151,3 +153,5 @@ TEST(SinusoidalProperty, OffsetIsAFixedLinearMap) {
     }
   }
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -10,6 +10,8 @@
 #include "posenc/error.hpp"
 #include "posenc/scaling.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -357,3 +359,5 @@ TEST(RopeSchedule, StaticTypesNeverChange) {
   for (int64_t len : {1, 64, 65, 1000000}) EXPECT_EQ(s.update_for_length(len), f);
   EXPECT_EQ(s.generation(), 0u);
 }
+
+}  // namespace POSENC_UNITY_ID

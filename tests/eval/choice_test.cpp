@@ -16,6 +16,8 @@
 #include "posenc/tasks.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 namespace fs = std::filesystem;
 using posenc::test::run_cli;
@@ -368,3 +370,5 @@ TEST(EvalSummaryTable, AccRowsAreShownOnlyWhereTheyDifferFromAccNorm) {
   EXPECT_NE(differ.find(fmt::format("acc            0.35 [{:.2f},{:.2f}]", ci.low, ci.high)), std::string::npos)
       << differ;
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -14,6 +14,8 @@
 #include "posenc/eval.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 namespace fs = std::filesystem;
 using test::run_cli;
@@ -348,3 +350,5 @@ TEST(EndpointCli, AKilledPosencServeMidSweepResumesToTheUninterruptedRun) {
               "to %zu samples equal to the uninterrupted run\n",
               killed_at_lines, killed_at_cells, killed_at_results, pa.size());
 }
+
+}  // namespace POSENC_UNITY_ID

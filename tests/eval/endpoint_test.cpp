@@ -29,6 +29,8 @@
 #include "posenc/serve.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -965,3 +967,5 @@ TEST(EndpointClient, NonTransient5xxAreNotRetriedAndAnHtmlBodyIsQuotedShort) {
   EXPECT_NE(msg.find("HTTP 502: 501 Not Implemented"), std::string::npos) << msg;
   EXPECT_EQ(msg.find('<'), std::string::npos) << msg;
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -13,6 +13,8 @@
 #include "posenc/scaling.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -138,3 +140,5 @@ TEST(EvalEngine, RejectsOverlongSamples) {
   s.length = static_cast<int64_t>(s.prompt_tokens.size());  // no room for the answer budget
   EXPECT_THROW(evaluate_samples(model(), tok(), std::span<const TaskSample>(&s, 1)), InvalidArgument);
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -25,6 +25,8 @@
 
 extern char** environ;
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 namespace fs = std::filesystem;
 using posenc::test::run_cli;
 using posenc::test::slurp;
@@ -574,3 +576,5 @@ TEST_F(EvalCli, ASecondRunOnTheSameRunDirectoryFailsAtOnce) {
   EXPECT_EQ(run_cli(joined(run_args(out))).exit_code, 0);
   EXPECT_EQ(run_cli("eval merge --out " + q(d.path() / "merged") + " " + q(out)).exit_code, 0);
 }
+
+}  // namespace POSENC_UNITY_ID

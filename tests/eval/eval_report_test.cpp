@@ -15,6 +15,8 @@
 
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -100,3 +102,5 @@ TEST(EvalReportHtml, BadPlotsOrReportPathIsOneLineErrorNamingItWithoutTheMatplot
 }
 
 }  // namespace
+
+}  // namespace POSENC_UNITY_ID

@@ -19,6 +19,8 @@
 #include "posenc/perplexity.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 namespace fs = std::filesystem;
 using namespace posenc;
 using posenc::test::slurp;
@@ -288,3 +290,5 @@ TEST(EvalRunId, MatmulModesCountOnlyForMatricesTheyChange) {
     EXPECT_NE(std::string(e.what()).find("AMX-BF16"), std::string::npos) << e.what();
   }
 }
+
+}  // namespace POSENC_UNITY_ID

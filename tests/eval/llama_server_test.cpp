@@ -45,6 +45,8 @@
 #include "posenc/tasks.hpp"
 #include "posenc/tokenizer.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -420,3 +422,5 @@ TEST_F(LlamaServer, EvalEndpointRunsAgainstLlamaServer) {
               "with fewer than 8 predicted tokens); build_info %s\n",
               generation_cells, rl.size(), cut_before_budget, ep["build_info"].get<std::string>().c_str());
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -26,6 +26,8 @@
 #include "../serve/serve_support.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using posenc::test::run_cli;
 using posenc::test::TempDir;
@@ -282,3 +284,5 @@ TEST(NonFiniteLogits, EvalOverAnEndpointStopsAtOnceNamingNonFiniteLogits) {
 }
 
 }  // namespace
+
+}  // namespace POSENC_UNITY_ID

@@ -22,6 +22,8 @@
 #include "posenc/tokenizer.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using nlohmann::json;
 using Buckets = std::vector<std::pair<int64_t, int64_t>>;
@@ -574,3 +576,5 @@ TEST(PplBuckets, CliDefaultsFollowATrainedModel) {
   EXPECT_EQ(r.out.find("factor"), std::string::npos) << r.out;
 }
 #endif
+
+}  // namespace POSENC_UNITY_ID

@@ -19,6 +19,8 @@
 #include "posenc/synthetic_tasks.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using posenc::test::run_cli;
 using posenc::test::slurp;
@@ -408,3 +410,5 @@ TEST(RecallTask, TrainedModelBeatsChanceThroughTheEvalRunner) {
   EXPECT_LT(k0, k);
 }
 #endif
+
+}  // namespace POSENC_UNITY_ID

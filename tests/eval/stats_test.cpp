@@ -4,6 +4,8 @@
 #include "posenc/error.hpp"
 #include "posenc/stats.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using posenc::effective_context;
 using posenc::LengthAccuracy;
 using posenc::wilson_interval;
@@ -99,3 +101,5 @@ TEST(EffectiveContext, NotSolvableIsNotALengthFailure) {
   const std::vector<LengthAccuracy> empty_baseline{{256, 0.0, 0, 0}};
   EXPECT_THROW(effective_context(empty_baseline, 0.85, 0.25), posenc::InvalidArgument);
 }
+
+}  // namespace POSENC_UNITY_ID

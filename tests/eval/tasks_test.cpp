@@ -10,6 +10,8 @@
 #include "posenc/tasks.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -275,3 +277,5 @@ TEST(Tasks, PromptsUnderTinyStories656KDecodeToTheirTextButAreNotCanonical) {
   EXPECT_EQ(differ, total) << "every prompt is segmented non-canonically (if this fails, prompts became canonical: "
                               "update this test and tasks.hpp)";
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -17,6 +17,8 @@
 #include "posenc/model.hpp"
 #include "../test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 #if POSENC_WITH_TRAIN  // every test here trains a model with `posenc train` (not in a -DPOSENC_WITH_TRAIN=OFF build)
 
 namespace {
@@ -138,3 +140,5 @@ TEST(TrainedAt64, EveryCommandRunsWithDefaultsScaledToTheTrainedContext) {
 }  // namespace
 
 #endif  // POSENC_WITH_TRAIN
+
+}  // namespace POSENC_UNITY_ID

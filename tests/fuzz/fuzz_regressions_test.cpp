@@ -14,6 +14,8 @@
 #include "posenc/model.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -83,3 +85,5 @@ TEST(FuzzRegressions, PosencCheckpointIntegerFormatIsCheckpointError) {
   EXPECT_NE(msg.find(p.string()), std::string::npos) << msg;
   EXPECT_NE(msg.find("format"), std::string::npos) << msg;
 }
+
+}  // namespace POSENC_UNITY_ID

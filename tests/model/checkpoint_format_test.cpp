@@ -12,6 +12,8 @@
 #include "random_checkpoint.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using posenc::test::TempDir;
 
@@ -260,3 +262,5 @@ TEST(PosencCheckpoint, WrongJsonTypesAreCheckpointErrorsNamingFileAndField) {
   check("/symbols", "x", "symbols");
   check("/symbols/0", 1, "symbols");
 }
+
+}  // namespace POSENC_UNITY_ID

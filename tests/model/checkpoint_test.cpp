@@ -8,6 +8,8 @@
 #include "posenc/model.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using posenc::test::TempDir;
 
@@ -62,3 +64,5 @@ TEST(Checkpoint, BadFilesNameTheProblem) {
   expect_checkpoint_error(d.file("nan.bin", nan), "not finite");
   EXPECT_THROW(Model::load_llama2c(d.path() / "missing.bin"), IoError);
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -25,6 +25,8 @@
 
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using posenc::test::CliResult;
 using posenc::test::run_cli;
 using posenc::test::slurp;
@@ -491,3 +493,5 @@ TEST(CliInspect, PrintsNoDuplicatedColumnsOrFields) {
   EXPECT_GE(tables, 15);
   EXPECT_GE(single_length, 8) << "configs without scaling print one rotations column";
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -11,6 +11,8 @@
 #include "posenc/io.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using posenc::test::run_cli;
 using posenc::test::TempDir;
 using json = nlohmann::json;
@@ -313,3 +315,5 @@ TEST(CliFormats, GgufRopeScalingFactorIsBoundedAndNamed) {
                    "llama.rope.scaling.factor must be in [1e-06, 1e+06]");
   }
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -18,6 +18,8 @@
 
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using posenc::test::CliResult;
 using posenc::test::TempDir;
 
@@ -548,3 +550,5 @@ TEST(CliInputs, ConvertTakesNoFlagsOfRunningAModel) {
     EXPECT_NE(p.out.find("--max-position"), std::string::npos) << cmd;
   }
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -7,6 +7,8 @@
 
 #include "../test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 #if !POSENC_WITH_TRAIN
 
 namespace {
@@ -38,3 +40,5 @@ TEST(WithoutTrain, TrainAndStudyExit2NamingTheBuildOption) {
 }  // namespace
 
 #endif  // !POSENC_WITH_TRAIN
+
+}  // namespace POSENC_UNITY_ID

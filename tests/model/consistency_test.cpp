@@ -13,6 +13,8 @@
 #include "random_checkpoint.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -401,3 +403,5 @@ TEST(Consistency, ABatchThatRunsThePoolOutAppendsNothing) {
   m.forward(fresh, std::span(&in, 1), Model::LogitsMode::all, expected);
   EXPECT_EQ(logits, expected);
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -14,6 +14,8 @@
 #include "posenc/perplexity.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using posenc::test::run_cli;
 using posenc::test::TempDir;
@@ -311,3 +313,5 @@ TEST(GenerateCli, PosencCheckpointStopsAtEosOrTheTableEnd) {
   EXPECT_NE(r.err.find("--rope-scaling"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("learned_absolute"), std::string::npos) << r.err;
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -17,6 +17,8 @@
 #include "posenc/gguf.hpp"
 #include "stored_matrix.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::detail;
 using posenc::test::randn;
@@ -216,3 +218,5 @@ TEST(Bf16Split, OtherWeightTypesAreRefused) {
   std::vector<float> y(4);
   EXPECT_THROW(matmul_bf16_split(Bf16Split::x6, x.data(), 1, w.m, y.data(), false), std::logic_error);
 }
+
+}  // namespace POSENC_UNITY_ID

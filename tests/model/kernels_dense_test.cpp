@@ -21,6 +21,8 @@
 #include "posenc/gguf.hpp"
 #include "stored_matrix.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::detail;
 using posenc::test::randn;
@@ -465,3 +467,5 @@ TEST(KernelsDense, WidenedWeightsAreGgmlsDequantizedValues) {
     }
   }
 }
+
+}  // namespace POSENC_UNITY_ID

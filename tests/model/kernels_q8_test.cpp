@@ -18,6 +18,8 @@
 #include "posenc/gguf.hpp"
 #include "stored_matrix.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::detail;
 using posenc::test::randn;
@@ -387,3 +389,5 @@ TEST(KernelsQ8DecodePlans, EveryPlanGivesTheReferenceBits) {
                               y.data(), false),
                std::logic_error);
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -14,6 +14,8 @@
 
 #include "model/kernels.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc::detail;
 
 namespace {
@@ -112,3 +114,5 @@ TEST(KernelsRmsnorm, EachRowIsGgmlsOrderedDoubleSumBitForBit) {
       }
   omp_set_num_threads(threads);
 }
+
+}  // namespace POSENC_UNITY_ID

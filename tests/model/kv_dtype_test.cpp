@@ -12,6 +12,8 @@
 #include "posenc/perplexity.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -200,3 +202,5 @@ TEST(KvDtypeCli, PplAndGenerateRunOnA16BitCacheAndSaySo) {
   ASSERT_EQ(g.exit_code, 0) << g.err;
   EXPECT_EQ(nlohmann::json::parse(g.out).at("kv_dtype"), "f16");
 }
+
+}  // namespace POSENC_UNITY_ID

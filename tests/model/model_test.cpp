@@ -10,6 +10,8 @@
 #include "posenc/perplexity.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -141,3 +143,5 @@ TEST(Model, BadForwardInputsLoseNothing) {
   EXPECT_THROW(fx().model.forward(cache, std::span(&in, 1), Model::LogitsMode::all, logits), InvalidArgument);
   EXPECT_EQ(cache.size(seq), 0);
 }
+
+}  // namespace POSENC_UNITY_ID

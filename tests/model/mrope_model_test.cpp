@@ -31,6 +31,8 @@
 #include "random_checkpoint.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -399,3 +401,5 @@ TEST(MropeModel, DecodeTeamGivesTheBitsOfARegionPerProjection) {
   detail::set_decode_team(detail::DecodeTeam::automatic);
   omp_set_num_threads(threads_before);
 }
+
+}  // namespace POSENC_UNITY_ID

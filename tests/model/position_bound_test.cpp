@@ -20,6 +20,8 @@
 #include "posenc/perplexity.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using posenc::test::run_cli;
 using posenc::test::TempDir;
@@ -251,3 +253,5 @@ TEST(PositionBoundCli, CheckCacheAndDetectLayoutWarnInStderrAndJson) {
   ASSERT_TRUE(jl.at("position_warning").is_object()) << jl.dump();
   EXPECT_EQ(jl["position_warning"]["position"], 512);
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -15,6 +15,8 @@
 #include "posenc/tokenizer.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::test;
 
@@ -308,3 +310,5 @@ TEST(TokenizerGguf, LlamaCppReferenceScriptReproducesSavedFile) {
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   EXPECT_EQ(read_json(d.path() / "stories260K.json"), llama_cpp_ref());
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -14,6 +14,8 @@
 #include "posenc/tokenizer.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::test;
 
@@ -296,3 +298,5 @@ TEST(TokenizerJsonErrors, MalformedFilesNameTheField) {
   m = with([](auto& j) { j["model"]["type"] = "WordLevel"; });
   EXPECT_HAS(m, "model.type: WordLevel is not supported");
 }
+
+}  // namespace POSENC_UNITY_ID

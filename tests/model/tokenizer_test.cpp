@@ -8,6 +8,8 @@
 #include "posenc/tokenizer.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using posenc::test::TempDir;
 
@@ -105,3 +107,5 @@ TEST(Blocks, SplitOnBlankLinesJoinAndStrip) {
   EXPECT_EQ(b[2], "d");
   EXPECT_TRUE(split_blocks("\n \n\t\n").empty());
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -27,6 +27,8 @@
 #include "test_support.hpp"
 #include "formats/tiny_models.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -647,3 +649,5 @@ TEST(WeightsAsStored, AnExceptionInsideTheDecodeTeamReachesTheCaller) {
     EXPECT_EQ(std::memcmp(after.data(), expected.data(), after.size() * sizeof(float)), 0) << threads << " threads";
   }
 }
+
+}  // namespace POSENC_UNITY_ID

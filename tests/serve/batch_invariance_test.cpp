@@ -20,6 +20,8 @@
 #include "posenc/model.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 namespace fs = std::filesystem;
 
@@ -183,3 +185,5 @@ INSTANTIATE_TEST_SUITE_P(Models, BatchInvariance, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return std::to_string(i.index); });
 
 }  // namespace
+
+}  // namespace POSENC_UNITY_ID

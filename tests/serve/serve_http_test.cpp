@@ -18,6 +18,8 @@
 
 #include "serve_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::test::serve;
 using posenc::serve::ServeConfig;
@@ -693,3 +695,5 @@ TEST(ServeHttp, AConnectionWithItsNextRequestWaitingMakesRoomAfterAnsweringIt) {
 }
 
 }  // namespace
+
+}  // namespace POSENC_UNITY_ID

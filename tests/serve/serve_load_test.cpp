@@ -20,6 +20,8 @@
 
 extern char** environ;
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::test::serve;
 using posenc::serve::ServeConfig;
@@ -162,3 +164,5 @@ TEST(ServeCli, RejectsABadCommandLineWithExit2) {
 }
 
 }  // namespace
+
+}  // namespace POSENC_UNITY_ID

@@ -9,6 +9,8 @@
 #include "serve_process.hpp"
 #include "serve_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::test::serve;
 
@@ -78,3 +80,5 @@ TEST(ServePosition, CliMaxPositionAndTheWarning) {
     ++n;
   EXPECT_EQ(n, 1u) << err;
 }
+
+}  // namespace POSENC_UNITY_ID

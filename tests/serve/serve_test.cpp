@@ -16,6 +16,8 @@
 #include "serve/scheduler.hpp"
 #include "serve_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::test::serve;
 using posenc::serve::ServeConfig;
@@ -606,3 +608,5 @@ TEST(Serve, TheConfigurationIsValidated) {
 }
 
 }  // namespace
+
+}  // namespace POSENC_UNITY_ID

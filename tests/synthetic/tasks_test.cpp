@@ -8,6 +8,8 @@
 #include "posenc/tokenizer.hpp"
 #include "posenc/synthetic_tasks.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -212,3 +214,5 @@ TEST(TrainTasks, RecallPromptIsTheSampleFormatAndChecksItsInput) {
   EXPECT_THROW(ar.recall_prompt(keys, std::vector<int>{1, 10}, 3), InvalidArgument);
   EXPECT_THROW(ar.recall_prompt(keys, values, -1), InvalidArgument);
 }
+
+}  // namespace POSENC_UNITY_ID

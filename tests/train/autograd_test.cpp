@@ -17,6 +17,8 @@
 #include "posenc/error.hpp"
 #include "train/autograd.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 
 namespace {
@@ -123,3 +125,5 @@ TEST(TrainAutograd, AlibiAddsAFixedBiasAndPassesTheGradientThrough) {
   EXPECT_FLOAT_EQ(b[0][0][2][0].item<float>(), -0.5f);
   EXPECT_FLOAT_EQ(b[0][3][2][1].item<float>(), -1.0f / 256.0f);
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -23,6 +23,8 @@
 #include "test_support.hpp"
 #include "train/study_dir.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using posenc::test::run_cli;
 using posenc::test::slurp;
@@ -365,3 +367,5 @@ TEST(StudyDirFuzzCorpus, SeedsAreCurrent) {
     }
   }
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -11,6 +11,8 @@
 
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 namespace {
 
 TEST(StudyReportPlots, BinsBandsDifferencesAndColoursOnARealStudy) {
@@ -29,3 +31,5 @@ TEST(StudyReportPlots, BinsBandsDifferencesAndColoursOnARealStudy) {
 }
 
 }  // namespace
+
+}  // namespace POSENC_UNITY_ID

@@ -14,6 +14,8 @@
 #include "posenc/study.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using posenc::test::run_cli;
 using posenc::test::slurp;
@@ -248,3 +250,5 @@ TEST(TrainStudy, BadSettingsLeaveNoStudyBehind) {
   EXPECT_NE(r.err.find("--heads"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(out / "study.json"));
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -15,6 +15,8 @@
 #include "test_support.hpp"
 #include "train/transformer.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using posenc::test::TempDir;
 
@@ -283,3 +285,5 @@ TEST(TrainBlas, SlowOpenBlasCoresAreReplacedByTheFastestTheCpuRuns) {
     EXPECT_EQ(fast ? std::string(fast) : std::string(), expected) << reported;
   }
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -22,6 +22,8 @@
 #include "posenc/io.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using posenc::test::message_of;
 using posenc::test::TempDir;
@@ -705,3 +707,5 @@ TEST(TensorDumpSafetensors, MalformedAndFloat8AreDumpErrors) {
   EXPECT_EQ(TensorDump::parse_safetensors(bytes_of(ok), "d.safetensors").get("p").values,
             (std::vector<double>{1.0, -3.140625}));
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -34,6 +34,7 @@ thread_local std::size_t g_largest = 0;
 }  // namespace
 
 #if POSENC_TRACK_ALLOCATIONS
+#pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"  // new and delete below are malloc and free, as a pair
 
 void* operator new(std::size_t n) {
@@ -46,7 +47,12 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 #endif
+
+// (The global operator new above cannot be in a namespace: this file's code from here on.)
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 
 using namespace posenc;
 using namespace posenc::test::gguf;
@@ -458,3 +464,5 @@ TEST(GgufBadInput, KQuantParsesAndIsRefusedByNameOnUse) {
   foreign.offset = 1 << 20;
   EXPECT_THROW((void)f.tensor_data(foreign), InvalidArgument);
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -13,6 +13,8 @@
 
 #include "model/formats/gguf_quant.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using posenc::detail::gguf_bf16_to_f32;
 using posenc::detail::gguf_f16_to_f32;
 using posenc::detail::gguf_f32_to_bf16;
@@ -141,3 +143,5 @@ TEST(GgufHalf, BFloat16) {
     ASSERT_EQ(gguf_f32_to_bf16(gguf_bf16_to_f32(static_cast<uint16_t>(h))), h) << h;
   }
 }
+
+}  // namespace POSENC_UNITY_ID

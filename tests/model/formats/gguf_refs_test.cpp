@@ -9,6 +9,8 @@
 
 #include "gguf_test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 namespace {
 
 std::string quoted(const std::filesystem::path& p) { return fmt::format("'{}'", p.string()); }
@@ -55,3 +57,5 @@ TEST(GgufReferenceRederive, ScriptReproducesTheCommittedReference) {
     EXPECT_TRUE(diff.empty()) << section << " differs: " << diff.dump().substr(0, 2000);
   }
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -12,6 +12,8 @@
 #include "posenc/error.hpp"
 #include "posenc/gguf.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::test::gguf;
 using nlohmann::json;
@@ -413,3 +415,5 @@ TEST(GgufGetters, TypedAccessAndErrorsNameTheKey) {
   expect_error([&] { (void)f.get_string_array("ia"); }, {"metadata 'ia'", "got array of int32"});
   expect_error([&] { (void)f.get_float_array("sa"); }, {"metadata 'sa'", "got array of string"});
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -10,6 +10,8 @@
 #include "posenc/error.hpp"
 #include "posenc/gguf.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using namespace posenc::test::gguf;
 using VT = GgufValue::Type;
@@ -269,3 +271,5 @@ TEST(GgufFuzzCorpus, SeedsAreCurrent) {
     EXPECT_NO_THROW(GgufFile::parse(as_bytes(bytes), name));
   }
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -24,6 +24,8 @@
 #include "test_support.hpp"
 #include "tiny_models.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -926,3 +928,5 @@ TEST(CliBadInput, GenerateWithLengthDependentRopePassesTheTrainedContext) {
   EXPECT_NEAR(got, full, 1e-4) << stale;
   EXPECT_GT(std::fabs(got - stale), 1e-3);  // frozen frequencies would not give it
 }
+
+}  // namespace POSENC_UNITY_ID

@@ -24,6 +24,8 @@
 #include "posenc/safetensors.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -721,3 +723,5 @@ TEST(ModelFormats, UnusedTensorsAreRefusedByName) {
   write_hf_copy(d.path() / "ok", "F32", 2, "model.layers.0.self_attn.rotary_emb.inv_freq");
   EXPECT_NO_THROW(Model::load(d.path() / "ok"));  // stored RoPE tables are derived from config.json instead
 }
+
+}  // namespace POSENC_UNITY_ID

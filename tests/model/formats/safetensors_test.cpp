@@ -21,6 +21,8 @@
 #include "posenc/io.hpp"
 #include "test_support.hpp"
 
+namespace POSENC_UNITY_ID {  // this file's own namespace in the tests' unity build (CMakeLists.txt)
+
 using namespace posenc;
 using posenc::test::TempDir;
 using json = nlohmann::json;
@@ -640,3 +642,5 @@ TEST(Safetensors, DeeplyNestedHeaderIsRefused) {
   const std::string meta = "{\"__metadata__\": {\"k\": " + std::string(depth, '[') + std::string(depth, ']') + "}}";
   expect_bad(raw_file(meta), {"__metadata__.k", "an array of 1 elements"});
 }
+
+}  // namespace POSENC_UNITY_ID
