@@ -15,7 +15,9 @@
 #include <immintrin.h>
 #define POSENC_ROPE_AVX512 1
 // GCC 12 reports its own intrinsic headers' undefined pass-through vectors
-// (e.g. in _mm512_cvtpd_ps) as maybe-uninitialized; they are not.
+// (e.g. in _mm512_cvtpd_ps) as maybe-uninitialized; they are not. (Pushed and popped at the end of the file: in the
+// library's unity build the next files of the batch keep the warning.)
+#pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
@@ -322,3 +324,7 @@ void rope_rotate_rows(float* x, int64_t tokens, int heads, int head_dim, int64_t
 }
 
 }  // namespace posenc::detail
+
+#ifdef POSENC_ROPE_AVX512
+#pragma GCC diagnostic pop
+#endif

@@ -22,7 +22,7 @@ namespace {
 constexpr char kMagic[8] = {'P', 'O', 'S', 'E', 'N', 'C', '0', '1'};
 constexpr uint64_t kAlign = 64;
 
-uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+uint64_t align_up_64(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
 using Shapes = std::vector<std::pair<std::string, std::vector<int64_t>>>;
 
@@ -199,10 +199,10 @@ void save_posenc_checkpoint(const std::filesystem::path& path, const PosencCheck
   uint64_t off = 0;
   for (const auto& t : ck.tensors) {
     h["tensors"].push_back({{"name", t.name}, {"shape", t.shape}, {"offset", off}});
-    off = align_up(off + 4 * t.data.size());
+    off = align_up_64(off + 4 * t.data.size());
   }
   const std::string header = h.dump();
-  const uint64_t data_start = align_up(16 + header.size());
+  const uint64_t data_start = align_up_64(16 + header.size());
   std::string out(data_start + off, '\0');
   std::memcpy(out.data(), kMagic, 8);
   const uint64_t hl = header.size();
@@ -211,7 +211,7 @@ void save_posenc_checkpoint(const std::filesystem::path& path, const PosencCheck
   off = 0;
   for (const auto& t : ck.tensors) {
     std::memcpy(out.data() + data_start + off, t.data.data(), 4 * t.data.size());
-    off = align_up(off + 4 * t.data.size());
+    off = align_up_64(off + 4 * t.data.size());
   }
   write_file_atomic(path, out);
 }
@@ -311,7 +311,7 @@ RawModel read_posenc(const std::filesystem::path& path) {
   }
   if (h.contains("metadata")) raw.metadata_json = h["metadata"].dump();
 
-  const uint64_t data_start = align_up(16 + hl);
+  const uint64_t data_start = align_up_64(16 + hl);
   if (data_start > bytes.size())
     throw CheckpointError(fmt::format("{}: truncated before the data section (byte {})", name, data_start));
   const uint64_t data_size = bytes.size() - data_start;
