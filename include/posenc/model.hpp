@@ -447,6 +447,19 @@ class Model {
   /// at positions 0..n-1 (a prefill that scores a whole window).
   std::vector<float> score_window(std::span<const int32_t> tokens) const;
 
+  /// score_window a chunk of at most `chunk_tokens` tokens at a time, so that
+  /// only one chunk's logits are held: for each chunk, in order,
+  /// on_chunk(first, logits, rows) with logits [rows, vocab_size] float32 of
+  /// window positions first .. first + rows - 1 (valid during the call). One
+  /// fresh sequence, the chunks prefilled into its cache one after another: the
+  /// same bits as score_window's rows (the forward is chunk-invariant; a
+  /// length-dependent RoPE, rope_type dynamic or longrope, is frozen at the
+  /// frequencies one forward over the whole window computes:
+  /// freeze_rope_for_length(rope(), tokens.size())). Throws InvalidArgument
+  /// for chunk_tokens < 1, what forward throws, and what on_chunk throws.
+  void score_window(std::span<const int32_t> tokens, int64_t chunk_tokens,
+                    const std::function<void(int64_t first, const float* logits, int64_t rows)>& on_chunk) const;
+
  private:
   struct Weights;
   explicit Model(std::shared_ptr<const Weights> weights);

@@ -105,7 +105,8 @@ struct PplResult {
 struct PplProgress {
   int64_t windows_done = 0;
   int64_t windows_total = 0;
-  int64_t tokens_done = 0;
+  int64_t tokens_done = 0;   ///< predictions scored so far, windows in flight included (their chunks done)
+  int64_t tokens_total = 0;  ///< predictions of all windows
   double seconds = 0.0;
 };
 
@@ -115,12 +116,23 @@ struct PplOptions {
   /// Bucket edges (buckets_from_edges); empty = position_buckets(model.trained_context(), context).
   std::vector<int64_t> bucket_edges;
   int fine_bins_per_bucket = 0;  ///< in [0, 64]; > 0 fills PplResult::fine_buckets
+  /// Tokens per forward within a window (Model::score_window's chunks; the same NLL to the bit for any value):
+  /// 0 = automatic, as many as keep one chunk's logits within 64 MiB (a multiple of 16, at least 16: 512 for
+  /// a 32000-token vocabulary, the whole window for a small one), so that memory does not grow with
+  /// context x vocab_size and progress is reported within a long window. Must be >= 0; not used by the
+  /// scorer overload of evaluate_perplexity.
+  int64_t chunk_tokens = 0;
   int bootstrap_resamples = 1000;             ///< B of protocol step 6, in [1, 1000000]
   uint64_t bootstrap_seed = 0x9e3779b97f4a7c15;  ///< fixed: the interval is a function of the windows only
-  /// Called from the calling thread at most about once per second while windows run, and exactly once with
-  /// windows_done == windows_total, when all are scored.
+  /// Called from the calling thread at most about once per second while windows run (after a window or a chunk
+  /// of one), and exactly once with windows_done == windows_total, when all are scored.
   std::function<void(const PplProgress&)> on_progress;
 };
+
+/// PplOptions::chunk_tokens' automatic value for a vocabulary of `vocab_size` tokens: the multiple of 16 tokens
+/// whose float32 logits fill at most 64 MiB, at least 16 (512 for 32000 tokens, 128 for Llama 3's 128256, 32768
+/// for stories260K's 512). Throws InvalidArgument for vocab_size < 1.
+int64_t ppl_auto_chunk_tokens(int64_t vocab_size);
 
 /// Scores `stream` with `model` (its current RopeSetup) per the protocol above.
 /// Windows run in parallel over the OpenMP threads (one window per thread, each

@@ -202,6 +202,11 @@ std::pair<double, double> bootstrap_mean_interval(std::span<const double> sums, 
   return {quantile_sorted(means, 0.025), quantile_sorted(means, 0.975)};
 }
 
+int64_t ppl_auto_chunk_tokens(int64_t vocab_size) {
+  if (vocab_size < 1) fail_field<InvalidArgument>("vocab_size", "must be >= 1", vocab_size);
+  return std::max<int64_t>(16, (int64_t{64} << 20) / (int64_t{4} * vocab_size) / 16 * 16);
+}
+
 namespace {
 
 // Protocol steps 3 and 5 (the windows) with the options checked.
@@ -238,6 +243,7 @@ PplPlan plan_perplexity(int64_t trained_context, int64_t stream_size, const PplO
   }
   if (o.fine_bins_per_bucket < 0 || o.fine_bins_per_bucket > 64)
     fail_field<InvalidArgument>("fine_bins_per_bucket", "must be in [0, 64]", o.fine_bins_per_bucket);
+  if (o.chunk_tokens < 0) fail_field<InvalidArgument>("chunk_tokens", "must be >= 0 (0 = automatic)", o.chunk_tokens);
   for (int64_t s : starts) plan.windows.push_back({s, std::min(L, T - s)});
   return plan;
 }
@@ -308,10 +314,14 @@ PplResult finish_perplexity(const PplPlan& plan, const std::vector<std::vector<d
   r.nll = r.tokens > 0 ? total / static_cast<double>(r.tokens) : 0.0;
   r.ppl = std::exp(r.nll);
   if (o.on_progress)
-    o.on_progress({static_cast<int64_t>(W), static_cast<int64_t>(W), r.tokens,
+    o.on_progress({static_cast<int64_t>(W), static_cast<int64_t>(W), r.tokens, r.tokens,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
   return r;
 }
+
+/// Thrown out of a window's chunk callback to stop it when another window has failed (never rethrown: the first
+/// exception is).
+struct WindowAbandoned {};
 
 // Protocol steps 3-5 with `model`: every window's per-prediction NLL (position order), windows in parallel.
 std::vector<std::vector<double>> score_model_windows(const Model& model, std::span<const int32_t> stream,
@@ -327,52 +337,69 @@ std::vector<std::vector<double>> score_model_windows(const Model& model, std::sp
         "context: {} positions are past the learned position table (max_position_embeddings {})", std::min(L, T),
         model.config().max_position_embeddings));
 
+  const int64_t chunk = o.chunk_tokens > 0 ? o.chunk_tokens : ppl_auto_chunk_tokens(V);
+  int64_t tokens_total = 0;
+  for (const PplWindow& w : plan.windows) tokens_total += w.tokens - 1;
+
   auto last_report = t0;
   int64_t done = 0, tokens_done = 0;
-
+  // Reports at most about once a second, from the calling thread (thread 0), after one of its windows or chunks;
+  // the last window is reported once, by finish_perplexity (reporting it here too printed "W/W" twice). The
+  // callback (the CLI's progress line) may throw: kept as the loop's first exception. Callers hold the critical
+  // section.
   detail::FirstException error;
+  const auto report = [&] {
+    if (!o.on_progress || omp_get_thread_num() != 0 || done == static_cast<int64_t>(W)) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_report < std::chrono::seconds(1)) return;
+    last_report = now;
+    error.run([&] {
+      o.on_progress({done, static_cast<int64_t>(W), tokens_done, tokens_total,
+                     std::chrono::duration<double>(now - t0).count()});
+    });
+  };
+
 #pragma omp parallel for schedule(dynamic, 1)
   for (std::size_t w = 0; w < W; ++w) {
     if (error.failed()) continue;
     const int64_t s = plan.windows[w].start;
     const int64_t n = plan.windows[w].tokens;
-    std::vector<float> logits;
-    error.run([&] {
-      logits = model.score_window(stream.subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(n)));
+    int64_t counted = 0;  // this window's predictions in tokens_done
+    error.run([&] {  // std::bad_alloc of the row, rethrown after the region
+      window_nll[w].resize(static_cast<std::size_t>(n - 1));
     });
     if (error.failed()) continue;
     error.run([&] {
-      detail::check_logits_finite(logits.data(), (n - 1) * V, V, [&](int64_t p) {
-        return fmt::format("window of tokens [{}, {}), position {}", s, s + n, p);
-      });
-    });
-    error.run([&] {  // std::bad_alloc of the row, rethrown after the region
-      window_nll[w].resize(static_cast<std::size_t>(n - 1));
-      for (int64_t p = 0; p + 1 < n; ++p) {
-        // -log_softmax, with the very function posenc serve computes prompt logprobs with, so a window scored
-        // over HTTP (nll = -logprob) is bit-identical to one scored here.
-        const float* row = logits.data() + p * V;
-        const double nll = -detail::log_prob(row, V, stream[static_cast<std::size_t>(s + p + 1)]);
-        window_nll[w][static_cast<std::size_t>(p)] = nll;
-      }
+      model.score_window(
+          stream.subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(n)), chunk,
+          [&](int64_t first, const float* logits, int64_t rows) {
+            if (error.failed()) throw WindowAbandoned{};  // another window failed: its error is the one rethrown
+            detail::check_logits_finite(logits, rows * V, V, [&](int64_t p) {
+              return fmt::format("window of tokens [{}, {}), position {}", s, s + n, first + p);
+            });
+            const int64_t end = std::min(first + rows, n - 1);  // position n - 1 predicts nothing
+            for (int64_t p = first; p < end; ++p) {
+              // -log_softmax, with the very function posenc serve computes prompt logprobs with, so a window
+              // scored over HTTP (nll = -logprob) is bit-identical to one scored here.
+              const float* row = logits + (p - first) * V;
+              window_nll[w][static_cast<std::size_t>(p)] = -detail::log_prob(row, V, stream[static_cast<std::size_t>(s + p + 1)]);
+            }
+            if (end < n - 1) {  // not the window's last chunk (its predictions are counted with the window)
+#pragma omp critical(posenc_ppl_progress)
+              {
+                tokens_done += end - first;
+                report();
+              }
+              counted += end - first;
+            }
+          });
     });
     if (error.failed()) continue;
 #pragma omp critical(posenc_ppl_progress)
     {
       ++done;
-      tokens_done += n - 1;
-      // The last window is reported once, by finish_perplexity (reporting it here too printed "W/W" twice). The
-      // callback (the CLI's progress line) may throw: kept as the loop's first exception.
-      if (o.on_progress && omp_get_thread_num() == 0 && done < static_cast<int64_t>(W)) {
-        const auto now = std::chrono::steady_clock::now();
-        if (now - last_report >= std::chrono::seconds(1)) {
-          last_report = now;
-          error.run([&] {
-            o.on_progress({done, static_cast<int64_t>(W), tokens_done,
-                           std::chrono::duration<double>(now - t0).count()});
-          });
-        }
-      }
+      tokens_done += (n - 1) - counted;  // the last chunk's predictions
+      report();
     }
   }
 

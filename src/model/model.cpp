@@ -1289,6 +1289,31 @@ std::vector<float> Model::score_window(std::span<const int32_t> tokens) const {
   return logits;
 }
 
+void Model::score_window(std::span<const int32_t> tokens, int64_t chunk_tokens,
+                         const std::function<void(int64_t, const float*, int64_t)>& on_chunk) const {
+  if (chunk_tokens < 1) fail_field<InvalidArgument>("chunk_tokens", "must be >= 1", chunk_tokens);
+  const auto n = static_cast<int64_t>(tokens.size());
+  // A length-dependent RoPE recomputes its frequencies in every forward from the length so far: frozen at the
+  // whole window's, the chunks rotate as one forward over the window does.
+  const Model* m = this;
+  std::optional<Model> frozen;
+  if (positional_.family == PositionFamily::rope && positional_.rope.update_with_length &&
+      find_rope_scaling(positional_.rope.params.rope_type).depends_on_seq_len && chunk_tokens < n) {
+    frozen.emplace(*this);
+    frozen->positional_.rope = freeze_rope_for_length(positional_.rope, n);
+    m = &*frozen;
+  }
+  KvCache cache = m->make_cache(64);
+  const KvCache::SeqId seq = cache.create();
+  std::vector<float> logits;
+  for (int64_t first = 0; first < n; first += chunk_tokens) {
+    const int64_t rows = std::min(chunk_tokens, n - first);
+    const SequenceInput in{seq, tokens.subspan(static_cast<std::size_t>(first), static_cast<std::size_t>(rows)), {}};
+    m->forward(cache, std::span<const SequenceInput>(&in, 1), LogitsMode::all, logits);
+    on_chunk(first, logits.data(), rows);
+  }
+}
+
 PositionalSpec positional_spec(const Model& model) {
   const ModelConfig& c = model.config();
   const ModelSource& src = model.source();

@@ -29,6 +29,7 @@ struct PplArgs {
   CLI::Option* scalings_option = nullptr;  // to tell the default from an explicit --rope-scaling
   std::optional<double> rope_factor;
   int64_t max_tokens = 0;
+  int64_t chunk_tokens = 0;
   std::string json_path;
   std::string plot_path;
   bool quiet = false;
@@ -130,6 +131,7 @@ void run_ppl(const PplArgs& a) {
       PplOptions o;
       o.context = L;
       o.max_tokens = a.max_tokens;
+      o.chunk_tokens = a.chunk_tokens;
       o.bucket_edges = edges;
       o.fine_bins_per_bucket = kFineBins;
       if (!a.quiet)
@@ -138,8 +140,9 @@ void run_ppl(const PplArgs& a) {
           if (!tty && p.windows_done != p.windows_total && p.seconds - last < 15.0) return;
           last = p.seconds;
           const double tps = p.seconds > 0 ? static_cast<double>(p.tokens_done) / p.seconds : 0.0;
-          fmt::print(stderr, "{}ppl L={} {}: windows {}/{}, {:.0f} tokens/s{}", tty ? "\r" : "", L, s,
-                     p.windows_done, p.windows_total, tps, tty ? "   " : "\n");
+          const double share = p.tokens_total > 0 ? 100.0 * static_cast<double>(p.tokens_done) / p.tokens_total : 0.0;
+          fmt::print(stderr, "{}ppl L={} {}: windows {}/{}, {:.0f}% of tokens, {:.0f} tokens/s{}", tty ? "\r" : "",
+                     L, s, p.windows_done, p.windows_total, share, tps, tty ? "   " : "\n");
           if (tty && p.windows_done == p.windows_total) fmt::print(stderr, "\n");
         };
       results.push_back(evaluate_perplexity(m, stream, o));
@@ -266,6 +269,11 @@ void add_ppl_command(CLI::App& app) {
                   "score about N tokens: stop after ceil(N/(L-1)) windows (0 = whole text)")
       ->transform(length_in(0, int64_t{1} << 40));
   add_renamed_option(cmd, "--max-tokens", "renamed --scored-tokens (--max-tokens is generate's new tokens)");
+  cmd->add_option("--chunk-tokens", args->chunk_tokens,
+                  "tokens per forward within a window (the same NLL for any value); 0 = as many as keep a chunk's "
+                  "logits within 64 MiB (512 for a 32000-token vocabulary, the whole window for a small one)")
+      ->capture_default_str()
+      ->transform(length_in(0, int64_t{1} << 20));
   add_json_option(cmd, args->json_path, "the results as JSON");
   cmd->add_option("--plot", args->plot_path,
                   "also draw NLL by position bucket with its 95% band, one colour per scaling, one panel per context, and the "
