@@ -21,6 +21,7 @@
 #include "posenc/io.hpp"
 #include "posenc/kv_cache.hpp"
 #include "posenc/model.hpp"
+#include "posenc/perplexity.hpp"
 #include "posenc/tokenizer.hpp"
 
 namespace posenc::python {
@@ -117,11 +118,18 @@ py::dict config_dict(const ModelConfig& c) {
   return d;
 }
 
-/// log p(tokens[i] | tokens[<i]) for i >= 1 from logits [n, V] (row i-1 predicts token i), in double.
-std::vector<double> next_token_logprobs(const std::vector<float>& logits, const std::vector<int32_t>& tokens, int V) {
+/// log p(tokens[i] | tokens[<i]) for i >= 1 (row i-1 of the logits predicts token i), in double: the window
+/// prefilled in ppl's chunks (ppl_auto_chunk_tokens), so that only one chunk's logits are held; the same values as
+/// one forward (Model::score_window).
+std::vector<double> next_token_logprobs(const Model& model, const std::vector<int32_t>& tokens) {
+  const int V = model.config().vocab_size;
+  const auto n = static_cast<int64_t>(tokens.size());
   std::vector<double> out;
-  for (std::size_t i = 1; i < tokens.size(); ++i)
-    out.push_back(detail::log_prob(logits.data() + (i - 1) * static_cast<std::size_t>(V), V, tokens[i]));
+  out.reserve(tokens.size() - 1);
+  model.score_window(tokens, ppl_auto_chunk_tokens(V), [&](int64_t first, const float* logits, int64_t rows) {
+    for (int64_t r = 0; r < rows && first + r + 1 < n; ++r)
+      out.push_back(detail::log_prob(logits + r * V, V, tokens[static_cast<std::size_t>(first + r + 1)]));
+  });
   return out;
 }
 
@@ -274,8 +282,7 @@ outside the vocabulary).)doc")
               py::gil_scoped_release release;
               ids = p.tok().encode(text, true, false);
               if (ids.size() < 2) throw InvalidArgument(fmt::format("text: {} token(s), at least 2 needed to score", ids.size()));
-              const std::vector<float> logits = p.model.score_window(ids);
-              lp = next_token_logprobs(logits, ids, p.model.config().vocab_size);
+              lp = next_token_logprobs(p.model, ids);
             }
             double sum = 0;
             for (double v : lp) sum += v;
@@ -290,7 +297,8 @@ outside the vocabulary).)doc")
             return d;
           },
           py::arg("text"), R"doc(
-Scores text in one forward (positions 0..n-1): {tokens: [n] int32 (BOS first), token_logprobs: [n-1] float64
+Scores text at positions 0..n-1 (prefilled in chunks as `posenc ppl` does: the values of one forward, without
+holding all n x vocab_size logits): {tokens: [n] int32 (BOS first), token_logprobs: [n-1] float64
 (natural-log p(token i | tokens before it), i = 1..n-1), n_scored, logprob (their sum), nll (mean negative), ppl}.
 Errors: posenc.TokenizerError (no usable tokenizer), posenc.InvalidArgument (fewer than 2 tokens).)doc")
       .def(
