@@ -453,10 +453,13 @@ class Model {
   /// window positions first .. first + rows - 1 (valid during the call). One
   /// fresh sequence, the chunks prefilled into its cache one after another: the
   /// same bits as score_window's rows (the forward is chunk-invariant; a
-  /// length-dependent RoPE, rope_type dynamic or longrope, is frozen at the
-  /// frequencies one forward over the whole window computes:
-  /// freeze_rope_for_length(rope(), tokens.size())). Throws InvalidArgument
-  /// for chunk_tokens < 1, what forward throws, and what on_chunk throws.
+  /// length-dependent RoPE, rope_type dynamic or longrope with
+  /// update_with_length, is frozen at the frequencies forward computes for a
+  /// fresh sequence of tokens.size() tokens under rope_change_policy()).
+  /// Throws InvalidArgument for chunk_tokens < 1, what forward throws, and
+  /// what on_chunk throws; each chunk is validated by its own forward, so
+  /// on_chunk may have run for the chunks before one that throws (a token id
+  /// out of range, a position past a learned position table).
   void score_window(std::span<const int32_t> tokens, int64_t chunk_tokens,
                     const std::function<void(int64_t first, const float* logits, int64_t rows)>& on_chunk) const;
 

@@ -106,8 +106,8 @@ struct PplProgress {
   int64_t windows_done = 0;
   int64_t windows_total = 0;
   int64_t tokens_done = 0;   ///< predictions scored so far, windows in flight included (their chunks done)
-  int64_t tokens_total = 0;  ///< predictions of all windows
   double seconds = 0.0;
+  int64_t tokens_total = 0;  ///< predictions of all windows
 };
 
 struct PplOptions {
@@ -117,16 +117,17 @@ struct PplOptions {
   std::vector<int64_t> bucket_edges;
   int fine_bins_per_bucket = 0;  ///< in [0, 64]; > 0 fills PplResult::fine_buckets
   /// Tokens per forward within a window (Model::score_window's chunks; the same NLL to the bit for any value):
-  /// 0 = automatic, as many as keep one chunk's logits within 64 MiB (a multiple of 16, at least 16: 512 for
-  /// a 32000-token vocabulary, the whole window for a small one), so that memory does not grow with
+  /// 0 = automatic, as many as keep one chunk's logits within 64 MiB (ppl_auto_chunk_tokens: 512 for a
+  /// 32000-token vocabulary, 32768 for a 512-token one), so that memory does not grow with
   /// context x vocab_size and progress is reported within a long window. Must be >= 0; not used by the
   /// scorer overload of evaluate_perplexity.
   int64_t chunk_tokens = 0;
   int bootstrap_resamples = 1000;             ///< B of protocol step 6, in [1, 1000000]
   uint64_t bootstrap_seed = 0x9e3779b97f4a7c15;  ///< fixed: the interval is a function of the windows only
-  /// Called from the calling thread at most about once per second while windows run (after a window or a chunk
-  /// of one), and exactly once with windows_done == windows_total, when all are scored.
+  /// Called from the calling thread at most about once per progress_interval_seconds while windows run (after a
+  /// window or a chunk of one), and exactly once with windows_done == windows_total, when all are scored.
   std::function<void(const PplProgress&)> on_progress;
+  double progress_interval_seconds = 1.0;  ///< >= 0 (0: after every window and chunk the calling thread scores)
 };
 
 /// PplOptions::chunk_tokens' automatic value for a vocabulary of `vocab_size` tokens: the multiple of 16 tokens
@@ -140,7 +141,8 @@ int64_t ppl_auto_chunk_tokens(int64_t vocab_size);
 /// runs after the loop on one thread, so the result (intervals included) does
 /// not depend on the thread count. Throws InvalidArgument for a context outside
 /// [2, 1048576], max_tokens < 0, bad bucket_edges, bootstrap_resamples outside
-/// [1, 1000000], or a stream shorter than 2 tokens;
+/// [1, 1000000], chunk_tokens < 0, progress_interval_seconds < 0 or not
+/// finite, or a stream shorter than 2 tokens;
 /// PositionError (before any window runs) when a learned-position model's
 /// table is shorter than the windows; NumericError naming the window and
 /// position when a window's logits are not finite (float32 overflowed in the

@@ -734,13 +734,18 @@ PplResult detail::EndpointLab::perplexity(const std::string& label, const fs::pa
     };
     Journal journal(journal_path, accept);
     std::vector<int64_t> todo;
-    for (std::size_t w = 0; w < windows.size(); ++w) {
-      const auto it = journal.items().find(static_cast<int64_t>(w));
-      if (it != journal.items().end()) nll[w] = it->second["nll"].get<std::vector<double>>();
-      else todo.push_back(static_cast<int64_t>(w));
-    }
+    // Progress counts the predictions of every window, those restored from the journal done from the start.
     int64_t tokens_done = 0, tokens_total = 0;
-    for (const PplWindow& win : windows) tokens_total += win.tokens - 1;
+    for (std::size_t w = 0; w < windows.size(); ++w) {
+      tokens_total += windows[w].tokens - 1;
+      const auto it = journal.items().find(static_cast<int64_t>(w));
+      if (it != journal.items().end()) {
+        nll[w] = it->second["nll"].get<std::vector<double>>();
+        tokens_done += windows[w].tokens - 1;
+      } else {
+        todo.push_back(static_cast<int64_t>(w));
+      }
+    }
     auto compute = [&](EndpointClient& client, int64_t w) {
       const PplWindow& win = windows[static_cast<std::size_t>(w)];
       const auto ids = stream.subspan(static_cast<std::size_t>(win.start), static_cast<std::size_t>(win.tokens));
@@ -757,7 +762,7 @@ PplResult detail::EndpointLab::perplexity(const std::string& label, const fs::pa
       journal.append(w, d);
       nll[static_cast<std::size_t>(w)] = d["nll"].get<std::vector<double>>();
       tokens_done += windows[static_cast<std::size_t>(w)].tokens - 1;
-      if (options.on_progress) options.on_progress({0, static_cast<int64_t>(windows.size()), tokens_done, tokens_total, 0.0});
+      if (options.on_progress) options.on_progress({0, static_cast<int64_t>(windows.size()), tokens_done, 0.0, tokens_total});
     };
     run_pool(info.spec.url, impl_->config.options, todo, compute, finished,
              fmt::format("perplexity {} L={}", label, options.context), static_cast<int64_t>(windows.size()));

@@ -244,6 +244,8 @@ PplPlan plan_perplexity(int64_t trained_context, int64_t stream_size, const PplO
   if (o.fine_bins_per_bucket < 0 || o.fine_bins_per_bucket > 64)
     fail_field<InvalidArgument>("fine_bins_per_bucket", "must be in [0, 64]", o.fine_bins_per_bucket);
   if (o.chunk_tokens < 0) fail_field<InvalidArgument>("chunk_tokens", "must be >= 0 (0 = automatic)", o.chunk_tokens);
+  if (!(o.progress_interval_seconds >= 0) || !std::isfinite(o.progress_interval_seconds))
+    fail_field<InvalidArgument>("progress_interval_seconds", "must be finite and >= 0", o.progress_interval_seconds);
   for (int64_t s : starts) plan.windows.push_back({s, std::min(L, T - s)});
   return plan;
 }
@@ -314,8 +316,8 @@ PplResult finish_perplexity(const PplPlan& plan, const std::vector<std::vector<d
   r.nll = r.tokens > 0 ? total / static_cast<double>(r.tokens) : 0.0;
   r.ppl = std::exp(r.nll);
   if (o.on_progress)
-    o.on_progress({static_cast<int64_t>(W), static_cast<int64_t>(W), r.tokens, r.tokens,
-                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
+    o.on_progress({static_cast<int64_t>(W), static_cast<int64_t>(W), r.tokens,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), r.tokens});
   return r;
 }
 
@@ -343,7 +345,8 @@ std::vector<std::vector<double>> score_model_windows(const Model& model, std::sp
 
   auto last_report = t0;
   int64_t done = 0, tokens_done = 0;
-  // Reports at most about once a second, from the calling thread (thread 0), after one of its windows or chunks;
+  // Reports at most about once per progress_interval_seconds, from the calling thread (thread 0), after one of its
+  // windows or chunks;
   // the last window is reported once, by finish_perplexity (reporting it here too printed "W/W" twice). The
   // callback (the CLI's progress line) may throw: kept as the loop's first exception. Callers hold the critical
   // section.
@@ -351,11 +354,11 @@ std::vector<std::vector<double>> score_model_windows(const Model& model, std::sp
   const auto report = [&] {
     if (!o.on_progress || omp_get_thread_num() != 0 || done == static_cast<int64_t>(W)) return;
     const auto now = std::chrono::steady_clock::now();
-    if (now - last_report < std::chrono::seconds(1)) return;
+    if (std::chrono::duration<double>(now - last_report).count() < o.progress_interval_seconds) return;
     last_report = now;
     error.run([&] {
-      o.on_progress({done, static_cast<int64_t>(W), tokens_done, tokens_total,
-                     std::chrono::duration<double>(now - t0).count()});
+      o.on_progress({done, static_cast<int64_t>(W), tokens_done, std::chrono::duration<double>(now - t0).count(),
+                     tokens_total});
     });
   };
 
@@ -374,10 +377,10 @@ std::vector<std::vector<double>> score_model_windows(const Model& model, std::sp
           stream.subspan(static_cast<std::size_t>(s), static_cast<std::size_t>(n)), chunk,
           [&](int64_t first, const float* logits, int64_t rows) {
             if (error.failed()) throw WindowAbandoned{};  // another window failed: its error is the one rethrown
-            detail::check_logits_finite(logits, rows * V, V, [&](int64_t p) {
+            const int64_t end = std::min(first + rows, n - 1);  // position n - 1 predicts nothing
+            detail::check_logits_finite(logits, (end - first) * V, V, [&](int64_t p) {
               return fmt::format("window of tokens [{}, {}), position {}", s, s + n, first + p);
             });
-            const int64_t end = std::min(first + rows, n - 1);  // position n - 1 predicts nothing
             for (int64_t p = first; p < end; ++p) {
               // -log_softmax, with the very function posenc serve computes prompt logprobs with, so a window
               // scored over HTTP (nll = -logprob) is bit-identical to one scored here.

@@ -1293,14 +1293,16 @@ void Model::score_window(std::span<const int32_t> tokens, int64_t chunk_tokens,
                          const std::function<void(int64_t, const float*, int64_t)>& on_chunk) const {
   if (chunk_tokens < 1) fail_field<InvalidArgument>("chunk_tokens", "must be >= 1", chunk_tokens);
   const auto n = static_cast<int64_t>(tokens.size());
-  // A length-dependent RoPE recomputes its frequencies in every forward from the length so far: frozen at the
-  // whole window's, the chunks rotate as one forward over the window does.
+  // A length-dependent RoPE recomputes its frequencies in every forward from the length so far: frozen at those
+  // forward itself gives a fresh sequence of the whole window's length (the same function, the same policy), the
+  // chunks rotate as one forward over the window does.
   const Model* m = this;
   std::optional<Model> frozen;
   if (positional_.family == PositionFamily::rope && positional_.rope.update_with_length &&
       find_rope_scaling(positional_.rope.params.rope_type).depends_on_seq_len && chunk_tokens < n) {
     frozen.emplace(*this);
-    frozen->positional_.rope = freeze_rope_for_length(positional_.rope, n);
+    frozen->positional_.rope.freqs = length_dependent_state(positional_.rope, n, 0, nullptr, policy_).freqs;
+    frozen->positional_.rope.update_with_length = false;
     m = &*frozen;
   }
   KvCache cache = m->make_cache(64);

@@ -1,10 +1,18 @@
 // Perplexity windows scored a chunk of tokens at a time (Model::score_window's chunked overload,
 // PplOptions::chunk_tokens): only one chunk's logits are held, so memory does not grow with context x vocab_size,
 // and progress is reported within a window. The chunks must give the whole window's logits to the bit, on the
-// real checkpoints in ../shared/models, in every weight path and KV cache type, and with a length-dependent RoPE.
+// real checkpoints in ../shared/models (float32 weights, Q8_0 in both products; f32, f16 and bf16 KV caches), and
+// with a length-dependent RoPE (dynamic NTK under two change policies, LongRoPE).
+#include <omp.h>
+
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <optional>
+#include <span>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -89,34 +97,104 @@ TEST(PplChunks, ChunksGiveTheWholeWindowsLogitsOnRealCheckpoints) {
   expect_chunks_give_the_window(Model::load(q8, q8a), tokens, "TinyStories-656K Q8_0, q8_activations");
 }
 
-// Dynamic NTK recomputes its frequencies from the length in every forward: the chunks are rotated with the
-// whole window's, as one forward over it is. Without the freeze a chunk short of the trained context would keep
-// the unscaled frequencies (checked below, so that the comparison can fail).
-TEST(PplChunks, ALengthDependentRopeIsFrozenAtTheWindowsLength) {
-  const Tokenizer tok = Tokenizer::load_llama2c(test::tokenizer_path(), 512);
-  Model m = Model::load_llama2c(test::model_path());
-  const int64_t L = 1024;  // past stories260K's 512: dynamic NTK scales
-  m.set_rope(rope_setup_for_context(m.rope(), m.trained_context(), "dynamic", L, std::nullopt));
-  ASSERT_TRUE(m.rope().update_with_length);
-  const std::vector<int32_t> tokens = text_tokens(tok, static_cast<std::size_t>(L));
+/// The chunks of `m` give its whole window's logits, while a plain forward of the first `head` tokens (the
+/// frequencies of `head` positions) differs from the whole window's first rows: the freeze matters, so the
+/// comparison can fail.
+void expect_frozen_at_the_windows_length(const Model& m, std::span<const int32_t> tokens, int64_t head,
+                                         const std::string& what) {
+  ASSERT_TRUE(m.rope().update_with_length) << what;
   const std::vector<float> whole = m.score_window(tokens);
-  EXPECT_TRUE(same_bits(chunked_logits(m, tokens, 100), whole));
-  EXPECT_TRUE(same_bits(chunked_logits(m, tokens, 512), whole));
-
-  // A plain forward of the first 100 tokens (frequencies for 100 positions, those of the trained context)
-  // differs from the whole window's first 100 rows.
-  const std::vector<float> first = m.score_window(std::span<const int32_t>(tokens).first(100));
+  for (int64_t chunk : {head, int64_t{64}, static_cast<int64_t>(tokens.size()) - 1})
+    EXPECT_TRUE(same_bits(chunked_logits(m, tokens, chunk), whole)) << what << ", chunks of " << chunk;
+  const std::vector<float> first = m.score_window(tokens.first(static_cast<std::size_t>(head)));
   const std::vector<float> whole_first(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(first.size()));
-  EXPECT_FALSE(same_bits(first, whole_first));
+  EXPECT_FALSE(same_bits(first, whole_first)) << what;
 }
 
-TEST(PplChunks, PerplexityIsTheSameForEveryChunkSizeAndReportsProgressWithinWindows) {
+// A length-dependent RoPE recomputes its frequencies from the length in every forward: the chunks are rotated
+// with those one forward over the whole window computes.
+TEST(PplChunks, ALengthDependentRopeIsFrozenAtTheWindowsLength) {
+  const Tokenizer tok = Tokenizer::load_llama2c(test::tokenizer_path(), 512);
+  const Model base = Model::load_llama2c(test::model_path());
+  {
+    // Dynamic NTK past stories260K's 512 (a 1024-token window), under the default policy and Hugging Face's.
+    Model m = base;
+    m.set_rope(rope_setup_for_context(m.rope(), m.trained_context(), "dynamic", 1024, std::nullopt));
+    const std::vector<int32_t> tokens = text_tokens(tok, 1024);
+    expect_frozen_at_the_windows_length(m, tokens, 100, "dynamic, recompute");
+    m.set_rope_change_policy(RopeChangePolicy::hf);
+    expect_frozen_at_the_windows_length(m, tokens, 100, "dynamic, hf");
+  }
+  {
+    // LongRoPE (Phi-3 style: short and long factors, original context 128): a 300-token window takes the long
+    // factors, a forward of its first 100 tokens the short ones.
+    Model m = base;
+    RopeSetup r = m.rope();
+    r.params.rope_type = "longrope";
+    r.params.original_max_position_embeddings = 128;
+    r.params.factor = 32.0;
+    r.params.short_factor = {1.0, 1.05, 1.2, 1.5};
+    r.params.long_factor = {1.0, 2.5, 8.0, 20.0};
+    r.freqs = compute_rope_frequencies(r.params, 128);
+    r.update_with_length = true;
+    m.set_rope(r);
+    expect_frozen_at_the_windows_length(m, text_tokens(tok, 300), 100, "longrope");
+  }
+}
+
+// With reports unthrottled (progress_interval_seconds 0) and one thread, the reports are exactly: after each chunk
+// but a window's last, its predictions; after each window but the last, the rest of its predictions; then the
+// final report, once.
+TEST(PplChunks, ProgressCountsEveryChunksPredictionsOnce) {
+  const Tokenizer tok = Tokenizer::load_llama2c(test::tokenizer_path(), 512);
+  const Model m = Model::load_llama2c(test::model_path());
+  const std::vector<int32_t> stream = text_tokens(tok, 5000);
+  PplOptions o;
+  o.context = 1024;
+  o.chunk_tokens = 256;
+  o.progress_interval_seconds = 0;
+  std::vector<std::pair<int64_t, int64_t>> got;  // (windows_done, tokens_done)
+  int64_t total = -1;
+  o.on_progress = [&](const PplProgress& p) {
+    got.emplace_back(p.windows_done, p.tokens_done);
+    EXPECT_EQ(p.windows_total, 5);
+    if (total < 0) total = p.tokens_total;
+    EXPECT_EQ(p.tokens_total, total);
+  };
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);  // windows in order, every report from the one thread
+  const PplResult r = evaluate_perplexity(m, stream, o);
+  omp_set_num_threads(threads);
+
+  std::vector<std::pair<int64_t, int64_t>> want;
+  int64_t done = 0, tokens = 0;
+  const int64_t W = 5;
+  for (int64_t w = 0; w < W; ++w) {
+    const int64_t n = std::min<int64_t>(1024, 5000 - w * 1024), preds = n - 1;
+    int64_t counted = 0;
+    for (int64_t first = 0; first + 256 < preds; first += 256) {  // chunks that end before the last prediction
+      tokens += 256;
+      counted += 256;
+      want.emplace_back(done, tokens);
+    }
+    tokens += preds - counted;
+    ++done;
+    if (done < W) want.emplace_back(done, tokens);
+  }
+  want.emplace_back(W, tokens);
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(total, r.tokens);
+  EXPECT_EQ(tokens, r.tokens);
+}
+
+TEST(PplChunks, PerplexityIsTheSameForEveryChunkSize) {
   const Tokenizer tok = Tokenizer::load_llama2c(test::tokenizer_path(), 512);
   const Model m = Model::load_llama2c(test::model_path());
   const std::vector<int32_t> stream = text_tokens(tok, 5000);
   PplOptions o;
   o.context = 1024;
   o.chunk_tokens = 0;  // automatic: a whole window for a 512-token vocabulary
+  o.progress_interval_seconds = 0;
   const PplResult whole = evaluate_perplexity(m, stream, o);
   ASSERT_EQ(whole.windows, 5);
   for (int64_t chunk : {int64_t{7}, int64_t{256}}) {
@@ -172,6 +250,15 @@ TEST(PplChunks, BadChunkSizesAreRefusedNamingTheField) {
     FAIL() << "chunk_tokens -1 accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("chunk_tokens"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("-1"), std::string::npos) << e.what();
+  }
+  o.chunk_tokens = 0;
+  o.progress_interval_seconds = -0.5;
+  try {
+    evaluate_perplexity(m, tokens, o);
+    FAIL() << "progress_interval_seconds -0.5 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("progress_interval_seconds"), std::string::npos) << e.what();
   }
   // An exception from the callback reaches the caller.
   EXPECT_THROW(m.score_window(tokens, 2, [](int64_t, const float*, int64_t) { throw std::runtime_error("stop"); }),

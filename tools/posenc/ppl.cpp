@@ -210,8 +210,9 @@ void run_ppl(const PplArgs& a) {
     j["model_format"] = std::string(to_string(model.source().format));
     if (model.family() == PositionFamily::rope) {
       j["rope_type"] = model.rope().params.rope_type;
-      // Every window is one forward from an empty cache: a length-dependent
-      // method's frequencies are those of the window and never change under
+      // Every window is scored from an empty cache at the frequencies one
+      // forward over it computes (frozen for its length when it runs in
+      // chunks): a length-dependent method's frequencies never change under
       // cached keys, which is what the recompute policy guarantees.
       j["rope_change_policy"] = std::string(to_string(model.rope_change_policy()));
     }
@@ -271,7 +272,7 @@ void add_ppl_command(CLI::App& app) {
   add_renamed_option(cmd, "--max-tokens", "renamed --scored-tokens (--max-tokens is generate's new tokens)");
   cmd->add_option("--chunk-tokens", args->chunk_tokens,
                   "tokens per forward within a window (the same NLL for any value); 0 = as many as keep a chunk's "
-                  "logits within 64 MiB (512 for a 32000-token vocabulary, the whole window for a small one)")
+                  "logits within 64 MiB (512 for a 32000-token vocabulary, 32768 for a 512-token one)")
       ->capture_default_str()
       ->transform(length_in(0, int64_t{1} << 20));
   add_json_option(cmd, args->json_path, "the results as JSON");
