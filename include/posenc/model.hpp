@@ -456,10 +456,12 @@ class Model {
   /// length-dependent RoPE, rope_type dynamic or longrope with
   /// update_with_length, is frozen at the frequencies forward computes for a
   /// fresh sequence of tokens.size() tokens under rope_change_policy()).
-  /// Throws InvalidArgument for chunk_tokens < 1, what forward throws, and
-  /// what on_chunk throws; each chunk is validated by its own forward, so
-  /// on_chunk may have run for the chunks before one that throws (a token id
-  /// out of range, a position past a learned position table).
+  /// Throws InvalidArgument for chunk_tokens < 1, PositionError for a window
+  /// past max_position() (before any chunk, naming its last position, as one
+  /// forward does), what forward throws, and what on_chunk throws; each chunk
+  /// is otherwise validated by its own forward, so on_chunk may have run for
+  /// the chunks before one that throws (a token id out of range, a position
+  /// past a learned position table).
   void score_window(std::span<const int32_t> tokens, int64_t chunk_tokens,
                     const std::function<void(int64_t first, const float* logits, int64_t rows)>& on_chunk) const;
 

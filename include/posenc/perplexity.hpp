@@ -144,7 +144,7 @@ int64_t ppl_auto_chunk_tokens(int64_t vocab_size);
 /// [1, 1000000], chunk_tokens < 0, progress_interval_seconds < 0 or not
 /// finite, or a stream shorter than 2 tokens;
 /// PositionError (before any window runs) when a learned-position model's
-/// table is shorter than the windows; NumericError naming the window and
+/// table is shorter than the windows or they pass model.max_position(); NumericError naming the window and
 /// position when a window's logits are not finite (float32 overflowed in the
 /// model); any error of Model::score_window is rethrown after the parallel loop
 /// (never terminate()).

@@ -338,6 +338,10 @@ std::vector<std::vector<double>> score_model_windows(const Model& model, std::sp
     throw PositionError(fmt::format(
         "context: {} positions are past the learned position table (max_position_embeddings {})", std::min(L, T),
         model.config().max_position_embeddings));
+  if (model.max_position() >= 0 && std::min(L, T) - 1 > model.max_position())
+    throw PositionError(fmt::format("context: windows of {} tokens: position {} is past the position limit {} "
+                                    "(max_position; positions 0 .. {} are allowed)",
+                                    std::min(L, T), std::min(L, T) - 1, model.max_position(), model.max_position()));
 
   const int64_t chunk = o.chunk_tokens > 0 ? o.chunk_tokens : ppl_auto_chunk_tokens(V);
   int64_t tokens_total = 0;

@@ -1293,6 +1293,12 @@ void Model::score_window(std::span<const int32_t> tokens, int64_t chunk_tokens,
                          const std::function<void(int64_t, const float*, int64_t)>& on_chunk) const {
   if (chunk_tokens < 1) fail_field<InvalidArgument>("chunk_tokens", "must be >= 1", chunk_tokens);
   const auto n = static_cast<int64_t>(tokens.size());
+  // The position limit for the whole window before any chunk (one forward over it would refuse it whole, naming
+  // its last position).
+  if (max_position_ >= 0 && n - 1 > max_position_)
+    throw PositionError(fmt::format("position_ids: position {} is past the position limit {} (max_position; "
+                                    "positions 0 .. {} are allowed)",
+                                    n - 1, max_position_, max_position_));
   // A length-dependent RoPE recomputes its frequencies in every forward from the length so far: frozen at those
   // forward itself gives a fresh sequence of the whole window's length (the same function, the same policy), the
   // chunks rotate as one forward over the window does.

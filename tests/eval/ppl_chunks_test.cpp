@@ -260,6 +260,39 @@ TEST(PplChunks, BadChunkSizesAreRefusedNamingTheField) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("progress_interval_seconds"), std::string::npos) << e.what();
   }
+  // A window past the position limit is refused before any chunk, naming its last position as one forward does.
+  Model limited = Model::load_llama2c(test::model_path());
+  limited.set_max_position(100);
+  const Tokenizer tok = Tokenizer::load_llama2c(test::tokenizer_path(), 512);
+  const std::vector<int32_t> window = text_tokens(tok, 128);
+  std::string whole_error;
+  try {
+    (void)limited.score_window(window);
+  } catch (const PositionError& e) {
+    whole_error = e.what();
+  }
+  EXPECT_NE(whole_error.find("position 127 is past the position limit 100"), std::string::npos) << whole_error;
+  int chunks = 0;
+  try {
+    limited.score_window(window, 7, [&](int64_t, const float*, int64_t) { ++chunks; });
+    FAIL() << "a window past max_position accepted";
+  } catch (const PositionError& e) {
+    EXPECT_EQ(std::string(e.what()), whole_error);
+  }
+  EXPECT_EQ(chunks, 0);
+  PplOptions lo;
+  lo.context = 128;
+  lo.chunk_tokens = 7;
+  int reports = 0;
+  lo.on_progress = [&](const PplProgress&) { ++reports; };
+  try {
+    evaluate_perplexity(limited, text_tokens(tok, 1000), lo);
+    FAIL() << "windows past max_position accepted";
+  } catch (const PositionError& e) {
+    EXPECT_NE(std::string(e.what()).find("windows of 128 tokens: position 127 is past the position limit 100"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(reports, 0);
   // An exception from the callback reaches the caller.
   EXPECT_THROW(m.score_window(tokens, 2, [](int64_t, const float*, int64_t) { throw std::runtime_error("stop"); }),
                std::runtime_error);
