@@ -140,7 +140,9 @@ void run_ppl(const PplArgs& a) {
           if (!tty && p.windows_done != p.windows_total && p.seconds - last < 15.0) return;
           last = p.seconds;
           const double tps = p.seconds > 0 ? static_cast<double>(p.tokens_done) / p.seconds : 0.0;
-          const double share = p.tokens_total > 0 ? 100.0 * static_cast<double>(p.tokens_done) / p.tokens_total : 0.0;
+          // Rounded down: 100% only when every prediction is scored.
+          const double share =
+              p.tokens_total > 0 ? std::floor(100.0 * static_cast<double>(p.tokens_done) / p.tokens_total) : 0.0;
           fmt::print(stderr, "{}ppl L={} {}: windows {}/{}, {:.0f}% of tokens, {:.0f} tokens/s{}", tty ? "\r" : "",
                      L, s, p.windows_done, p.windows_total, share, tps, tty ? "   " : "\n");
           if (tty && p.windows_done == p.windows_total) fmt::print(stderr, "\n");
@@ -206,6 +208,9 @@ void run_ppl(const PplArgs& a) {
       j["angle_precision"] = std::string(to_string(model.rope().precision));
     }
     j["trained_context"] = trained;
+    // Tokens per forward within a window (--chunk-tokens, or its automatic value): how the windows ran, not what
+    // they gave (the same NLL for any value).
+    j["chunk_tokens"] = a.chunk_tokens > 0 ? a.chunk_tokens : ppl_auto_chunk_tokens(model.config().vocab_size);
     j["trained_context_source"] = model.trained_context_source();
     j["model_format"] = std::string(to_string(model.source().format));
     if (model.family() == PositionFamily::rope) {
