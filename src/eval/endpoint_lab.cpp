@@ -762,7 +762,8 @@ PplResult detail::EndpointLab::perplexity(const std::string& label, const fs::pa
       journal.append(w, d);
       nll[static_cast<std::size_t>(w)] = d["nll"].get<std::vector<double>>();
       tokens_done += windows[static_cast<std::size_t>(w)].tokens - 1;
-      if (options.on_progress) options.on_progress({0, static_cast<int64_t>(windows.size()), tokens_done, 0.0, tokens_total});
+      if (options.on_progress)
+        options.on_progress({0, static_cast<int64_t>(windows.size()), tokens_done, 0.0, tokens_total});
     };
     run_pool(info.spec.url, impl_->config.options, todo, compute, finished,
              fmt::format("perplexity {} L={}", label, options.context), static_cast<int64_t>(windows.size()));

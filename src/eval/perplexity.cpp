@@ -350,10 +350,9 @@ std::vector<std::vector<double>> score_model_windows(const Model& model, std::sp
   auto last_report = t0;
   int64_t done = 0, tokens_done = 0;
   // Reports at most about once per progress_interval_seconds, from the calling thread (thread 0), after one of its
-  // windows or chunks;
-  // the last window is reported once, by finish_perplexity (reporting it here too printed "W/W" twice). The
-  // callback (the CLI's progress line) may throw: kept as the loop's first exception. Callers hold the critical
-  // section.
+  // windows or chunks; the last window is reported once, by finish_perplexity (reporting it here too printed "W/W"
+  // twice). The callback (the CLI's progress line) may throw: kept as the loop's first exception. Callers hold the
+  // critical section.
   detail::FirstException error;
   const auto report = [&] {
     if (!o.on_progress || omp_get_thread_num() != 0 || done == static_cast<int64_t>(W)) return;
@@ -389,7 +388,8 @@ std::vector<std::vector<double>> score_model_windows(const Model& model, std::sp
               // -log_softmax, with the very function posenc serve computes prompt logprobs with, so a window
               // scored over HTTP (nll = -logprob) is bit-identical to one scored here.
               const float* row = logits + (p - first) * V;
-              window_nll[w][static_cast<std::size_t>(p)] = -detail::log_prob(row, V, stream[static_cast<std::size_t>(s + p + 1)]);
+              const int32_t next = stream[static_cast<std::size_t>(s + p + 1)];
+              window_nll[w][static_cast<std::size_t>(p)] = -detail::log_prob(row, V, next);
             }
             if (end < n - 1) {  // not the window's last chunk (its predictions are counted with the window)
 #pragma omp critical(posenc_ppl_progress)

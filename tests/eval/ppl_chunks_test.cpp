@@ -289,8 +289,9 @@ TEST(PplChunks, BadChunkSizesAreRefusedNamingTheField) {
     evaluate_perplexity(limited, text_tokens(tok, 1000), lo);
     FAIL() << "windows past max_position accepted";
   } catch (const PositionError& e) {
-    EXPECT_NE(std::string(e.what()).find("windows of 128 tokens: position 127 is past the position limit 100"), std::string::npos)
-        << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("windows of 128 tokens: position 127 is past the position limit 100"), std::string::npos)
+        << what;
   }
   EXPECT_EQ(reports, 0);
   // An exception from the callback reaches the caller.

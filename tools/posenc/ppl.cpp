@@ -276,8 +276,8 @@ void add_ppl_command(CLI::App& app) {
       ->transform(length_in(0, int64_t{1} << 40));
   add_renamed_option(cmd, "--max-tokens", "renamed --scored-tokens (--max-tokens is generate's new tokens)");
   cmd->add_option("--chunk-tokens", args->chunk_tokens,
-                  "tokens per forward within a window (the same NLL for any value; K = 1024); 0 = as many as keep a chunk's "
-                  "logits within 64 MiB (512 for a 32000-token vocabulary, 32768 for a 512-token one)")
+                  "tokens per forward within a window (the same NLL for any value; K = 1024); 0 = as many as keep a "
+                  "chunk's logits within 64 MiB (512 for a 32000-token vocabulary, 32768 for a 512-token one)")
       ->capture_default_str()
       ->transform(length_in(0, int64_t{1} << 20));
   add_json_option(cmd, args->json_path, "the results as JSON");
