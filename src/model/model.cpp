@@ -718,6 +718,13 @@ namespace {
 /// also Q, O, gate, up and down each large enough for matmul_w to open a parallel region for it (parallel_pays): a
 /// smaller model's projections run on one thread, and a team's six barriers a layer would cost more than they save
 /// (a newcomer measured a dim-256 model's decode at 0.07-0.8x of the regions' with a team forced on).
+/// The error of a position id past Model::set_max_position's limit (forward's, and a chunked window's up front).
+PositionError past_position_limit(int64_t position, int64_t limit) {
+  return PositionError(fmt::format(
+      "position_ids: position {} is past the position limit {} (max_position; positions 0 .. {} are allowed)",
+      position, limit, limit));
+}
+
 template <class Weights>
 bool decode_team_pays(const Weights& m) {
   const detail::DecodeTeam mode = detail::decode_team();
@@ -795,9 +802,7 @@ void Model::forward(KvCache& cache, std::span<const SequenceInput> batch, Logits
     int64_t maxp = -1;
     for (int64_t p : pos) maxp = std::max(maxp, p);
     if (max_position_ >= 0 && maxp > max_position_)
-      throw PositionError(fmt::format("position_ids: position {} is past the position limit {} (max_position; "
-                                      "positions 0 .. {} are allowed)",
-                                      maxp, max_position_, max_position_));
+      throw past_position_limit(maxp, max_position_);
     const int64_t bound = trained_position_bound(*this);
     if (position_watch_ && maxp >= bound && bound > 0 && !position_watch_->warned.exchange(true)) {
       int64_t first = -1;  // the first id >= bound in batch order: where the sequence crosses it
@@ -1296,9 +1301,7 @@ void Model::score_window(std::span<const int32_t> tokens, int64_t chunk_tokens,
   // The position limit for the whole window before any chunk (one forward over it would refuse it whole, naming
   // its last position).
   if (max_position_ >= 0 && n - 1 > max_position_)
-    throw PositionError(fmt::format("position_ids: position {} is past the position limit {} (max_position; "
-                                    "positions 0 .. {} are allowed)",
-                                    n - 1, max_position_, max_position_));
+    throw past_position_limit(n - 1, max_position_);
   // A length-dependent RoPE recomputes its frequencies in every forward from the length so far: frozen at those
   // forward itself gives a fresh sequence of the whole window's length (the same function, the same policy), the
   // chunks rotate as one forward over the window does.

@@ -58,6 +58,18 @@ std::vector<float> chunked_logits(const Model& m, std::span<const int32_t> token
   return out;
 }
 
+/// The message of the InvalidArgument `f` throws ("" and a test failure when it throws none).
+template <class F>
+std::string invalid_argument_of(F&& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no InvalidArgument";
+  return "";
+}
+
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -236,30 +248,19 @@ TEST(PplChunks, AutomaticChunksFollowTheVocabulary) {
 TEST(PplChunks, BadChunkSizesAreRefusedNamingTheField) {
   const Model m = Model::load_llama2c(test::model_path());
   const std::vector<int32_t> tokens = {1, 2, 3, 4};
-  try {
-    m.score_window(tokens, 0, [](int64_t, const float*, int64_t) {});
-    FAIL() << "chunk_tokens 0 accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("chunk_tokens"), std::string::npos) << e.what();
-  }
+  const std::string zero =
+      invalid_argument_of([&] { m.score_window(tokens, 0, [](int64_t, const float*, int64_t) {}); });
+  EXPECT_NE(zero.find("chunk_tokens"), std::string::npos) << zero;
   PplOptions o;
   o.context = 4;
   o.chunk_tokens = -1;
-  try {
-    evaluate_perplexity(m, tokens, o);
-    FAIL() << "chunk_tokens -1 accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("chunk_tokens"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("-1"), std::string::npos) << e.what();
-  }
+  const std::string negative = invalid_argument_of([&] { evaluate_perplexity(m, tokens, o); });
+  EXPECT_NE(negative.find("chunk_tokens"), std::string::npos) << negative;
+  EXPECT_NE(negative.find("-1"), std::string::npos) << negative;
   o.chunk_tokens = 0;
   o.progress_interval_seconds = -0.5;
-  try {
-    evaluate_perplexity(m, tokens, o);
-    FAIL() << "progress_interval_seconds -0.5 accepted";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("progress_interval_seconds"), std::string::npos) << e.what();
-  }
+  const std::string interval = invalid_argument_of([&] { evaluate_perplexity(m, tokens, o); });
+  EXPECT_NE(interval.find("progress_interval_seconds"), std::string::npos) << interval;
   // A window past the position limit is refused before any chunk, naming its last position as one forward does.
   Model limited = Model::load_llama2c(test::model_path());
   limited.set_max_position(100);
